@@ -1,5 +1,7 @@
 // Embedding rows pulled and pushed through an EmbeddingTable, 1 and 2
-// threads, next to the bounds measured in the same run:
+// threads, in update mode hogwild (mode:0) and row_lock (mode:1, each row
+// under its seqlock; sync mode needs an aggregator over a whole store, so it
+// is in store_benchmark), next to the bounds measured in the same run:
 //   BM_RandomRowRmw: plain code that reads and writes random rows of the same
 //     stride over an array of the same size (no atomics, no index, no dedup,
 //     no optimizer arithmetic). Compare a push with prefetch:1, which
@@ -134,21 +136,22 @@ const std::vector<uint64_t>& DynamicIds(int64_t rows, Dist dist) {
 // read it after the loop has started (Google Benchmark starts all threads'
 // loops together, after a barrier).
 struct TableCache {
-  std::tuple<int, int64_t, int64_t, int, float> key{-1, 0, 0, 0, 0.0f};  // kind, rows, dim, slots, slot 0 init
+  std::tuple<int, int64_t, int64_t, int, float, bool> key{-1, 0, 0, 0, 0.0f, false};  // kind, rows, dim, slots, slot 0 init, row_lock
   std::unique_ptr<Mapping> memory;
   std::optional<EmbeddingTable> table;
   std::string error;
 };
 TableCache g_tables;
 
-void SetUpTable(EmbeddingKind kind, int64_t rows, int64_t dim, const OptimizerOptions& opt) {
+void SetUpTable(EmbeddingKind kind, int64_t rows, int64_t dim, const OptimizerOptions& opt, bool row_lock) {
   EmbeddingTableOptions o;
   o.name = "bench";
   o.kind = kind;
   o.dim = dim;
   o.capacity = rows;
   o.SetOptimizer(opt);
-  const auto key = std::make_tuple(static_cast<int>(kind), rows, dim, o.num_slots, o.slot_init[0]);
+  o.row_lock = row_lock;
+  const auto key = std::make_tuple(static_cast<int>(kind), rows, dim, o.num_slots, o.slot_init[0], row_lock);
   if (g_tables.key == key && g_tables.table) return;
   g_tables.table.reset();
   g_tables.memory.reset();
@@ -185,7 +188,7 @@ int64_t StartOffset(const benchmark::State& state) {
   return (kStreamIds / kBatch / state.threads() * state.thread_index()) * kBatch;
 }
 
-// Args: kind, rows, dim, dist, optimizer.
+// Args: kind, rows, dim, dist, optimizer, mode (0 hogwild, 1 row_lock).
 void BM_PushRows(benchmark::State& state) {
   const auto kind = static_cast<EmbeddingKind>(state.range(0));
   const int64_t rows = state.range(1), dim = state.range(2);
@@ -193,7 +196,8 @@ void BM_PushRows(benchmark::State& state) {
   OptimizerOptions opt;
   opt.type = static_cast<OptimizerType>(state.range(4));
   opt.lr = 1e-3f;
-  if (state.thread_index() == 0) SetUpTable(kind, rows, dim, opt);
+  const bool row_lock = state.range(5) == 1;
+  if (state.thread_index() == 0) SetUpTable(kind, rows, dim, opt, row_lock);
   const IdStream& stream = Stream(rows, dist);
   const uint64_t* ids = kind == EmbeddingKind::kDynamic ? DynamicIds(rows, dist).data() : stream.ids.data();
   std::vector<float> grads(kBatch * dim, 1e-3f);
@@ -218,18 +222,20 @@ void BM_PushRows(benchmark::State& state) {
   state.counters["bytes/s"] = benchmark::Counter(unique * row_bytes, benchmark::Counter::kIsRate,
                                                  benchmark::Counter::kIs1024);
   state.SetLabel(std::string(EmbeddingKindName(kind)) + "/" + OptimizerTypeName(opt.type) + "/" +
-                 (dist == kUniformIds ? "uniform" : "zipf1.05"));
+                 (dist == kUniformIds ? "uniform" : "zipf1.05") + (row_lock ? "/row_lock" : "/hogwild"));
 }
 
-// Args: kind, rows, dim, dist. Pulls from a table laid out for Adam (params
-// and two slots per row), the usual case for embeddings.
+// Args: kind, rows, dim, dist, mode (0 hogwild, 1 row_lock: every row is
+// copied inside a seqlock read). Pulls from a table laid out for Adam
+// (params and two slots per row), the usual case for embeddings.
 void BM_PullRows(benchmark::State& state) {
   const auto kind = static_cast<EmbeddingKind>(state.range(0));
   const int64_t rows = state.range(1), dim = state.range(2);
   const auto dist = static_cast<Dist>(state.range(3));
   OptimizerOptions opt;
   opt.type = OptimizerType::kAdam;
-  if (state.thread_index() == 0) SetUpTable(kind, rows, dim, opt);
+  const bool row_lock = state.range(4) == 1;
+  if (state.thread_index() == 0) SetUpTable(kind, rows, dim, opt, row_lock);
   const IdStream& stream = Stream(rows, dist);
   const uint64_t* ids = kind == EmbeddingKind::kDynamic ? DynamicIds(rows, dist).data() : stream.ids.data();
   std::vector<float> out(kBatch * dim);
@@ -250,7 +256,8 @@ void BM_PullRows(benchmark::State& state) {
   state.counters["rows/s"] = benchmark::Counter(kBatch, kPerIterationRate);
   state.counters["bytes/s"] =
       benchmark::Counter(kBatch * dim * sizeof(float), kPerIterationRate, benchmark::Counter::kIs1024);
-  state.SetLabel(std::string(EmbeddingKindName(kind)) + "/" + (dist == kUniformIds ? "uniform" : "zipf1.05"));
+  state.SetLabel(std::string(EmbeddingKindName(kind)) + "/" + (dist == kUniformIds ? "uniform" : "zipf1.05") +
+                 (row_lock ? "/row_lock" : "/hogwild"));
 }
 
 // The bound for a push: the same rows (the table's stride, (1 + slots) * dim
@@ -357,17 +364,20 @@ bool RegisterAll() {
   const std::vector<int64_t> kinds = {static_cast<int64_t>(EmbeddingKind::kStatic),
                                       static_cast<int64_t>(EmbeddingKind::kDynamic)};
   // Explicit loops, not ArgsProduct (which varies the first argument fastest).
-  auto* pull = benchmark::RegisterBenchmark("BM_PullRows", BM_PullRows)->ArgNames({"kind", "rows", "dim", "dist"});
+  auto* pull =
+      benchmark::RegisterBenchmark("BM_PullRows", BM_PullRows)->ArgNames({"kind", "rows", "dim", "dist", "mode"});
   auto* push = benchmark::RegisterBenchmark("BM_PushRows", BM_PushRows)
-                   ->ArgNames({"kind", "rows", "dim", "dist", "opt"});
+                   ->ArgNames({"kind", "rows", "dim", "dist", "opt", "mode"});
   auto* rmw = benchmark::RegisterBenchmark("BM_RandomRowRmw", BM_RandomRowRmw)
                   ->ArgNames({"rows", "dim", "dist", "slots", "prefetch"});
-  for (int64_t kind : kinds) {
-    for (int64_t rows : row_counts) {
-      for (int64_t dim : dims) {
-        for (int64_t dist : dists) pull->Args({kind, rows, dim, dist});
-        for (int64_t opt : Optimizers()) {
-          for (int64_t dist : dists) push->Args({kind, rows, dim, dist, opt});
+  for (int64_t mode : {0, 1}) {
+    for (int64_t kind : kinds) {
+      for (int64_t rows : row_counts) {
+        for (int64_t dim : dims) {
+          for (int64_t dist : dists) pull->Args({kind, rows, dim, dist, mode});
+          for (int64_t opt : Optimizers()) {
+            for (int64_t dist : dists) push->Args({kind, rows, dim, dist, opt, mode});
+          }
         }
       }
     }

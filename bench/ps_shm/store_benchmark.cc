@@ -2,9 +2,11 @@
 // next to a STREAM triad measured in the same run; and embedding rows pulled
 // and pushed through ParamStore::PullRows / PushRows (one table of 1M rows,
 // dim 16/64/256, uniform or Zipf(1.05) ids, sgd/adagrad/adam, update mode
-// hogwild, the only one tables support for now). The same-run bound for the
-// row benchmarks is embedding_benchmark's BM_RandomRowRmw (or `shardwild
-// bench store`, which measures it beside the push).
+// hogwild (mode:0), row_lock (mode:1) or sync (mode:2: the threads are the
+// workers of one SyncAggregator; each round's batches are averaged and
+// pushed once by the last arrival). The same-run bound for the row
+// benchmarks is embedding_benchmark's BM_RandomRowRmw (or `shardwild bench
+// store`, which measures it beside the push).
 //
 //   build/bench/ps_shm/store_benchmark --benchmark_counters_tabular=true
 //
@@ -23,6 +25,7 @@
 #include "core/id_stream.h"
 #include "core/optimizer.h"
 #include "ps_shm/shm_store.h"
+#include "ps_shm/sync_aggregator.h"
 
 namespace shardwild {
 namespace {
@@ -139,20 +142,27 @@ const std::vector<uint64_t>& RowIds(int64_t rows, int dist) {
 
 // One store with one static table, shared by the threads of a run and by
 // consecutive runs of the same shape; built by thread 0 before its loop.
+// In sync mode it also holds the aggregator of the run's threads (its group
+// re-forms after every run, when all threads have left).
 struct TableStore {
-  std::tuple<int64_t, int64_t, int> key{0, 0, -1};  // rows, dim, optimizer
+  std::tuple<int64_t, int64_t, int, int, int> key{0, 0, -1, -1, 0};  // rows, dim, optimizer, mode, threads
+  std::unique_ptr<SyncAggregator> sync;
   std::unique_ptr<ShmParamStore> store;
   std::string error;
 };
 TableStore g_table_store;
 
-void SetUpTableStore(int64_t rows, int64_t dim, OptimizerType type) {
-  const auto key = std::make_tuple(rows, dim, static_cast<int>(type));
+constexpr UpdateMode kModes[] = {UpdateMode::kHogwild, UpdateMode::kRowLock, UpdateMode::kSync};
+
+void SetUpTableStore(int64_t rows, int64_t dim, OptimizerType type, int mode, int threads) {
+  const auto key = std::make_tuple(rows, dim, static_cast<int>(type), mode, threads);
   if (g_table_store.key == key && g_table_store.store) return;
+  g_table_store.sync.reset();
   g_table_store.store.reset();
   g_table_store.error.clear();
   g_table_store.key = key;
   OpenStoreOptions o;
+  o.store.update = kModes[mode];
   o.optimizer.type = type;
   o.optimizer.lr = 1e-3f;
   TableSpec t;
@@ -163,6 +173,9 @@ void SetUpTableStore(int64_t rows, int64_t dim, OptimizerType type) {
   auto st = ShmParamStore::Create(o, {});
   if (st.ok()) {
     g_table_store.store = std::move(*st);
+    if (kModes[mode] == UpdateMode::kSync) {
+      g_table_store.sync = std::make_unique<SyncAggregator>(g_table_store.store.get(), threads);
+    }
   } else {
     g_table_store.error = std::string(st.status().message());
   }
@@ -172,16 +185,19 @@ int64_t RowStart(const benchmark::State& state) {
   return (kRowStreamIds / kRowBatch / state.threads() * state.thread_index()) * kRowBatch;
 }
 
-std::string RowLabel(int dist, OptimizerType type) {
-  return std::string(dist == 0 ? "uniform" : "zipf1.05") + "/" + OptimizerTypeName(type) + "/hogwild";
+std::string RowLabel(int dist, OptimizerType type, int mode) {
+  return std::string(dist == 0 ? "uniform" : "zipf1.05") + "/" + OptimizerTypeName(type) + "/" +
+         UpdateModeName(kModes[mode]);
 }
 
-// Args: rows, dim, dist (0 uniform, 1 zipf), optimizer.
+// Args: rows, dim, dist (0 uniform, 1 zipf), optimizer, mode (0 hogwild,
+// 1 row_lock, 2 sync).
 void BM_PushRows(benchmark::State& state) {
   const int64_t rows = state.range(0), dim = state.range(1);
   const int dist = static_cast<int>(state.range(2));
   const auto type = static_cast<OptimizerType>(state.range(3));
-  if (state.thread_index() == 0) SetUpTableStore(rows, dim, type);
+  const int mode = static_cast<int>(state.range(4));
+  if (state.thread_index() == 0) SetUpTableStore(rows, dim, type, mode, state.threads());
   const std::vector<uint64_t>& ids = RowIds(rows, dist);
   std::vector<float> grads(kRowBatch * dim, 1e-3f);
   RowScratch scratch;
@@ -191,26 +207,37 @@ void BM_PushRows(benchmark::State& state) {
       state.SkipWithError(("store: " + g_table_store.error).c_str());
       break;
     }
-    const absl::Status s =
-        g_table_store.store->PushRows(0, {ids.data() + pos, static_cast<size_t>(kRowBatch)}, grads.data(), 1e-3f, &scratch);
+    const absl::Span<const uint64_t> batch(ids.data() + pos, static_cast<size_t>(kRowBatch));
+    absl::Status s;
+    if (g_table_store.sync) {
+      const RowGrad rg{0, batch, grads.data()};
+      s = g_table_store.sync->Contribute(state.thread_index(), {}, 1e-3f, {&rg, 1}, 1e-3f);
+    } else {
+      s = g_table_store.store->PushRows(0, batch, grads.data(), 1e-3f, &scratch);
+    }
     if (!s.ok()) {
       state.SkipWithError(std::string(s.message()).c_str());
       break;
     }
     pos = (pos + kRowBatch) % kRowStreamIds;
   }
+  // Leave (even after an error) so the other threads' rounds complete and
+  // the group re-forms for the next run.
+  if (g_table_store.sync) (void)g_table_store.sync->Leave(state.thread_index());
   const double row_bytes = 2.0 * (1 + NumSlots(type)) * dim * sizeof(float);
   state.counters["rows/s"] = benchmark::Counter(kRowBatch, kPerIterationRate);
   state.counters["bytes/s"] = benchmark::Counter(kRowBatch * row_bytes, kPerIterationRate, benchmark::Counter::kIs1024);
-  state.SetLabel(RowLabel(dist, type));
+  state.SetLabel(RowLabel(dist, type, mode));
 }
 
-// Args: rows, dim, dist, optimizer (it sizes the rows' slots).
+// Args: rows, dim, dist, optimizer (it sizes the rows' slots), mode (0
+// hogwild, 1 row_lock; a sync store pulls as hogwild does).
 void BM_PullRows(benchmark::State& state) {
   const int64_t rows = state.range(0), dim = state.range(1);
   const int dist = static_cast<int>(state.range(2));
   const auto type = static_cast<OptimizerType>(state.range(3));
-  if (state.thread_index() == 0) SetUpTableStore(rows, dim, type);
+  const int mode = static_cast<int>(state.range(4));
+  if (state.thread_index() == 0) SetUpTableStore(rows, dim, type, mode, state.threads());
   const std::vector<uint64_t>& ids = RowIds(rows, dist);
   std::vector<float> out(kRowBatch * dim);
   RowScratch scratch;
@@ -232,7 +259,7 @@ void BM_PullRows(benchmark::State& state) {
   state.counters["rows/s"] = benchmark::Counter(kRowBatch, kPerIterationRate);
   state.counters["bytes/s"] =
       benchmark::Counter(kRowBatch * dim * sizeof(float), kPerIterationRate, benchmark::Counter::kIs1024);
-  state.SetLabel(RowLabel(dist, type));
+  state.SetLabel(RowLabel(dist, type, mode));
 }
 
 // Registered so that consecutive runs share a store (rows, dim, optimizer
@@ -242,14 +269,18 @@ bool RegisterRowBenchmarks() {
   if (const char* large = std::getenv("SHARDWILD_BENCH_LARGE_TABLES"); large != nullptr && large[0] == '1') {
     row_counts.push_back(10'000'000);
   }
-  auto* pull = benchmark::RegisterBenchmark("BM_PullRows", BM_PullRows)->ArgNames({"rows", "dim", "dist", "opt"});
-  auto* push = benchmark::RegisterBenchmark("BM_PushRows", BM_PushRows)->ArgNames({"rows", "dim", "dist", "opt"});
-  for (int64_t rows : row_counts) {
-    for (int64_t dim : {16, 64, 256}) {
-      for (OptimizerType type : {OptimizerType::kSgd, OptimizerType::kAdagrad, OptimizerType::kAdam}) {
-        for (int64_t dist : {0, 1}) {
-          push->Args({rows, dim, dist, static_cast<int64_t>(type)});
-          pull->Args({rows, dim, dist, static_cast<int64_t>(type)});
+  auto* pull =
+      benchmark::RegisterBenchmark("BM_PullRows", BM_PullRows)->ArgNames({"rows", "dim", "dist", "opt", "mode"});
+  auto* push =
+      benchmark::RegisterBenchmark("BM_PushRows", BM_PushRows)->ArgNames({"rows", "dim", "dist", "opt", "mode"});
+  for (int64_t mode : {0, 1, 2}) {
+    for (int64_t rows : row_counts) {
+      for (int64_t dim : {16, 64, 256}) {
+        for (OptimizerType type : {OptimizerType::kSgd, OptimizerType::kAdagrad, OptimizerType::kAdam}) {
+          for (int64_t dist : {0, 1}) {
+            push->Args({rows, dim, dist, static_cast<int64_t>(type), mode});
+            if (mode < 2) pull->Args({rows, dim, dist, static_cast<int64_t>(type), mode});
+          }
         }
       }
     }

@@ -328,7 +328,7 @@ int main(int argc, char** argv) {
   bench_store->add_option("--optimizer", store_optimizer, "Optimizer of the rows")
       ->check(CLI::IsMember(names(optimizer_names)))
       ->capture_default_str();
-  bench_store->add_option("--update", store_update, "ps.update (tables support only hogwild for now)")
+  bench_store->add_option("--update", store_update, "ps.update: hogwild, row_lock or sync")
       ->check(CLI::IsMember(names(update_names)))
       ->capture_default_str();
   bench_store->add_option("--kind", store_kind, "Table kind: static (ids 0..rows-1) or dynamic (64-bit ids)")

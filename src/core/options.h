@@ -26,7 +26,7 @@ enum class LrSchedule { kConstant, kCosine };
 //   row_lock: a per-row seqlock; a push changes a row's params and slots
 //             together, and a pull or ReadRows sees whole rows.
 //   sync:     every worker's gradient of a step is averaged, then applied once
-//             (workers/sync_aggregator.h); deterministic for a fixed seed and
+//             (ps_shm/sync_aggregator.h); deterministic for a fixed seed and
 //             worker count. The store itself behaves as in hogwild.
 enum class UpdateMode { kHogwild, kRowLock, kSync };
 enum class DataFormat { kIdx };

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "core/optimizer.h"
 #include "core/status.h"
+#include "ps_shm/row_seqlock.h"
 
 namespace shardwild {
 
@@ -26,7 +27,7 @@ namespace shardwild {
 // with the ordering its comment gives.
 
 inline constexpr uint64_t kEmbeddingMagic = 0x314445424D455753ULL;  // "SWEMBED1" little-endian
-inline constexpr uint32_t kEmbeddingFormatVersion = 1;
+inline constexpr uint32_t kEmbeddingFormatVersion = 2;  // 2: row_lock
 inline constexpr size_t kHeaderBytes = 4096;
 inline constexpr int kMaxNameBytes = 48;
 
@@ -48,6 +49,8 @@ struct EmbeddingTableHeader {
   float init_b;
   float init_stddev;
   float slot_init[kMaxEmbeddingSlots];
+  uint32_t row_lock;     // 0 or 1: rows are updated under their seqlock (RowMeta::seq)
+  uint32_t reserved_flags;
   uint64_t row_stride;   // bytes between row blocks, a multiple of 64
   uint64_t meta_offset;  // RowMeta within a row block
   uint64_t index_slots;  // dynamic: a power of two; static: 0
@@ -94,7 +97,7 @@ struct RowMeta {
   uint64_t update_count;  // Adam steps applied to this row (relaxed fetch_add: each update gets its own t)
   uint64_t last_access;   // LRU tick (relaxed: a hint)
   uint32_t state;         // kStateShift.. state, low bits: pin count (LRU); see the header comment
-  uint32_t reserved;
+  uint32_t seq;           // row_lock tables: the row's seqlock word (row_seqlock.h); else unused
 };
 static_assert(sizeof(RowMeta) == 32);
 
@@ -385,6 +388,7 @@ absl::StatusOr<EmbeddingTable> EmbeddingTable::Create(void* region, size_t bytes
   h->init_b = options.init.b;
   h->init_stddev = options.init.stddev;
   for (int k = 0; k < kMaxEmbeddingSlots; ++k) h->slot_init[k] = options.slot_init[k];
+  h->row_lock = options.row_lock ? 1 : 0;
   h->row_stride = l.row_stride;
   h->meta_offset = l.meta_offset;
   h->index_slots = l.index_slots;
@@ -452,6 +456,8 @@ absl::StatusOr<EmbeddingTable> EmbeddingTable::FromHeader(void* region, size_t b
   o.init.b = h->init_b;
   o.init.stddev = h->init_stddev;
   for (int k = 0; k < kMaxEmbeddingSlots; ++k) o.slot_init[k] = h->slot_init[k];
+  if (h->row_lock > 1) return bad(absl::StrCat("row_lock is ", h->row_lock, ", expected 0 or 1"));
+  o.row_lock = h->row_lock == 1;
   if (absl::Status s = o.Validate(); !s.ok()) return bad(std::string(s.message()));
   const Layout l = ComputeLayout(o.kind, o.dim, o.capacity, o.num_slots);
   struct Field {
@@ -493,6 +499,7 @@ void EmbeddingTable::Bind(const EmbeddingTableOptions& o, char* base) {
   kind_ = o.kind;
   on_full_ = o.on_full;
   lru_ = o.kind == EmbeddingKind::kDynamic && o.on_full == CapacityPolicy::kEvictLru;
+  row_lock_ = o.row_lock;
   dim_ = o.dim;
   capacity_ = o.capacity;
   num_slots_ = o.num_slots;
@@ -525,6 +532,9 @@ void EmbeddingTable::InitRow(int64_t row, uint64_t id, uint64_t tick) {
   Atomic(meta->id).store(id, std::memory_order_relaxed);
   Atomic(meta->update_count).store(0, std::memory_order_relaxed);
   Atomic(meta->last_access).store(tick, std::memory_order_relaxed);
+  // No reader or writer can be inside the row here: a new row is not yet
+  // published, and an evicted one is held in state evicting with no pins.
+  Atomic(meta->seq).store(0, std::memory_order_relaxed);
   // LRU tables publish the state themselves (InsertLruLocked); the others are
   // published through the index (or by Create) and never change state.
   if (!lru_) Atomic(meta->state).store(kRowReady, std::memory_order_relaxed);
@@ -883,8 +893,16 @@ absl::Status EmbeddingTable::Pull(absl::Span<const uint64_t> ids, float* out, Pu
       InitialRowValue(options_, ids[i], dst);
       continue;
     }
-    const float* p = reinterpret_cast<const float*>(RowBlock(row));
-    for (int64_t j = 0; j < dim_; ++j) dst[j] = Atomic(p[j]).load(std::memory_order_relaxed);
+    const char* block = RowBlock(row);
+    const float* p = reinterpret_cast<const float*>(block);
+    auto copy = [&] {
+      for (int64_t j = 0; j < dim_; ++j) dst[j] = Atomic(p[j]).load(std::memory_order_relaxed);
+    };
+    if (row_lock_) {
+      ReadRowConsistent(&reinterpret_cast<const RowMeta*>(block + meta_offset_)->seq, copy);
+    } else {
+      copy();
+    }
     Release(row);
   }
   return absl::OkStatus();
@@ -967,15 +985,52 @@ absl::Status EmbeddingTable::Push(absl::Span<const uint64_t> ids, const float* g
     char* block = RowBlock(row);
     float* params = reinterpret_cast<float*>(block);
     for (int k = 0; k < num_slots_; ++k) slots[k] = params + (k + 1) * d;
+    auto* meta = reinterpret_cast<RowMeta*>(block + meta_offset_);
+    const uint32_t odd = row_lock_ ? LockRow(&meta->seq) : 0;
     UpdateParams up;
     up.lr = lr;
     if (counts_steps) {
-      auto* meta = reinterpret_cast<RowMeta*>(block + meta_offset_);
       up.step = static_cast<int64_t>(Atomic(meta->update_count).fetch_add(1, std::memory_order_relaxed) + 1);
     }
     ApplyUpdate(optimizer, up, params, slots, sc.summed_.data() + i * d, dim_);
+    if (row_lock_) UnlockRow(&meta->seq, odd);
     Release(row);
   }
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingTable::ReadRowState(uint64_t id, float* params, absl::Span<float* const> slots,
+                                          uint64_t* update_count) {
+  if (static_cast<int>(slots.size()) > num_slots_) {
+    return absl::InvalidArgumentError(absl::StrCat("embedding table '", options_.name, "': asked for ", slots.size(),
+                                                   " slots, rows have ", num_slots_));
+  }
+  SW_RETURN_IF_ERROR(CheckIds({&id, 1}));
+  int64_t row;
+  SW_RETURN_IF_ERROR(Acquire(id, /*insert=*/false, /*tick=*/0, &row));
+  if (row < 0) {
+    return absl::NotFoundError(absl::StrCat("embedding table '", options_.name, "': no row for id ", id));
+  }
+  char* block = RowBlock(row);
+  const float* p = reinterpret_cast<const float*>(block);
+  auto* meta = reinterpret_cast<RowMeta*>(block + meta_offset_);
+  auto copy = [&] {
+    if (params != nullptr) {
+      for (int64_t j = 0; j < dim_; ++j) params[j] = Atomic(p[j]).load(std::memory_order_relaxed);
+    }
+    for (size_t k = 0; k < slots.size(); ++k) {
+      if (slots[k] == nullptr) continue;
+      const float* slot = p + (k + 1) * dim_;
+      for (int64_t j = 0; j < dim_; ++j) slots[k][j] = Atomic(slot[j]).load(std::memory_order_relaxed);
+    }
+    if (update_count != nullptr) *update_count = Atomic(meta->update_count).load(std::memory_order_relaxed);
+  };
+  if (row_lock_) {
+    ReadRowConsistent(&meta->seq, copy);
+  } else {
+    copy();
+  }
+  Release(row);
   return absl::OkStatus();
 }
 

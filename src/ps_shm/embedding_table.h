@@ -37,7 +37,13 @@
 //
 // Hot path: Pull and Push never allocate (Push's deduplication uses the
 // caller's Scratch) and never lock, except for the first touch of a new id
-// in an LRU table (below).
+// in an LRU table (below) and, in a row_lock table, the row being updated.
+//
+// Update mode row_lock (EmbeddingTableOptions::row_lock): RowMeta holds a
+// seqlock word per row (ps_shm/row_seqlock.h). Push holds it, row by row,
+// while it updates the row's parameters, slots and update count; Pull copies
+// a row's parameters inside a seqlock read and retries if a push overlapped.
+// So a row is never seen, nor updated, half-way through another update.
 //
 // Thread safety: Pull and Push may be called concurrently from any number of
 // threads in any number of processes attached to the same region (Hogwild).
@@ -164,6 +170,10 @@ struct EmbeddingTableOptions {
   RowInitializer init;
   uint64_t seed = 1;
   uint32_t table_id = 0;  // mixed into the initial values, so two tables differ
+  // Update mode row_lock (ps.update): each row's parameters, slots and update
+  // count change together under the row's seqlock, and Pull copies whole
+  // rows (never half from one push and half from another). Off: hogwild.
+  bool row_lock = false;
 
   // Sizes and fills the slots for `optimizer` (NumSlots, SlotInitialValue).
   void SetOptimizer(const OptimizerOptions& optimizer);
@@ -253,6 +263,17 @@ class EmbeddingTable {
   absl::Status Push(absl::Span<const uint64_t> ids, const float* grads, const OptimizerOptions& optimizer, float lr,
                     Scratch* scratch);
 
+  // Snapshot of the row of `id`: its parameters into params[dim] and, for
+  // each k < slots.size(), slot k into slots[k][dim] (nullptr skips it), and
+  // its update count (Adam's t) into *update_count when not null. In a
+  // row_lock table all of it comes from one moment (a seqlock read);
+  // otherwise it may mix concurrent pushes, as Pull does. Inserts nothing.
+  // Errors: InvalidArgument for a bad id or more slots than num_slots();
+  // NotFound if a dynamic table holds no row for `id`. For tests and
+  // checkpoints; thread-safe.
+  absl::Status ReadRowState(uint64_t id, float* params, absl::Span<float* const> slots,
+                            uint64_t* update_count = nullptr);
+
   // Rows that hold an id (static: capacity). In a kError table it counts rows
   // being initialised too.
   int64_t size() const;
@@ -313,6 +334,7 @@ class EmbeddingTable {
   EmbeddingKind kind_ = EmbeddingKind::kStatic;
   CapacityPolicy on_full_ = CapacityPolicy::kError;
   bool lru_ = false;  // dynamic && kEvictLru: rows are pinned and may be reused
+  bool row_lock_ = false;
   int64_t dim_ = 0;
   int64_t capacity_ = 0;
   int num_slots_ = 0;

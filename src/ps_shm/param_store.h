@@ -97,8 +97,10 @@ struct OpenStoreOptions {
   // The optimizer of the embedding tables (config optimizer.sparse); unset =
   // `optimizer` for tables too. Table rows get the slots this one needs.
   std::optional<OptimizerOptions> sparse_optimizer;
-  // Embedding tables (TableSpec). Only update mode hogwild supports them for
-  // now: Open refuses tables with ps.update row_lock or sync.
+  // Embedding tables (TableSpec). Every update mode applies to them:
+  // hogwild and sync push rows lock-free (in sync mode one SyncAggregator
+  // round pushes the averaged rows once per step), row_lock pushes each row
+  // under its seqlock (EmbeddingTableOptions::row_lock).
   std::vector<TableSpec> tables;
   uint64_t seed = 1;              // initial values (variable.h)
   int num_shards = 1;             // resolved shard count (StoreOptions::shards may say auto)
@@ -127,9 +129,8 @@ class ParamStore {
 
   // Creates a store in this process's shared memory holding `variables` and
   // options.tables, initialised from options.seed. The segments are unlinked when the store
-  // is destroyed. Errors: InvalidArgument for bad options (also for tables
-  // with ps.update row_lock or sync: those modes apply to dense variables
-  // only for now), ResourceExhausted when shared memory is too small.
+  // is destroyed. Errors: InvalidArgument for bad options,
+  // ResourceExhausted when shared memory is too small.
   static absl::StatusOr<std::unique_ptr<ParamStore>> Open(const OpenStoreOptions& options,
                                                           std::vector<VariableSpec> variables);
 

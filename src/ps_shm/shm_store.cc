@@ -14,6 +14,7 @@
 #include "core/optimizer.h"
 #include "core/status.h"
 #include "ps_shm/memory_placer.h"
+#include "ps_shm/row_seqlock.h"
 #include "ps_shm/shard_format.h"
 
 namespace shardwild {
@@ -70,7 +71,7 @@ int64_t ShardCapacity(const TableSpec& t, int s, int shards) {
 
 // The options of shard s's EmbeddingTable of table t.
 EmbeddingTableOptions TableShardOptions(const TableSpec& spec, int t, int s, int shards, uint64_t seed,
-                                        const OptimizerOptions& sparse) {
+                                        const OptimizerOptions& sparse, UpdateMode update) {
   EmbeddingTableOptions o;
   o.name = spec.name;
   o.kind = spec.kind;
@@ -83,6 +84,7 @@ EmbeddingTableOptions TableShardOptions(const TableSpec& spec, int t, int s, int
   // on the shard; static rows by their local row, so the shard is mixed in.
   o.table_id = (static_cast<uint32_t>(t) << 12) | (spec.kind == EmbeddingKind::kStatic ? static_cast<uint32_t>(s) : 0u);
   o.SetOptimizer(sparse);
+  o.row_lock = update == UpdateMode::kRowLock;
   return o;
 }
 
@@ -90,94 +92,6 @@ uint64_t LoadRelaxed(uint64_t* p) { return std::atomic_ref<uint64_t>(*p).load(st
 
 // Bytes of the row sequence words of a part holding `rows` rows (shard_format.h).
 uint64_t SeqBytes(int64_t rows) { return AlignUp(static_cast<uint64_t>(rows) * sizeof(uint32_t), 64); }
-
-// ---- Row seqlock (update mode row_lock) -------------------------------------
-//
-// Each row held by a shard has a uint32 sequence word in the segment, reached
-// only through std::atomic_ref<uint32_t>. Even: no writer inside; odd: one
-// writer is updating the row's params and slots. The row's floats are still
-// read and written with relaxed std::atomic_ref (as in hogwild), so a reader
-// racing a writer never has a data race, only a retry.
-//
-// Memory ordering:
-//  - LockRow's CAS (even -> odd) is acquire: it pairs with the previous
-//    writer's release in UnlockRow, so this writer's read-modify-write of the
-//    row starts from the previous writer's complete result (mutual exclusion).
-//  - LockRow then issues a release fence: it orders the odd value before the
-//    data stores that follow. If a reader's relaxed load sees any of those
-//    stores, the reader's acquire fence synchronises with this fence, so the
-//    reader's re-load of the word sees the odd value (or a later one) and the
-//    reader retries.
-//  - UnlockRow stores odd + 1 with release: the row's new values happen
-//    before any reader that loads that even value with acquire, so a read
-//    that starts after the update sees all of it.
-//  - A reader loads the word with acquire (skipping odd values), copies with
-//    relaxed loads, issues an acquire fence (so the copies are not reordered
-//    after the re-load) and re-loads the word; equal means the copy is whole.
-// A 32-bit word wraps after 2^31 updates of one row; a reader would have to
-// sleep through exactly that many for a torn read to pass unnoticed.
-
-static_assert(std::atomic_ref<uint32_t>::is_always_lock_free, "row seqlocks need lock-free 32-bit atomics");
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
-
-// Spin with a pause instruction; after a while yield the core, since on an
-// oversubscribed machine the writer we wait for may be descheduled.
-struct Backoff {
-  int spins = 0;
-  void Wait() {
-    if (++spins < 128) {
-      CpuRelax();
-    } else {
-      spins = 0;
-      std::this_thread::yield();
-    }
-  }
-};
-
-// Takes row `seq`'s write lock; returns the odd value it stored.
-inline uint32_t LockRow(uint32_t* seq) {
-  std::atomic_ref<uint32_t> word(*seq);
-  uint32_t cur = word.load(std::memory_order_relaxed);
-  Backoff backoff;
-  for (;;) {
-    if ((cur & 1) == 0) {
-      if (word.compare_exchange_weak(cur, cur + 1, std::memory_order_acquire, std::memory_order_relaxed)) break;
-      continue;  // cur now holds the value seen
-    }
-    backoff.Wait();
-    cur = word.load(std::memory_order_relaxed);
-  }
-  std::atomic_thread_fence(std::memory_order_release);
-  return cur + 1;
-}
-
-inline void UnlockRow(uint32_t* seq, uint32_t odd) {
-  std::atomic_ref<uint32_t>(*seq).store(odd + 1, std::memory_order_release);
-}
-
-// Runs copy() until it ran while no writer touched the row.
-template <typename Copy>
-inline void ReadRowConsistent(const uint32_t* seq, Copy copy) {
-  std::atomic_ref<uint32_t> word(const_cast<uint32_t&>(*seq));
-  Backoff backoff;
-  for (;;) {
-    const uint32_t before = word.load(std::memory_order_acquire);
-    if (before & 1) {
-      backoff.Wait();
-      continue;
-    }
-    copy();
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (word.load(std::memory_order_relaxed) == before) return;
-  }
-}
 
 inline void CopyRelaxed(const float* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
@@ -228,12 +142,6 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Create(const OpenS
       return absl::InvalidArgumentError(absl::StrCat("optimizer.sparse: ", s.message()));
     }
   }
-  if (!options.tables.empty() && options.store.update != UpdateMode::kHogwild) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ps.update is '", UpdateModeName(options.store.update),
-        "' and the store has embedding tables: row_lock and sync apply to dense variables only for now; "
-        "use ps.update hogwild with embedding tables"));
-  }
   if (options.tables.size() > 4096) {
     return absl::InvalidArgumentError(absl::StrCat("embedding tables: at most 4096, got ", options.tables.size()));
   }
@@ -248,7 +156,7 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Create(const OpenS
         return absl::InvalidArgumentError(absl::StrCat("embedding table '", spec.name, "' is given twice"));
       }
     }
-    const EmbeddingTableOptions o = TableShardOptions(spec, static_cast<int>(t), 0, 1, options.seed, sparse);
+    const EmbeddingTableOptions o = TableShardOptions(spec, static_cast<int>(t), 0, 1, options.seed, sparse, options.store.update);
     if (absl::Status s = o.Validate(); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("embedding table '", spec.name, "': ", s.message()));
     }
@@ -313,7 +221,7 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Create(const OpenS
     std::vector<EmbeddingTableOptions> table_options;
     for (int t = 0; t < ntables; ++t) {
       const TableSpec& spec = options.tables[t];
-      table_options.push_back(TableShardOptions(spec, t, s, options.num_shards, options.seed, sparse));
+      table_options.push_back(TableShardOptions(spec, t, s, options.num_shards, options.seed, sparse, options.store.update));
       TableEntry& te = table_entries[t];
       std::memset(&te, 0, sizeof(te));
       std::snprintf(te.name, sizeof(te.name), "%s", spec.name.c_str());
@@ -555,6 +463,11 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Attach(
       if (table->kind() != static_cast<EmbeddingKind>(te.kind) || table->dim() != te.dim ||
           table->capacity() != te.shard_capacity) {
         return bad(absl::StrCat("embedding table '", te.name, "': its header disagrees with the layout table"));
+      }
+      if (table->options().row_lock != (st->update_mode_ == UpdateMode::kRowLock)) {
+        return bad(absl::StrCat("embedding table '", te.name, "': its rows are ",
+                                table->options().row_lock ? "" : "not ", "locked per row, but the store's update mode is ",
+                                UpdateModeName(st->update_mode_)));
       }
       if (table->num_slots() < NumSlots(st->sparse_optimizer_.type)) {
         return bad(absl::StrCat("embedding table '", te.name, "' has ", table->num_slots(),
@@ -893,6 +806,24 @@ absl::Status ShmParamStore::PushRows(int table, absl::Span<const uint64_t> ids, 
                                               &scratch->table));
   }
   return absl::OkStatus();
+}
+
+absl::Status ShmParamStore::ReadTableRow(int table, uint64_t id, float* params, absl::Span<float* const> slots,
+                                         uint64_t* update_count) {
+  if (table < 0 || table >= static_cast<int>(tables_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("read table row: no embedding table ", table));
+  }
+  const TableSpec& spec = layout_.tables[table];
+  const uint32_t nshards = static_cast<uint32_t>(layout_.num_shards);
+  if (spec.kind == EmbeddingKind::kStatic) {
+    if (id >= static_cast<uint64_t>(spec.capacity)) {
+      return absl::InvalidArgumentError(absl::StrCat("embedding table '", spec.name, "': id ", id,
+                                                     " is out of range for a static table of ", spec.capacity, " rows"));
+    }
+    return tables_[table][id % nshards].ReadRowState(id / nshards, params, slots, update_count);
+  }
+  return tables_[table][nshards == 1 ? 0 : ShardOfDynamicId(id, nshards)].ReadRowState(id, params, slots,
+                                                                                        update_count);
 }
 
 uint64_t ShmParamStore::shard_version(int shard) const { return LoadRelaxed(shard_versions_[shard]); }

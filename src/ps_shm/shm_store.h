@@ -57,6 +57,12 @@ class ShmParamStore final : public ParamStore {
   // The optimizer of the embedding tables (OpenStoreOptions::sparse_optimizer,
   // or the dense one when that is unset).
   const OptimizerOptions& sparse_optimizer() const { return sparse_optimizer_; }
+  // Snapshot of row `id` of embedding table `table` (EmbeddingTable::
+  // ReadRowState on the shard holding it): params[dim], slots[k][dim], and
+  // its update count. In row_lock mode all from one moment. NotFound for a
+  // dynamic id without a row. For tests and checkpoints; thread-safe.
+  absl::Status ReadTableRow(int table, uint64_t id, float* params, absl::Span<float* const> slots,
+                            uint64_t* update_count = nullptr);
   // Shard `shard`'s part of embedding table `table` (tests, statistics).
   const EmbeddingTable& table_shard(int table, int shard) const { return tables_[table][shard]; }
 

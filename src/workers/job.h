@@ -15,7 +15,7 @@
 #include "workers/replicated_store.h"
 #include "workers/topology.h"
 #include "workers/worker.h"
-#include "workers/sync_aggregator.h"
+#include "ps_shm/sync_aggregator.h"
 #include "workers/worker_pool.h"
 
 namespace shardwild {

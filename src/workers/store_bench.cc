@@ -17,6 +17,7 @@
 #include "ps_shm/huge_pages.h"
 #include "ps_shm/shm_segment.h"
 #include "ps_shm/shm_store.h"
+#include "ps_shm/sync_aggregator.h"
 #include "workers/topology.h"
 #include "workers/worker_pool.h"
 
@@ -137,7 +138,11 @@ absl::StatusOr<StoreBenchReport> RunStoreBench(const StoreBenchOptions& options)
     }));
   }
 
-  // The pushes.
+  // The pushes. In sync mode every thread is a worker of one SyncAggregator:
+  // each contributes its batch, and the round's last arrival pushes all of
+  // them as one batch.
+  std::unique_ptr<SyncAggregator> sync;
+  if (o.update == UpdateMode::kSync) sync = std::make_unique<SyncAggregator>(store.get(), o.threads);
   std::vector<int64_t> batches(o.threads, 0);
   std::vector<double> elapsed(o.threads, 0);
   SW_RETURN_IF_ERROR(pool.RunAll([&](int t) -> absl::Status {
@@ -148,12 +153,23 @@ absl::StatusOr<StoreBenchReport> RunStoreBench(const StoreBenchOptions& options)
     RowScratch scratch;
     const uint64_t* my_ids = ids[t].data();
     auto step = [&](int64_t b) {
-      return store->PushRows(0, {my_ids + b * o.batch, static_cast<size_t>(o.batch)}, grads.data(), lr, &scratch);
+      const absl::Span<const uint64_t> batch(my_ids + b * o.batch, static_cast<size_t>(o.batch));
+      if (sync != nullptr) {
+        const RowGrad rows{0, batch, grads.data()};
+        return sync->Contribute(t, {}, lr, {&rows, 1}, lr);
+      }
+      return store->PushRows(0, batch, grads.data(), lr, &scratch);
     };
     int64_t warm_batches = 0;
     double warm_elapsed = 0;
-    SW_RETURN_IF_ERROR(TimedLoop(o.warmup_seconds, num_batches, step, &warm_batches, &warm_elapsed));
-    return TimedLoop(o.seconds, num_batches, step, &batches[t], &elapsed[t]);
+    absl::Status s = TimedLoop(o.warmup_seconds, num_batches, step, &warm_batches, &warm_elapsed);
+    if (s.ok()) s = TimedLoop(o.seconds, num_batches, step, &batches[t], &elapsed[t]);
+    if (sync != nullptr) {
+      // Leave even after an error, so the other threads' rounds complete.
+      absl::Status left = sync->Leave(t);
+      if (s.ok()) s = std::move(left);
+    }
+    return s;
   }));
   for (int t = 0; t < o.threads; ++t) {
     r.rows_per_s += static_cast<double>(batches[t] * o.batch) / elapsed[t];

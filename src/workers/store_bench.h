@@ -40,7 +40,10 @@ struct StoreBenchOptions {
   int64_t rows = 1000000;
   IdDistribution ids = IdDistribution::kUniform;
   OptimizerType optimizer = OptimizerType::kAdagrad;
-  UpdateMode update = UpdateMode::kHogwild;  // only hogwild stores accept tables for now
+  // hogwild: lock-free pushes; row_lock: each row under its seqlock; sync:
+  // the threads are the workers of one SyncAggregator, each round's pushes
+  // merged into one (rows_per_s counts the ids the threads contributed).
+  UpdateMode update = UpdateMode::kHogwild;
   int threads = 1;
   EmbeddingKind kind = EmbeddingKind::kStatic;
   int shards = 1;

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "workers/replicated_store.h"
-#include "workers/sync_aggregator.h"
+#include "ps_shm/sync_aggregator.h"
 
 namespace shardwild {
 namespace {

@@ -11,10 +11,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "core/optimizer.h"
 #include "core/options.h"
 #include "core/variable.h"
 #include "gtest/gtest.h"
+#include "ps_shm/embedding_table.h"
 #include "ps_shm/param_store.h"
 #include "ps_shm/shard_format.h"
 #include "ps_shm/shm_store.h"
@@ -240,6 +242,188 @@ TEST(RowLockTest, AttachedStoreFollowsTheCreatorsMode) {
     ASSERT_TRUE(store->PullVariable(0, p.data()).ok());
     for (float x : p) EXPECT_FLOAT_EQ(x, -0.5f);
   }
+}
+
+// ---- Embedding tables --------------------------------------------------------
+
+TableSpec RowLockTable(const char* name, EmbeddingKind kind, int64_t capacity, CapacityPolicy on_full, int64_t dim) {
+  TableSpec t;
+  t.name = name;
+  t.kind = kind;
+  t.dim = dim;
+  t.capacity = capacity;
+  t.on_full = on_full;
+  t.init.kind = RowInitializer::Kind::kZeros;
+  return t;
+}
+
+// The same test for table rows: 3 writers push momentum updates to rows of
+// a static, a dynamic and an LRU table (each row's gradient one value, a
+// different one every push, ids repeated within a batch so deduplication
+// sums them); 2 readers snapshot rows with PullRows and with ReadTableRow
+// (params, velocity and update count together). Rows start at zero, so a
+// consistent row has all-equal params and all-equal velocities.
+TEST(RowLockTest, NoTornTableRowUnderConcurrentPushesAndReads) {
+  constexpr int64_t kDim = 40, kIds = 24;
+  constexpr int kWriters = 3, kReaders = 2;
+#ifdef SHARDWILD_TSAN
+  constexpr int kReads = 300;
+#else
+  constexpr int kReads = 3000;
+#endif
+  OpenStoreOptions o = Options(OptimizerType::kMomentum, UpdateMode::kRowLock, /*shards=*/2);
+  o.tables = {RowLockTable("static", EmbeddingKind::kStatic, kIds, CapacityPolicy::kError, kDim),
+              RowLockTable("dynamic", EmbeddingKind::kDynamic, 64, CapacityPolicy::kError, kDim),
+              RowLockTable("lru", EmbeddingKind::kDynamic, 64, CapacityPolicy::kEvictLru, kDim)};
+  std::unique_ptr<ShmParamStore> store = Make(o, {});
+  ASSERT_NE(store, nullptr);
+  for (int t = 0; t < 3; ++t) ASSERT_TRUE(store->table_shard(t, 0).options().row_lock) << t;
+
+  std::vector<uint64_t> ids(kIds);
+  for (int64_t i = 0; i < kIds; ++i) ids[i] = static_cast<uint64_t>(i);
+  // Every row exists before the readers start.
+  {
+    RowScratch scratch;
+    std::vector<float> out(kIds * kDim);
+    for (int t = 0; t < 3; ++t) ASSERT_TRUE(store->PullRows(t, ids, out.data(), PullMode::kInsert, &scratch).ok());
+  }
+  std::atomic<int> readers_done{0};
+  std::vector<absl::Status> writer_status(kWriters);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWriters; ++w) {
+    threads.emplace_back([&, w] {
+      RowScratch scratch;
+      // Each batch names every id twice (the second half repeats the first).
+      std::vector<uint64_t> batch(2 * kIds);
+      std::vector<float> grad(2 * kIds * kDim);
+      for (int64_t it = 0; readers_done.load(std::memory_order_relaxed) < kReaders || it < 30; ++it) {
+        for (int64_t i = 0; i < 2 * kIds; ++i) {
+          batch[i] = ids[(i + w + it) % kIds];
+          const float g = 0.5f + 0.125f * static_cast<float>((w * 7 + it * 3 + i) % 17);
+          std::fill_n(grad.begin() + i * kDim, kDim, g);
+        }
+        for (int t = 0; t < 3; ++t) {
+          if (absl::Status s = store->PushRows(t, batch, grad.data(), 0.01f, &scratch); !s.ok()) {
+            writer_status[w] = s;
+            return;
+          }
+        }
+      }
+    });
+  }
+  std::vector<int64_t> torn(kReaders, 0);
+  std::vector<std::string> first_bad(kReaders);
+  for (int rd = 0; rd < kReaders; ++rd) {
+    threads.emplace_back([&, rd] {
+      RowScratch scratch;
+      std::vector<float> rows(kIds * kDim), params(kDim), velocity(kDim);
+      float* slots[1] = {velocity.data()};
+      int64_t bad = -1;
+      for (int i = 0; i < kReads; ++i) {
+        const int t = i % 3;
+        bool ok = true;
+        if (rd == 0) {
+          ok = store->PullRows(t, ids, rows.data(), PullMode::kInsert, &scratch).ok() &&
+               RowsUniform(rows, kIds, kDim, &bad);
+        } else {
+          const uint64_t id = ids[i % kIds];
+          uint64_t count = 0;
+          ok = store->ReadTableRow(t, id, params.data(), slots, &count).ok() && RowsUniform(params, 1, kDim, &bad) &&
+               RowsUniform(velocity, 1, kDim, &bad);
+        }
+        if (!ok) {
+          if (torn[rd]++ == 0) first_bad[rd] = absl::StrCat("table ", t, " read ", i, " row ", bad);
+        }
+      }
+      readers_done.fetch_add(1, std::memory_order_relaxed);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int w = 0; w < kWriters; ++w) EXPECT_TRUE(writer_status[w].ok()) << writer_status[w];
+  for (int rd = 0; rd < kReaders; ++rd) EXPECT_EQ(torn[rd], 0) << "reader " << rd << ": " << first_bad[rd];
+  // Quiescent: every row moved and is uniform; no LRU row was evicted (64 rows
+  // of room for 24 ids).
+  for (int t = 0; t < 3; ++t) {
+    std::vector<float> params(kDim), velocity(kDim);
+    float* slots[1] = {velocity.data()};
+    for (uint64_t id : ids) {
+      ASSERT_TRUE(store->ReadTableRow(t, id, params.data(), slots).ok());
+      int64_t bad = -1;
+      EXPECT_TRUE(RowsUniform(params, 1, kDim, &bad) && RowsUniform(velocity, 1, kDim, &bad)) << t << " " << id;
+      EXPECT_LT(params[0], 0.0f) << "table " << t << " id " << id;
+    }
+  }
+  EXPECT_EQ(store->table_shard(2, 0).evictions() + store->table_shard(2, 1).evictions(), 0);
+}
+
+// Without concurrency, row_lock and hogwild tables compute the same rows,
+// slots and Adam step counts.
+TEST(RowLockTest, TablesSameResultAsHogwildWithoutConcurrency) {
+  for (OptimizerType type : {OptimizerType::kSgd, OptimizerType::kAdagrad, OptimizerType::kAdam, OptimizerType::kFtrl}) {
+    std::unique_ptr<ShmParamStore> stores[2];
+    for (int m = 0; m < 2; ++m) {
+      OpenStoreOptions o = Options(type, m == 0 ? UpdateMode::kRowLock : UpdateMode::kHogwild, 3);
+      TableSpec t = RowLockTable("t", EmbeddingKind::kDynamic, 100, CapacityPolicy::kError, 9);
+      t.init.kind = RowInitializer::Kind::kNormal;
+      o.tables = {t, RowLockTable("s", EmbeddingKind::kStatic, 30, CapacityPolicy::kError, 9)};
+      stores[m] = Make(o, {});
+      ASSERT_NE(stores[m], nullptr);
+    }
+    std::vector<uint64_t> ids = {3, 17, 3, 29, 0, 17, 8};
+    std::vector<float> g(ids.size() * 9);
+    for (int step = 0; step < 4; ++step) {
+      for (size_t i = 0; i < g.size(); ++i) g[i] = std::sin(0.37f * i + step);
+      for (int m = 0; m < 2; ++m) {
+        RowScratch scratch;
+        for (int t = 0; t < 2; ++t) ASSERT_TRUE(stores[m]->PushRows(t, ids, g.data(), 0.05f, &scratch).ok());
+      }
+    }
+    const int nslots = NumSlots(type);
+    for (int t = 0; t < 2; ++t) {
+      for (uint64_t id : ids) {
+        std::vector<float> p[2], sl[2][4];
+        uint64_t count[2];
+        for (int m = 0; m < 2; ++m) {
+          p[m].assign(9, 0);
+          std::vector<float*> ptrs;
+          for (int k = 0; k < nslots; ++k) {
+            sl[m][k].assign(9, 0);
+            ptrs.push_back(sl[m][k].data());
+          }
+          ASSERT_TRUE(stores[m]->ReadTableRow(t, id, p[m].data(), ptrs, &count[m]).ok());
+        }
+        EXPECT_EQ(p[0], p[1]) << OptimizerTypeName(type) << " table " << t << " id " << id;
+        for (int k = 0; k < nslots; ++k) EXPECT_EQ(sl[0][k], sl[1][k]) << OptimizerTypeName(type) << " slot " << k;
+        EXPECT_EQ(count[0], count[1]);
+        if (type == OptimizerType::kAdam) {
+          EXPECT_EQ(count[0], 4u) << "one Adam step per push of the id";
+        }
+      }
+    }
+    // ReadTableRow's errors.
+    float buf[9];
+    EXPECT_EQ(stores[0]->ReadTableRow(0, 5555, buf, {}).code(), absl::StatusCode::kNotFound);
+    EXPECT_EQ(stores[0]->ReadTableRow(1, 30, buf, {}).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(stores[0]->ReadTableRow(2, 1, buf, {}).code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+// An attached store's tables follow the creator's update mode; a table
+// region whose row_lock flag disagrees with the shard's mode is refused.
+TEST(RowLockTest, AttachedTablesFollowTheCreatorsMode) {
+  OpenStoreOptions o = Options(OptimizerType::kSgd, UpdateMode::kRowLock, 2);
+  o.tables = {RowLockTable("t", EmbeddingKind::kStatic, 10, CapacityPolicy::kError, 4)};
+  std::unique_ptr<ShmParamStore> store = Make(o, {});
+  ASSERT_NE(store, nullptr);
+  absl::StatusOr<std::unique_ptr<ShmParamStore>> attached = ShmParamStore::Attach(store->name(), o.optimizer);
+  ASSERT_TRUE(attached.ok()) << attached.status();
+  EXPECT_TRUE((*attached)->table_shard(0, 1).options().row_lock);
+  std::vector<uint64_t> ids = {7};
+  std::vector<float> g(4, 1.0f), out(4);
+  RowScratch scratch;
+  ASSERT_TRUE((*attached)->PushRows(0, ids, g.data(), 0.5f, &scratch).ok());
+  ASSERT_TRUE(store->PullRows(0, ids, out.data(), PullMode::kReadOnly, &scratch).ok());
+  for (float x : out) EXPECT_FLOAT_EQ(x, -0.5f);
 }
 
 }  // namespace

@@ -265,13 +265,20 @@ TEST(ShmStoreTables, OutOfRangeStaticIdIsInvalidArgument) {
   EXPECT_EQ(store->PullRows(1, ids, out.data(), PullMode::kInsert, &scratch).code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(ShmStoreTables, RowLockAndSyncRefuseTables) {
-  for (UpdateMode mode : {UpdateMode::kRowLock, UpdateMode::kSync}) {
+TEST(ShmStoreTables, EveryUpdateModeAcceptsTables) {
+  for (UpdateMode mode : {UpdateMode::kHogwild, UpdateMode::kRowLock, UpdateMode::kSync}) {
     OpenStoreOptions o = Options(Optimizer(OptimizerType::kSgd, 0.1f), {Table(EmbeddingKind::kStatic, 10)});
     o.store.update = mode;
-    const absl::Status s = ShmParamStore::Create(o, {}).status();
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(std::string(s.message()).find("dense variables only"), std::string::npos) << s;
+    std::unique_ptr<ShmParamStore> store = MakeStore(o);
+    ASSERT_NE(store, nullptr) << UpdateModeName(mode);
+    EXPECT_EQ(store->table_shard(0, 0).options().row_lock, mode == UpdateMode::kRowLock);
+    RowScratch scratch;
+    const std::vector<uint64_t> ids = {4};
+    std::vector<float> before(kDim), after(kDim), g(kDim, 2.0f);
+    ASSERT_TRUE(store->PullRows(0, ids, before.data(), PullMode::kInsert, &scratch).ok());
+    ASSERT_TRUE(store->PushRows(0, ids, g.data(), 0.25f, &scratch).ok());
+    ASSERT_TRUE(store->PullRows(0, ids, after.data(), PullMode::kInsert, &scratch).ok());
+    for (int64_t j = 0; j < kDim; ++j) EXPECT_FLOAT_EQ(after[j], before[j] - 0.5f) << UpdateModeName(mode);
   }
 }
 

@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "ps_shm/shm_store.h"
-#include "workers/sync_aggregator.h"
+#include "ps_shm/sync_aggregator.h"
 #include "workers/worker.h"
 
 namespace shardwild {

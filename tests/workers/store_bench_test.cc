@@ -2,6 +2,7 @@
 #include "workers/store_bench.h"
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace shardwild {
@@ -36,12 +37,31 @@ TEST(StoreBenchTest, BadOptionsNameTheFlag) {
   o.rows = 0;
   EXPECT_NE(std::string(RunStoreBench(o).status().message()).find("--rows"), std::string::npos);
   o = StoreBenchOptions();
-  o.update = UpdateMode::kRowLock;
-  o.rows = 100;
-  o.seconds = 0.01;
-  const absl::Status s = RunStoreBench(o).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(s.message()).find("dense variables only"), std::string::npos) << s;
+  o.threads = 0;
+  EXPECT_NE(std::string(RunStoreBench(o).status().message()).find("--threads"), std::string::npos);
+}
+
+// Every update mode runs, with 1 and 2 threads (sync: 2 workers of one
+// aggregator, so a round waits for both or for the one still in).
+TEST(StoreBenchTest, EveryUpdateModeRuns) {
+  for (UpdateMode mode : {UpdateMode::kHogwild, UpdateMode::kRowLock, UpdateMode::kSync}) {
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE(absl::StrCat(UpdateModeName(mode), " x", threads));
+      StoreBenchOptions o;
+      o.rows = 5000;
+      o.dim = 16;
+      o.seconds = 0.05;
+      o.warmup_seconds = 0.01;
+      o.threads = threads;
+      o.update = mode;
+      o.optimizer = OptimizerType::kAdam;
+      absl::StatusOr<StoreBenchReport> r = RunStoreBench(o);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_GT(r->rows_per_s, 0);
+      EXPECT_EQ(r->row_bytes, 3 * 16 * 4);
+      EXPECT_NE(FormatStoreBenchReport(*r).find(absl::StrCat("ps.update ", UpdateModeName(mode))), std::string::npos);
+    }
+  }
 }
 
 }  // namespace

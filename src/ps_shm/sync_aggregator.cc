@@ -1,4 +1,4 @@
-#include "workers/sync_aggregator.h"
+#include "ps_shm/sync_aggregator.h"
 
 #include <cstring>
 
@@ -14,6 +14,9 @@ SyncAggregator::SyncAggregator(ParamStore* store, int num_workers) : store_(stor
     slot_size_ += layout.variables[v].size();
   }
   slots_.assign(num_workers_, std::vector<float>(slot_size_));
+  for (const TableSpec& t : layout.tables) table_dim_.push_back(t.dim);
+  row_ids_.assign(num_workers_, std::vector<std::vector<uint64_t>>(table_dim_.size()));
+  row_grads_.assign(num_workers_, std::vector<std::vector<float>>(table_dim_.size()));
   MutexLock lock(&mu_);
   sum_.assign(slot_size_, 0.0f);
   for (size_t v = 0; v < var_offset_.size(); ++v) {
@@ -22,10 +25,12 @@ SyncAggregator::SyncAggregator(ParamStore* store, int num_workers) : store_(stor
   contributed_.assign(num_workers_, 0);
   left_.assign(num_workers_, 0);
   lr_.assign(num_workers_, 0.0f);
+  sparse_lr_.assign(num_workers_, 0.0f);
   active_ = num_workers_;
 }
 
-absl::Status SyncAggregator::Contribute(int worker, absl::Span<const DenseGrad> grads, float lr) {
+absl::Status SyncAggregator::Contribute(int worker, absl::Span<const DenseGrad> grads, float lr,
+                                        absl::Span<const RowGrad> rows, float sparse_lr) {
   if (worker < 0 || worker >= num_workers_) {
     return absl::InvalidArgumentError(absl::StrCat("sync: no worker ", worker, " (", num_workers_, " workers)"));
   }
@@ -41,12 +46,29 @@ absl::Status SyncAggregator::Contribute(int worker, absl::Span<const DenseGrad> 
     }
     std::memcpy(slot + var_offset_[g.var], g.grad, var_size_[g.var] * sizeof(float));
   }
+  for (const RowGrad& r : rows) {
+    if (r.table < 0 || r.table >= static_cast<int>(table_dim_.size()) || (r.grads == nullptr && !r.ids.empty())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sync: worker ", worker, " gave row gradients for no embedding table ", r.table));
+    }
+  }
+  for (size_t t = 0; t < table_dim_.size(); ++t) {
+    row_ids_[worker][t].clear();
+    row_grads_[worker][t].clear();
+  }
+  for (const RowGrad& r : rows) {
+    std::vector<uint64_t>& ids = row_ids_[worker][r.table];
+    std::vector<float>& g = row_grads_[worker][r.table];
+    ids.insert(ids.end(), r.ids.begin(), r.ids.end());
+    g.insert(g.end(), r.grads, r.grads + r.ids.size() * table_dim_[r.table]);
+  }
   MutexLock lock(&mu_);
   if (left_[worker]) {
     return absl::FailedPreconditionError(absl::StrCat("sync: worker ", worker, " contributed after leaving"));
   }
   contributed_[worker] = 1;
   lr_[worker] = lr;
+  sparse_lr_[worker] = sparse_lr;
   ++arrived_;
   const uint64_t generation = generation_;
   if (arrived_ == active_) {
@@ -87,13 +109,14 @@ void SyncAggregator::CompleteRound() {
   // Sum in worker order: the first contributor's slot, then each later one's.
   // The same order every run gives the same float result.
   int count = 0;
-  float lr = 0;
+  float lr = 0, sparse_lr = 0;
   for (int w = 0; w < num_workers_; ++w) {
     if (!contributed_[w]) continue;
     const float* slot = slots_[w].data();
     if (count == 0) {
       std::memcpy(sum_.data(), slot, slot_size_ * sizeof(float));
       lr = lr_[w];
+      sparse_lr = sparse_lr_[w];
     } else {
       for (int64_t i = 0; i < slot_size_; ++i) sum_[i] += slot[i];
     }
@@ -102,6 +125,20 @@ void SyncAggregator::CompleteRound() {
   const float n = static_cast<float>(count);
   for (int64_t i = 0; i < slot_size_; ++i) sum_[i] /= n;
   round_status_ = store_->Push(sum_grads_, lr);
+  // Each table's rows: every contributor's, in worker order, divided by the
+  // number of contributors, pushed as one batch.
+  for (size_t t = 0; t < table_dim_.size(); ++t) {
+    merged_ids_.clear();
+    merged_grads_.clear();
+    for (int w = 0; w < num_workers_; ++w) {
+      if (!contributed_[w]) continue;
+      merged_ids_.insert(merged_ids_.end(), row_ids_[w][t].begin(), row_ids_[w][t].end());
+      for (float g : row_grads_[w][t]) merged_grads_.push_back(g / n);
+    }
+    if (merged_ids_.empty()) continue;
+    absl::Status s = store_->PushRows(static_cast<int>(t), merged_ids_, merged_grads_.data(), sparse_lr, &row_scratch_);
+    if (round_status_.ok()) round_status_ = std::move(s);
+  }
   contributed_.assign(num_workers_, 0);
   arrived_ = 0;
   ++generation_;

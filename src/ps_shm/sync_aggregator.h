@@ -13,6 +13,14 @@
 // mean over the contributors is the mean over the step's batches (the padded
 // last batch of a part counts as one batch, as in hogwild).
 //
+// Embedding rows (RowGrad) take part in the same round: each worker's row
+// gradients are copied into its own buffers; the completing thread divides
+// every contributed row gradient by the number of contributors and pushes
+// each table's rows of all contributors as one PushRows batch, in worker
+// order (PushRows sums repeated ids in batch order, then updates each unique
+// row once). A row no worker named is not touched (lazy, as in hogwild).
+// The order is fixed, so the result is bit-for-bit reproducible too.
+//
 // Arrive-and-drop: a worker whose epoch part is shorter runs fewer steps; when
 // it is done it calls Leave(), and later rounds wait only for the workers
 // still in. When every worker has left, the group re-forms with all of them
@@ -41,6 +49,14 @@
 
 namespace shardwild {
 
+// One table's row gradients of a worker's step (ParamStore::PushRows'
+// arguments): grads is ids.size() x the table's dim floats.
+struct RowGrad {
+  int table = 0;
+  absl::Span<const uint64_t> ids;
+  const float* grads = nullptr;
+};
+
 class SyncAggregator {
  public:
   // Sizes the buffers from store->layout(): one slot of every variable's
@@ -54,14 +70,19 @@ class SyncAggregator {
 
   // Worker `worker` contributes its gradient for this step: `grads` holds
   // exactly one DenseGrad per variable of the store (any order), each over
-  // the whole variable. Blocks until every worker still in the group has
-  // contributed or left; then the mean of the contributions is pushed once,
-  // with the learning rate the lowest-index contributor passed. Returns that
-  // push's status (the same for every contributor of the round).
-  // InvalidArgument (without arriving) for a bad worker index or gradient
-  // list; FailedPrecondition if the worker has already left this group. The
-  // caller must still call Leave() after an error.
-  absl::Status Contribute(int worker, absl::Span<const DenseGrad> grads, float lr);
+  // the whole variable, and `rows` any number of row gradients of the
+  // store's embedding tables (a table may appear more than once; its lists
+  // are concatenated). Blocks until every worker still in the group has
+  // contributed or left; then the mean of the contributions is pushed once:
+  // dense with the `lr` and tables with the `sparse_lr` the lowest-index
+  // contributor passed. Returns the round's status (the first error of its
+  // pushes; the same for every contributor of the round).
+  // InvalidArgument (without arriving) for a bad worker index, gradient list
+  // or table; FailedPrecondition if the worker has already left this group.
+  // The caller must still call Leave() after an error. Allocates only while
+  // the row buffers grow to the largest step seen.
+  absl::Status Contribute(int worker, absl::Span<const DenseGrad> grads, float lr,
+                          absl::Span<const RowGrad> rows = {}, float sparse_lr = 0.0f);
 
   // Worker `worker` is done with this group (its part of the epoch is over,
   // or it failed): rounds no longer wait for it. If it was the last one the
@@ -90,6 +111,11 @@ class SyncAggregator {
   // before the round ends. The mutex orders the two, so no lock is held
   // while copying.
   std::vector<std::vector<float>> slots_;
+  // The same for rows: row_ids_[w][t] and row_grads_[w][t] hold worker w's
+  // ids and gradients of table t for the current round.
+  std::vector<int64_t> table_dim_;
+  std::vector<std::vector<std::vector<uint64_t>>> row_ids_;
+  std::vector<std::vector<std::vector<float>>> row_grads_;
 
   mutable Mutex mu_;
   CondVar round_done_;  // signalled when generation_ advances
@@ -97,6 +123,11 @@ class SyncAggregator {
   std::vector<char> contributed_ ABSL_GUARDED_BY(mu_);  // in the current round
   std::vector<char> left_ ABSL_GUARDED_BY(mu_);         // left the current group
   std::vector<float> lr_ ABSL_GUARDED_BY(mu_);          // of each contribution
+  std::vector<float> sparse_lr_ ABSL_GUARDED_BY(mu_);   // of each contribution
+  // One table's rows of all contributors, and PushRows' scratch.
+  std::vector<uint64_t> merged_ids_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> merged_grads_ ABSL_GUARDED_BY(mu_);
+  RowScratch row_scratch_ ABSL_GUARDED_BY(mu_);
   int active_ ABSL_GUARDED_BY(mu_) = 0;                 // workers in the group
   int arrived_ ABSL_GUARDED_BY(mu_) = 0;                // contributions this round
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;        // rounds completed
