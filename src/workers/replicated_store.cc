@@ -99,6 +99,11 @@ ReplicationPlan PlanReplication(const StoreOptions& ps, const Topology& topology
   return plan;
 }
 
+ReplicaView::ReplicaView(ShmParamStore* dense, ShmParamStore* tables) : dense_(dense), tables_(tables) {
+  layout_ = dense->layout();
+  layout_.tables = tables->layout().tables;
+}
+
 absl::StatusOr<std::unique_ptr<ReplicatedStore>> ReplicatedStore::Create(const OpenStoreOptions& options,
                                                                          std::vector<VariableSpec> variables,
                                                                          ReplicationPlan plan) {
@@ -109,27 +114,30 @@ absl::StatusOr<std::unique_ptr<ReplicatedStore>> ReplicatedStore::Create(const O
       return absl::InvalidArgumentError(absl::StrCat("replication plan: a worker uses replica ", r, " of ", n));
     }
   }
-  if (n > 1 && !options.tables.empty()) {
-    // Embedding tables stay sharded, never replicated: a replicated job must
-    // keep them in one store that every replica's workers reach. Not built
-    // yet, so refuse rather than copy them.
-    return absl::UnimplementedError(absl::StrCat("ps.replication ", ReplicationPolicyName(plan.policy), " with ", n,
-                                                 " replicas: embedding tables are never replicated, and a "
-                                                 "replicated store with tables is not supported yet"));
-  }
   if (plan.replica_nodes.empty()) {
     SW_ASSIGN_OR_RETURN(std::unique_ptr<ShmParamStore> store, ShmParamStore::Create(options, std::move(variables)));
     rs->replicas_.push_back(std::move(store));
   } else {
+    // With several replicas the tables go to a store of their own, never
+    // into a replica (they stay sharded, one copy).
+    const bool separate_tables = n > 1 && !options.tables.empty();
     for (int r = 0; r < n; ++r) {
       SingleNodePlacer placer(options.placer, plan.replica_nodes[r]);
       OpenStoreOptions o = options;
       o.placer = &placer;
+      if (separate_tables) o.tables.clear();
       SW_ASSIGN_OR_RETURN(std::unique_ptr<ShmParamStore> store, ShmParamStore::Create(o, variables));
       rs->replicas_.push_back(std::move(store));
     }
+    if (separate_tables) {
+      SW_ASSIGN_OR_RETURN(rs->table_store_, ShmParamStore::Create(options, {}));
+      for (const auto& replica : rs->replicas_) {
+        rs->views_.push_back(std::make_unique<ReplicaView>(replica.get(), rs->table_store_.get()));
+      }
+    }
   }
   for (const auto& s : rs->replicas_) rs->replica_ptrs_.push_back(s.get());
+  if (!options.tables.empty()) rs->tables_ = rs->table_store_ ? rs->table_store_.get() : rs->replicas_[0].get();
   rs->plan_ = std::move(plan);
   return rs;
 }
@@ -143,6 +151,7 @@ uint64_t ReplicatedStore::version() const {
 uint64_t ReplicatedStore::total_bytes() const {
   uint64_t n = 0;
   for (const auto& s : replicas_) n += s->total_bytes();
+  if (table_store_) n += table_store_->total_bytes();
   return n;
 }
 

@@ -23,7 +23,11 @@
 //  - Model versions: each replica counts the pushes applied to it, and an
 //    averaging advances none of them. version() is their sum, so it counts
 //    every push applied in the job whatever the policy.
-//  - Embedding tables (when they come) always stay sharded, never replicated.
+//  - Embedding tables: they always stay sharded, never replicated. With
+//    more than one replica, the tables live in one more ShmParamStore that
+//    holds only them (tables()), its shards placed by options.placer as
+//    per_machine places shards; every worker's view (ForWorker) pulls and
+//    pushes rows there, and dense variables in its own replica.
 //
 // Thread safety: ForWorker, version, StepDone, MaybeAverage and Average may
 // be called from any thread at any time; the set of replicas is constant
@@ -55,6 +59,35 @@ struct ReplicationPlan {
   int num_replicas() const { return replica_nodes.empty() ? 1 : static_cast<int>(replica_nodes.size()); }
 };
 
+// What a worker of a replicated job with embedding tables sees: the dense
+// variables of its replica and the job's one copy of the tables, behind one
+// ParamStore. layout() is the replica's (variables, parts, shard_nodes of the
+// dense shards) with the tables appended; version() is the replica's. Both
+// stores are not owned and must outlive the view. Thread-safe as they are.
+class ReplicaView final : public ParamStore {
+ public:
+  ReplicaView(ShmParamStore* dense, ShmParamStore* tables);
+
+  const StoreLayout& layout() const override { return layout_; }
+  const std::string& name() const override { return dense_->name(); }
+  absl::Status Pull(absl::Span<const PullSlice> slices) override { return dense_->Pull(slices); }
+  absl::Status Push(absl::Span<const DenseGrad> grads, float lr) override { return dense_->Push(grads, lr); }
+  absl::Status PullRows(int table, absl::Span<const uint64_t> ids, float* out, PullMode mode,
+                        RowScratch* scratch) override {
+    return tables_->PullRows(table, ids, out, mode, scratch);
+  }
+  absl::Status PushRows(int table, absl::Span<const uint64_t> ids, const float* grads, float lr,
+                        RowScratch* scratch) override {
+    return tables_->PushRows(table, ids, grads, lr, scratch);
+  }
+  uint64_t version() const override { return dense_->version(); }
+
+ private:
+  ShmParamStore* dense_;
+  ShmParamStore* tables_;
+  StoreLayout layout_;
+};
+
 // Resolves ps.replication (auto included) for `placement` on `topology`:
 //   auto with ps.update sync -> per_machine (sync averages every step over
 //     one copy already);
@@ -74,10 +107,10 @@ class ReplicatedStore {
   // places shards with options.placer as is; the other policies put every
   // shard of replica r on plan.replica_nodes[r], first-touched and bound
   // there through options.placer (nullptr: by the calling thread, unbound).
-  // Errors: as ShmParamStore::Create; InvalidArgument for a plan whose
-  // worker_replica names a replica that does not exist; Unimplemented for
-  // embedding tables (options.tables) with more than one replica, since
-  // tables are never replicated.
+  // Embedding tables (options.tables) are created once: in the single
+  // replica, or with more than one replica in a store of their own
+  // (tables()). Errors: as ShmParamStore::Create; InvalidArgument for a plan
+  // whose worker_replica names a replica that does not exist.
   static absl::StatusOr<std::unique_ptr<ReplicatedStore>> Create(const OpenStoreOptions& options,
                                                                  std::vector<VariableSpec> variables,
                                                                  ReplicationPlan plan);
@@ -90,12 +123,19 @@ class ReplicatedStore {
   ShmParamStore& replica(int r) { return *replicas_[r]; }
   const ShmParamStore& replica(int r) const { return *replicas_[r]; }
   // The store worker w pulls from and pushes to (0 <= w < the plan's
-  // workers). Not owned; lives as long as this object.
-  ParamStore* ForWorker(int w) { return replicas_[plan_.worker_replica[w]].get(); }
+  // workers): its replica, or with a separate table store its replica's
+  // ReplicaView. Not owned; lives as long as this object.
+  ParamStore* ForWorker(int w) {
+    const int r = plan_.worker_replica[w];
+    return views_.empty() ? static_cast<ParamStore*>(replicas_[r].get()) : views_[r].get();
+  }
+  // The store holding the embedding tables: replica 0 when there is one
+  // replica, else the separate table store; nullptr without tables.
+  ShmParamStore* tables() { return tables_; }
 
   // Pushes applied over all replicas (the sum of their model versions).
   uint64_t version() const;
-  // Bytes of shared memory over all replicas.
+  // Bytes of shared memory over all replicas and the table store.
   uint64_t total_bytes() const;
 
   // A worker finished a step (its push is done). Counts it in the global
@@ -123,6 +163,9 @@ class ReplicatedStore {
   ReplicationPlan plan_;
   std::vector<std::unique_ptr<ShmParamStore>> replicas_;
   std::vector<ShmParamStore*> replica_ptrs_;  // the same, for AverageParams
+  std::unique_ptr<ShmParamStore> table_store_;  // tables, with more than one replica
+  ShmParamStore* tables_ = nullptr;
+  std::vector<std::unique_ptr<ReplicaView>> views_;  // per replica, with table_store_
 
   // Atomics. Relaxed: the step counter only hands out distinct numbers (the
   // fetch_add is what makes one thread the averager of a round) and the

@@ -307,18 +307,61 @@ void CheckAveraging(UpdateMode update) {
 TEST(ReplicatedStoreTest, AveragingGivesTheElementwiseMeanHogwild) { CheckAveraging(UpdateMode::kHogwild); }
 TEST(ReplicatedStoreTest, AveragingGivesTheElementwiseMeanRowLock) { CheckAveraging(UpdateMode::kRowLock); }
 
-// Embedding tables always stay sharded: a replicated store refuses them.
+// Embedding tables always stay sharded, one copy: with several replicas they
+// live in a store of their own that every worker's view reaches, on the
+// per_machine shard plan; dense variables stay per replica.
 TEST(ReplicatedStoreTest, EmbeddingTablesAreNeverReplicated) {
-  OpenStoreOptions so = SmallStoreOptions(1);
+  std::unique_ptr<Topology> topo = TwoNodeTopology();
+  ASSERT_NE(topo, nullptr);
+  const ReplicationPlan plan = PlanReplication(Replication(ReplicationPolicy::kPerNode), *topo, topo->Plan(2, 2, 1));
+  OpenStoreOptions so = SmallStoreOptions(2);
+  so.placer = topo.get();
   TableSpec table;
   table.name = "emb";
   table.dim = 4;
   table.capacity = 100;
   so.tables.push_back(table);
-  absl::StatusOr<std::unique_ptr<ReplicatedStore>> rs = ReplicatedStore::Create(so, SmallVariables(), PerCorePlan(2));
-  ASSERT_FALSE(rs.ok());
-  EXPECT_EQ(rs.status().code(), absl::StatusCode::kUnimplemented) << rs.status();
-  EXPECT_NE(rs.status().message().find("never replicated"), absl::string_view::npos) << rs.status();
+  absl::StatusOr<std::unique_ptr<ReplicatedStore>> rs = ReplicatedStore::Create(so, SmallVariables(), plan);
+  ASSERT_TRUE(rs.ok()) << rs.status();
+  ReplicatedStore& s = **rs;
+  ASSERT_EQ(s.num_replicas(), 2);
+  ASSERT_NE(s.tables(), nullptr);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(s.replica(r).layout().tables.empty()) << "replica " << r << " holds no table";
+  }
+  ASSERT_EQ(s.tables()->layout().tables.size(), 1u);
+  EXPECT_TRUE(s.tables()->layout().variables.empty());
+  EXPECT_EQ(s.tables()->layout().shard_nodes, (std::vector<int>{0, 1})) << "tables are spread as per_machine";
+  EXPECT_EQ(s.total_bytes(),
+            s.replica(0).total_bytes() + s.replica(1).total_bytes() + s.tables()->total_bytes());
+
+  ParamStore* w0 = s.ForWorker(0);
+  ParamStore* w1 = s.ForWorker(1);
+  ASSERT_NE(w0, w1);
+  EXPECT_EQ(w0->layout().tables.size(), 1u);
+  EXPECT_EQ(w0->layout().variables.size(), SmallVariables().size());
+  // A row pushed through worker 0's view is what worker 1's view pulls.
+  RowScratch scratch;
+  const std::vector<uint64_t> ids = {42};
+  std::vector<float> before(4), after(4), g(4, 1.0f);
+  ASSERT_TRUE(w1->PullRows(0, ids, before.data(), PullMode::kInsert, &scratch).ok());
+  ASSERT_TRUE(w0->PushRows(0, ids, g.data(), 0.5f, &scratch).ok());
+  ASSERT_TRUE(w1->PullRows(0, ids, after.data(), PullMode::kInsert, &scratch).ok());
+  for (int j = 0; j < 4; ++j) EXPECT_FLOAT_EQ(after[j], before[j] - 0.5f);
+  // Dense pushes stay in the worker's replica until averaged.
+  PushDistinct(*w0, 0, 1.0f);
+  EXPECT_NE(PullAll(s.replica(0)), PullAll(s.replica(1)));
+  EXPECT_EQ(w0->version(), 1u);
+  EXPECT_EQ(w1->version(), 0u);
+  ASSERT_TRUE(s.Average().ok());
+  EXPECT_EQ(PullAll(s.replica(0)), PullAll(s.replica(1)));
+  // With one replica the tables stay in it.
+  const ReplicationPlan one =
+      PlanReplication(Replication(ReplicationPolicy::kPerMachine), *topo, topo->Plan(2, 2, 1));
+  absl::StatusOr<std::unique_ptr<ReplicatedStore>> single = ReplicatedStore::Create(so, SmallVariables(), one);
+  ASSERT_TRUE(single.ok()) << single.status();
+  EXPECT_EQ((*single)->tables(), &(*single)->replica(0));
+  EXPECT_EQ((*single)->ForWorker(0), &(*single)->replica(0));
 }
 
 TEST(ReplicatedStoreTest, AverageParamsRejectsMismatchedOrRepeatedStores) {
