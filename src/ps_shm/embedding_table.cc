@@ -999,21 +999,11 @@ absl::Status EmbeddingTable::Push(absl::Span<const uint64_t> ids, const float* g
   return absl::OkStatus();
 }
 
-absl::Status EmbeddingTable::ReadRowState(uint64_t id, float* params, absl::Span<float* const> slots,
-                                          uint64_t* update_count) {
-  if (static_cast<int>(slots.size()) > num_slots_) {
-    return absl::InvalidArgumentError(absl::StrCat("embedding table '", options_.name, "': asked for ", slots.size(),
-                                                   " slots, rows have ", num_slots_));
-  }
-  SW_RETURN_IF_ERROR(CheckIds({&id, 1}));
-  int64_t row;
-  SW_RETURN_IF_ERROR(Acquire(id, /*insert=*/false, /*tick=*/0, &row));
-  if (row < 0) {
-    return absl::NotFoundError(absl::StrCat("embedding table '", options_.name, "': no row for id ", id));
-  }
-  char* block = RowBlock(row);
+void EmbeddingTable::CopyRowState(int64_t row, float* params, absl::Span<float* const> slots,
+                                  uint64_t* update_count) const {
+  const char* block = RowBlock(row);
   const float* p = reinterpret_cast<const float*>(block);
-  auto* meta = reinterpret_cast<RowMeta*>(block + meta_offset_);
+  const auto* meta = reinterpret_cast<const RowMeta*>(block + meta_offset_);
   auto copy = [&] {
     if (params != nullptr) {
       for (int64_t j = 0; j < dim_; ++j) params[j] = Atomic(p[j]).load(std::memory_order_relaxed);
@@ -1030,6 +1020,81 @@ absl::Status EmbeddingTable::ReadRowState(uint64_t id, float* params, absl::Span
   } else {
     copy();
   }
+}
+
+absl::Status EmbeddingTable::ReadRowState(uint64_t id, float* params, absl::Span<float* const> slots,
+                                          uint64_t* update_count) {
+  if (static_cast<int>(slots.size()) > num_slots_) {
+    return absl::InvalidArgumentError(absl::StrCat("embedding table '", options_.name, "': asked for ", slots.size(),
+                                                   " slots, rows have ", num_slots_));
+  }
+  SW_RETURN_IF_ERROR(CheckIds({&id, 1}));
+  int64_t row;
+  SW_RETURN_IF_ERROR(Acquire(id, /*insert=*/false, /*tick=*/0, &row));
+  if (row < 0) {
+    return absl::NotFoundError(absl::StrCat("embedding table '", options_.name, "': no row for id ", id));
+  }
+  CopyRowState(row, params, slots, update_count);
+  Release(row);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> EmbeddingTable::ReadRowAt(int64_t row, uint64_t* id, float* params,
+                                               absl::Span<float* const> slots, uint64_t* update_count) {
+  if (static_cast<int>(slots.size()) > num_slots_) {
+    return absl::InvalidArgumentError(absl::StrCat("embedding table '", options_.name, "': asked for ", slots.size(),
+                                                   " slots, rows have ", num_slots_));
+  }
+  if (row < 0 || row >= size()) {
+    return absl::InvalidArgumentError(absl::StrCat("embedding table '", options_.name, "': row ", row,
+                                                   " is not in [0, ", size(), ")"));
+  }
+  if (kind_ == EmbeddingKind::kStatic) {
+    *id = static_cast<uint64_t>(row);
+    CopyRowState(row, params, slots, update_count);
+    return true;
+  }
+  auto* meta = reinterpret_cast<RowMeta*>(RowBlock(row) + meta_offset_);
+  if (lru_) {
+    // Pin it under the id it holds now, as a lookup would.
+    const uint64_t held = Atomic(meta->id).load(std::memory_order_relaxed);
+    if (!TryPin(meta, held)) return false;
+    *id = held;
+    CopyRowState(row, params, slots, update_count);
+    Release(row);
+    return true;
+  }
+  // kError: a row below size() is handed out; it is in use once initialised
+  // (InitRow marks it ready last).
+  if ((Atomic(meta->state).load(std::memory_order_acquire) & ~kPinMask) != kRowReady) return false;
+  *id = Atomic(meta->id).load(std::memory_order_relaxed);
+  CopyRowState(row, params, slots, update_count);
+  return true;
+}
+
+absl::Status EmbeddingTable::WriteRowState(uint64_t id, const float* params, absl::Span<const float* const> slots,
+                                           uint64_t update_count) {
+  if (static_cast<int>(slots.size()) > num_slots_) {
+    return absl::InvalidArgumentError(absl::StrCat("embedding table '", options_.name, "': given ", slots.size(),
+                                                   " slots, rows have ", num_slots_));
+  }
+  if (params == nullptr) return absl::InvalidArgumentError("embedding WriteRowState: params is null");
+  SW_RETURN_IF_ERROR(CheckIds({&id, 1}));
+  const uint64_t tick = lru_ ? Atomic(header_->clock).fetch_add(1, std::memory_order_relaxed) + 1 : 0;
+  int64_t row;
+  SW_RETURN_IF_ERROR(Acquire(id, /*insert=*/true, tick, &row));
+  char* block = RowBlock(row);
+  float* p = reinterpret_cast<float*>(block);
+  auto* meta = reinterpret_cast<RowMeta*>(block + meta_offset_);
+  const uint32_t odd = row_lock_ ? LockRow(&meta->seq) : 0;
+  for (int64_t j = 0; j < dim_; ++j) Atomic(p[j]).store(params[j], std::memory_order_relaxed);
+  for (size_t k = 0; k < slots.size(); ++k) {
+    if (slots[k] == nullptr) continue;
+    float* slot = p + (k + 1) * dim_;
+    for (int64_t j = 0; j < dim_; ++j) Atomic(slot[j]).store(slots[k][j], std::memory_order_relaxed);
+  }
+  Atomic(meta->update_count).store(update_count, std::memory_order_relaxed);
+  if (row_lock_) UnlockRow(&meta->seq, odd);
   Release(row);
   return absl::OkStatus();
 }

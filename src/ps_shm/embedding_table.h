@@ -274,6 +274,23 @@ class EmbeddingTable {
   absl::Status ReadRowState(uint64_t id, float* params, absl::Span<float* const> slots,
                             uint64_t* update_count = nullptr);
 
+  // Checkpoint export: the row at index `row` (0 <= row < size()): its id
+  // into *id and its state as ReadRowState gives it. Returns false (copying
+  // nothing) if the row is not in use right now: handed out but not yet
+  // initialised, or (LRU) being evicted. Rows 0..size()-1 visited in order
+  // name every id the table holds once, provided no insert or eviction runs
+  // meanwhile (take checkpoints while no worker pulls or pushes).
+  // InvalidArgument for a row outside [0, size()) or too many slots.
+  absl::StatusOr<bool> ReadRowAt(int64_t row, uint64_t* id, float* params, absl::Span<float* const> slots,
+                                 uint64_t* update_count);
+  // Checkpoint import: sets the row of `id` (inserted first in a dynamic
+  // table) to `params` (dim floats), slot k to slots[k] (k < slots.size();
+  // a nullptr or missing slot keeps its value) and its update count. In a
+  // row_lock table under the row's seqlock. Errors as Push (a bad id, a full
+  // kError table).
+  absl::Status WriteRowState(uint64_t id, const float* params, absl::Span<const float* const> slots,
+                             uint64_t update_count);
+
   // Rows that hold an id (static: capacity). In a kError table it counts rows
   // being initialised too.
   int64_t size() const;
@@ -324,6 +341,8 @@ class EmbeddingTable {
   int64_t ProbeLocked(uint64_t id) const;  // index slot of id, or -1
 
   void InitRow(int64_t row, uint64_t id, uint64_t tick);
+  // Copies a row's params, slots and update count (seqlock read in row_lock).
+  void CopyRowState(int64_t row, float* params, absl::Span<float* const> slots, uint64_t* update_count) const;
   void PrefetchAhead(absl::Span<const uint64_t> ids, size_t i, int lines) const;
   absl::Status CheckIds(absl::Span<const uint64_t> ids) const;
   absl::Status FullError() const;

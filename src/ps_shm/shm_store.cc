@@ -586,6 +586,104 @@ absl::Status ShmParamStore::ReadRows(int var, int64_t row_begin, int64_t row_end
   return absl::OkStatus();
 }
 
+absl::Status ShmParamStore::WriteRows(int var, int64_t row_begin, int64_t row_end, const float* params,
+                                      absl::Span<const float* const> slots) {
+  if (var < 0 || var >= static_cast<int>(parts_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("write rows: no variable ", var));
+  }
+  const VariableSpec& spec = layout_.variables[var];
+  if (row_begin < 0 || row_end > spec.rows || row_begin > row_end) {
+    return absl::InvalidArgumentError(absl::StrCat("write rows: rows [", row_begin, ", ", row_end,
+                                                   ") out of range for '", spec.name, "' with ", spec.rows, " rows"));
+  }
+  if (static_cast<int>(slots.size()) > num_slots_) {
+    return absl::InvalidArgumentError(absl::StrCat("write rows: ", slots.size(), " slot buffers, the optimizer has ",
+                                                   num_slots_, " slots"));
+  }
+  if (params == nullptr) return absl::InvalidArgumentError("write rows: params is null");
+  const int64_t cols = spec.cols;
+  auto store = [](const float* src, float* dst, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) std::atomic_ref<float>(dst[i]).store(src[i], std::memory_order_relaxed);
+  };
+  for (const Part& p : parts_[var]) {
+    const int64_t b = std::max(p.row_begin, row_begin), e = std::min(p.row_end, row_end);
+    for (int64_t row = b; row < e; ++row) {
+      const int64_t dst_off = (row - p.row_begin) * cols;
+      const int64_t src_off = (row - row_begin) * cols;
+      const uint32_t odd = update_mode_ == UpdateMode::kRowLock ? LockRow(p.row_seq + (row - p.row_begin)) : 0;
+      store(params + src_off, p.params + dst_off, cols);
+      for (size_t k = 0; k < slots.size(); ++k) {
+        if (slots[k] != nullptr) store(slots[k] + src_off, p.slots[k] + dst_off, cols);
+      }
+      if (update_mode_ == UpdateMode::kRowLock) UnlockRow(p.row_seq + (row - p.row_begin), odd);
+    }
+  }
+  return absl::OkStatus();
+}
+
+uint64_t ShmParamStore::update_count(int var) const {
+  uint64_t n = 0;
+  for (const Part& p : parts_[var]) {
+    if (p.row_end > p.row_begin) n = std::max(n, LoadRelaxed(p.update_count));
+  }
+  return n;
+}
+
+void ShmParamStore::SetUpdateCount(int var, uint64_t count) {
+  for (const Part& p : parts_[var]) std::atomic_ref<uint64_t>(*p.update_count).store(count, std::memory_order_relaxed);
+}
+
+void ShmParamStore::SetVersion(uint64_t version) {
+  for (uint64_t* v : shard_versions_) std::atomic_ref<uint64_t>(*v).store(version, std::memory_order_relaxed);
+}
+
+absl::Status ShmParamStore::VisitTableRows(int table, const TableRowVisitor& visit) {
+  if (table < 0 || table >= static_cast<int>(tables_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("visit table rows: no embedding table ", table));
+  }
+  const TableSpec& spec = layout_.tables[table];
+  const int nslots = NumSlots(sparse_optimizer_.type);
+  const uint64_t nshards = static_cast<uint64_t>(layout_.num_shards);
+  std::vector<float> buf(static_cast<size_t>(spec.dim) * (1 + nslots));
+  std::vector<float*> slots(nslots);
+  std::vector<const float*> const_slots(nslots);
+  for (int k = 0; k < nslots; ++k) {
+    slots[k] = buf.data() + (k + 1) * spec.dim;
+    const_slots[k] = slots[k];
+  }
+  for (uint64_t s = 0; s < nshards; ++s) {
+    EmbeddingTable& part = tables_[table][s];
+    const int64_t n = part.size();
+    for (int64_t row = 0; row < n; ++row) {
+      uint64_t id = 0, count = 0;
+      SW_ASSIGN_OR_RETURN(bool in_use, part.ReadRowAt(row, &id, buf.data(), slots, &count));
+      if (!in_use) continue;
+      // Static rows are striped: local row r of shard s is global id r * S + s.
+      if (spec.kind == EmbeddingKind::kStatic) id = id * nshards + s;
+      SW_RETURN_IF_ERROR(visit(id, buf.data(), const_slots, count));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmParamStore::WriteTableRow(int table, uint64_t id, const float* params,
+                                          absl::Span<const float* const> slots, uint64_t update_count) {
+  if (table < 0 || table >= static_cast<int>(tables_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("write table row: no embedding table ", table));
+  }
+  const TableSpec& spec = layout_.tables[table];
+  const uint32_t nshards = static_cast<uint32_t>(layout_.num_shards);
+  if (spec.kind == EmbeddingKind::kStatic) {
+    if (id >= static_cast<uint64_t>(spec.capacity)) {
+      return absl::InvalidArgumentError(absl::StrCat("embedding table '", spec.name, "': id ", id,
+                                                     " is out of range for a static table of ", spec.capacity, " rows"));
+    }
+    return tables_[table][id % nshards].WriteRowState(id / nshards, params, slots, update_count);
+  }
+  return tables_[table][nshards == 1 ? 0 : ShardOfDynamicId(id, nshards)].WriteRowState(id, params, slots,
+                                                                                         update_count);
+}
+
 absl::Status ShmParamStore::Push(absl::Span<const DenseGrad> grads, float lr) {
   const int nshards = layout_.num_shards;
   // Which shards this push touched (a fixed-size mask keeps the hot path free of allocation).

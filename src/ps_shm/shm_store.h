@@ -2,6 +2,7 @@
 // on this machine (shm_segment.h, shard_format.h).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,6 +55,8 @@ class ShmParamStore final : public ParamStore {
   absl::Status PushRows(int table, absl::Span<const uint64_t> ids, const float* grads, float lr,
                         RowScratch* scratch) override;
 
+  // The optimizer of the dense variables (OpenStoreOptions::optimizer).
+  const OptimizerOptions& optimizer() const { return optimizer_; }
   // The optimizer of the embedding tables (OpenStoreOptions::sparse_optimizer,
   // or the dense one when that is unset).
   const OptimizerOptions& sparse_optimizer() const { return sparse_optimizer_; }
@@ -63,6 +66,34 @@ class ShmParamStore final : public ParamStore {
   // dynamic id without a row. For tests and checkpoints; thread-safe.
   absl::Status ReadTableRow(int table, uint64_t id, float* params, absl::Span<float* const> slots,
                             uint64_t* update_count = nullptr);
+  // ---- Checkpoints ----------------------------------------------------
+  // Exact only while no worker pulls or pushes (take checkpoints between
+  // steps); with concurrent pushes a snapshot mixes them as Pull does.
+  //
+  // Sets rows [row_begin, row_end) of variable `var` from `params` and, for
+  // k < slots.size(), slot k from slots[k] (each (row_end - row_begin) *
+  // cols floats; nullptr skips a slot). Row by row under the seqlock in
+  // row_lock mode. Errors as ReadRows.
+  absl::Status WriteRows(int var, int64_t row_begin, int64_t row_end, const float* params,
+                         absl::Span<const float* const> slots);
+  // Variable `var`'s update count (Adam's t; the largest over its parts),
+  // and setting it on every part. var must be valid.
+  uint64_t update_count(int var) const;
+  void SetUpdateCount(int var, uint64_t count);
+  // Sets every shard's model version.
+  void SetVersion(uint64_t version);
+  // Calls visit(id, params, slots, update_count) for every row embedding
+  // table `table` holds, shard by shard (EmbeddingTable::ReadRowAt), with
+  // the global id, dim params and NumSlots(sparse optimizer) slot arrays
+  // (valid during the call). Stops at visit's first error and returns it.
+  using TableRowVisitor = std::function<absl::Status(uint64_t id, const float* params,
+                                                     absl::Span<const float* const> slots, uint64_t update_count)>;
+  absl::Status VisitTableRows(int table, const TableRowVisitor& visit);
+  // Sets row `id` of table `table` (EmbeddingTable::WriteRowState on the
+  // shard that holds it under this store's shard count).
+  absl::Status WriteTableRow(int table, uint64_t id, const float* params, absl::Span<const float* const> slots,
+                             uint64_t update_count);
+
   // Shard `shard`'s part of embedding table `table` (tests, statistics).
   const EmbeddingTable& table_shard(int table, int shard) const { return tables_[table][shard]; }
 

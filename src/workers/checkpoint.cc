@@ -1,0 +1,577 @@
+#include "workers/checkpoint.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <system_error>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/crc32c.h"
+#include "core/optimizer.h"
+#include "core/safetensors.h"
+#include "core/status.h"
+
+namespace shardwild {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr int kFormatVersion = 1;
+constexpr char kPointer[] = "checkpoint";
+constexpr char kManifest[] = "manifest.json";
+constexpr char kDenseFile[] = "dense.safetensors";
+// Rows copied per piece while streaming a dense tensor.
+constexpr int64_t kChunkRows = 4096;
+
+absl::Status ErrnoError(const std::string& path, const char* what) {
+  const int e = errno;
+  return absl::Status(absl::ErrnoToStatusCode(e), absl::StrCat(path, ": ", what, ": ", std::strerror(e)));
+}
+
+absl::Status FsyncPath(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), (directory ? O_DIRECTORY : 0) | O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(path, "open for fsync");
+  const int rc = ::fsync(fd);
+  const int saved = errno;
+  ::close(fd);
+  if (rc != 0) {
+    errno = saved;
+    return ErrnoError(path, "fsync");
+  }
+  return absl::OkStatus();
+}
+
+// Writes `text` to `path` (truncating), fsynced if asked.
+absl::Status WriteSmallFile(const std::string& path, const std::string& text, bool sync) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError(path, "open");
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const absl::Status s = ErrnoError(path, "write");
+      ::close(fd);
+      return s;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (sync && ::fsync(fd) != 0) {
+    const absl::Status s = ErrnoError(path, "fsync");
+    ::close(fd);
+    return s;
+  }
+  if (::close(fd) != 0) return ErrnoError(path, "close");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot be read"));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void MaybeCrash(const CheckpointWriteOptions& o, CheckpointCrashPoint here) {
+  if (o.crash_at == here) ::_exit(kCheckpointCrashExitCode);
+}
+
+std::string CheckpointName(int64_t step) { return absl::StrCat("ckpt-", step); }
+
+// The step of a directory named ckpt-<step>, or nullopt.
+std::optional<int64_t> StepOf(const std::string& name) {
+  if (name.rfind("ckpt-", 0) != 0) return std::nullopt;
+  int64_t step;
+  if (!absl::SimpleAtoi(name.substr(5), &step) || step < 0 || CheckpointName(step) != name) return std::nullopt;
+  return step;
+}
+
+std::string TableFile(int t) { return absl::StrCat("table-", t, ".safetensors"); }
+
+// The CRC32C of a whole file, read in pieces.
+absl::StatusOr<std::pair<uint64_t, uint32_t>> FileSizeAndCrc(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(path, "open");
+  std::vector<char> buf(1 << 20);
+  uint64_t size = 0;
+  uint32_t crc = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const absl::Status s = ErrnoError(path, "read");
+      ::close(fd);
+      return s;
+    }
+    if (n == 0) break;
+    crc = Crc32cExtend(crc, buf.data(), static_cast<size_t>(n));
+    size += static_cast<uint64_t>(n);
+  }
+  ::close(fd);
+  return std::make_pair(size, crc);
+}
+
+// A producer that streams rows [0, rows) of variable `var` (slot < 0: the
+// parameters; else that slot) in chunks.
+SafetensorsWriter::Producer DenseProducer(ShmParamStore* store, int var, int slot) {
+  return [store, var, slot](const SafetensorsWriter::Sink& sink) -> absl::Status {
+    const VariableSpec& spec = store->layout().variables[var];
+    std::vector<float> params(static_cast<size_t>(std::min(kChunkRows, spec.rows) * spec.cols));
+    std::vector<float> slot_buf(slot >= 0 ? params.size() : 0);
+    std::vector<float*> slots;
+    if (slot >= 0) {
+      slots.assign(slot + 1, nullptr);
+      slots[slot] = slot_buf.data();
+    }
+    for (int64_t b = 0; b < spec.rows; b += kChunkRows) {
+      const int64_t e = std::min(spec.rows, b + kChunkRows);
+      SW_RETURN_IF_ERROR(store->ReadRows(var, b, e, params.data(), slots));
+      const float* src = slot >= 0 ? slot_buf.data() : params.data();
+      SW_RETURN_IF_ERROR(sink({reinterpret_cast<const uint8_t*>(src), static_cast<size_t>((e - b) * spec.cols) * 4}));
+    }
+    return absl::OkStatus();
+  };
+}
+
+// Which part of a table row a producer streams.
+enum class RowPart { kIds, kCounts, kParams, kSlot };
+
+// Streams exactly `n` rows' `part` of table `t` (VisitTableRows), buffering
+// up to kChunkRows rows per sink call. Fails if the table no longer holds
+// exactly n rows (it changed while being written).
+SafetensorsWriter::Producer TableProducer(ShmParamStore* store, int t, int64_t n, RowPart part, int slot) {
+  return [=](const SafetensorsWriter::Sink& sink) -> absl::Status {
+    const int64_t dim = store->layout().tables[t].dim;
+    const size_t row_bytes = (part == RowPart::kIds || part == RowPart::kCounts) ? 8 : static_cast<size_t>(dim) * 4;
+    std::vector<uint8_t> buf;
+    buf.reserve(kChunkRows * row_bytes);
+    int64_t seen = 0;
+    absl::Status s = store->VisitTableRows(
+        t, [&](uint64_t id, const float* params, absl::Span<const float* const> slots, uint64_t count) -> absl::Status {
+          if (++seen > n) return absl::OkStatus();
+          const uint8_t* src = nullptr;
+          switch (part) {
+            case RowPart::kIds: src = reinterpret_cast<const uint8_t*>(&id); break;
+            case RowPart::kCounts: src = reinterpret_cast<const uint8_t*>(&count); break;
+            case RowPart::kParams: src = reinterpret_cast<const uint8_t*>(params); break;
+            case RowPart::kSlot: src = reinterpret_cast<const uint8_t*>(slots[slot]); break;
+          }
+          buf.insert(buf.end(), src, src + row_bytes);
+          if (buf.size() >= kChunkRows * row_bytes) {
+            SW_RETURN_IF_ERROR(sink(buf));
+            buf.clear();
+          }
+          return absl::OkStatus();
+        });
+    SW_RETURN_IF_ERROR(s);
+    if (seen != n) {
+      return absl::FailedPreconditionError(absl::StrCat("embedding table '", store->layout().tables[t].name,
+                                                        "' changed while being checkpointed (", n, " rows, then ",
+                                                        seen, "); checkpoint while no worker runs"));
+    }
+    if (!buf.empty()) SW_RETURN_IF_ERROR(sink(buf));
+    return absl::OkStatus();
+  };
+}
+
+json Partitioning(const ShmParamStore& store) {
+  const StoreLayout& l = store.layout();
+  json vars = json::array();
+  for (size_t v = 0; v < l.variables.size(); ++v) {
+    json parts = json::array();
+    for (const RowRange& r : l.parts[v]) parts.push_back({r.begin, r.end});
+    vars.push_back({{"name", l.variables[v].name},
+                    {"rows", l.variables[v].rows},
+                    {"cols", l.variables[v].cols},
+                    {"parts", parts},
+                    {"update_count", store.update_count(static_cast<int>(v))}});
+  }
+  json tables = json::array();
+  for (const TableSpec& t : l.tables) {
+    tables.push_back({{"name", t.name},
+                      {"kind", EmbeddingKindName(t.kind)},
+                      {"dim", t.dim},
+                      {"capacity", t.capacity}});
+  }
+  return {{"num_shards", l.num_shards}, {"variables", vars}, {"tables", tables}};
+}
+
+absl::Status Prune(const std::string& dir, const std::string& keep_name, int keep) {
+  // Complete checkpoints beyond `keep`, oldest first; never the new one.
+  std::vector<std::string> all = ListCheckpoints(dir);
+  int excess = static_cast<int>(all.size()) - keep;
+  for (const std::string& path : all) {
+    if (excess <= 0) break;
+    if (fs::path(path).filename() == keep_name) continue;
+    std::error_code ec;
+    fs::remove_all(path, ec);
+    if (ec) return absl::InternalError(absl::StrCat(path, ": cannot remove an old checkpoint: ", ec.message()));
+    --excess;
+  }
+  // Temporary directories of writers that are gone.
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const size_t at = name.rfind(".tmp-");
+    if (name.rfind(".ckpt-", 0) != 0 || at == std::string::npos) continue;
+    int pid = 0;
+    if (!absl::SimpleAtoi(name.substr(at + 5), &pid)) continue;
+    if (pid == ::getpid() || (::kill(pid, 0) == 0 || errno == EPERM)) continue;  // its writer may still run
+    std::error_code rm;
+    fs::remove_all(e.path(), rm);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<std::string> ListCheckpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    if (!e.is_directory(ec)) continue;
+    if (std::optional<int64_t> step = StepOf(e.path().filename().string())) found.emplace_back(*step, e.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& [step, path] : found) out.push_back(std::move(path));
+  return out;
+}
+
+absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, ShmParamStore& store, const CheckpointState& state,
+                                            const CheckpointWriteOptions& options) {
+  if (options.keep < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint.keep: must be >= 1, got ", options.keep));
+  }
+  if (state.step < 0) return absl::InvalidArgumentError(absl::StrCat("checkpoint: step ", state.step, " < 0"));
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::FailedPreconditionError(absl::StrCat(dir, ": cannot create the checkpoint directory: ", ec.message()));
+  const std::string name = CheckpointName(state.step);
+  const std::string final_path = (fs::path(dir) / name).string();
+  const std::string tmp = (fs::path(dir) / absl::StrCat(".", name, ".tmp-", ::getpid())).string();
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directory(tmp, ec) || ec) {
+    return absl::FailedPreconditionError(absl::StrCat(tmp, ": cannot create: ", ec.message()));
+  }
+  auto fail = [&](absl::Status s) {
+    std::error_code rm;
+    fs::remove_all(tmp, rm);
+    return s;
+  };
+
+  const StoreLayout& layout = store.layout();
+  const OptimizerOptions& dense_opt = store.optimizer();
+  const OptimizerOptions& sparse_opt = store.sparse_optimizer();
+  const int dense_slots = NumSlots(dense_opt.type);
+  const int sparse_slots = NumSlots(sparse_opt.type);
+  SafetensorsWriteOptions wo;
+  wo.fsync = options.fsync;
+  json files = json::array();
+
+  // Dense variables: one file of global tensors.
+  {
+    SafetensorsWriter w;
+    for (size_t v = 0; v < layout.variables.size(); ++v) {
+      const VariableSpec& spec = layout.variables[v];
+      for (int k = -1; k < dense_slots; ++k) {
+        const std::string tensor = k < 0 ? spec.name : absl::StrCat(spec.name, "/slot", k);
+        if (absl::Status s = w.AddTensor(tensor, SafetensorsDtype::kF32, {spec.rows, spec.cols},
+                                         DenseProducer(&store, static_cast<int>(v), k));
+            !s.ok()) {
+          return fail(s);
+        }
+      }
+    }
+    (void)w.SetMetadata("format", "shardwild-checkpoint");
+    (void)w.SetMetadata("optimizer", OptimizerTypeName(dense_opt.type));
+    (void)w.SetMetadata("step", absl::StrCat(state.step));
+    absl::StatusOr<SafetensorsFileInfo> info = w.Write((fs::path(tmp) / kDenseFile).string(), wo);
+    if (!info.ok()) return fail(info.status());
+    files.push_back({{"name", kDenseFile}, {"size", info->size}, {"crc32c", info->crc32c}});
+  }
+  // Embedding tables: one file each.
+  json table_rows = json::array();
+  for (size_t t = 0; t < layout.tables.size(); ++t) {
+    const TableSpec& spec = layout.tables[t];
+    int64_t n = 0;
+    absl::Status counted = store.VisitTableRows(static_cast<int>(t), [&n](uint64_t, const float*, absl::Span<const float* const>, uint64_t) {
+      ++n;
+      return absl::OkStatus();
+    });
+    if (!counted.ok()) return fail(counted);
+    SafetensorsWriter w;
+    ShmParamStore* st = &store;
+    const int ti = static_cast<int>(t);
+    absl::Status s = w.AddTensor("ids", SafetensorsDtype::kU64, {n}, TableProducer(st, ti, n, RowPart::kIds, 0));
+    if (s.ok()) s = w.AddTensor("update_count", SafetensorsDtype::kU64, {n}, TableProducer(st, ti, n, RowPart::kCounts, 0));
+    if (s.ok()) s = w.AddTensor("params", SafetensorsDtype::kF32, {n, spec.dim}, TableProducer(st, ti, n, RowPart::kParams, 0));
+    for (int k = 0; s.ok() && k < sparse_slots; ++k) {
+      s = w.AddTensor(absl::StrCat("slot", k), SafetensorsDtype::kF32, {n, spec.dim}, TableProducer(st, ti, n, RowPart::kSlot, k));
+    }
+    if (!s.ok()) return fail(s);
+    (void)w.SetMetadata("format", "shardwild-checkpoint");
+    (void)w.SetMetadata("table", spec.name);
+    (void)w.SetMetadata("kind", EmbeddingKindName(spec.kind));
+    (void)w.SetMetadata("optimizer", OptimizerTypeName(sparse_opt.type));
+    const std::string file = TableFile(ti);
+    absl::StatusOr<SafetensorsFileInfo> info = w.Write((fs::path(tmp) / file).string(), wo);
+    if (!info.ok()) return fail(info.status());
+    files.push_back({{"name", file}, {"size", info->size}, {"crc32c", info->crc32c}});
+    table_rows.push_back(n);
+  }
+  MaybeCrash(options, CheckpointCrashPoint::kAfterTensorFiles);
+
+  // The manifest, last.
+  json body = {{"format", "shardwild-checkpoint"},
+               {"format_version", kFormatVersion},
+               {"step", state.step},
+               {"epoch", state.epoch},
+               {"model_version", store.version()},
+               {"config_hash", state.config_hash},
+               {"optimizer", {{"dense", OptimizerTypeName(dense_opt.type)}, {"sparse", OptimizerTypeName(sparse_opt.type)},
+                              {"dense_slots", dense_slots}, {"sparse_slots", sparse_slots}}},
+               {"partitioning", Partitioning(store)},
+               {"table_rows", table_rows},
+               {"data_cursor", state.data_cursor},
+               {"rng", state.rng},
+               {"extra", state.extra},
+               {"files", files}};
+  const std::string dumped = body.dump();
+  const json manifest = {{"body", body}, {"crc32c", Crc32c(dumped.data(), dumped.size())}};
+  if (absl::Status s = WriteSmallFile((fs::path(tmp) / kManifest).string(), manifest.dump(1) + "\n", options.fsync);
+      !s.ok()) {
+    return fail(s);
+  }
+  if (options.fsync) {
+    if (absl::Status s = FsyncPath(tmp, true); !s.ok()) return fail(s);
+  }
+  MaybeCrash(options, CheckpointCrashPoint::kAfterManifest);
+
+  // Into place. A checkpoint of the same step (from a run that resumed from
+  // an older one) is moved aside first: rename cannot replace a non-empty
+  // directory.
+  if (fs::exists(final_path, ec)) {
+    const std::string old = (fs::path(dir) / absl::StrCat(".", name, ".old-", ::getpid())).string();
+    fs::remove_all(old, ec);
+    fs::rename(final_path, old, ec);
+    if (ec) return fail(absl::InternalError(absl::StrCat(final_path, ": cannot move the old copy aside: ", ec.message())));
+    fs::remove_all(old, ec);
+  }
+  fs::rename(tmp, final_path, ec);
+  if (ec) return fail(absl::InternalError(absl::StrCat(tmp, ": cannot rename to ", final_path, ": ", ec.message())));
+  if (options.fsync) SW_RETURN_IF_ERROR(FsyncPath(dir, true));
+  MaybeCrash(options, CheckpointCrashPoint::kAfterRename);
+
+  // The pointer.
+  json all = json::array();
+  for (const std::string& p : ListCheckpoints(dir)) all.push_back(fs::path(p).filename().string());
+  const std::string pointer = (fs::path(dir) / kPointer).string();
+  const std::string pointer_tmp = pointer + ".tmp";
+  SW_RETURN_IF_ERROR(WriteSmallFile(pointer_tmp, json{{"latest", name}, {"all", all}}.dump() + "\n", options.fsync));
+  MaybeCrash(options, CheckpointCrashPoint::kAfterPointerTemp);
+  if (::rename(pointer_tmp.c_str(), pointer.c_str()) != 0) return ErrnoError(pointer_tmp, "rename");
+  if (options.fsync) SW_RETURN_IF_ERROR(FsyncPath(dir, true));
+  MaybeCrash(options, CheckpointCrashPoint::kAfterPointer);
+
+  SW_RETURN_IF_ERROR(Prune(dir, name, options.keep));
+  return final_path;
+}
+
+absl::StatusOr<CheckpointInfo> VerifyCheckpoint(const std::string& path) {
+  const std::string manifest_path = (fs::path(path) / kManifest).string();
+  SW_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(manifest_path));
+  json manifest = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (manifest.is_discarded() || !manifest.is_object() || !manifest.contains("body") || !manifest.contains("crc32c")) {
+    return absl::DataLossError(absl::StrCat(manifest_path, ": not a checkpoint manifest (truncated or corrupted)"));
+  }
+  const json& body = manifest["body"];
+  const std::string dumped = body.dump();
+  if (!manifest["crc32c"].is_number_unsigned() ||
+      manifest["crc32c"].get<uint64_t>() != Crc32c(dumped.data(), dumped.size())) {
+    return absl::DataLossError(absl::StrCat(manifest_path, ": CRC32C does not match its contents"));
+  }
+  CheckpointInfo info;
+  info.path = path;
+  try {
+    if (body.at("format").get<std::string>() != "shardwild-checkpoint" ||
+        body.at("format_version").get<int>() != kFormatVersion) {
+      return absl::FailedPreconditionError(absl::StrCat(manifest_path, ": format ", body.at("format").dump(), " version ",
+                                                        body.at("format_version").dump(), ", this build reads version ",
+                                                        kFormatVersion));
+    }
+    info.step = body.at("step").get<int64_t>();
+    info.model_version = body.at("model_version").get<uint64_t>();
+    info.state.step = info.step;
+    info.state.epoch = body.at("epoch").get<int64_t>();
+    info.state.config_hash = body.at("config_hash").get<std::string>();
+    info.state.data_cursor = body.at("data_cursor");
+    info.state.rng = body.at("rng");
+    info.state.extra = body.at("extra");
+    for (const json& f : body.at("files")) {
+      const std::string file = (fs::path(path) / f.at("name").get<std::string>()).string();
+      absl::StatusOr<std::pair<uint64_t, uint32_t>> got = FileSizeAndCrc(file);
+      if (!got.ok()) return absl::DataLossError(absl::StrCat(file, ": missing or unreadable: ", got.status().message()));
+      if (got->first != f.at("size").get<uint64_t>()) {
+        return absl::DataLossError(
+            absl::StrCat(file, ": ", got->first, " bytes, the manifest says ", f.at("size").get<uint64_t>()));
+      }
+      if (got->second != f.at("crc32c").get<uint32_t>()) {
+        return absl::DataLossError(absl::StrFormat("%s: CRC32C 0x%08x, the manifest says 0x%08x", file, got->second,
+                                                   f.at("crc32c").get<uint32_t>()));
+      }
+    }
+  } catch (const json::exception& e) {
+    return absl::DataLossError(absl::StrCat(manifest_path, ": malformed manifest: ", e.what()));
+  }
+  info.manifest = body;
+  return info;
+}
+
+absl::StatusOr<std::optional<CheckpointInfo>> FindLatestCheckpoint(const std::string& dir,
+                                                                  std::vector<std::string>* skipped) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return std::optional<CheckpointInfo>();
+  std::vector<std::string> candidates = ListCheckpoints(dir);
+  std::reverse(candidates.begin(), candidates.end());
+  // The pointer's checkpoint first (it is the newest unless a later one was
+  // renamed into place just before a crash; both orders end at the newest
+  // good one, since scanning covers every directory anyway).
+  if (absl::StatusOr<std::string> text = ReadSmallFile((fs::path(dir) / kPointer).string()); text.ok()) {
+    const json p = json::parse(*text, nullptr, false);
+    if (p.is_object() && p.contains("latest") && p["latest"].is_string()) {
+      const std::string named = (fs::path(dir) / p["latest"].get<std::string>()).string();
+      if (std::find(candidates.begin(), candidates.end(), named) == candidates.end() && skipped != nullptr) {
+        skipped->push_back(absl::StrCat(named, ": named by ", kPointer, " but missing"));
+      }
+    } else if (skipped != nullptr) {
+      skipped->push_back(absl::StrCat((fs::path(dir) / kPointer).string(), ": unreadable pointer; scanned instead"));
+    }
+  }
+  for (const std::string& path : candidates) {
+    absl::StatusOr<CheckpointInfo> info = VerifyCheckpoint(path);
+    if (info.ok()) return std::optional<CheckpointInfo>(*std::move(info));
+    if (skipped != nullptr) skipped->push_back(std::string(info.status().message()));
+  }
+  return std::optional<CheckpointInfo>();
+}
+
+absl::Status RestoreCheckpoint(const CheckpointInfo& checkpoint, ShmParamStore& store) {
+  const json& body = checkpoint.manifest;
+  const StoreLayout& layout = store.layout();
+  const std::string& path = checkpoint.path;
+  auto mismatch = [&](const std::string& what) {
+    return absl::FailedPreconditionError(absl::StrCat(path, ": ", what));
+  };
+  const int dense_slots = NumSlots(store.optimizer().type);
+  const int sparse_slots = NumSlots(store.sparse_optimizer().type);
+  try {
+    const json& opt = body.at("optimizer");
+    if (opt.at("dense_slots").get<int>() != dense_slots || opt.at("dense").get<std::string>() != OptimizerTypeName(store.optimizer().type)) {
+      return mismatch(absl::StrCat("the checkpoint's dense optimizer is ", opt.at("dense").get<std::string>(),
+                                   ", the job's is ", OptimizerTypeName(store.optimizer().type)));
+    }
+    if (opt.at("sparse_slots").get<int>() != sparse_slots ||
+        opt.at("sparse").get<std::string>() != OptimizerTypeName(store.sparse_optimizer().type)) {
+      return mismatch(absl::StrCat("the checkpoint's sparse optimizer is ", opt.at("sparse").get<std::string>(),
+                                   ", the job's is ", OptimizerTypeName(store.sparse_optimizer().type)));
+    }
+    const json& part = body.at("partitioning");
+    const json& vars = part.at("variables");
+    if (vars.size() != layout.variables.size()) {
+      return mismatch(absl::StrCat("the checkpoint has ", vars.size(), " dense variables, the job ", layout.variables.size()));
+    }
+    const json& tables = part.at("tables");
+    if (tables.size() != layout.tables.size()) {
+      return mismatch(absl::StrCat("the checkpoint has ", tables.size(), " embedding tables, the job ", layout.tables.size()));
+    }
+    for (size_t v = 0; v < vars.size(); ++v) {
+      const VariableSpec& spec = layout.variables[v];
+      if (vars[v].at("name").get<std::string>() != spec.name || vars[v].at("rows").get<int64_t>() != spec.rows ||
+          vars[v].at("cols").get<int64_t>() != spec.cols) {
+        return mismatch(absl::StrCat("variable ", v, " is '", vars[v].at("name").get<std::string>(), "' [",
+                                     vars[v].at("rows").get<int64_t>(), ", ", vars[v].at("cols").get<int64_t>(),
+                                     "] in the checkpoint, '", spec.name, "' [", spec.rows, ", ", spec.cols,
+                                     "] in the job"));
+      }
+    }
+    for (size_t t = 0; t < tables.size(); ++t) {
+      const TableSpec& spec = layout.tables[t];
+      if (tables[t].at("name").get<std::string>() != spec.name ||
+          tables[t].at("kind").get<std::string>() != EmbeddingKindName(spec.kind) ||
+          tables[t].at("dim").get<int64_t>() != spec.dim) {
+        return mismatch(absl::StrCat("embedding table ", t, " is '", tables[t].at("name").get<std::string>(), "' (",
+                                     tables[t].at("kind").get<std::string>(), ", dim ", tables[t].at("dim").get<int64_t>(),
+                                     ") in the checkpoint, '", spec.name, "' (", EmbeddingKindName(spec.kind), ", dim ",
+                                     spec.dim, ") in the job"));
+      }
+    }
+
+    // Dense: global tensors, written over whatever shards this store has.
+    SW_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsReader> dense,
+                        SafetensorsReader::Open((fs::path(path) / kDenseFile).string()));
+    for (size_t v = 0; v < vars.size(); ++v) {
+      const VariableSpec& spec = layout.variables[v];
+      SW_ASSIGN_OR_RETURN(absl::Span<const float> params, dense->GetAs<float>(spec.name));
+      std::vector<absl::Span<const float>> slot_data;
+      std::vector<const float*> slots;
+      for (int k = 0; k < dense_slots; ++k) {
+        SW_ASSIGN_OR_RETURN(absl::Span<const float> s, dense->GetAs<float>(absl::StrCat(spec.name, "/slot", k)));
+        slot_data.push_back(s);
+        slots.push_back(s.data());
+      }
+      const size_t n = static_cast<size_t>(spec.size());
+      if (params.size() != n) return mismatch(absl::StrCat("tensor '", spec.name, "' has ", params.size(), " floats, not ", n));
+      for (int k = 0; k < dense_slots; ++k) {
+        if (slot_data[k].size() != n) return mismatch(absl::StrCat("slot ", k, " of '", spec.name, "' has the wrong size"));
+      }
+      SW_RETURN_IF_ERROR(store.WriteRows(static_cast<int>(v), 0, spec.rows, params.data(), slots));
+      store.SetUpdateCount(static_cast<int>(v), vars[v].at("update_count").get<uint64_t>());
+    }
+    // Tables: row by row, each to the shard that holds its id now.
+    for (size_t t = 0; t < tables.size(); ++t) {
+      SW_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsReader> r,
+                          SafetensorsReader::Open((fs::path(path) / TableFile(static_cast<int>(t))).string()));
+      SW_ASSIGN_OR_RETURN(absl::Span<const uint64_t> ids, r->GetAs<uint64_t>("ids"));
+      SW_ASSIGN_OR_RETURN(absl::Span<const uint64_t> counts, r->GetAs<uint64_t>("update_count"));
+      SW_ASSIGN_OR_RETURN(absl::Span<const float> params, r->GetAs<float>("params"));
+      const size_t dim = static_cast<size_t>(layout.tables[t].dim);
+      std::vector<absl::Span<const float>> slot_data;
+      for (int k = 0; k < sparse_slots; ++k) {
+        SW_ASSIGN_OR_RETURN(absl::Span<const float> s, r->GetAs<float>(absl::StrCat("slot", k)));
+        slot_data.push_back(s);
+      }
+      const size_t n = ids.size();
+      if (counts.size() != n || params.size() != n * dim) {
+        return mismatch(absl::StrCat("table file ", TableFile(static_cast<int>(t)), " has inconsistent tensor sizes"));
+      }
+      for (int k = 0; k < sparse_slots; ++k) {
+        if (slot_data[k].size() != n * dim) return mismatch(absl::StrCat("slot ", k, " of table ", t, " has the wrong size"));
+      }
+      std::vector<const float*> slots(sparse_slots);
+      for (size_t i = 0; i < n; ++i) {
+        for (int k = 0; k < sparse_slots; ++k) slots[k] = slot_data[k].data() + i * dim;
+        absl::Status s = store.WriteTableRow(static_cast<int>(t), ids[i], params.data() + i * dim, slots, counts[i]);
+        if (!s.ok()) return absl::Status(s.code(), absl::StrCat(path, ": restoring row ", ids[i], ": ", s.message()));
+      }
+    }
+  } catch (const json::exception& e) {
+    return absl::DataLossError(absl::StrCat(path, ": malformed manifest: ", e.what()));
+  }
+  store.SetVersion(checkpoint.model_version);
+  return absl::OkStatus();
+}
+
+}  // namespace shardwild

@@ -1,0 +1,135 @@
+// Checkpoints: a job's parameters, optimizer slots and progress on disk, in a
+// form any safetensors reader opens, written so that a crash at any moment
+// never leaves a checkpoint that loads wrongly.
+//
+// Layout of a checkpoint directory `DIR` (checkpoint.dir):
+//
+//   DIR/checkpoint                the pointer: JSON {"latest": "ckpt-<step>",
+//                                 "all": [...]}, replaced atomically, last
+//   DIR/ckpt-<step>/              one complete checkpoint
+//       dense.safetensors         every dense variable as one global tensor
+//                                 "<var>" [rows, cols] F32, and each optimizer
+//                                 slot as "<var>/slot<k>" (slot names in the
+//                                 file's metadata)
+//       table-<t>.safetensors     embedding table t (layout order): "ids" U64
+//                                 [n], "update_count" U64 [n], "params" F32
+//                                 [n, dim], "slot<k>" F32 [n, dim]; n = the
+//                                 rows the table holds
+//       manifest.json             {"body": {...}, "crc32c": C}: C is the
+//                                 CRC32C of body's compact dump (sorted keys);
+//                                 body holds step, epoch, model version,
+//                                 config hash, the optimizers, the store's
+//                                 partitioning, the caller's data cursor, RNG
+//                                 state and extra fields, and every tensor
+//                                 file's size and CRC32C
+//
+// Tensors are global (not per shard), so a checkpoint restores into a store
+// with any shard count: rows are re-partitioned on load.
+//
+// Writing (WriteCheckpoint): everything goes into DIR/.ckpt-<step>.tmp-<pid>;
+// each file is fsynced, the manifest written last and fsynced, the directory
+// fsynced, then renamed to ckpt-<step> and DIR fsynced. Only then is the
+// pointer replaced (written to checkpoint.tmp, fsynced, renamed, DIR
+// fsynced), and only after that are checkpoints beyond `keep` (oldest first)
+// and temporary directories of dead writers removed. A crash before the
+// rename leaves only a temporary directory, which loading ignores; a crash
+// after it leaves a complete checkpoint, found by scanning even if the
+// pointer still names the previous one.
+//
+// Loading (FindLatestCheckpoint): candidates are the pointer's checkpoint and
+// every ckpt-<step> directory, newest step first; the first whose manifest
+// parses, whose CRC matches and whose files all have the recorded size and
+// CRC32C is used. Each one skipped is reported with the reason.
+//
+// Consistency: a checkpoint is exact only if no worker pulls or pushes while
+// it is written (the trainer writes them between steps). With concurrent
+// pushes the tensors mix updates as a Hogwild read does.
+//
+// Thread safety: the functions are not meant to run concurrently on the same
+// directory; they may run concurrently with readers of the store.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+#include "ps_shm/shm_store.h"
+
+namespace shardwild {
+
+// What the caller records beside the parameters.
+struct CheckpointState {
+  int64_t step = 0;             // global steps done
+  int64_t epoch = 0;            // epochs fully done
+  std::string config_hash;      // of the training config (a changed config is reported on resume)
+  nlohmann::json data_cursor;   // the dispatcher's cursor (which tasks of the epoch are done)
+  nlohmann::json rng;           // RNG streams to continue
+  nlohmann::json extra;         // anything else (metrics, early-stopping state)
+};
+
+// Where a crash is injected while writing (tests only): the writer calls
+// _exit(kCheckpointCrashExitCode) right after that phase.
+enum class CheckpointCrashPoint {
+  kNone,
+  kAfterTensorFiles,    // tensor files written, no manifest
+  kAfterManifest,       // temporary directory complete, not renamed
+  kAfterRename,         // ckpt-<step> in place, pointer not updated
+  kAfterPointerTemp,    // checkpoint.tmp written, not renamed
+  kAfterPointer,        // pointer updated, old checkpoints not pruned
+};
+inline constexpr int kCheckpointCrashExitCode = 86;
+
+struct CheckpointWriteOptions {
+  int keep = 5;        // checkpoint.keep: complete checkpoints kept, >= 1
+  bool fsync = true;   // fsync files and directories (tests may turn it off for speed)
+  CheckpointCrashPoint crash_at = CheckpointCrashPoint::kNone;
+};
+
+// Writes a checkpoint of `store` and `state` as ckpt-<state.step> under
+// `dir` (created if missing), then updates the pointer and prunes. A
+// complete ckpt-<step> already there is replaced. Returns the checkpoint's
+// path. Errors name the file and what failed; on error the previous
+// checkpoints are untouched.
+absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, ShmParamStore& store,
+                                            const CheckpointState& state, const CheckpointWriteOptions& options = {});
+
+// A checkpoint found on disk, verified.
+struct CheckpointInfo {
+  std::string path;             // DIR/ckpt-<step>
+  int64_t step = 0;
+  uint64_t model_version = 0;
+  CheckpointState state;
+  nlohmann::json manifest;      // the manifest's body
+};
+
+// Checks one checkpoint directory: manifest present, parsed, CRC matching,
+// every file present with its recorded size and CRC32C. Errors name the
+// path and the first problem.
+absl::StatusOr<CheckpointInfo> VerifyCheckpoint(const std::string& path);
+
+// The newest checkpoint under `dir` that verifies, or nullopt if there is
+// none (or `dir` does not exist). Each newer one that did not verify is
+// appended to `skipped` (if not null) as "path: reason".
+absl::StatusOr<std::optional<CheckpointInfo>> FindLatestCheckpoint(const std::string& dir,
+                                                                  std::vector<std::string>* skipped = nullptr);
+
+// Every complete checkpoint directory under `dir` (ckpt-<step>), oldest
+// first, not verified.
+std::vector<std::string> ListCheckpoints(const std::string& dir);
+
+// Loads `checkpoint` into `store`: every dense variable's parameters, slots
+// and update count, every table's rows (inserted into dynamic tables), and
+// the model version. The store must hold the same variables (name, rows,
+// cols) and tables (name, kind, dim) with the same optimizers (their slot
+// counts); its shard count may differ. Call it on a freshly created store
+// before workers start (rows a store already holds that the checkpoint does
+// not name are left as they are).
+// Errors: FailedPrecondition naming the checkpoint and the mismatch; the
+// errors of the files (a damaged file is found by VerifyCheckpoint first).
+absl::Status RestoreCheckpoint(const CheckpointInfo& checkpoint, ShmParamStore& store);
+
+}  // namespace shardwild
