@@ -909,7 +909,8 @@ absl::Status EmbeddingTable::Pull(absl::Span<const uint64_t> ids, float* out, Pu
 }
 
 absl::Status EmbeddingTable::Push(absl::Span<const uint64_t> ids, const float* grads,
-                                  const OptimizerOptions& optimizer, float lr, Scratch* scratch) {
+                                  absl::Span<const uint32_t> grad_rows, const OptimizerOptions& optimizer, float lr,
+                                  Scratch* scratch) {
   if (ids.empty()) return absl::OkStatus();
   if (grads == nullptr || scratch == nullptr) {
     return absl::InvalidArgumentError("embedding Push: grads and scratch must not be null");
@@ -930,8 +931,15 @@ absl::Status EmbeddingTable::Push(absl::Span<const uint64_t> ids, const float* g
   }
   SW_RETURN_IF_ERROR(CheckIds(ids));
 
-  // Deduplicate: sum the gradients of repeated ids, in batch order, into
-  // scratch->summed_ (first-occurrence order of ids).
+  if (!grad_rows.empty() && grad_rows.size() != ids.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("embedding Push: ", grad_rows.size(), " gradient rows for ",
+                                                   ids.size(), " ids"));
+  }
+
+  // Deduplicate: the unique ids in first-occurrence order, each with the
+  // gradient row of its first occurrence. Only an id that repeats gets a sum
+  // in scratch->summed_ (its first gradient plus the later ones, in batch
+  // order); the others are read in place.
   Scratch& sc = *scratch;
   const size_t n = ids.size();
   const size_t d = static_cast<size_t>(dim_);
@@ -946,13 +954,17 @@ absl::Status EmbeddingTable::Push(absl::Span<const uint64_t> ids, const float* g
     std::fill(sc.map_stamps_.begin(), sc.map_stamps_.end(), 0);
     sc.stamp_ = 1;
   }
-  if (sc.summed_.size() < n * d) sc.summed_.resize(n * d);
   sc.unique_ids_.clear();
   sc.unique_ids_.reserve(n);
+  if (sc.first_row_.size() < n) {
+    sc.first_row_.resize(n);
+    sc.sum_of_.resize(n);
+  }
+  size_t sums = 0;
   const uint64_t mask = cap - 1;
   for (size_t i = 0; i < n; ++i) {
     const uint64_t id = ids[i];
-    const float* g = grads + i * d;
+    const uint32_t row = grad_rows.empty() ? static_cast<uint32_t>(i) : grad_rows[i];
     for (uint64_t h = Mix(id) & mask;; h = (h + 1) & mask) {
       if (sc.map_stamps_[h] != sc.stamp_) {
         const uint32_t u = static_cast<uint32_t>(sc.unique_ids_.size());
@@ -960,12 +972,22 @@ absl::Status EmbeddingTable::Push(absl::Span<const uint64_t> ids, const float* g
         sc.map_keys_[h] = id;
         sc.map_values_[h] = u;
         sc.unique_ids_.push_back(id);
-        std::copy(g, g + d, sc.summed_.data() + u * d);
+        sc.first_row_[u] = row;
+        sc.sum_of_[u] = -1;
         break;
       }
       if (sc.map_keys_[h] == id) {
-        float* s = sc.summed_.data() + sc.map_values_[h] * d;
-        for (size_t j = 0; j < d; ++j) s[j] += g[j];
+        const uint32_t u = sc.map_values_[h];
+        const float* g = grads + static_cast<size_t>(row) * d;
+        if (sc.sum_of_[u] < 0) {
+          // Second occurrence: start the sum from the first one.
+          if (sc.summed_.size() < (sums + 1) * d) sc.summed_.resize(std::max((sums + 1) * d, sc.summed_.size() * 2));
+          sc.sum_of_[u] = static_cast<int32_t>(sums++);
+          const float* first = grads + static_cast<size_t>(sc.first_row_[u]) * d;
+          std::copy(first, first + d, sc.summed_.data() + static_cast<size_t>(sc.sum_of_[u]) * d);
+        }
+        float* sum = sc.summed_.data() + static_cast<size_t>(sc.sum_of_[u]) * d;
+        for (size_t j = 0; j < d; ++j) sum[j] += g[j];
         break;
       }
     }
@@ -992,7 +1014,9 @@ absl::Status EmbeddingTable::Push(absl::Span<const uint64_t> ids, const float* g
     if (counts_steps) {
       up.step = static_cast<int64_t>(Atomic(meta->update_count).fetch_add(1, std::memory_order_relaxed) + 1);
     }
-    ApplyUpdate(optimizer, up, params, slots, sc.summed_.data() + i * d, dim_);
+    const float* g = sc.sum_of_[i] >= 0 ? sc.summed_.data() + static_cast<size_t>(sc.sum_of_[i]) * d
+                                        : grads + static_cast<size_t>(sc.first_row_[i]) * d;
+    ApplyUpdate(optimizer, up, params, slots, g, dim_);
     if (row_lock_) UnlockRow(&meta->seq, odd);
     Release(row);
   }

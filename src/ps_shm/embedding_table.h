@@ -213,7 +213,9 @@ class EmbeddingTable {
    private:
     friend class EmbeddingTable;
     std::vector<uint64_t> unique_ids_;   // first-occurrence order
-    std::vector<float> summed_;          // unique x dim, gradient sums
+    std::vector<uint32_t> first_row_;    // per unique id: the gradient row of its first occurrence
+    std::vector<int32_t> sum_of_;        // per unique id: its row in summed_, or -1 if it occurs once
+    std::vector<float> summed_;          // gradient sums of the ids that repeat
     std::vector<uint64_t> map_keys_;     // open addressing: id -> unique index
     std::vector<uint32_t> map_values_;
     std::vector<uint32_t> map_stamps_;   // entry valid iff == stamp_
@@ -261,7 +263,16 @@ class EmbeddingTable {
   // validation errors are found before any row is changed. Thread-safe
   // (Hogwild); allocates only while `scratch` grows.
   absl::Status Push(absl::Span<const uint64_t> ids, const float* grads, const OptimizerOptions& optimizer, float lr,
-                    Scratch* scratch);
+                    Scratch* scratch) {
+    return Push(ids, grads, {}, optimizer, lr, scratch);
+  }
+  // As above, but the gradient of ids[i] is row grad_rows[i] of `grads`
+  // (grads + grad_rows[i] * dim), so a caller that grouped ids (by shard)
+  // needs no copy of the gradients; empty grad_rows means row i. Gradients
+  // are read in place: only those of repeated ids are summed into scratch,
+  // none is copied otherwise.
+  absl::Status Push(absl::Span<const uint64_t> ids, const float* grads, absl::Span<const uint32_t> grad_rows,
+                    const OptimizerOptions& optimizer, float lr, Scratch* scratch);
 
   // Snapshot of the row of `id`: its parameters into params[dim] and, for
   // each k < slots.size(), slot k into slots[k][dim] (nullptr skips it), and

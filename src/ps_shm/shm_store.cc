@@ -890,18 +890,14 @@ absl::Status ShmParamStore::PushRows(int table, absl::Span<const uint64_t> ids, 
   const int nshards = layout_.num_shards;
   if (nshards == 1) return tables_[table][0].Push(ids, grads, sparse_optimizer_, lr, &scratch->table);
   SW_RETURN_IF_ERROR(GroupIds(table, ids, scratch));
-  const size_t n = ids.size();
-  const size_t dim = static_cast<size_t>(layout_.tables[table].dim);
-  if (scratch->values.size() < n * dim) scratch->values.resize(n * dim);
-  for (size_t i = 0; i < n; ++i) {
-    std::memcpy(scratch->values.data() + i * dim, grads + scratch->positions[i] * dim, dim * sizeof(float));
-  }
+  // Each shard's ids with their rows of `grads`: the gradients are read in
+  // place, never copied.
   for (int s = 0; s < nshards; ++s) {
     const uint32_t begin = scratch->offsets[s], end = scratch->offsets[s + 1];
     if (begin == end) continue;
-    SW_RETURN_IF_ERROR(tables_[table][s].Push({scratch->ids.data() + begin, end - begin},
-                                              scratch->values.data() + begin * dim, sparse_optimizer_, lr,
-                                              &scratch->table));
+    SW_RETURN_IF_ERROR(tables_[table][s].Push({scratch->ids.data() + begin, end - begin}, grads,
+                                              {scratch->positions.data() + begin, end - begin}, sparse_optimizer_,
+                                              lr, &scratch->table));
   }
   return absl::OkStatus();
 }
