@@ -111,7 +111,7 @@ json HugePagesJson(const HugePageStatus& h) {
           {"granted_bytes", h.granted_bytes ? json(*h.granted_bytes) : json(nullptr)}};
 }
 
-int Train(const std::string& path, const std::vector<std::string>& sets, bool as_json) {
+int Train(const std::string& path, const std::vector<std::string>& sets, bool as_json, bool fresh) {
   absl::StatusOr<Config> config = LoadWithOverrides(path, sets);
   if (!config.ok()) return Fail(config.status());
   absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(*config);
@@ -129,7 +129,9 @@ int Train(const std::string& path, const std::vector<std::string>& sets, bool as
   std::printf("\n");
   std::fflush(stdout);
   ProgressReporter progress = ProgressReporter::ForStream(stdout);
-  absl::StatusOr<TrainSummary> s = RunTraining(**job, progress);
+  TrainRunOptions run;
+  run.fresh = fresh;
+  absl::StatusOr<TrainSummary> s = RunTraining(**job, progress, run);
   if (!s.ok()) return Fail(s.status());
   if (s->test_accuracy) {
     std::printf("test accuracy: %.4f (test loss %.4f) after %d epochs, %.0f samples/s, %.1f s\n", *s->test_accuracy,
@@ -146,6 +148,13 @@ int Train(const std::string& path, const std::vector<std::string>& sets, bool as
               {"shards", s->shards},
               {"steps", s->steps},
               {"records_seen", s->records_seen},
+              {"eval_records_seen", s->eval_records_seen},
+              {"tasks_requeued", s->tasks_requeued},
+              {"worker_failures", s->worker_failures},
+              {"resumed_from_step", s->resumed_from_step ? json(*s->resumed_from_step) : json(nullptr)},
+              {"checkpoints_written", s->checkpoints_written},
+              {"last_checkpoint", s->last_checkpoint.empty() ? json(nullptr) : json(s->last_checkpoint)},
+              {"skipped_checkpoints", s->skipped_checkpoints},
               {"train_loss", s->train_loss},
               {"test_loss", Optional(s->test_loss)},
               {"test_accuracy", Optional(s->test_accuracy)},
@@ -294,6 +303,8 @@ int main(int argc, char** argv) {
   train->add_option("config", config_path, "YAML config file")->required();
   train->add_option("--set", sets, "Override a config key by its dotted path: --set train.workers=2");
   train->add_flag("--json", as_json, "End with one line of JSON summarising the run");
+  bool fresh = false;
+  train->add_flag("--fresh", fresh, "Start from the initial values even if checkpoint.dir holds checkpoints");
 
   CLI::App* bench = app.add_subcommand("bench", "Time the config's training step against the same-run matmul peak");
   bench->add_option("config", config_path, "YAML config file (required unless a subcommand is given)");
@@ -359,7 +370,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "shardwild: error: %s (run with --help for usage)\n", e.what());
     return e.get_exit_code();
   }
-  if (train->parsed()) return Train(config_path, sets, as_json);
+  if (train->parsed()) return Train(config_path, sets, as_json, fresh);
   if (bench_store->parsed()) {
     store_bench.ids = id_names.at(store_ids);
     store_bench.optimizer = optimizer_names.at(store_optimizer);

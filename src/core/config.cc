@@ -280,6 +280,12 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
   bench.leaves["steps"] = Int64(&c->bench.steps);
   bench.leaves["peak_seconds"] = Real(&c->bench.peak_seconds);
 
+  Section ckpt;
+  ckpt.leaves["dir"] = String(&c->checkpoint.dir);
+  ckpt.leaves["every_steps"] = Int64(&c->checkpoint.every_steps);
+  ckpt.leaves["every_epochs"] = Int(&c->checkpoint.every_epochs);
+  ckpt.leaves["keep"] = Int(&c->checkpoint.keep);
+
   Section topo;
   topo.leaves["synthetic"] = String(&c->topology.synthetic);
   topo.leaves["xml"] = String(&c->topology.xml);
@@ -295,6 +301,7 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
   top.custom["ps"] = sub(ps);
   top.custom["bench"] = sub(bench);
   top.custom["topology"] = sub(topo);
+  top.custom["checkpoint"] = sub(ckpt);
   return top.Parse("", root, loc);
 }
 

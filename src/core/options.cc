@@ -176,9 +176,20 @@ absl::Status TopologyOptions::Validate() const {
   return absl::OkStatus();
 }
 
+absl::Status CheckpointOptions::Validate() const {
+  if (every_steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint.every_steps: must be >= 0, got ", every_steps));
+  }
+  if (every_epochs < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint.every_epochs: must be >= 0, got ", every_epochs));
+  }
+  if (keep < 1) return absl::InvalidArgumentError(absl::StrCat("checkpoint.keep: must be >= 1, got ", keep));
+  return absl::OkStatus();
+}
+
 absl::Status Config::Validate() const {
   for (absl::Status s : {model.Validate(), data.Validate(), train.Validate(), optimizer.Validate(),
-                         ps.Validate(), bench.Validate(), topology.Validate()}) {
+                         ps.Validate(), bench.Validate(), topology.Validate(), checkpoint.Validate()}) {
     if (!s.ok()) return s;
   }
   if (sparse_optimizer) {

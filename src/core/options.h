@@ -167,6 +167,20 @@ struct BenchOptions {
   absl::Status Validate() const;
 };
 
+// checkpoint.*: where and how often training writes checkpoints
+// (workers/checkpoint.h), and how many it keeps. With `dir` set, `shardwild
+// train` resumes from the newest good checkpoint there (--fresh starts over).
+struct CheckpointOptions {
+  std::string dir;             // empty = no checkpoints, no resume
+  // A checkpoint after every `every_steps` steps of each worker (a step is
+  // one batch on every worker), and at the end of every `every_epochs`
+  // epochs; 0 = never by that rule. The end of training always writes one.
+  int64_t every_steps = 0;
+  int every_epochs = 1;
+  int keep = 5;                // checkpoints kept (TF's max_to_keep), >= 1
+  absl::Status Validate() const;
+};
+
 struct TopologyOptions {
   // Empty = the real machine. Otherwise an hwloc synthetic description
   // ("pack:2 numa:1 core:8 pu:2") or the path of an hwloc XML file.
@@ -186,6 +200,7 @@ struct Config {
   StoreOptions ps;
   BenchOptions bench;
   TopologyOptions topology;
+  CheckpointOptions checkpoint;
   std::string source;          // where it came from (file path), for messages
   absl::Status Validate() const;
 };

@@ -3,7 +3,11 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/crc32c.h"
+#include "workers/checkpoint.h"
 #include "core/partitioner.h"
 #include "core/status.h"
 
@@ -61,14 +65,42 @@ absl::StatusOr<EvalResult> EvaluateAll(Job& job, const ImageDataset& data) {
   return total;
 }
 
-absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress) {
+std::string TrainingConfigHash(const Config& c) {
+  std::string key = absl::StrCat("input:", c.model.input_dim, ";loss:", static_cast<int>(c.model.loss));
+  for (const LayerOptions& l : c.model.layers) {
+    absl::StrAppend(&key, ";layer:", l.type, ",", l.units, ",", ActivationName(l.activation));
+  }
+  absl::StrAppend(&key, ";train:", c.data.train, ";max_train:", c.data.max_train_records, ";test:", c.data.test, ";workers:", c.train.workers,
+                                 ";batch:", c.train.batch_size, ";seed:", c.train.seed, ";epochs:", c.train.epochs,
+                                 ";pull_every:", c.train.pull_every, ";update:", UpdateModeName(c.ps.update),
+                                 ";replication:", ReplicationPolicyName(c.ps.replication));
+  auto opt = [&key](const char* name, const OptimizerOptions& o) {
+    absl::StrAppend(&key, ";", name, ":", OptimizerTypeName(o.type), ",", o.lr, ",", o.momentum, ",", o.nesterov, ",",
+                    o.beta1, ",", o.beta2, ",", o.epsilon, ",", o.initial_accumulator_value, ",", o.rho, ",", o.l1,
+                    ",", o.l2, ",", static_cast<int>(o.schedule), ",", o.final_lr);
+  };
+  opt("optimizer", c.optimizer);
+  if (c.sparse_optimizer) opt("sparse", *c.sparse_optimizer);
+  return absl::StrFormat("%08x", Crc32c(key.data(), key.size()));
+}
+
+absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, const TrainRunOptions& options) {
   const Config& cfg = job.config();
   const int workers = job.num_workers();
   const int64_t n = job.train().count;
   const int64_t batch = cfg.train.batch_size;
   const std::vector<RowRange> parts = FixedShardsDiv(n, workers);
-  int64_t steps_per_epoch = 0;
-  for (const RowRange& p : parts) steps_per_epoch += (p.size() + batch - 1) / batch;
+  std::vector<int64_t> worker_steps(workers);
+  int64_t steps_per_epoch = 0;  // over all workers
+  int64_t epoch_rounds = 0;     // the most steps any worker takes in an epoch
+  for (int i = 0; i < workers; ++i) {
+    worker_steps[i] = (parts[i].size() + batch - 1) / batch;
+    steps_per_epoch += worker_steps[i];
+    epoch_rounds = std::max(epoch_rounds, worker_steps[i]);
+  }
+  const CheckpointOptions& ck = cfg.checkpoint;
+  const bool checkpointing = !ck.dir.empty();
+  const std::string config_hash = TrainingConfigHash(cfg);
 
   TrainSummary summary;
   summary.epochs = cfg.train.epochs;
@@ -78,12 +110,77 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress) {
   summary.store_name = job.store().name();
   summary.store_bytes = job.replicas().total_bytes();
 
+  // Where this run starts: epoch `first_epoch`, with `first_round` steps of
+  // each worker already done in it; what the restored run had counted.
+  int first_epoch = 1;
+  int64_t first_round = 0;
+  int64_t base_records = 0, base_steps = 0;
+  if (checkpointing && !options.fresh) {
+    SW_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> found, FindLatestCheckpoint(ck.dir, &summary.skipped_checkpoints));
+    for (const std::string& skipped : summary.skipped_checkpoints) {
+      progress.Line(absl::StrCat("warning: skipped checkpoint ", skipped));
+    }
+    if (found) {
+      for (int r = 0; r < job.replicas().num_replicas(); ++r) {
+        SW_RETURN_IF_ERROR(RestoreCheckpoint(*found, job.replicas().replica(r)));
+      }
+      if (found->state.config_hash != config_hash) {
+        progress.Line(absl::StrCat("warning: ", found->path, " was written under another config (hash ",
+                                   found->state.config_hash, ", now ", config_hash, ")"));
+      }
+      const nlohmann::json& cur = found->state.data_cursor;
+      const nlohmann::json& extra = found->state.extra;
+      first_epoch = cur.value("epoch", 1);
+      first_round = cur.value("round", int64_t{0});
+      base_records = extra.value("records_seen", int64_t{0});
+      base_steps = extra.value("steps", int64_t{0});
+      if (cur.value("workers", 0) != workers || cur.value("batch", int64_t{0}) != batch ||
+          cur.value("records", int64_t{0}) != n) {
+        if (first_round > 0) {
+          progress.Line(absl::StrCat("warning: workers, batch size or data changed since ", found->path,
+                                     "; epoch ", first_epoch, " restarts from its beginning"));
+          base_records -= cur.value("epoch_records", int64_t{0});
+          first_round = 0;
+        }
+      }
+      summary.resumed_from_step = found->step;
+      progress.Line(absl::StrCat("resumed from ", found->path, ": epoch ", first_epoch, ", step ", first_round, " of ",
+                                 epoch_rounds));
+    }
+  }
+
+  // Writes a checkpoint of the (quiescent) job: the next step to run is step
+  // `round` of epoch `epoch`.
+  auto write_checkpoint = [&](int epoch, int64_t round, int64_t epoch_records) -> absl::Status {
+    SW_RETURN_IF_ERROR(job.replicas().Average());
+    const Totals t = ReadCounters(job);
+    CheckpointState state;
+    state.step = base_steps + t.steps;
+    state.epoch = epoch - 1;
+    state.config_hash = config_hash;
+    state.data_cursor = {{"epoch", epoch},      {"round", round},          {"workers", workers},
+                         {"batch", batch},      {"records", n},            {"epoch_records", epoch_records},
+                         {"seed", cfg.train.seed}};
+    state.rng = {{"shuffle_seed", cfg.train.seed}, {"epoch", epoch}};
+    state.extra = {{"records_seen", base_records + t.samples}, {"steps", base_steps + t.steps}};
+    CheckpointWriteOptions wo;
+    wo.keep = ck.keep;
+    SW_ASSIGN_OR_RETURN(summary.last_checkpoint, WriteCheckpoint(ck.dir, job.store(), state, wo));
+    ++summary.checkpoints_written;
+    if (options.stop_after_checkpoints > 0 && summary.checkpoints_written >= options.stop_after_checkpoints) {
+      return absl::AbortedError(absl::StrCat("stopped after checkpoint ", summary.last_checkpoint, " (test hook)"));
+    }
+    return absl::OkStatus();
+  };
+
   const auto run_start = Clock::now();
   double train_seconds = 0;
-  for (int epoch = 1; epoch <= cfg.train.epochs; ++epoch) {
+  int64_t global_round = static_cast<int64_t>(first_epoch - 1) * epoch_rounds + first_round;
+  for (int epoch = first_epoch; epoch <= cfg.train.epochs; ++epoch) {
     const std::vector<int32_t> order = EpochOrder(n, cfg.train.seed, epoch);
     const Totals before = ReadCounters(job);
     const auto epoch_start = Clock::now();
+    const int64_t start_round = epoch == first_epoch ? first_round : 0;
     auto tick = [&] {
       const Totals now = ReadCounters(job);
       const double elapsed = std::chrono::duration<double>(Clock::now() - epoch_start).count();
@@ -101,12 +198,30 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress) {
     };
     const double progress_begin = static_cast<double>(epoch - 1) / cfg.train.epochs;
     const double progress_end = static_cast<double>(epoch) / cfg.train.epochs;
-    SW_RETURN_IF_ERROR(job.pool().RunAll(
-        [&](int i) {
-          return job.worker(i).Train(order.data() + parts[i].begin, parts[i].size(), /*max_steps=*/-1, cfg.optimizer,
-                                     progress_begin, progress_end, nullptr);
-        },
-        absl::Seconds(cfg.train.log_every_s), tick));
+    // The epoch in segments of whole steps, ending where a checkpoint is due.
+    for (int64_t round = start_round; round < epoch_rounds;) {
+      int64_t end = epoch_rounds;
+      if (checkpointing && ck.every_steps > 0) {
+        end = std::min(end, round + (ck.every_steps - global_round % ck.every_steps));
+      }
+      SW_RETURN_IF_ERROR(job.pool().RunAll(
+          [&](int i) {
+            const int64_t first = std::min(round, worker_steps[i]);
+            const int64_t last = std::min(end, worker_steps[i]);
+            const int64_t begin_record = first * batch;
+            const int64_t count = std::min(parts[i].size(), last * batch) - begin_record;
+            const double per_step =
+                worker_steps[i] > 0 ? (progress_end - progress_begin) / static_cast<double>(worker_steps[i]) : 0.0;
+            return job.worker(i).TrainRange(order.data() + parts[i].begin + begin_record, count, cfg.optimizer,
+                                            progress_begin, per_step, first, nullptr);
+          },
+          absl::Seconds(cfg.train.log_every_s), tick));
+      global_round += end - round;
+      round = end;
+      if (checkpointing && ck.every_steps > 0 && global_round % ck.every_steps == 0 && round < epoch_rounds) {
+        SW_RETURN_IF_ERROR(write_checkpoint(epoch, round, ReadCounters(job).samples - before.samples));
+      }
+    }
     // With several replicas, end the epoch on one model (evaluation and the
     // next epoch's first pulls see the mean). No worker runs now.
     SW_RETURN_IF_ERROR(job.replicas().Average());
@@ -127,19 +242,26 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress) {
       SW_ASSIGN_OR_RETURN(EvalResult ev, EvaluateAll(job, *test));
       er.test_loss = ev.count ? ev.loss_sum / ev.count : 0;
       er.test_accuracy = ev.count ? static_cast<double>(ev.correct) / ev.count : 0;
+      summary.eval_records_seen += ev.count;
       absl::StrAppendFormat(&line, " | test loss %.4f acc %.4f", *er.test_loss, *er.test_accuracy);
     }
     absl::StrAppendFormat(&line, " | %.1f s, %.0f samples/s", seconds, er.samples_per_s);
     progress.Line(line);
     summary.history.push_back(er);
+    const bool last = epoch == cfg.train.epochs;
+    if (checkpointing && (last || (ck.every_epochs > 0 && epoch % ck.every_epochs == 0))) {
+      SW_RETURN_IF_ERROR(write_checkpoint(epoch + 1, 0, 0));
+    }
   }
   const Totals end = ReadCounters(job);
-  summary.steps = end.steps;
-  summary.records_seen = end.samples;
+  summary.steps = base_steps + end.steps;
+  summary.records_seen = base_records + end.samples;
   summary.samples_per_s = train_seconds > 0 ? end.samples / train_seconds : 0;
-  summary.train_loss = summary.history.back().train_loss;
-  summary.test_loss = summary.history.back().test_loss;
-  summary.test_accuracy = summary.history.back().test_accuracy;
+  if (!summary.history.empty()) {
+    summary.train_loss = summary.history.back().train_loss;
+    summary.test_loss = summary.history.back().test_loss;
+    summary.test_accuracy = summary.history.back().test_accuracy;
+  }
   summary.model_version = job.replicas().version();
   summary.wall_s = std::chrono::duration<double>(Clock::now() - run_start).count();
   return summary;

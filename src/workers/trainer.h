@@ -39,8 +39,35 @@ struct TrainSummary {
   uint64_t model_version = 0;          // pushes applied, summed over the replicas
   uint64_t store_bytes = 0;            // over all replicas
   std::string store_name;              // of the first replica
-  std::vector<EpochResult> history;
+  std::vector<EpochResult> history;    // the epochs this run trained (a resumed run: from its epoch on)
+  // Checkpoints (checkpoint.dir): the step this run resumed from (nullopt
+  // if it started fresh), checkpoints this run wrote, the last one's path,
+  // and the checkpoints skipped on resume because they did not verify.
+  std::optional<int64_t> resumed_from_step;
+  int64_t checkpoints_written = 0;
+  std::string last_checkpoint;
+  std::vector<std::string> skipped_checkpoints;
+  // Coordination counters (the dispatcher's); zero while training runs on
+  // in-process workers with fixed parts of each epoch.
+  int64_t eval_records_seen = 0;       // test records evaluated, over all evaluations
+  int64_t tasks_requeued = 0;
+  int64_t worker_failures = 0;
 };
+
+// How RunTraining starts.
+struct TrainRunOptions {
+  // Ignore the checkpoints in checkpoint.dir and start from the initial
+  // values (the CLI's --fresh). New checkpoints are still written there.
+  bool fresh = false;
+  // Tests: stop (with the status Aborted) right after the n-th checkpoint
+  // this run writes, as if the process had been killed then; 0 = never.
+  int64_t stop_after_checkpoints = 0;
+};
+
+// A hash of the config fields that decide what a run computes (model,
+// data, optimizers, batch, workers, seed, epochs, update mode, shards), as
+// hex. A checkpoint records it; resuming under another hash is reported.
+std::string TrainingConfigHash(const Config& config);
 
 // Deterministic permutation of [0, n) for (seed, epoch).
 std::vector<int32_t> EpochOrder(int64_t n, uint64_t seed, int epoch);
@@ -50,7 +77,20 @@ std::vector<int32_t> EpochOrder(int64_t n, uint64_t seed, int epoch);
 // worker (div rule). With several replicas (ps.replication) they are
 // averaged at the end of each epoch, besides every ps.sync_every steps.
 // Evaluates data.test after each epoch.
-absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress);
+//
+// Checkpoints (config.checkpoint, workers/checkpoint.h): with a directory,
+// the run first resumes from the newest checkpoint there that verifies
+// (unless options.fresh): parameters, slots and model version are restored
+// into every replica, and training continues in the saved epoch at the
+// saved step, with the same order and learning rates, so a resumed run
+// computes what the uninterrupted run would have (bit for bit with
+// ps.update sync). If the workers, batch size or record count changed, the
+// saved epoch restarts from its beginning instead (reported). Checkpoints
+// are written with every worker stopped between steps: every
+// checkpoint.every_steps steps of each worker, at the end of every
+// checkpoint.every_epochs epochs, and at the end. With several replicas a
+// checkpoint first averages them and saves the mean.
+absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, const TrainRunOptions& options = {});
 
 // Evaluates the store's current parameters on `data`, split over the workers.
 absl::StatusOr<EvalResult> EvaluateAll(Job& job, const ImageDataset& data);

@@ -53,18 +53,34 @@ absl::Status Worker::PullAll() { return store_->Pull(pulls_); }
 
 absl::Status Worker::Train(const int32_t* order, int64_t count, int64_t max_steps, const OptimizerOptions& optimizer,
                            double progress_begin, double progress_end, PhaseTimes* times) {
+  const int64_t batch = model_->batch();
+  const int64_t steps = max_steps >= 0 ? max_steps : (count + batch - 1) / batch;
+  const double per_step = steps > 0 ? (progress_end - progress_begin) / static_cast<double>(steps) : 0.0;
+  return TrainAndLeave(order, count, max_steps, optimizer, progress_begin, per_step, 0, times);
+}
+
+absl::Status Worker::TrainRange(const int32_t* order, int64_t count, const OptimizerOptions& optimizer,
+                                double progress_begin, double progress_per_step, int64_t first_step,
+                                PhaseTimes* times) {
+  return TrainAndLeave(order, count, /*max_steps=*/-1, optimizer, progress_begin, progress_per_step, first_step, times);
+}
+
+absl::Status Worker::TrainAndLeave(const int32_t* order, int64_t count, int64_t max_steps,
+                                   const OptimizerOptions& optimizer, double progress_begin, double progress_per_step,
+                                   int64_t first_step, PhaseTimes* times) {
   SyncAggregator* const sync = update_.sync;
-  if (sync == nullptr) return TrainSteps(order, count, max_steps, optimizer, progress_begin, progress_end, times);
+  const absl::Status trained =
+      TrainSteps(order, count, max_steps, optimizer, progress_begin, progress_per_step, first_step, times);
+  if (sync == nullptr) return trained;
   // Leave the sync group however the steps end, so the other workers' rounds
   // stop waiting for this one (arrive-and-drop).
-  const absl::Status trained = TrainSteps(order, count, max_steps, optimizer, progress_begin, progress_end, times);
   const absl::Status left = sync->Leave(index_);
   return trained.ok() ? left : trained;
 }
 
 absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max_steps,
-                                const OptimizerOptions& optimizer, double progress_begin, double progress_end,
-                                PhaseTimes* times) {
+                                const OptimizerOptions& optimizer, double progress_begin, double progress_per_step,
+                                int64_t first_step, PhaseTimes* times) {
   if (count <= 0) return absl::OkStatus();
   SyncAggregator* const sync = update_.sync;
   const int64_t batch = model_->batch();
@@ -72,9 +88,8 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
   const int64_t steps = max_steps >= 0 ? max_steps : (count + batch - 1) / batch;
   int64_t cursor = 0;
   PhaseTimes t;
-  const double progress_per_step = (progress_end - progress_begin) / static_cast<double>(steps);
   for (int64_t step = 0; step < steps; ++step) {
-    const float lr = optimizer.LrAt(progress_begin + step * progress_per_step);
+    const float lr = optimizer.LrAt(progress_begin + static_cast<double>(first_step + step) * progress_per_step);
     const auto t0 = Clock::now();
     // Data: gather this batch's rows. In a range run the last batch is short
     // and padded; in a cycling run batches wrap round the range.

@@ -94,6 +94,15 @@ class Worker {
   absl::Status Train(const int32_t* order, int64_t count, int64_t max_steps, const OptimizerOptions& optimizer,
                      double progress_begin, double progress_end, PhaseTimes* times);
 
+  // Trains on the records order[0..count), ceil(count / batch) steps, the
+  // last batch padded, as part of a longer run: step k of this call is step
+  // first_step + k of the run, and its learning rate is
+  // optimizer.LrAt(progress_begin + (first_step + k) * progress_per_step).
+  // So a run split into several calls (checkpoint segments, a resumed run)
+  // computes exactly the rates of one call. Otherwise as Train.
+  absl::Status TrainRange(const int32_t* order, int64_t count, const OptimizerOptions& optimizer,
+                          double progress_begin, double progress_per_step, int64_t first_step, PhaseTimes* times);
+
   // Evaluates records [begin, end) of `data` with the store's current parameters.
   absl::StatusOr<EvalResult> Evaluate(const ImageDataset& data, int64_t begin, int64_t end);
 
@@ -111,7 +120,10 @@ class Worker {
   Worker() = default;
   absl::Status PullAll();
   absl::Status TrainSteps(const int32_t* order, int64_t count, int64_t max_steps, const OptimizerOptions& optimizer,
-                          double progress_begin, double progress_end, PhaseTimes* times);
+                          double progress_begin, double progress_per_step, int64_t first_step, PhaseTimes* times);
+  // Runs TrainSteps, then leaves the sync group if there is one.
+  absl::Status TrainAndLeave(const int32_t* order, int64_t count, int64_t max_steps, const OptimizerOptions& optimizer,
+                             double progress_begin, double progress_per_step, int64_t first_step, PhaseTimes* times);
 
   int index_ = 0;
   const ImageDataset* train_ = nullptr;

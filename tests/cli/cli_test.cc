@@ -483,5 +483,52 @@ TEST(CliSignalTest, SigtermRemovesSharedMemory) {
   EXPECT_EQ(ShmEntriesContaining(prefix), std::vector<std::string>{});
 }
 
+// SIGKILL after the first checkpoint, then the same command again: it
+// resumes from that checkpoint, counts every record exactly once, and the
+// killed run's shared memory is cleaned up by the next run.
+TEST(CliSignalTest, SigkilledTrainingResumesFromItsCheckpoint) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not under /usr/share/datasets/fashion-mnist";
+  char tmpl[] = "/tmp/sw-cli-resume-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const std::string job_name = "clitest" + std::to_string(getpid()) + "kill";
+  const std::vector<std::string> args = {"train", kConfig, "--set", "ps.job_name=" + job_name, "--set",
+                                         "data.max_train_records=12000", "--set", "data.max_test_records=1000",
+                                         "--set", "train.epochs=2", "--set", "checkpoint.dir=" + dir, "--set",
+                                         "checkpoint.every_steps=10", "--json"};
+  Child child(args);
+  ASSERT_TRUE(child.started());
+  const std::string prefix = job_name + "-" + std::to_string(child.pid()) + "-";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  bool checkpointed = false;
+  while (std::chrono::steady_clock::now() < deadline && !child.Poll()) {
+    if (std::filesystem::exists(dir + "/checkpoint")) {
+      checkpointed = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(checkpointed) << "stdout:\n" << child.out() << "\nstderr:\n" << child.err();
+  ASSERT_EQ(kill(child.pid(), SIGKILL), 0);
+  const int status = child.Wait();
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the run finished before it could be killed; status " << status;
+  EXPECT_FALSE(ShmEntriesContaining(prefix).empty()) << "SIGKILL cannot clean up; the next run must";
+
+  const Result again = RunCli(args);
+  ASSERT_EQ(again.code(), 0) << "stdout:\n" << again.out << "\nstderr:\n" << again.err;
+  const json j = LastLineJson(again.out);
+  ASSERT_TRUE(j.is_object()) << again.out;
+  ASSERT_TRUE(j["resumed_from_step"].is_number()) << j.dump();
+  EXPECT_GT(j["resumed_from_step"].get<int64_t>(), 0);
+  EXPECT_EQ(j["records_seen"], 2 * 12000) << j.dump();
+  EXPECT_GE(j["checkpoints_written"].get<int64_t>(), 1);
+  EXPECT_EQ(j["worker_failures"], 0);
+  EXPECT_EQ(j["tasks_requeued"], 0);
+  EXPECT_EQ(j["eval_records_seen"].get<int64_t>(), 1000 * static_cast<int64_t>(j["history"].size()));
+  EXPECT_NE(again.out.find("resumed from " + dir + "/ckpt-"), std::string::npos) << again.out;
+  EXPECT_EQ(ShmEntriesContaining(prefix), std::vector<std::string>{}) << "the killed run's segments were removed";
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
 }  // namespace
 }  // namespace shardwild

@@ -1,0 +1,182 @@
+// Checkpoints written by training and resumed by it, on the real
+// Fashion-MNIST files (skipped when they are absent): a sync run stopped
+// right after a checkpoint and started again ends bit-identical to an
+// uninterrupted run, with exact record counts; a damaged newest checkpoint
+// falls back to the one before; --fresh ignores them.
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/workers/test_config.h"
+#include "workers/checkpoint.h"
+#include "workers/job.h"
+#include "workers/progress.h"
+#include "workers/trainer.h"
+
+namespace shardwild {
+namespace {
+
+namespace fs = std::filesystem;
+using testdata::HaveFashionMnist;
+using testdata::LoadDefaultConfig;
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/sw-resume-test-XXXXXX";
+    path_ = ::mkdtemp(tmpl);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+struct RunOutcome {
+  absl::Status status;
+  TrainSummary summary;
+  std::vector<std::vector<float>> params;
+};
+
+// A small deterministic job: sync, 2 workers, 3 epochs over 3000 records,
+// a checkpoint every 5 steps of each worker.
+std::vector<std::string> Sets(const std::string& dir, const std::string& update = "sync") {
+  return {"ps.update=" + update,     "train.workers=2",          "train.epochs=3",
+          "data.max_train_records=3000", "data.max_test_records=500", "checkpoint.dir=" + dir,
+          "checkpoint.every_steps=5", "checkpoint.keep=3",        "ps.shards=2"};
+}
+
+RunOutcome TrainOnce(const std::vector<std::string>& sets, const TrainRunOptions& options = {}) {
+  RunOutcome run;
+  absl::StatusOr<Config> config = LoadDefaultConfig(sets);
+  EXPECT_TRUE(config.ok()) << config.status();
+  if (!config.ok()) return run;
+  absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(*config);
+  EXPECT_TRUE(job.ok()) << job.status();
+  if (!job.ok()) return run;
+  ProgressReporter silent = ProgressReporter::Silent();
+  absl::StatusOr<TrainSummary> s = RunTraining(**job, silent, options);
+  run.status = s.status();
+  if (s.ok()) run.summary = *s;
+  const StoreLayout& layout = (*job)->store().layout();
+  for (int v = 0; v < static_cast<int>(layout.variables.size()); ++v) {
+    run.params.emplace_back(layout.variables[v].size());
+    EXPECT_TRUE((*job)->store().PullVariable(v, run.params.back().data()).ok());
+  }
+  return run;
+}
+
+bool BitEqual(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t v = 0; v < a.size(); ++v) {
+    if (a[v].size() != b[v].size() || std::memcmp(a[v].data(), b[v].data(), a[v].size() * sizeof(float)) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+TEST(ResumeTest, StoppedSyncRunResumesBitIdentical) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not under /usr/share/datasets/fashion-mnist";
+  TempDir a, b;
+  const RunOutcome whole = TrainOnce(Sets(a.path()));
+  ASSERT_TRUE(whole.status.ok()) << whole.status;
+  EXPECT_EQ(whole.summary.records_seen, 3 * 3000);
+  EXPECT_FALSE(whole.summary.resumed_from_step.has_value());
+  // 3000 records / 2 workers / batch 128 = 12 steps each per epoch: 36 in
+  // all, checkpoints at 5, 10, 15, ... and at the end of each epoch.
+  EXPECT_GT(whole.summary.checkpoints_written, 7);
+
+  // Stopped right after its 4th checkpoint (step 15 of each worker, in the
+  // second epoch), then started again on the same directory, twice more.
+  TrainRunOptions stop;
+  stop.stop_after_checkpoints = 4;
+  const RunOutcome first = TrainOnce(Sets(b.path()), stop);
+  ASSERT_EQ(first.status.code(), absl::StatusCode::kAborted) << first.status;
+  TrainRunOptions stop_again;
+  stop_again.stop_after_checkpoints = 3;
+  const RunOutcome second = TrainOnce(Sets(b.path()), stop_again);
+  ASSERT_EQ(second.status.code(), absl::StatusCode::kAborted) << second.status;
+  const RunOutcome last = TrainOnce(Sets(b.path()));
+  ASSERT_TRUE(last.status.ok()) << last.status;
+  ASSERT_TRUE(last.summary.resumed_from_step.has_value());
+  EXPECT_GT(*last.summary.resumed_from_step, 0);
+  EXPECT_EQ(last.summary.records_seen, whole.summary.records_seen) << "records are counted exactly once";
+  EXPECT_EQ(last.summary.steps, whole.summary.steps);
+  EXPECT_EQ(last.summary.model_version, whole.summary.model_version);
+  EXPECT_TRUE(BitEqual(last.params, whole.params)) << "the resumed run must end where the uninterrupted one did";
+  ASSERT_TRUE(last.summary.test_accuracy.has_value());
+  EXPECT_EQ(*last.summary.test_accuracy, *whole.summary.test_accuracy);
+  EXPECT_LE(ListCheckpoints(b.path()).size(), 3u) << "checkpoint.keep";
+
+  // A finished job started again resumes at its end and trains nothing.
+  const RunOutcome again = TrainOnce(Sets(b.path()));
+  ASSERT_TRUE(again.status.ok()) << again.status;
+  EXPECT_TRUE(again.summary.history.empty());
+  EXPECT_EQ(again.summary.records_seen, whole.summary.records_seen);
+  EXPECT_TRUE(BitEqual(again.params, whole.params));
+
+  // --fresh starts over from the initial values.
+  TrainRunOptions fresh;
+  fresh.fresh = true;
+  const RunOutcome over = TrainOnce(Sets(b.path()), fresh);
+  ASSERT_TRUE(over.status.ok()) << over.status;
+  EXPECT_FALSE(over.summary.resumed_from_step.has_value());
+  EXPECT_EQ(over.summary.history.size(), 3u);
+  EXPECT_TRUE(BitEqual(over.params, whole.params)) << "sync runs are deterministic";
+}
+
+TEST(ResumeTest, DamagedNewestCheckpointFallsBackWithAWarning) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not under /usr/share/datasets/fashion-mnist";
+  TempDir a, b;
+  const RunOutcome whole = TrainOnce(Sets(a.path()));
+  ASSERT_TRUE(whole.status.ok()) << whole.status;
+  TrainRunOptions stop;
+  stop.stop_after_checkpoints = 5;
+  ASSERT_EQ(TrainOnce(Sets(b.path()), stop).status.code(), absl::StatusCode::kAborted);
+  // Flip a byte in the newest checkpoint's tensors.
+  const std::vector<std::string> all = ListCheckpoints(b.path());
+  ASSERT_GE(all.size(), 2u);
+  const std::string newest = all.back();
+  {
+    std::fstream f(newest + "/dense.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-5, std::ios::end);
+    f.put('\x7f');
+  }
+  const RunOutcome last = TrainOnce(Sets(b.path()));
+  ASSERT_TRUE(last.status.ok()) << last.status;
+  ASSERT_EQ(last.summary.skipped_checkpoints.size(), 1u);
+  EXPECT_NE(last.summary.skipped_checkpoints[0].find(fs::path(newest).filename().string()), std::string::npos)
+      << last.summary.skipped_checkpoints[0];
+  // It resumed from the one before, and still ends where the uninterrupted run did.
+  EXPECT_TRUE(BitEqual(last.params, whole.params));
+  EXPECT_EQ(last.summary.records_seen, whole.summary.records_seen);
+}
+
+TEST(ResumeTest, HogwildRunResumesWithExactRecordCounts) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not under /usr/share/datasets/fashion-mnist";
+  TempDir dir;
+  TrainRunOptions stop;
+  stop.stop_after_checkpoints = 2;
+  ASSERT_EQ(TrainOnce(Sets(dir.path(), "hogwild"), stop).status.code(), absl::StatusCode::kAborted);
+  const RunOutcome last = TrainOnce(Sets(dir.path(), "hogwild"));
+  ASSERT_TRUE(last.status.ok()) << last.status;
+  ASSERT_TRUE(last.summary.resumed_from_step.has_value());
+  EXPECT_EQ(last.summary.records_seen, 3 * 3000);
+  ASSERT_TRUE(last.summary.test_accuracy.has_value());
+  EXPECT_GT(*last.summary.test_accuracy, 0.6);
+}
+
+}  // namespace
+}  // namespace shardwild
