@@ -286,6 +286,10 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
   ckpt.leaves["every_epochs"] = Int(&c->checkpoint.every_epochs);
   ckpt.leaves["keep"] = Int(&c->checkpoint.keep);
 
+  Section metrics;
+  metrics.leaves["jsonl"] = String(&c->metrics.jsonl);
+  metrics.leaves["tensorboard"] = String(&c->metrics.tensorboard);
+
   Section topo;
   topo.leaves["synthetic"] = String(&c->topology.synthetic);
   topo.leaves["xml"] = String(&c->topology.xml);
@@ -302,6 +306,7 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
   top.custom["bench"] = sub(bench);
   top.custom["topology"] = sub(topo);
   top.custom["checkpoint"] = sub(ckpt);
+  top.custom["metrics"] = sub(metrics);
   return top.Parse("", root, loc);
 }
 

@@ -181,6 +181,16 @@ struct CheckpointOptions {
   absl::Status Validate() const;
 };
 
+// metrics.*: where training writes its metrics besides the progress line.
+struct MetricsOptions {
+  // A JSON-lines file: one line per progress interval (train.log_every_s)
+  // and one per evaluation. Empty = none. Appended to when a run resumes.
+  std::string jsonl;
+  // A directory for TensorBoard event files (scalars train/loss,
+  // train/samples_per_s, eval/loss, eval/accuracy). Empty = none.
+  std::string tensorboard;
+};
+
 struct TopologyOptions {
   // Empty = the real machine. Otherwise an hwloc synthetic description
   // ("pack:2 numa:1 core:8 pu:2") or the path of an hwloc XML file.
@@ -201,6 +211,7 @@ struct Config {
   BenchOptions bench;
   TopologyOptions topology;
   CheckpointOptions checkpoint;
+  MetricsOptions metrics;
   std::string source;          // where it came from (file path), for messages
   absl::Status Validate() const;
 };

@@ -7,6 +7,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/crc32c.h"
+#include "core/metrics_log.h"
+#include "core/tfevents.h"
 #include "workers/checkpoint.h"
 #include "core/partitioner.h"
 #include "core/status.h"
@@ -173,6 +175,29 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
     return absl::OkStatus();
   };
 
+  // Metrics besides the progress line (metrics.jsonl, metrics.tensorboard).
+  std::unique_ptr<MetricsLog> jsonl;
+  std::unique_ptr<EventFileWriter> events;
+  if (!cfg.metrics.jsonl.empty()) {
+    SW_ASSIGN_OR_RETURN(jsonl, MetricsLog::Open(cfg.metrics.jsonl, /*append=*/summary.resumed_from_step.has_value()));
+  }
+  if (!cfg.metrics.tensorboard.empty()) {
+    SW_ASSIGN_OR_RETURN(events, EventFileWriter::Open(cfg.metrics.tensorboard));
+  }
+  auto log_metrics = [&](nlohmann::json record, int64_t step, std::initializer_list<ScalarValue> scalars) {
+    if (jsonl) {
+      record["step"] = step;
+      SW_RETURN_IF_ERROR(jsonl->Write(std::move(record)));
+    }
+    if (events) {
+      SW_RETURN_IF_ERROR(events->AddScalars({scalars.begin(), scalars.size()}, step,
+                                            absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch())));
+      SW_RETURN_IF_ERROR(events->Flush());
+    }
+    return absl::OkStatus();
+  };
+  absl::Status metrics_status;  // the first error of a write from the progress callback
+
   const auto run_start = Clock::now();
   double train_seconds = 0;
   int64_t global_round = static_cast<int64_t>(first_epoch - 1) * epoch_rounds + first_round;
@@ -195,6 +220,13 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
       const double per_step = s.step > 0 ? elapsed / s.step : 0;
       s.eta_s = per_step * ((steps_per_epoch - s.step) + steps_per_epoch * (cfg.train.epochs - epoch));
       progress.Update(s);
+      if ((jsonl || events) && samples > 0 && metrics_status.ok()) {
+        metrics_status = log_metrics({{"kind", "train"}, {"epoch", epoch}, {"loss", s.loss},
+                                      {"samples_per_s", s.samples_per_s}},
+                                     base_steps + now.steps,
+                                     {{"train/loss", static_cast<float>(s.loss)},
+                                      {"train/samples_per_s", static_cast<float>(s.samples_per_s)}});
+      }
     };
     const double progress_begin = static_cast<double>(epoch - 1) / cfg.train.epochs;
     const double progress_end = static_cast<double>(epoch) / cfg.train.epochs;
@@ -244,6 +276,29 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
       er.test_accuracy = ev.count ? static_cast<double>(ev.correct) / ev.count : 0;
       summary.eval_records_seen += ev.count;
       absl::StrAppendFormat(&line, " | test loss %.4f acc %.4f", *er.test_loss, *er.test_accuracy);
+    }
+    SW_RETURN_IF_ERROR(metrics_status);
+    {
+      nlohmann::json record = {{"kind", "eval"}, {"epoch", epoch}, {"train_loss", er.train_loss},
+                               {"train_accuracy", er.train_accuracy}, {"records", er.records},
+                               {"seconds", er.seconds}};
+      std::vector<ScalarValue> scalars = {{"epoch/train_loss", static_cast<float>(er.train_loss)},
+                                          {"epoch/train_accuracy", static_cast<float>(er.train_accuracy)}};
+      if (er.test_loss) {
+        record["test_loss"] = *er.test_loss;
+        record["test_accuracy"] = *er.test_accuracy;
+        scalars.push_back({"eval/loss", static_cast<float>(*er.test_loss)});
+        scalars.push_back({"eval/accuracy", static_cast<float>(*er.test_accuracy)});
+      }
+      const int64_t step = base_steps + ReadCounters(job).steps;
+      if (jsonl) {
+        record["step"] = step;
+        SW_RETURN_IF_ERROR(jsonl->Write(std::move(record)));
+      }
+      if (events) {
+        SW_RETURN_IF_ERROR(events->AddScalars(scalars, step, absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch())));
+        SW_RETURN_IF_ERROR(events->Flush());
+      }
     }
     absl::StrAppendFormat(&line, " | %.1f s, %.0f samples/s", seconds, er.samples_per_s);
     progress.Line(line);

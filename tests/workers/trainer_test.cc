@@ -1,6 +1,10 @@
 #include "workers/trainer.h"
 
 #include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -11,8 +15,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/config.h"
+#include "core/crc32c.h"
 #include "core/partitioner.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "workers/job.h"
 #include "workers/progress.h"
 #include "tests/workers/test_config.h"
@@ -190,6 +196,80 @@ TEST(TrainerTest, MissingDataIsNotFound) {
   ASSERT_FALSE(job.ok());
   EXPECT_EQ(job.status().code(), absl::StatusCode::kNotFound) << job.status();
   EXPECT_NE(job.status().message().find("/nonexistent/shardwild/train"), absl::string_view::npos) << job.status();
+}
+
+// metrics.jsonl and metrics.tensorboard: one JSON line per progress
+// interval and per epoch's evaluation; TensorBoard records whose framing and
+// CRCs verify and that carry the eval scalars.
+TEST(TrainerTest, WritesMetricsJsonlAndTensorBoardEvents) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not under /usr/share/datasets/fashion-mnist";
+  char tmpl[] = "/tmp/sw-metrics-test-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  absl::StatusOr<Config> config =
+      LoadDefaultConfig({"data.max_train_records=6000", "data.max_test_records=1000", "train.epochs=2",
+                         "train.workers=2", "train.log_every_s=0.001", "metrics.jsonl=" + dir + "/metrics.jsonl",
+                         "metrics.tensorboard=" + dir + "/tb"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(*config);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ProgressReporter silent = ProgressReporter::Silent();
+  absl::StatusOr<TrainSummary> s = RunTraining(**job, silent);
+  ASSERT_TRUE(s.ok()) << s.status();
+
+  std::ifstream in(dir + "/metrics.jsonl");
+  std::string line;
+  int train_lines = 0;
+  std::vector<nlohmann::json> evals;
+  int64_t last_step = -1;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << line;
+    ASSERT_TRUE(j.contains("time") && j.contains("step") && j.contains("kind")) << line;
+    EXPECT_GE(j["step"].get<int64_t>(), last_step) << "steps never go back";
+    last_step = j["step"].get<int64_t>();
+    if (j["kind"] == "train") {
+      ++train_lines;
+      EXPECT_GT(j["loss"].get<double>(), 0) << line;
+    } else {
+      ASSERT_EQ(j["kind"], "eval") << line;
+      evals.push_back(j);
+    }
+  }
+  EXPECT_GT(train_lines, 0);
+  ASSERT_EQ(evals.size(), 2u);
+  EXPECT_EQ(evals[1]["epoch"], 2);
+  EXPECT_DOUBLE_EQ(evals[1]["test_accuracy"].get<double>(), *s->test_accuracy);
+  EXPECT_EQ(evals[1]["step"].get<int64_t>(), s->steps);
+
+  // The event file: TFRecord framing (length, masked CRC of the length,
+  // data, masked CRC of the data) all the way through.
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/tb")) files.push_back(e.path().string());
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_NE(files[0].find("events.out.tfevents."), std::string::npos);
+  std::ifstream ev(files[0], std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(ev)), std::istreambuf_iterator<char>());
+  size_t pos = 0;
+  int records = 0, eval_accuracy_records = 0;
+  while (pos < bytes.size()) {
+    ASSERT_LE(pos + 12, bytes.size());
+    uint64_t len;
+    uint32_t len_crc, data_crc;
+    std::memcpy(&len, bytes.data() + pos, 8);
+    std::memcpy(&len_crc, bytes.data() + pos + 8, 4);
+    ASSERT_EQ(len_crc, MaskCrc32c(Crc32c(bytes.data() + pos, 8))) << "record " << records;
+    ASSERT_LE(pos + 12 + len + 4, bytes.size());
+    const std::string data = bytes.substr(pos + 12, len);
+    std::memcpy(&data_crc, bytes.data() + pos + 12 + len, 4);
+    ASSERT_EQ(data_crc, MaskCrc32c(Crc32c(data.data(), data.size()))) << "record " << records;
+    if (data.find("eval/accuracy") != std::string::npos) ++eval_accuracy_records;
+    pos += 12 + len + 4;
+    ++records;
+  }
+  EXPECT_GT(records, 3);  // the file version, train scalars, two evaluations
+  EXPECT_EQ(eval_accuracy_records, 2);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
 }
 
 }  // namespace
