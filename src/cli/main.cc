@@ -1,6 +1,8 @@
 // The `shardwild` command line.
 //
-//   shardwild train CONFIG [--set key=value]... [--json]
+//   shardwild train CONFIG [--set key=value]... [--fresh] [--json]
+//   shardwild eval CONFIG (--checkpoint PATH | --watch DIR [--idle-timeout S]) [--set key=value]... [--json]
+//   shardwild predict CONFIG --checkpoint PATH --input IMAGES --out FILE [--set key=value]...
 //   shardwild bench CONFIG [--set key=value]... [--json]
 //   shardwild bench store [--dim N] [--rows N] [--ids uniform|zipf] [--optimizer O] [--update U]
 //                         [--threads N] [--kind static|dynamic] [--shards N] [--batch N] [--seconds S] [--json]
@@ -11,7 +13,10 @@
 // exit status.
 #include <omp.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -24,9 +29,12 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
 #include "core/config.h"
 #include "ps_shm/shm_segment.h"
 #include "workers/bench.h"
+#include "workers/evaluator.h"
 #include "workers/store_bench.h"
 #include "workers/job.h"
 #include "workers/trainer.h"
@@ -184,6 +192,110 @@ int Train(const std::string& path, const std::vector<std::string>& sets, bool as
   return 0;
 }
 
+json EvaluationJson(const CheckpointEvaluation& e) {
+  return {{"checkpoint", e.path}, {"step", e.step},          {"final", e.final},
+          {"records", e.result.count}, {"test_loss", e.loss()}, {"test_accuracy", e.accuracy()}};
+}
+
+// Builds the job of `path` for evaluation or prediction (no training).
+absl::StatusOr<std::unique_ptr<Job>> EvalJob(const std::string& path, const std::vector<std::string>& sets) {
+  SW_ASSIGN_OR_RETURN(Config config, LoadWithOverrides(path, sets));
+  return Job::Create(config);
+}
+
+int Eval(const std::string& path, const std::vector<std::string>& sets, const std::string& checkpoint,
+         const std::string& watch, double idle_timeout, bool as_json) {
+  if (checkpoint.empty() == watch.empty()) {
+    return Fail(absl::InvalidArgumentError("eval: give exactly one of --checkpoint PATH and --watch DIR"));
+  }
+  absl::StatusOr<std::unique_ptr<Job>> job = EvalJob(path, sets);
+  if (!job.ok()) return Fail(job.status());
+  const ImageDataset* data = (*job)->test();
+  if (data == nullptr) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(path, ": data.test is empty: nothing to evaluate")));
+  }
+  auto print = [&](const CheckpointEvaluation& e) {
+    std::printf("%s (step %ld%s): test loss %.4f acc %.4f over %ld records\n", e.path.c_str(),
+                static_cast<long>(e.step), e.final ? ", final" : "", e.loss(), e.accuracy(),
+                static_cast<long>(e.result.count));
+    if (as_json) std::printf("%s\n", EvaluationJson(e).dump().c_str());
+    std::fflush(stdout);
+  };
+  if (!checkpoint.empty()) {
+    std::vector<std::string> skipped;
+    absl::StatusOr<CheckpointInfo> info = ResolveCheckpoint(checkpoint, &skipped);
+    for (const std::string& s : skipped) spdlog::warn("skipped checkpoint {}", s);
+    if (!info.ok()) return Fail(info.status());
+    absl::StatusOr<CheckpointEvaluation> e = EvaluateCheckpoint(**job, *info, *data);
+    if (!e.ok()) return Fail(e.status());
+    print(*e);
+    return 0;
+  }
+  WatchOptions wo;
+  wo.dir = watch;
+  wo.idle_timeout_s = idle_timeout;
+  std::printf("shardwild %s: watching %s for checkpoints\n", SHARDWILD_VERSION, watch.c_str());
+  std::fflush(stdout);
+  absl::StatusOr<WatchSummary> w = WatchCheckpoints(
+      **job, *data, wo, print, [](const std::string& name, const std::string& why) {
+        std::printf("skipped %s: %s\n", name.c_str(), why.c_str());
+        std::fflush(stdout);
+      });
+  if (!w.ok()) return Fail(w.status());
+  std::printf("evaluated %zu checkpoint(s), skipped %zu; %s\n", w->evaluated.size(), w->skipped.size(),
+              w->saw_final ? "the final one is done" : "no new checkpoint within the idle timeout");
+  if (as_json) {
+    json evaluated = json::array(), skipped = json::array();
+    for (const CheckpointEvaluation& e : w->evaluated) evaluated.push_back(EvaluationJson(e));
+    for (const auto& [name, why] : w->skipped) skipped.push_back({{"checkpoint", name}, {"reason", why}});
+    std::printf("%s\n", json{{"evaluated", evaluated},
+                             {"skipped", skipped},
+                             {"saw_final", w->saw_final},
+                             {"idle_timed_out", w->idle_timed_out}}
+                             .dump()
+                             .c_str());
+  }
+  return 0;
+}
+
+int Predict(const std::string& path, const std::vector<std::string>& sets, const std::string& checkpoint,
+            const std::string& input, const std::string& out) {
+  absl::StatusOr<std::unique_ptr<Job>> job = EvalJob(path, sets);
+  if (!job.ok()) return Fail(job.status());
+  std::vector<std::string> skipped;
+  absl::StatusOr<CheckpointInfo> info = ResolveCheckpoint(checkpoint, &skipped);
+  for (const std::string& s : skipped) spdlog::warn("skipped checkpoint {}", s);
+  if (!info.ok()) return Fail(info.status());
+  if (absl::Status s = RestoreJob(**job, *info); !s.ok()) return Fail(s);
+  absl::StatusOr<ImageDataset> data = LoadImagesForPrediction(input, (*job)->train().features);
+  if (!data.ok()) return Fail(data.status());
+  absl::StatusOr<std::vector<float>> probs = PredictAll(**job, *data);
+  if (!probs.ok()) return Fail(probs.status());
+  // Written under a temporary name and renamed, so `out` is never half written.
+  const std::string tmp = out + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr) return Fail(absl::NotFoundError(absl::StrCat(out, ": cannot be written: ", std::strerror(errno))));
+  const int64_t k = (*job)->train().num_classes;
+  std::fprintf(f, "index,prediction");
+  for (int64_t c = 0; c < k; ++c) std::fprintf(f, ",p%ld", static_cast<long>(c));
+  std::fprintf(f, "\n");
+  for (int64_t i = 0; i < data->count; ++i) {
+    const float* p = probs->data() + i * k;
+    const int64_t best = std::max_element(p, p + k) - p;
+    std::fprintf(f, "%ld,%ld", static_cast<long>(i), static_cast<long>(best));
+    for (int64_t c = 0; c < k; ++c) std::fprintf(f, ",%.6g", p[c]);
+    std::fprintf(f, "\n");
+  }
+  const bool write_ok = std::ferror(f) == 0;
+  if (std::fclose(f) != 0 || !write_ok || std::rename(tmp.c_str(), out.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return Fail(absl::InternalError(absl::StrCat(out, ": write failed: ", std::strerror(errno))));
+  }
+  std::printf("%s: %ld predictions from %s (step %ld) written to %s\n", input.c_str(), static_cast<long>(data->count),
+              info->path.c_str(), static_cast<long>(info->step), out.c_str());
+  return 0;
+}
+
 int Bench(const std::string& path, const std::vector<std::string>& sets, bool as_json) {
   absl::StatusOr<Config> config = LoadWithOverrides(path, sets);
   if (!config.ok()) return Fail(config.status());
@@ -306,6 +418,25 @@ int main(int argc, char** argv) {
   bool fresh = false;
   train->add_flag("--fresh", fresh, "Start from the initial values even if checkpoint.dir holds checkpoints");
 
+  std::string checkpoint, watch, input, out;
+  double idle_timeout = 0;
+  CLI::App* eval = app.add_subcommand("eval", "Evaluate a checkpoint on data.test, or every checkpoint as it appears");
+  eval->add_option("config", config_path, "YAML config file")->required();
+  eval->add_option("--set", sets, "Override a config key by its dotted path");
+  eval->add_option("--checkpoint", checkpoint, "A checkpoint (ckpt-<step>) or a checkpoint directory (its newest)");
+  eval->add_option("--watch", watch, "Sidecar: evaluate each checkpoint written to this directory until the final one");
+  eval->add_option("--idle-timeout", idle_timeout, "With --watch: stop after this many seconds without a new checkpoint")
+      ->check(CLI::NonNegativeNumber);
+  eval->add_flag("--json", as_json, "Print JSON: a line per checkpoint (and a summary with --watch)");
+
+  CLI::App* predict = app.add_subcommand("predict", "Write one prediction per input record, in input order");
+  predict->add_option("config", config_path, "YAML config file")->required();
+  predict->add_option("--set", sets, "Override a config key by its dotted path");
+  predict->add_option("--checkpoint", checkpoint, "A checkpoint (ckpt-<step>) or a checkpoint directory (its newest)")
+      ->required();
+  predict->add_option("--input", input, "IDX images file (...-images-idx3-ubyte[.gz])")->required();
+  predict->add_option("--out", out, "CSV to write: index,prediction,p0..p<K-1>")->required();
+
   CLI::App* bench = app.add_subcommand("bench", "Time the config's training step against the same-run matmul peak");
   bench->add_option("config", config_path, "YAML config file (required unless a subcommand is given)");
   bench->add_option("--set", sets, "Override a config key by its dotted path");
@@ -371,6 +502,8 @@ int main(int argc, char** argv) {
     return e.get_exit_code();
   }
   if (train->parsed()) return Train(config_path, sets, as_json, fresh);
+  if (eval->parsed()) return Eval(config_path, sets, checkpoint, watch, idle_timeout, as_json);
+  if (predict->parsed()) return Predict(config_path, sets, checkpoint, input, out);
   if (bench_store->parsed()) {
     store_bench.ids = id_names.at(store_ids);
     store_bench.optimizer = optimizer_names.at(store_optimizer);

@@ -29,6 +29,7 @@ using nlohmann::json;
 
 constexpr int kFormatVersion = 1;
 constexpr char kPointer[] = "checkpoint";
+constexpr char kHistory[] = "history.jsonl";
 constexpr char kManifest[] = "manifest.json";
 constexpr char kDenseFile[] = "dense.safetensors";
 // Rows copied per piece while streaming a dense tensor.
@@ -237,6 +238,19 @@ absl::Status Prune(const std::string& dir, const std::string& keep_name, int kee
 
 }  // namespace
 
+std::vector<std::pair<std::string, int64_t>> CheckpointHistory(const std::string& dir) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  std::ifstream in((fs::path(dir) / kHistory).string());
+  std::string line;
+  while (std::getline(in, line)) {
+    const json j = json::parse(line, nullptr, false);
+    // A torn last line (a writer killed mid-append) is skipped.
+    if (!j.is_object() || !j.contains("name") || !j["name"].is_string() || !j.contains("step")) continue;
+    out.emplace_back(j["name"].get<std::string>(), j["step"].get<int64_t>());
+  }
+  return out;
+}
+
 std::vector<std::string> ListCheckpoints(const std::string& dir) {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
@@ -373,6 +387,22 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, ShmParamStor
   fs::rename(tmp, final_path, ec);
   if (ec) return fail(absl::InternalError(absl::StrCat(tmp, ": cannot rename to ", final_path, ": ", ec.message())));
   if (options.fsync) SW_RETURN_IF_ERROR(FsyncPath(dir, true));
+  // The history: one line per checkpoint ever completed here, so a watcher
+  // can tell which ones it missed (they may be pruned before it looks).
+  {
+    const std::string history = (fs::path(dir) / kHistory).string();
+    const std::string line = json{{"name", name}, {"step", state.step}}.dump() + "\n";
+    const int fd = ::open(history.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return ErrnoError(history, "open");
+    const ssize_t n = ::write(fd, line.data(), line.size());
+    const int saved = errno;
+    ::close(fd);
+    if (n != static_cast<ssize_t>(line.size())) {
+      errno = n < 0 ? saved : EIO;
+      return ErrnoError(history, "write");
+    }
+  }
+
   MaybeCrash(options, CheckpointCrashPoint::kAfterRename);
 
   // The pointer.

@@ -5,7 +5,9 @@
 // Layout of a checkpoint directory `DIR` (checkpoint.dir):
 //
 //   DIR/checkpoint                the pointer: JSON {"latest": "ckpt-<step>",
-//                                 "all": [...]}, replaced atomically, last
+//                                 "all": [...]}, replaced atomically
+//   DIR/history.jsonl             one line {"name", "step"} appended per
+//                                 completed checkpoint, right after its rename
 //   DIR/ckpt-<step>/              one complete checkpoint
 //       dense.safetensors         every dense variable as one global tensor
 //                                 "<var>" [rows, cols] F32, and each optimizer
@@ -116,6 +118,12 @@ absl::StatusOr<CheckpointInfo> VerifyCheckpoint(const std::string& path);
 // appended to `skipped` (if not null) as "path: reason".
 absl::StatusOr<std::optional<CheckpointInfo>> FindLatestCheckpoint(const std::string& dir,
                                                                   std::vector<std::string>* skipped = nullptr);
+
+// Every checkpoint ever completed under `dir`, in the order written (name,
+// step), from DIR/history.jsonl, which WriteCheckpoint appends to right after
+// it renames a checkpoint into place (a crash between the two leaves a
+// complete checkpoint the history lacks). Pruned checkpoints stay listed.
+std::vector<std::pair<std::string, int64_t>> CheckpointHistory(const std::string& dir);
 
 // Every complete checkpoint directory under `dir` (ckpt-<step>), oldest
 // first, not verified.

@@ -67,6 +67,23 @@ absl::StatusOr<EvalResult> EvaluateAll(Job& job, const ImageDataset& data) {
   return total;
 }
 
+absl::StatusOr<std::vector<float>> PredictAll(Job& job, const ImageDataset& data) {
+  const int64_t k = job.train().num_classes;
+  std::vector<float> probs(static_cast<size_t>(data.count * k));
+  const std::vector<RowRange> parts = FixedShardsDiv(data.count, job.num_workers());
+  SW_RETURN_IF_ERROR(job.pool().RunAll([&](int i) -> absl::Status {
+    return job.worker(i).Predict(data, parts[i].begin, parts[i].end, probs.data() + parts[i].begin * k);
+  }));
+  return probs;
+}
+
+absl::Status RestoreJob(Job& job, const CheckpointInfo& checkpoint) {
+  for (int r = 0; r < job.replicas().num_replicas(); ++r) {
+    SW_RETURN_IF_ERROR(RestoreCheckpoint(checkpoint, job.replicas().replica(r)));
+  }
+  return absl::OkStatus();
+}
+
 std::string TrainingConfigHash(const Config& c) {
   std::string key = absl::StrCat("input:", c.model.input_dim, ";loss:", static_cast<int>(c.model.loss));
   for (const LayerOptions& l : c.model.layers) {
@@ -123,9 +140,7 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
       progress.Line(absl::StrCat("warning: skipped checkpoint ", skipped));
     }
     if (found) {
-      for (int r = 0; r < job.replicas().num_replicas(); ++r) {
-        SW_RETURN_IF_ERROR(RestoreCheckpoint(*found, job.replicas().replica(r)));
-      }
+      SW_RETURN_IF_ERROR(RestoreJob(job, *found));
       if (found->state.config_hash != config_hash) {
         progress.Line(absl::StrCat("warning: ", found->path, " was written under another config (hash ",
                                    found->state.config_hash, ", now ", config_hash, ")"));
@@ -164,7 +179,9 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
                          {"batch", batch},      {"records", n},            {"epoch_records", epoch_records},
                          {"seed", cfg.train.seed}};
     state.rng = {{"shuffle_seed", cfg.train.seed}, {"epoch", epoch}};
-    state.extra = {{"records_seen", base_records + t.samples}, {"steps", base_steps + t.steps}};
+    state.extra = {{"records_seen", base_records + t.samples},
+                   {"steps", base_steps + t.steps},
+                   {"final", epoch > cfg.train.epochs}};
     CheckpointWriteOptions wo;
     wo.keep = ck.keep;
     SW_ASSIGN_OR_RETURN(summary.last_checkpoint, WriteCheckpoint(ck.dir, job.store(), state, wo));

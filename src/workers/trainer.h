@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "workers/checkpoint.h"
 #include "workers/job.h"
 #include "workers/progress.h"
 
@@ -94,5 +95,12 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
 
 // Evaluates the store's current parameters on `data`, split over the workers.
 absl::StatusOr<EvalResult> EvaluateAll(Job& job, const ImageDataset& data);
+
+// Class probabilities of every record of `data` (record-major, in input
+// order: data.count x the model's classes), split over the workers.
+absl::StatusOr<std::vector<float>> PredictAll(Job& job, const ImageDataset& data);
+
+// Restores `checkpoint` into every replica of `job` (workers idle).
+absl::Status RestoreJob(Job& job, const CheckpointInfo& checkpoint);
 
 }  // namespace shardwild

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -168,6 +169,35 @@ absl::StatusOr<EvalResult> Worker::Evaluate(const ImageDataset& data, int64_t be
     result.loss_sum += r.loss_sum;
   }
   return result;
+}
+
+absl::Status Worker::Predict(const ImageDataset& data, int64_t begin, int64_t end, float* out) {
+  if (begin >= end) return absl::OkStatus();
+  if (data.features != train_->features) {
+    return absl::InvalidArgumentError(absl::StrCat("prediction input has ", data.features,
+                                                   " features per record, the model takes ", train_->features));
+  }
+  SW_RETURN_IF_ERROR(PullAll());
+  const int64_t batch = model_->batch();
+  const int64_t k = model_->num_classes();
+  for (int64_t b = begin; b < end; b += batch) {
+    const int64_t valid = std::min(batch, end - b);
+    std::memcpy(model_->input(), data.images.data() + b * data.features, valid * data.features * sizeof(float));
+    model_->Forward(stream_);
+    const float* logits = model_->logits();
+    for (int64_t r = 0; r < valid; ++r) {
+      const float* z = logits + r * k;
+      float* p = out + (b - begin + r) * k;
+      const float m = *std::max_element(z, z + k);
+      double sum = 0;
+      for (int64_t c = 0; c < k; ++c) {
+        p[c] = std::exp(z[c] - m);
+        sum += p[c];
+      }
+      for (int64_t c = 0; c < k; ++c) p[c] = static_cast<float>(p[c] / sum);
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace shardwild

@@ -106,6 +106,11 @@ class Worker {
   // Evaluates records [begin, end) of `data` with the store's current parameters.
   absl::StatusOr<EvalResult> Evaluate(const ImageDataset& data, int64_t begin, int64_t end);
 
+  // Class probabilities (softmax of the logits) of records [begin, end) of
+  // `data` with the store's current parameters, into
+  // out[(end - begin) x num_classes] in record order.
+  absl::Status Predict(const ImageDataset& data, int64_t begin, int64_t end, float* out);
+
   int index() const { return index_; }
   const Mlp& model() const { return *model_; }
   WorkerCounters& counters() { return counters_; }

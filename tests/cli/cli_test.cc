@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
@@ -526,6 +527,96 @@ TEST(CliSignalTest, SigkilledTrainingResumesFromItsCheckpoint) {
   EXPECT_EQ(j["eval_records_seen"].get<int64_t>(), 1000 * static_cast<int64_t>(j["history"].size()));
   EXPECT_NE(again.out.find("resumed from " + dir + "/ckpt-"), std::string::npos) << again.out;
   EXPECT_EQ(ShmEntriesContaining(prefix), std::vector<std::string>{}) << "the killed run's segments were removed";
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+// The sidecar evaluator started before training: it evaluates every
+// checkpoint the run writes or says why it skipped it (pruned by
+// checkpoint.keep), and exits after the final one, whose accuracy is the
+// run's. Then `predict` writes one prediction per test image, in input order.
+TEST(CliEvalTest, SidecarSeesEveryCheckpointAndPredictWritesEveryRecord) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not under /usr/share/datasets/fashion-mnist";
+  char tmpl[] = "/tmp/sw-cli-eval-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const std::string job_name = "clitest" + std::to_string(getpid()) + "eval";
+  Child sidecar({"eval", kConfig, "--watch", dir, "--json", "--set", "ps.job_name=" + job_name + "e", "--set",
+                 "data.max_train_records=1000"});
+  ASSERT_TRUE(sidecar.started());
+  const Result trained = RunCli({"train", kConfig, "--set", "ps.job_name=" + job_name, "--set",
+                                 "data.max_train_records=6000", "--set", "train.epochs=2", "--set",
+                                 "checkpoint.dir=" + dir, "--set", "checkpoint.every_steps=4", "--set",
+                                 "checkpoint.keep=1", "--json"});
+  ASSERT_EQ(trained.code(), 0) << trained.err;
+  const json t = LastLineJson(trained.out);
+  ASSERT_TRUE(t.is_object()) << trained.out;
+  const int status = sidecar.Wait();
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "stdout:\n" << sidecar.out() << "\nstderr:\n"
+                                                             << sidecar.err();
+  const json w = LastLineJson(sidecar.out());
+  ASSERT_TRUE(w.is_object()) << sidecar.out();
+  EXPECT_EQ(w["saw_final"], true) << w.dump();
+  // Every checkpoint of the history, in order: evaluated or skipped with a reason.
+  std::vector<std::string> history;
+  std::ifstream in(dir + "/history.jsonl");
+  for (std::string line; std::getline(in, line);) history.push_back(json::parse(line)["name"].get<std::string>());
+  ASSERT_EQ(static_cast<int64_t>(history.size()), t["checkpoints_written"].get<int64_t>());
+  std::vector<std::string> seen;
+  for (const json& e : w["evaluated"]) seen.push_back(std::filesystem::path(e["checkpoint"]).filename().string());
+  for (const json& s : w["skipped"]) {
+    seen.push_back(s["checkpoint"].get<std::string>());
+    EXPECT_FALSE(s["reason"].get<std::string>().empty());
+  }
+  std::sort(seen.begin(), seen.end());
+  std::vector<std::string> sorted_history = history;
+  std::sort(sorted_history.begin(), sorted_history.end());
+  EXPECT_EQ(seen, sorted_history) << w.dump();
+  ASSERT_FALSE(w["evaluated"].empty());
+  const json& last = w["evaluated"].back();
+  EXPECT_EQ(last["final"], true);
+  EXPECT_EQ(std::filesystem::path(last["checkpoint"]).filename().string(), history.back());
+  EXPECT_DOUBLE_EQ(last["test_accuracy"].get<double>(), t["test_accuracy"].get<double>());
+
+  // One checkpoint, evaluated on its own.
+  const Result one = RunCli({"eval", kConfig, "--checkpoint", dir, "--json", "--set", "data.max_train_records=1000"});
+  ASSERT_EQ(one.code(), 0) << one.err;
+  EXPECT_DOUBLE_EQ(LastLineJson(one.out)["test_accuracy"].get<double>(), t["test_accuracy"].get<double>());
+
+  // Predictions: a header, then one line per test image, indices in order;
+  // their accuracy against the labels is the run's test accuracy.
+  const std::string csv = dir + "/pred.csv";
+  const Result pred = RunCli({"predict", kConfig, "--checkpoint", dir, "--input",
+                              "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz", "--out", csv, "--set",
+                              "data.max_train_records=1000"});
+  ASSERT_EQ(pred.code(), 0) << pred.err;
+  std::ifstream pin(csv);
+  std::string line;
+  ASSERT_TRUE(std::getline(pin, line));
+  EXPECT_EQ(line, "index,prediction,p0,p1,p2,p3,p4,p5,p6,p7,p8,p9");
+  std::vector<int> predicted;
+  while (std::getline(pin, line)) {
+    std::stringstream ss(line);
+    std::string index, prediction;
+    std::getline(ss, index, ',');
+    std::getline(ss, prediction, ',');
+    ASSERT_EQ(std::stoi(index), static_cast<int>(predicted.size()));
+    predicted.push_back(std::stoi(prediction));
+  }
+  ASSERT_EQ(predicted.size(), 10000u);
+  // The labels, from the IDX file (gzip): decompress with gzip -dc.
+  std::FILE* labels = popen("gzip -dc /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz", "r");
+  ASSERT_NE(labels, nullptr);
+  std::vector<unsigned char> bytes(8 + 10000);
+  const size_t got = std::fread(bytes.data(), 1, bytes.size(), labels);
+  pclose(labels);
+  ASSERT_EQ(got, bytes.size());
+  int correct = 0;
+  for (int i = 0; i < 10000; ++i) correct += predicted[i] == bytes[8 + i];
+  EXPECT_NEAR(correct / 10000.0, t["test_accuracy"].get<double>(), 1e-9);
+
+  // Errors: no checkpoint; both or neither of --checkpoint and --watch.
+  ExpectOneErrorLine(RunCli({"eval", kConfig, "--checkpoint", dir + "/nope"}), {"nope"});
+  ExpectOneErrorLine(RunCli({"eval", kConfig}), {"--checkpoint", "--watch"});
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
 }

@@ -323,7 +323,12 @@ TEST(CheckpointTest, CrashAtEveryPhaseNeverLeavesABadCheckpoint) {
     std::vector<std::string> names;
     for (const auto& e : fs::directory_iterator(dir.path())) names.push_back(e.path().filename().string());
     std::sort(names.begin(), names.end());
-    EXPECT_EQ(names, (std::vector<std::string>{"checkpoint", "ckpt-7"}));
+    EXPECT_EQ(names, (std::vector<std::string>{"checkpoint", "ckpt-7", "history.jsonl"}));
+    // The history lists every completed checkpoint once, pruned ones too.
+    std::vector<std::pair<std::string, int64_t>> expected = {{"ckpt-3", 3}};
+    if (renamed) expected.push_back({"ckpt-6", 6});
+    expected.push_back({"ckpt-7", 7});
+    EXPECT_EQ(CheckpointHistory(dir.path()), expected);
   }
 }
 
