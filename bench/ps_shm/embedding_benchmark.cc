@@ -4,11 +4,16 @@
 // is in store_benchmark), next to the bounds measured in the same run:
 //   BM_RandomRowRmw: plain code that reads and writes random rows of the same
 //     stride over an array of the same size (no atomics, no index, no dedup,
-//     no optimizer arithmetic). Compare a push with prefetch:1, which
-//     requests rows ahead as the table does; prefetch:0 is the naive loop.
-//     Compare BM_PushRows/opt:<o> with the RMW row of slots = NumSlots(o)
-//     (sgd 0, adagrad 1, adam 2) and the same dist and threads;
-//   BM_StreamTriad: STREAM's a = b + s * c over arrays far larger than cache.
+//     no optimizer arithmetic; bounds.h). Compare a push with prefetch:1,
+//     which requests rows ahead as the table does; prefetch:0 is the naive
+//     loop. Compare BM_PushRows/kind:<k>/rows:<r>/dim:<d>/dist:<s>/opt:<o>
+//     with BM_RandomRowRmw/rows:<r>/dim:<d>/dist:<s>/slots:NumSlots(o)/
+//     prefetch:1 (opt 0 sgd -> slots 0, 3 adagrad -> 1, 2 adam -> 2) at the
+//     same threads;
+//   BM_StreamTriad: STREAM's a = b + s * c over arrays far larger than cache
+//     (bounds.h).
+// store_benchmark registers the same bounds beside the same pushes made
+// through the whole ParamStore.
 //
 // Ratios are only meaningful between rows of one run on an otherwise idle
 // machine. An Adam push may be bound by the optimizer kernel's arithmetic
@@ -25,7 +30,6 @@
 // Tables hold 2^20 rows. Set SHARDWILD_BENCH_LARGE_TABLES=1 to also register
 // 10M-row tables (10M x 64 floats x 3 arrays = 7.7 GB; not run by default).
 #include <benchmark/benchmark.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
@@ -43,6 +47,7 @@
 #include "core/options.h"
 #include "core/id_stream.h"
 #include "ps_shm/embedding_table.h"
+#include "bounds.h"
 
 namespace shardwild {
 namespace {
@@ -54,34 +59,8 @@ constexpr int64_t kStreamIds = int64_t{1} << 21;
 
 enum Dist { kUniformIds = 0, kZipfIds = 1 };
 
-// "x per iteration" as a rate over all threads. Google Benchmark sums a
-// counter over threads and then multiplies it by the iterations of all
-// threads, so a per-thread value must also be averaged over threads, or a
-// 2-thread run reports twice its real rate.
-const auto kPerIterationRate =
-    static_cast<benchmark::Counter::Flags>(benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kAvgThreads);
-
-// An anonymous private mapping with transparent huge pages requested, the
-// same for the table and for the bound.
-class Mapping {
- public:
-  explicit Mapping(size_t bytes) : bytes_(bytes) {
-    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    data_ = p == MAP_FAILED ? nullptr : p;
-    if (data_ != nullptr) madvise(data_, bytes_, MADV_HUGEPAGE);
-  }
-  ~Mapping() {
-    if (data_ != nullptr) munmap(data_, bytes_);
-  }
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  void* data() const { return data_; }
-  size_t size() const { return bytes_; }
-
- private:
-  size_t bytes_;
-  void* data_;
-};
+using bench::kPerIterationRate;
+using bench::Mapping;
 
 // A fixed id stream and, for each aligned batch of it, its unique-id count.
 struct IdStream {
@@ -260,91 +239,28 @@ void BM_PullRows(benchmark::State& state) {
                  (row_lock ? "/row_lock" : "/hogwild"));
 }
 
-// The bound for a push: the same rows (the table's stride, (1 + slots) * dim
-// floats touched per row) over the same number of rows, read and written by
-// plain vectorisable code: no atomics, no index, no deduplication. With
-// prefetch:1 it requests rows 8 ahead as EmbeddingTable does (the fair
-// bound); prefetch:0 is the naive loop, bound by memory latency.
+// The bound for a push (bounds.h, RunRandomRowRmw): the table's stride over
+// the same number of rows, the same id stream and start offsets.
 // Args: rows, dim, dist, slots, prefetch.
-struct RmwArray {
-  std::tuple<int64_t, size_t> key{0, 0};  // rows, stride
-  std::unique_ptr<Mapping> memory;
-};
-RmwArray g_rmw;
+bench::RmwArray g_rmw;
 
 void BM_RandomRowRmw(benchmark::State& state) {
   const int64_t rows = state.range(0), dim = state.range(1);
   const auto dist = static_cast<Dist>(state.range(2));
   const int slots = static_cast<int>(state.range(3));
   const bool prefetch = state.range(4) != 0;
-  EmbeddingTableOptions o;
-  o.dim = dim;
-  o.capacity = 1;
-  o.num_slots = slots;
-  const size_t one = EmbeddingTable::BytesFor(o);
-  o.capacity = 2;
-  const size_t stride = EmbeddingTable::BytesFor(o) - one;  // the table's row stride
-  const int64_t n = (1 + slots) * dim;
+  const size_t stride = bench::TableRowStride(dim, slots);
   if (state.thread_index() == 0 && g_rmw.key != std::make_tuple(rows, stride)) {
     g_tables.table.reset();  // make room
     g_tables.memory.reset();
     g_tables.key = {};
-    g_rmw.memory = std::make_unique<Mapping>(rows * stride);
-    g_rmw.key = {rows, stride};
-    if (char* base = static_cast<char*>(g_rmw.memory->data())) {
-      for (int64_t r = 0; r < rows; ++r) std::fill_n(reinterpret_cast<float*>(base + r * stride), n, 0.01f);
-    }
+    g_rmw.Prepare(rows, stride, (1 + slots) * dim);
   }
   const IdStream& stream = Stream(rows, dist);
-  std::vector<float> grads(dim, 1e-3f);
-  const uint64_t threads = static_cast<uint64_t>(state.threads());
-  const uint64_t thread = static_cast<uint64_t>(state.thread_index());
-  const int lines = static_cast<int>(std::min<size_t>(stride / 64, 16));
-  // Thread t of T keeps to rows = t mod T, so the plain code has no data
-  // race (the push it bounds has Hogwild races instead).
-  auto row_of = [&](uint64_t id) {
-    uint64_t r = id - id % threads + thread;
-    return r >= static_cast<uint64_t>(rows) ? r - threads : r;
-  };
-  int64_t pos = StartOffset(state);
-  for (auto _ : state) {
-    char* base = static_cast<char*>(g_rmw.memory ? g_rmw.memory->data() : nullptr);
-    if (base == nullptr) {
-      state.SkipWithError("mmap failed");
-      break;
-    }
-    const uint64_t* ids = stream.ids.data() + pos;
-    for (int64_t i = 0; i < kBatch; ++i) {
-      if (prefetch && i + 8 < kBatch) {
-        const char* next = base + row_of(ids[i + 8]) * stride;
-        for (int l = 0; l < lines; ++l) __builtin_prefetch(next + 64 * l, 1);
-      }
-      float* p = reinterpret_cast<float*>(base + row_of(ids[i]) * stride);
-      for (int a = 0; a <= slots; ++a, p += dim) {
-        for (int64_t j = 0; j < dim; ++j) p[j] = 0.999f * p[j] - 1e-3f * grads[j];
-      }
-    }
-    benchmark::ClobberMemory();
-    pos = (pos + kBatch) % kStreamIds;
-  }
-  state.counters["rows/s"] = benchmark::Counter(kBatch, kPerIterationRate);
-  state.counters["bytes/s"] =
-      benchmark::Counter(2.0 * kBatch * n * sizeof(float), kPerIterationRate, benchmark::Counter::kIs1024);
+  bench::RunRandomRowRmw(state, g_rmw, stream.ids.data(), kStreamIds, StartOffset(state), kBatch, rows, dim, slots,
+                         stride, prefetch);
   state.SetLabel(std::string(dist == kUniformIds ? "uniform" : "zipf1.05") + "/slots:" + std::to_string(slots) +
                  (prefetch ? "/prefetch" : ""));
-}
-
-// STREAM triad on per-thread arrays of n floats each (3 x 64 MiB by default).
-void BM_StreamTriad(benchmark::State& state) {
-  const int64_t n = state.range(0);
-  std::vector<float> a(n), b(n, 1.0f), c(n, 2.0f);
-  for (auto _ : state) {
-    for (int64_t i = 0; i < n; ++i) a[i] = b[i] + 0.5f * c[i];
-    benchmark::DoNotOptimize(a.data());
-    benchmark::ClobberMemory();
-  }
-  state.counters["bytes/s"] =
-      benchmark::Counter(3.0 * n * sizeof(float), kPerIterationRate, benchmark::Counter::kIs1024);
 }
 
 std::vector<int64_t> Optimizers() {
@@ -391,7 +307,7 @@ bool RegisterAll() {
       }
     }
   }
-  auto* triad = benchmark::RegisterBenchmark("BM_StreamTriad", BM_StreamTriad)->ArgName("n")->Arg(int64_t{1} << 24);
+  auto* triad = benchmark::RegisterBenchmark("BM_StreamTriad", bench::BM_StreamTriad)->ArgName("n")->Arg(int64_t{1} << 24);
   for (auto* b : {pull, push, rmw, triad}) b->Threads(1)->Threads(2)->UseRealTime();
   return true;
 }

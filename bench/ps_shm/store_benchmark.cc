@@ -4,11 +4,21 @@
 // dim 16/64/256, uniform or Zipf(1.05) ids, sgd/adagrad/adam, update mode
 // hogwild (mode:0), row_lock (mode:1) or sync (mode:2: the threads are the
 // workers of one SyncAggregator; each round's batches are averaged and
-// pushed once by the last arrival). The same-run bound for the row
-// benchmarks is embedding_benchmark's BM_RandomRowRmw (or `shardwild bench
-// store`, which measures it beside the push).
+// pushed once by the last arrival)), next to the bounds measured in the same
+// run (bounds.h, shared with embedding_benchmark):
+//   BM_StreamTriad/n:235146: STREAM triad over arrays of the MLP's size
+//     (in cache; the bound for BM_PullDense / BM_PushDense);
+//   BM_StreamTriad/n:16777216: the same over arrays far larger than cache
+//     (memory bandwidth);
+//   BM_RandomRowRmw/rows:<r>/dim:<d>/dist:<s>/opt:<o>: plain code that reads
+//     and writes random rows (prefetched 8 ahead) of the table's row stride
+//     over an array of the same number of rows, with the same id stream: the
+//     bound for BM_PushRows/rows:<r>/dim:<d>/dist:<s>/opt:<o>/mode:<m> at the
+//     same threads (its label says the slots per row, NumSlots(o)). It moves
+//     the same bytes a push counts; BM_PullRows with the same args moves a
+//     third (adam) to all (sgd) of them, read only.
 //
-//   build/bench/ps_shm/store_benchmark --benchmark_counters_tabular=true
+//   build/bench/ps_shm/store_benchmark --benchmark_counters_tabular=true --benchmark_filter='dim:64/dist:0/.*opt:3'
 //
 // Set SHARDWILD_BENCH_LARGE_TABLES=1 to also register 10M-row tables.
 #include <benchmark/benchmark.h>
@@ -26,6 +36,7 @@
 #include "core/optimizer.h"
 #include "ps_shm/shm_store.h"
 #include "ps_shm/sync_aggregator.h"
+#include "bounds.h"
 
 namespace shardwild {
 namespace {
@@ -56,17 +67,15 @@ void SetUpStore(const benchmark::State& state, OptimizerType type) {
   g_shared.store = st.ok() ? std::move(*st) : nullptr;
 }
 
-void BM_StreamTriad(benchmark::State& state) {
-  const int64_t n = state.range(0);
-  std::vector<float> a(n), b(n, 1.0f), c(n, 2.0f);
-  for (auto _ : state) {
-    for (int64_t i = 0; i < n; ++i) a[i] = b[i] + 0.5f * c[i];
-    benchmark::DoNotOptimize(a.data());
-    benchmark::ClobberMemory();
-  }
-  state.counters["bytes/s"] = benchmark::Counter(3.0 * n * sizeof(float), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kAvgThreads);
-}
-BENCHMARK(BM_StreamTriad)->ArgName("n")->Arg(235146)->Threads(1)->Threads(2);
+// The dense bound at the MLP's size (235146 floats) and the memory bound.
+BENCHMARK(bench::BM_StreamTriad)
+    ->Name("BM_StreamTriad")
+    ->ArgName("n")
+    ->Arg(235146)
+    ->Arg(int64_t{1} << 24)
+    ->Threads(1)
+    ->Threads(2)
+    ->UseRealTime();
 
 void BM_PullDense(benchmark::State& state) {
   SetUpStore(state, OptimizerType::kSgd);
@@ -122,10 +131,8 @@ BENCHMARK(BM_PushDense)
 constexpr int64_t kRowBatch = 1024;
 constexpr int64_t kRowStreamIds = int64_t{1} << 21;
 
-// "x per iteration" as a rate over all threads (summed over threads, then
-// averaged, so a 2-thread run is not counted twice).
-const auto kPerIterationRate =
-    static_cast<benchmark::Counter::Flags>(benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kAvgThreads);
+// "x per iteration" as a rate over all threads (bounds.h).
+using bench::kPerIterationRate;
 
 // A fixed id stream: ranks uniform or Zipf(1.05), sent to row
 // (rank * 2654435761) mod rows (a bijection: that prime divides neither 2^20,
@@ -262,6 +269,31 @@ void BM_PullRows(benchmark::State& state) {
   state.SetLabel(RowLabel(dist, type, mode));
 }
 
+// The bound for BM_PushRows with the same args (bounds.h, RunRandomRowRmw):
+// the table's row stride for NumSlots(opt) slots, the same rows, id stream
+// and per-thread start offsets, prefetch on. The table store is freed first
+// to make room. Args: rows, dim, dist, optimizer.
+bench::RmwArray g_rmw;
+
+void BM_RandomRowRmw(benchmark::State& state) {
+  const int64_t rows = state.range(0), dim = state.range(1);
+  const int dist = static_cast<int>(state.range(2));
+  const auto type = static_cast<OptimizerType>(state.range(3));
+  const int slots = NumSlots(type);
+  const size_t stride = bench::TableRowStride(dim, slots);
+  if (state.thread_index() == 0 && g_rmw.key != std::make_tuple(rows, stride)) {
+    g_table_store.sync.reset();
+    g_table_store.store.reset();
+    g_table_store.key = {0, 0, -1, -1, 0};
+    g_rmw.Prepare(rows, stride, (1 + slots) * dim);
+  }
+  const std::vector<uint64_t>& ids = RowIds(rows, dist);
+  bench::RunRandomRowRmw(state, g_rmw, ids.data(), kRowStreamIds, RowStart(state), kRowBatch, rows, dim, slots, stride,
+                         /*prefetch=*/true);
+  state.SetLabel(std::string(dist == 0 ? "uniform" : "zipf1.05") + "/" + OptimizerTypeName(type) +
+                 "/slots:" + std::to_string(slots) + "/prefetch");
+}
+
 // Registered so that consecutive runs share a store (rows, dim, optimizer
 // vary slowest).
 bool RegisterRowBenchmarks() {
@@ -285,7 +317,16 @@ bool RegisterRowBenchmarks() {
       }
     }
   }
-  for (auto* b : {pull, push}) b->Threads(1)->Threads(2)->UseRealTime();
+  auto* rmw =
+      benchmark::RegisterBenchmark("BM_RandomRowRmw", BM_RandomRowRmw)->ArgNames({"rows", "dim", "dist", "opt"});
+  for (int64_t rows : row_counts) {
+    for (int64_t dim : {16, 64, 256}) {
+      for (OptimizerType type : {OptimizerType::kSgd, OptimizerType::kAdagrad, OptimizerType::kAdam}) {
+        for (int64_t dist : {0, 1}) rmw->Args({rows, dim, dist, static_cast<int64_t>(type)});
+      }
+    }
+  }
+  for (auto* b : {pull, push, rmw}) b->Threads(1)->Threads(2)->UseRealTime();
   return true;
 }
 const bool g_rows_registered = RegisterRowBenchmarks();

@@ -511,6 +511,45 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Attach(
                                                         st->layout_.variables[v].name, "' are not a valid partition"));
     }
   }
+  // Every region must sit exactly where Create puts it (the header, each
+  // variable's arrays and row sequence words, then each table 4096-aligned,
+  // then the end of the segment). Bounds alone are not enough: arrays that
+  // overlap another variable's or a table's memory (or a table dropped from
+  // num_tables) would make row_lock readers spin forever on "sequence words"
+  // that are really parameters, and pushes corrupt each other.
+  for (uint32_t s = 0; s < num_shards; ++s) {
+    const ShmSegment& seg = *st->segments_[s];
+    const ShardHeader* h = Header(seg);
+    auto bad = [&](const std::string& what) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("shared memory /", seg.name(), ": ", what, " (not the layout this build writes)"));
+    };
+    const uint64_t header_bytes =
+        AlignUp(sizeof(ShardHeader) + uint64_t{h->num_entries} * sizeof(LayoutEntry) + uint64_t{h->num_tables} * sizeof(TableEntry), 4096);
+    if (h->header_bytes != header_bytes) return bad(absl::StrCat("header_bytes ", h->header_bytes, ", expected ", header_bytes));
+    uint64_t cursor = header_bytes;
+    const LayoutEntry* entries = Entries(seg);
+    for (uint32_t v = 0; v < h->num_entries; ++v) {
+      const LayoutEntry& e = entries[v];
+      // Bounded by the checks above: (row_end - row_begin) * cols * 4 fits.
+      const uint64_t array_bytes = AlignUp(static_cast<uint64_t>(e.row_end - e.row_begin) * e.cols * sizeof(float), 64);
+      if (e.offset != cursor || e.array_bytes != array_bytes) {
+        return bad(absl::StrCat("variable '", e.name, "' has offset ", e.offset, " and array_bytes ", e.array_bytes,
+                                ", expected ", cursor, " and ", array_bytes));
+      }
+      cursor += array_bytes * (1 + h->num_slots) + SeqBytes(e.row_end - e.row_begin);
+    }
+    const TableEntry* tables = Tables(seg);
+    for (uint32_t t = 0; t < h->num_tables; ++t) {
+      cursor = AlignUp(cursor, 4096);
+      if (tables[t].offset != cursor) {
+        return bad(absl::StrCat("embedding table '", tables[t].name, "' has offset ", tables[t].offset, ", expected ", cursor));
+      }
+      cursor += tables[t].bytes;
+    }
+    const uint64_t total = AlignUp(std::max<uint64_t>(cursor, header_bytes), 4096);
+    if (h->total_bytes != total) return bad(absl::StrCat("total_bytes ", h->total_bytes, ", the regions need ", total));
+  }
   SW_RETURN_IF_ERROR(st->BuildParts());
   return st;
 }

@@ -618,6 +618,43 @@ TEST(ShmStoreTest, AttachRejectsShapeThatOverflows) {
   EXPECT_TRUE(MessageContains(s, {seg, "outside"}));
 }
 
+TEST(ShmStoreTest, AttachRejectsArraysThatOverlapAnotherRegion) {
+  // Crafted by hand while writing shard_header_fuzz (the fuzzer did not reach
+  // it): in row_lock mode, variable 0's row sequence
+  // words moved onto variable 1's parameters (all inside the segment) made
+  // Pull spin forever on an "odd" word. Attach must reject the layout.
+  std::string seg;
+  const absl::Status s = AttachAfterCorrupting(
+      0,
+      [](ShardHeader* h, LayoutEntry* e, size_t) {
+        h->update_mode = static_cast<uint32_t>(UpdateMode::kRowLock);
+        e[0].array_bytes = e[1].offset - e[0].offset;
+      },
+      &seg, /*num_shards=*/1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(MessageContains(s, {seg, "array_bytes", "layout"}));
+}
+
+TEST(ShmStoreTest, AttachRejectsADroppedTable) {
+  // Crafted while writing shard_header_fuzz: with num_tables lowered to 0, a variable's
+  // arrays could reach into the now unlisted table region unchecked.
+  OpenStoreOptions o = StoreOptionsFor(Sgd(), 1);
+  TableSpec t;
+  t.name = "emb";
+  t.dim = 4;
+  t.capacity = 16;
+  o.tables.push_back(t);
+  std::unique_ptr<ShmParamStore> store = MakeStore(o);
+  ASSERT_NE(store, nullptr);
+  const std::string seg_name = store->name() + "-s0";
+  absl::StatusOr<std::unique_ptr<ShmSegment>> seg = ShmSegment::Attach(seg_name);
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  reinterpret_cast<ShardHeader*>((*seg)->data())->num_tables = 0;
+  const absl::StatusOr<std::unique_ptr<ShmParamStore>> attached = ShmParamStore::Attach(store->name(), Sgd());
+  EXPECT_EQ(attached.status().code(), absl::StatusCode::kFailedPrecondition) << attached.status();
+  EXPECT_TRUE(MessageContains(attached.status(), {seg_name, "layout"}));
+}
+
 TEST(ShmStoreTest, AttachRejectsShardsThatDisagree) {
   std::string seg;
   absl::Status s = AttachAfterCorrupting(2, [](ShardHeader* h, LayoutEntry*, size_t) { h->shard_index = 1; }, &seg);
