@@ -37,6 +37,7 @@
 #include "workers/evaluator.h"
 #include "workers/store_bench.h"
 #include "workers/job.h"
+#include "workers/process_trainer.h"
 #include "workers/trainer.h"
 
 #ifndef SHARDWILD_VERSION
@@ -139,6 +140,8 @@ int Train(const std::string& path, const std::vector<std::string>& sets, bool as
   ProgressReporter progress = ProgressReporter::ForStream(stdout);
   TrainRunOptions run;
   run.fresh = fresh;
+  run.worker_command = {"/proc/self/exe", "worker", path};  // train.worker_processes
+  for (const std::string& set : sets) run.worker_command.insert(run.worker_command.end(), {"--set", set});
   absl::StatusOr<TrainSummary> s = RunTraining(**job, progress, run);
   if (!s.ok()) return Fail(s.status());
   if (s->test_accuracy) {
@@ -163,6 +166,8 @@ int Train(const std::string& path, const std::vector<std::string>& sets, bool as
               {"checkpoints_written", s->checkpoints_written},
               {"last_checkpoint", s->last_checkpoint.empty() ? json(nullptr) : json(s->last_checkpoint)},
               {"skipped_checkpoints", s->skipped_checkpoints},
+              {"stopped_early_at_epoch",
+               s->stopped_early_at_epoch ? json(*s->stopped_early_at_epoch) : json(nullptr)},
               {"train_loss", s->train_loss},
               {"test_loss", Optional(s->test_loss)},
               {"test_accuracy", Optional(s->test_accuracy)},
@@ -493,6 +498,17 @@ int main(int argc, char** argv) {
   topo->add_option("--threads", threads, "OpenMP threads per worker (default: cores / workers)")->check(CLI::Range(0, 4096));
   topo->add_flag("--json", as_json, "Print JSON");
 
+  // Hidden: one worker process of train.worker_processes, started by `train`
+  // (workers/process_trainer.h).
+  WorkerProcessArgs worker_args;
+  CLI::App* worker = app.add_subcommand("worker", "")->group("");
+  worker->add_option("config", config_path)->required();
+  worker->add_option("--set", sets);
+  worker->add_option("--store", worker_args.store)->required();
+  worker->add_option("--index", worker_args.index)->required();
+  worker->add_option("--fd", worker_args.fd)->required();
+  worker->add_option("--parent", worker_args.parent);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -502,6 +518,7 @@ int main(int argc, char** argv) {
     return e.get_exit_code();
   }
   if (train->parsed()) return Train(config_path, sets, as_json, fresh);
+  if (worker->parsed()) return RunWorkerProcess(LoadWithOverrides(config_path, sets), worker_args);
   if (eval->parsed()) return Eval(config_path, sets, checkpoint, watch, idle_timeout, as_json);
   if (predict->parsed()) return Predict(config_path, sets, checkpoint, input, out);
   if (bench_store->parsed()) {

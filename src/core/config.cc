@@ -190,8 +190,59 @@ absl::Status ParseLayers(const std::string& key, const YAML::Node& node, const L
   return absl::OkStatus();
 }
 
+// optimizer.decay_epochs and optimizer.warmup_epochs (also under
+// optimizer.sparse): read as numbers while parsing, turned into fractions of
+// the run (decay_every, warmup) once the whole config, and so train.epochs,
+// has been read.
+struct EpochKeys {
+  struct Pending {
+    std::string key;           // "optimizer.decay_epochs"
+    std::string fraction_key;  // "optimizer.decay_every"
+    YAML::Node node;
+    double epochs = 0;
+    bool warmup = false;       // [0, epochs) rather than (0, epochs]
+    double* fraction = nullptr;
+  };
+  std::vector<Pending> pending;
+  std::set<std::string> fractions_given;  // decay_every / warmup keys given
+
+  // A leaf for decay_every or warmup that remembers it was given.
+  LeafParser Fraction(double* out) {
+    return [this, inner = Real(out)](const std::string& key, const YAML::Node& node, const Locator& loc) {
+      fractions_given.insert(key);
+      return inner(key, node, loc);
+    };
+  }
+  // `<name>_epochs`, stored in `out` as a fraction of the run by Resolve.
+  LeafParser Epochs(const char* fraction_name, bool warmup, double* out) {
+    return [this, fraction_name, warmup, out](const std::string& key, const YAML::Node& node, const Locator& loc) {
+      double v = 0;
+      SW_RETURN_IF_ERROR(Real(&v)(key, node, loc));
+      const std::string prefix = key.substr(0, key.rfind('.') + 1);
+      pending.push_back({key, prefix + fraction_name, node, v, warmup, out});
+      return absl::OkStatus();
+    };
+  }
+
+  absl::Status Resolve(int epochs, const Locator& loc) const {
+    for (const Pending& p : pending) {
+      if (fractions_given.count(p.fraction_key)) {
+        return loc.Error(p.key, p.node, absl::StrCat("give either ", p.key, " or ", p.fraction_key, ", not both"));
+      }
+      if (epochs < 1) continue;  // validation reports train.epochs
+      const bool ok = p.warmup ? (p.epochs >= 0 && p.epochs < epochs) : (p.epochs > 0 && p.epochs <= epochs);
+      if (!ok) {
+        return loc.Error(p.key, p.node, absl::StrCat("must be in ", p.warmup ? "[0, " : "(0, ", "train.epochs = ",
+                                                     epochs, p.warmup ? ")" : "]", ", got ", p.epochs));
+      }
+      *p.fraction = p.epochs / epochs;
+    }
+    return absl::OkStatus();
+  }
+};
+
 // The keys of an optimizer section (optimizer, optimizer.sparse) into `o`.
-void AddOptimizerLeaves(Section* s, OptimizerOptions* o) {
+void AddOptimizerLeaves(Section* s, OptimizerOptions* o, EpochKeys* epoch_keys) {
   s->leaves["type"] = Enum(&o->type, {{"sgd", OptimizerType::kSgd},
                                       {"momentum", OptimizerType::kMomentum},
                                       {"adam", OptimizerType::kAdam},
@@ -208,8 +259,16 @@ void AddOptimizerLeaves(Section* s, OptimizerOptions* o) {
   s->leaves["rho"] = Real(&o->rho);
   s->leaves["l1"] = Real(&o->l1);
   s->leaves["l2"] = Real(&o->l2);
-  s->leaves["schedule"] = Enum(&o->schedule, {{"constant", LrSchedule::kConstant}, {"cosine", LrSchedule::kCosine}});
+  s->leaves["schedule"] = Enum(&o->schedule, {{"constant", LrSchedule::kConstant},
+                                              {"cosine", LrSchedule::kCosine},
+                                              {"step", LrSchedule::kStep}});
   s->leaves["final_lr"] = Real(&o->final_lr);
+  s->leaves["decay_rate"] = Real(&o->decay_rate);
+  s->leaves["decay_every"] = epoch_keys->Fraction(&o->decay_every);
+  s->leaves["decay_epochs"] = epoch_keys->Epochs("decay_every", /*warmup=*/false, &o->decay_every);
+  s->leaves["warmup"] = epoch_keys->Fraction(&o->warmup);
+  s->leaves["warmup_epochs"] = epoch_keys->Epochs("warmup", /*warmup=*/true, &o->warmup);
+  s->leaves["warmup_start_lr"] = Real(&o->warmup_start_lr);
 }
 
 absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
@@ -226,6 +285,7 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
   data.leaves["test"] = String(&c->data.test);
   data.leaves["max_train_records"] = Int64(&c->data.max_train_records);
   data.leaves["max_test_records"] = Int64(&c->data.max_test_records);
+  data.leaves["records_per_task"] = Int64(&c->data.records_per_task);
 
   Section train;
   train.leaves["workers"] = IntOrAuto(&c->train.workers);
@@ -236,15 +296,20 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
   train.leaves["pin_threads"] = Bool(&c->train.pin_threads);
   train.leaves["log_every_s"] = Real(&c->train.log_every_s);
   train.leaves["pull_every"] = Int(&c->train.pull_every);
+  train.leaves["worker_processes"] = Bool(&c->train.worker_processes);
+  train.leaves["restart_workers"] = Bool(&c->train.restart_workers);
+  train.leaves["task_timeout_s"] = Real(&c->train.task_timeout_s);
+  train.leaves["max_task_retries"] = Int(&c->train.max_task_retries);
 
   Section opt;
-  AddOptimizerLeaves(&opt, &c->optimizer);
+  EpochKeys epoch_keys;
+  AddOptimizerLeaves(&opt, &c->optimizer, &epoch_keys);
   // optimizer.sparse: the embedding tables' own optimizer (every key as in
   // optimizer; a key not given takes its default, not the dense value).
-  opt.custom["sparse"] = [c](const std::string& k, const YAML::Node& n, const Locator& l) {
+  opt.custom["sparse"] = [c, &epoch_keys](const std::string& k, const YAML::Node& n, const Locator& l) {
     c->sparse_optimizer.emplace();
     Section sparse;
-    AddOptimizerLeaves(&sparse, &*c->sparse_optimizer);
+    AddOptimizerLeaves(&sparse, &*c->sparse_optimizer, &epoch_keys);
     return sparse.Parse(k, n, l);
   };
 
@@ -286,9 +351,20 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
   ckpt.leaves["every_epochs"] = Int(&c->checkpoint.every_epochs);
   ckpt.leaves["keep"] = Int(&c->checkpoint.keep);
 
+  Section eval;
+  eval.leaves["every_epochs"] = Int(&c->eval.every_epochs);
+  eval.leaves["every_steps"] = Int64(&c->eval.every_steps);
+  eval.leaves["sidecar"] = Bool(&c->eval.sidecar);
+
   Section metrics;
   metrics.leaves["jsonl"] = String(&c->metrics.jsonl);
   metrics.leaves["tensorboard"] = String(&c->metrics.tensorboard);
+
+  Section early;
+  early.leaves["monitor"] = String(&c->early_stopping.monitor);
+  early.leaves["mode"] = String(&c->early_stopping.mode);
+  early.leaves["min_delta"] = Real(&c->early_stopping.min_delta);
+  early.leaves["patience"] = Int(&c->early_stopping.patience);
 
   Section topo;
   topo.leaves["synthetic"] = String(&c->topology.synthetic);
@@ -307,7 +383,10 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
   top.custom["topology"] = sub(topo);
   top.custom["checkpoint"] = sub(ckpt);
   top.custom["metrics"] = sub(metrics);
-  return top.Parse("", root, loc);
+  top.custom["eval"] = sub(eval);
+  top.custom["early_stopping"] = sub(early);
+  SW_RETURN_IF_ERROR(top.Parse("", root, loc));
+  return epoch_keys.Resolve(c->train.epochs, loc);
 }
 
 // Sets root[path] = value, creating mappings on the way. List items are

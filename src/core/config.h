@@ -4,6 +4,13 @@
 // expected, e.g.
 //   configs/x.yaml:7:12: train.epochs: expected an integer >= 1, got 'ten'
 // Unknown keys are errors (a typo must not be silently ignored).
+//
+// Keys that exist only in YAML: optimizer.decay_epochs and
+// optimizer.warmup_epochs (also under optimizer.sparse) give the step period
+// and the warmup in epochs; the loader stores decay_epochs / train.epochs in
+// decay_every and warmup_epochs / train.epochs in warmup. Each excludes its
+// fraction key; decay_epochs must be in (0, train.epochs], warmup_epochs in
+// [0, train.epochs).
 #pragma once
 
 #include <string>

@@ -75,6 +75,7 @@ absl::Status DataOptions::Validate() const {
   if (train.empty()) return Bad("data.train", "is required");
   if (max_train_records < 0) return Bad("data.max_train_records", "must be >= 0");
   if (max_test_records < 0) return Bad("data.max_test_records", "must be >= 0");
+  if (records_per_task < 1) return Bad("data.records_per_task", absl::StrCat("must be >= 1, got ", records_per_task));
   return absl::OkStatus();
 }
 
@@ -87,18 +88,56 @@ absl::Status TrainOptions::Validate() const {
     return Bad("train.batch_size", absl::StrCat("must be 1..1048576, got ", batch_size));
   if (!(log_every_s > 0)) return Bad("train.log_every_s", "must be > 0");
   if (pull_every < 1) return Bad("train.pull_every", absl::StrCat("must be >= 1, got ", pull_every));
+  if (!(task_timeout_s > 0) || !std::isfinite(task_timeout_s))
+    return Bad("train.task_timeout_s", absl::StrCat("must be a finite number > 0, got ", task_timeout_s));
+  if (max_task_retries < 0) return Bad("train.max_task_retries", absl::StrCat("must be >= 0, got ", max_task_retries));
   return absl::OkStatus();
 }
 
 float OptimizerOptions::LrAt(double progress) const {
-  if (schedule == LrSchedule::kConstant) return lr;
   const double p = std::clamp(progress, 0.0, 1.0);
-  return static_cast<float>(final_lr + 0.5 * (lr - final_lr) * (1.0 + std::cos(M_PI * p)));
+  if (p < warmup) {
+    return static_cast<float>(warmup_start_lr + (static_cast<double>(lr) - warmup_start_lr) * (p / warmup));
+  }
+  const double t = p - warmup;  // time since the warmup ended, in fractions of the run
+  switch (schedule) {
+    case LrSchedule::kConstant:
+      return lr;
+    case LrSchedule::kCosine: {
+      const double rest = 1.0 - warmup;
+      const double q = rest > 0 ? std::min(t / rest, 1.0) : 1.0;
+      return static_cast<float>(final_lr + 0.5 * (static_cast<double>(lr) - final_lr) * (1.0 + std::cos(M_PI * q)));
+    }
+    case LrSchedule::kStep: {
+      if (!(decay_every > 0)) return lr;  // rejected by Validate
+      // The 1e-9 absorbs rounding: progress (e-1)/E over a period k/E must
+      // give a whole number, not 2.9999999999999996.
+      const double periods = std::floor(t / decay_every + 1e-9);
+      return static_cast<float>(lr * std::pow(static_cast<double>(decay_rate), periods));
+    }
+  }
+  return lr;
 }
 
 absl::Status OptimizerOptions::Validate() const {
   if (!(final_lr >= 0) || final_lr > lr) return Bad("optimizer.final_lr", absl::StrCat("must be in [0, lr], got ", final_lr));
   if (!(lr > 0) || !std::isfinite(lr)) return Bad("optimizer.lr", absl::StrCat("must be a finite number > 0, got ", lr));
+  if (!(decay_rate > 0 && decay_rate <= 1)) {
+    return Bad("optimizer.decay_rate", absl::StrCat("must be in (0, 1], got ", decay_rate));
+  }
+  if (!(decay_every >= 0 && decay_every <= 1)) {
+    return Bad("optimizer.decay_every", absl::StrCat("must be in (0, 1] (a fraction of the run), got ", decay_every));
+  }
+  if (schedule == LrSchedule::kStep && decay_every == 0) {
+    return Bad("optimizer.decay_every",
+               "is required with schedule step (a fraction of the run in (0, 1]; or give optimizer.decay_epochs)");
+  }
+  if (!(warmup >= 0 && warmup < 1)) {
+    return Bad("optimizer.warmup", absl::StrCat("must be in [0, 1) (a fraction of the run), got ", warmup));
+  }
+  if (!(warmup_start_lr >= 0) || warmup_start_lr > lr) {
+    return Bad("optimizer.warmup_start_lr", absl::StrCat("must be in [0, lr], got ", warmup_start_lr));
+  }
   if (!(momentum >= 0 && momentum < 1)) return Bad("optimizer.momentum", "must be in [0, 1)");
   if (!(beta1 >= 0 && beta1 < 1)) return Bad("optimizer.beta1", "must be in [0, 1)");
   if (!(beta2 >= 0 && beta2 < 1)) return Bad("optimizer.beta2", "must be in [0, 1)");
@@ -187,10 +226,61 @@ absl::Status CheckpointOptions::Validate() const {
   return absl::OkStatus();
 }
 
+bool EarlyStoppingOptions::maximize() const {
+  if (mode == "max") return true;
+  if (mode == "min") return false;
+  return monitor.find("acc") != std::string::npos || monitor.find("auc") != std::string::npos;
+}
+
+absl::Status EarlyStoppingOptions::Validate() const {
+  if (!monitor.empty() && monitor != "test_loss" && monitor != "test_accuracy" && monitor != "train_loss" &&
+      monitor != "train_accuracy") {
+    return Bad("early_stopping.monitor",
+               absl::StrCat("must be test_loss, test_accuracy, train_loss or train_accuracy (or empty: off), got '",
+                            monitor, "'"));
+  }
+  if (mode != "min" && mode != "max" && mode != "auto") {
+    return Bad("early_stopping.mode", absl::StrCat("must be min, max or auto, got '", mode, "'"));
+  }
+  if (!(min_delta >= 0) || !std::isfinite(min_delta)) {
+    return Bad("early_stopping.min_delta", absl::StrCat("must be a finite number >= 0, got ", min_delta));
+  }
+  if (patience < 0) return Bad("early_stopping.patience", absl::StrCat("must be >= 0, got ", patience));
+  return absl::OkStatus();
+}
+
+absl::Status EvalOptions::Validate() const {
+  if (every_epochs < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("eval.every_epochs: must be >= 0, got ", every_epochs));
+  }
+  if (every_steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("eval.every_steps: must be >= 0, got ", every_steps));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Config::Validate() const {
   for (absl::Status s : {model.Validate(), data.Validate(), train.Validate(), optimizer.Validate(),
-                         ps.Validate(), bench.Validate(), topology.Validate(), checkpoint.Validate()}) {
+                         ps.Validate(), bench.Validate(), topology.Validate(), checkpoint.Validate(),
+                         early_stopping.Validate(), eval.Validate()}) {
     if (!s.ok()) return s;
+  }
+  if (train.worker_processes && ps.update == UpdateMode::kSync) {
+    return Bad("train.worker_processes",
+               "worker processes cannot run ps.update sync (a lock-step barrier inside one process); "
+               "use ps.update hogwild or row_lock");
+  }
+  if (train.worker_processes &&
+      (ps.replication == ReplicationPolicy::kPerNode || ps.replication == ReplicationPolicy::kPerCore)) {
+    return Bad("ps.replication", absl::StrCat(ReplicationPolicyName(ps.replication),
+                                              " cannot be combined with train.worker_processes (worker processes "
+                                              "share one copy); use ps.replication per_machine or auto"));
+  }
+  if (eval.sidecar && checkpoint.dir.empty()) {
+    return Bad("eval.sidecar", "a sidecar evaluator reads checkpoints: set checkpoint.dir too");
+  }
+  if (early_stopping.monitor.rfind("test_", 0) == 0 && data.test.empty()) {
+    return Bad("early_stopping.monitor", absl::StrCat("'", early_stopping.monitor, "' needs a test set (data.test)"));
   }
   if (sparse_optimizer) {
     // Its errors name optimizer.* keys; they are optimizer.sparse.* here.

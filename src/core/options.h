@@ -19,7 +19,7 @@ namespace shardwild {
 enum class Activation { kNone, kRelu };
 enum class LossType { kSoftmaxCrossEntropy };
 enum class OptimizerType { kSgd, kMomentum, kAdam, kAdagrad, kRmsprop, kFtrl };  // values are stored in shm headers: append only
-enum class LrSchedule { kConstant, kCosine };
+enum class LrSchedule { kConstant, kCosine, kStep };
 // How pushes reach the parameters (ps.update). Values are stored in shm
 // headers: append only.
 //   hogwild:  no locks; relaxed std::atomic_ref loads and stores, races allowed.
@@ -73,6 +73,9 @@ struct DataOptions {
   // Keep only the first N records (0 = all). Useful for smoke runs and tests.
   int64_t max_train_records = 0;
   int64_t max_test_records = 0;
+  // The most records one dispatcher task holds (train.worker_processes:
+  // workers take tasks of this size; workers/process_trainer.h). >= 1.
+  int64_t records_per_task = 1024;
   absl::Status Validate() const;
 };
 
@@ -88,6 +91,18 @@ struct TrainOptions {
   // every `pull_every` steps (ElasticDL's get_model_steps); >= 1. Ignored
   // (every step pulls) with ps.update sync.
   int pull_every = 1;
+  // Run each worker as its own process attached to the shared-memory store,
+  // with the dispatcher in this one (workers/process_trainer.h). Needs
+  // ps.update hogwild or row_lock and one copy of the parameters.
+  bool worker_processes = false;
+  // With worker_processes: start a replacement when a worker process dies
+  // (its tasks are re-queued either way); false = go on with fewer.
+  bool restart_workers = true;
+  // A worker silent for longer than this (no report, no heartbeat) loses its
+  // task, which is re-queued; a worker process is then killed. > 0.
+  double task_timeout_s = 60;
+  // How often one task may be re-queued before the job fails; >= 0.
+  int max_task_retries = 3;
   absl::Status Validate() const;
 };
 
@@ -105,11 +120,28 @@ struct OptimizerOptions {
   float rho = 0.9f;            // rmsprop: decay of the mean square
   float l1 = 0.0f;             // ftrl: L1 regularisation strength (TF l1_regularization_strength)
   float l2 = 0.0f;             // ftrl: L2 regularisation strength (TF l2_regularization_strength)
-  // Learning-rate schedule over the whole run: constant, or cosine decay from
-  // `lr` to `final_lr` (SGDR without restarts).
+  // Learning-rate schedule. Times are fractions of the whole run (progress p:
+  // 0 at the first step, 1 after the last; epoch e of E starts at (e-1)/E).
+  // An optional linear warmup comes first, and the schedule runs after it:
+  //   p < W (warmup):  warmup_start_lr + (lr - warmup_start_lr) * p / W
+  // then, with t = p - W the time since the warmup ended:
+  //   constant:  lr
+  //   cosine:    final_lr + (lr - final_lr) * (1 + cos(pi * t / (1 - W))) / 2
+  //              (SGDR without restarts, squeezed into what is left of the run)
+  //   step:      lr * decay_rate ^ floor(t / decay_every)
+  //              (TF ExponentialDecay with staircase=True; a boundary within
+  //              1e-9 of a multiple of decay_every counts as reached, so a
+  //              period of k/E decays exactly at the start of an epoch)
+  // The config also takes decay_epochs / warmup_epochs (in epochs of
+  // train.epochs) instead of decay_every / warmup; see core/config.h.
   LrSchedule schedule = LrSchedule::kConstant;
-  float final_lr = 0.0f;
-  // The learning rate at `progress` (0 at the first step, 1 after the last).
+  float final_lr = 0.0f;       // cosine: the rate at the end of the run, in [0, lr]
+  float decay_rate = 0.1f;     // step: factor per period, in (0, 1]
+  double decay_every = 0.0;    // step: the period, a fraction of the run in (0, 1]; required
+  double warmup = 0.0;         // warmup length, a fraction of the run in [0, 1); 0 = none
+  float warmup_start_lr = 0.0f;  // the rate at p = 0 with a warmup, in [0, lr]
+  // The learning rate at `progress` (clamped to [0, 1]). Cheap and
+  // allocation-free: it is called every step.
   float LrAt(double progress) const;
   absl::Status Validate() const;
 };
@@ -181,6 +213,38 @@ struct CheckpointOptions {
   absl::Status Validate() const;
 };
 
+// early_stopping.*: stop training when a monitored metric has stopped
+// improving (Keras EarlyStopping; the logic is in core/early_stopping.h).
+struct EarlyStoppingOptions {
+  // The metric watched after each evaluation: test_loss, test_accuracy,
+  // train_loss or train_accuracy. Empty = early stopping off.
+  std::string monitor;
+  // min, max, or auto: max for a monitor whose name contains "acc" or "auc",
+  // min otherwise.
+  std::string mode = "auto";
+  // A value improves on the best only by more than this (>= 0): below
+  // best - min_delta in min mode, above best + min_delta in max mode.
+  double min_delta = 0.0;
+  // Evaluations without improvement tolerated before stopping (>= 0); as in
+  // Keras, 0 stops at the first one that does not improve.
+  int patience = 0;
+  bool enabled() const { return !monitor.empty(); }
+  // Whether larger values are better (mode max, or auto resolved as above).
+  bool maximize() const;
+  absl::Status Validate() const;
+};
+
+// eval.*: when training evaluates data.test (inline: the workers stop
+// between steps, evaluate every test record exactly once, and go on).
+struct EvalOptions {
+  int every_epochs = 1;        // at the end of every N-th epoch (and the last); 0 = not by epochs
+  int64_t every_steps = 0;     // after every N steps of each worker; 0 = never by steps
+  // Leave evaluation to a separate process (`shardwild eval --watch
+  // checkpoint.dir`): no inline evaluation at all. Needs checkpoint.dir.
+  bool sidecar = false;
+  absl::Status Validate() const;
+};
+
 // metrics.*: where training writes its metrics besides the progress line.
 struct MetricsOptions {
   // A JSON-lines file: one line per progress interval (train.log_every_s)
@@ -212,6 +276,8 @@ struct Config {
   TopologyOptions topology;
   CheckpointOptions checkpoint;
   MetricsOptions metrics;
+  EarlyStoppingOptions early_stopping;
+  EvalOptions eval;
   std::string source;          // where it came from (file path), for messages
   absl::Status Validate() const;
 };

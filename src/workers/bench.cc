@@ -53,9 +53,11 @@ absl::StatusOr<BenchReport> RunBench(Job& job) {
   r.steps = cfg.bench.steps;
   const std::vector<int32_t> order = EpochOrder(job.train().count, cfg.train.seed, 1);
   const std::vector<RowRange> parts = FixedShardsDiv(job.train().count, r.workers);
-  // The benchmark runs at the schedule's starting learning rate.
+  // The benchmark runs at the schedule's starting learning rate, `lr` (a
+  // warmup would start it at warmup_start_lr, 0 by default).
   OptimizerOptions opt = cfg.optimizer;
   opt.schedule = LrSchedule::kConstant;
+  opt.warmup = 0;
   // Warm-up: not timed.
   SW_RETURN_IF_ERROR(job.pool().RunAll([&](int i) {
     return job.worker(i).Train(order.data() + parts[i].begin, parts[i].size(), r.warmup_steps, opt, 0, 0, nullptr);

@@ -7,9 +7,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/crc32c.h"
+#include "core/early_stopping.h"
 #include "core/metrics_log.h"
 #include "core/tfevents.h"
 #include "workers/checkpoint.h"
+#include "workers/process_trainer.h"
 #include "core/partitioner.h"
 #include "core/status.h"
 
@@ -97,6 +99,10 @@ std::string TrainingConfigHash(const Config& c) {
     absl::StrAppend(&key, ";", name, ":", OptimizerTypeName(o.type), ",", o.lr, ",", o.momentum, ",", o.nesterov, ",",
                     o.beta1, ",", o.beta2, ",", o.epsilon, ",", o.initial_accumulator_value, ",", o.rho, ",", o.l1,
                     ",", o.l2, ",", static_cast<int>(o.schedule), ",", o.final_lr);
+    // Added later; only when set, so older checkpoints keep their hash.
+    if (o.decay_every != 0 || o.warmup != 0) {
+      absl::StrAppend(&key, ",decay:", o.decay_rate, ",", o.decay_every, ",warmup:", o.warmup, ",", o.warmup_start_lr);
+    }
   };
   opt("optimizer", c.optimizer);
   if (c.sparse_optimizer) opt("sparse", *c.sparse_optimizer);
@@ -104,6 +110,7 @@ std::string TrainingConfigHash(const Config& c) {
 }
 
 absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, const TrainRunOptions& options) {
+  if (job.config().train.worker_processes) return RunProcessTraining(job, progress, options);
   const Config& cfg = job.config();
   const int workers = job.num_workers();
   const int64_t n = job.train().count;
@@ -134,6 +141,7 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
   int first_epoch = 1;
   int64_t first_round = 0;
   int64_t base_records = 0, base_steps = 0;
+  nlohmann::json restored_extra;
   if (checkpointing && !options.fresh) {
     SW_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> found, FindLatestCheckpoint(ck.dir, &summary.skipped_checkpoints));
     for (const std::string& skipped : summary.skipped_checkpoints) {
@@ -147,6 +155,7 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
       }
       const nlohmann::json& cur = found->state.data_cursor;
       const nlohmann::json& extra = found->state.extra;
+      restored_extra = extra;
       first_epoch = cur.value("epoch", 1);
       first_round = cur.value("round", int64_t{0});
       base_records = extra.value("records_seen", int64_t{0});
@@ -166,6 +175,21 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
     }
   }
 
+  // Early stopping (early_stopping.monitor): its state travels in checkpoints.
+  std::optional<EarlyStopping> early;
+  bool stop_early = false;
+  if (!cfg.early_stopping.monitor.empty()) {
+    early.emplace(cfg.early_stopping);
+    if (restored_extra.is_object() && restored_extra.contains("early_stopping")) {
+      if (absl::Status s = early->FromJson(restored_extra["early_stopping"]); !s.ok()) {
+        progress.Line(absl::StrCat("warning: early stopping starts afresh: ", s.message()));
+        early.emplace(cfg.early_stopping);
+      }
+    }
+  }
+  const bool inline_eval = job.test() != nullptr && !cfg.eval.sidecar;
+  std::optional<std::pair<double, double>> last_eval;  // test loss and accuracy of the latest evaluation
+
   // Writes a checkpoint of the (quiescent) job: the next step to run is step
   // `round` of epoch `epoch`.
   auto write_checkpoint = [&](int epoch, int64_t round, int64_t epoch_records) -> absl::Status {
@@ -181,7 +205,8 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
     state.rng = {{"shuffle_seed", cfg.train.seed}, {"epoch", epoch}};
     state.extra = {{"records_seen", base_records + t.samples},
                    {"steps", base_steps + t.steps},
-                   {"final", epoch > cfg.train.epochs}};
+                   {"final", epoch > cfg.train.epochs || stop_early}};
+    if (early) state.extra["early_stopping"] = early->ToJson();
     CheckpointWriteOptions wo;
     wo.keep = ck.keep;
     SW_ASSIGN_OR_RETURN(summary.last_checkpoint, WriteCheckpoint(ck.dir, job.store(), state, wo));
@@ -253,6 +278,9 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
       if (checkpointing && ck.every_steps > 0) {
         end = std::min(end, round + (ck.every_steps - global_round % ck.every_steps));
       }
+      if (inline_eval && cfg.eval.every_steps > 0) {
+        end = std::min(end, round + (cfg.eval.every_steps - global_round % cfg.eval.every_steps));
+      }
       SW_RETURN_IF_ERROR(job.pool().RunAll(
           [&](int i) {
             const int64_t first = std::min(round, worker_steps[i]);
@@ -267,6 +295,28 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
           absl::Seconds(cfg.train.log_every_s), tick));
       global_round += end - round;
       round = end;
+      if (inline_eval && cfg.eval.every_steps > 0 && global_round % cfg.eval.every_steps == 0 && round < epoch_rounds) {
+        // Inline evaluation between steps: every worker is stopped.
+        SW_RETURN_IF_ERROR(job.replicas().Average());
+        SW_ASSIGN_OR_RETURN(EvalResult ev, EvaluateAll(job, *job.test()));
+        summary.eval_records_seen += ev.count;
+        const double loss = ev.count ? ev.loss_sum / ev.count : 0;
+        const double acc = ev.count ? static_cast<double>(ev.correct) / ev.count : 0;
+        last_eval = {loss, acc};
+        const int64_t step = base_steps + ReadCounters(job).steps;
+        progress.Line(absl::StrFormat("epoch %d step %d/%d: test loss %.4f acc %.4f", epoch, round, epoch_rounds, loss,
+                                      acc));
+        SW_RETURN_IF_ERROR(log_metrics({{"kind", "eval"}, {"epoch", epoch}, {"test_loss", loss}, {"test_accuracy", acc}},
+                                       step, {{"eval/loss", static_cast<float>(loss)},
+                                              {"eval/accuracy", static_cast<float>(acc)}}));
+        if (early && (early->monitor() == "test_loss" || early->monitor() == "test_accuracy") &&
+            early->Update(early->monitor() == "test_loss" ? loss : acc)) {
+          stop_early = true;
+          progress.Line(absl::StrFormat("early stopping: %s has not improved on %.4f for %d evaluation(s)",
+                                        early->monitor(), early->best(), early->wait()));
+          break;
+        }
+      }
       if (checkpointing && ck.every_steps > 0 && global_round % ck.every_steps == 0 && round < epoch_rounds) {
         SW_RETURN_IF_ERROR(write_checkpoint(epoch, round, ReadCounters(job).samples - before.samples));
       }
@@ -287,11 +337,14 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
     er.samples_per_s = seconds > 0 ? er.records / seconds : 0;
     std::string line = absl::StrFormat("epoch %d/%d: train loss %.4f acc %.4f", epoch, cfg.train.epochs,
                                        er.train_loss, er.train_accuracy);
-    if (const ImageDataset* test = job.test()) {
-      SW_ASSIGN_OR_RETURN(EvalResult ev, EvaluateAll(job, *test));
+    const bool last_epoch = epoch == cfg.train.epochs;
+    if (inline_eval && !stop_early &&
+        (last_epoch || (cfg.eval.every_epochs > 0 && epoch % cfg.eval.every_epochs == 0))) {
+      SW_ASSIGN_OR_RETURN(EvalResult ev, EvaluateAll(job, *job.test()));
       er.test_loss = ev.count ? ev.loss_sum / ev.count : 0;
       er.test_accuracy = ev.count ? static_cast<double>(ev.correct) / ev.count : 0;
       summary.eval_records_seen += ev.count;
+      last_eval = {*er.test_loss, *er.test_accuracy};
       absl::StrAppendFormat(&line, " | test loss %.4f acc %.4f", *er.test_loss, *er.test_accuracy);
     }
     SW_RETURN_IF_ERROR(metrics_status);
@@ -320,8 +373,28 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
     absl::StrAppendFormat(&line, " | %.1f s, %.0f samples/s", seconds, er.samples_per_s);
     progress.Line(line);
     summary.history.push_back(er);
-    const bool last = epoch == cfg.train.epochs;
-    if (checkpointing && (last || (ck.every_epochs > 0 && epoch % ck.every_epochs == 0))) {
+    // Early stopping at the epoch's end (Keras' on_epoch_end): on the
+    // training metrics, or on the test metrics when this epoch evaluated.
+    if (early && !stop_early) {
+      std::optional<double> value;
+      const std::string& m = early->monitor();
+      if (m == "train_loss") value = er.train_loss;
+      if (m == "train_accuracy") value = er.train_accuracy;
+      if (m == "test_loss" && er.test_loss) value = *er.test_loss;
+      if (m == "test_accuracy" && er.test_accuracy) value = *er.test_accuracy;
+      if (value && early->Update(*value)) {
+        stop_early = true;
+        progress.Line(absl::StrFormat("early stopping: %s has not improved on %.4f for %d evaluation(s)", m,
+                                      early->best(), early->wait()));
+      }
+    }
+    if (stop_early) {
+      summary.stopped_early_at_epoch = epoch;
+      // The final checkpoint; a restart resumes after the last epoch and trains no more.
+      if (checkpointing) SW_RETURN_IF_ERROR(write_checkpoint(cfg.train.epochs + 1, 0, 0));
+      break;
+    }
+    if (checkpointing && (last_epoch || (ck.every_epochs > 0 && epoch % ck.every_epochs == 0))) {
       SW_RETURN_IF_ERROR(write_checkpoint(epoch + 1, 0, 0));
     }
   }
@@ -331,8 +404,10 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
   summary.samples_per_s = train_seconds > 0 ? end.samples / train_seconds : 0;
   if (!summary.history.empty()) {
     summary.train_loss = summary.history.back().train_loss;
-    summary.test_loss = summary.history.back().test_loss;
-    summary.test_accuracy = summary.history.back().test_accuracy;
+  }
+  if (last_eval) {
+    summary.test_loss = last_eval->first;
+    summary.test_accuracy = last_eval->second;
   }
   summary.model_version = job.replicas().version();
   summary.wall_s = std::chrono::duration<double>(Clock::now() - run_start).count();

@@ -48,6 +48,8 @@ struct TrainSummary {
   int64_t checkpoints_written = 0;
   std::string last_checkpoint;
   std::vector<std::string> skipped_checkpoints;
+  // early_stopping: the epoch in which training stopped early, if it did.
+  std::optional<int> stopped_early_at_epoch;
   // Coordination counters (the dispatcher's); zero while training runs on
   // in-process workers with fixed parts of each epoch.
   int64_t eval_records_seen = 0;       // test records evaluated, over all evaluations
@@ -63,6 +65,11 @@ struct TrainRunOptions {
   // Tests: stop (with the status Aborted) right after the n-th checkpoint
   // this run writes, as if the process had been killed then; 0 = never.
   int64_t stop_after_checkpoints = 0;
+  // train.worker_processes: the program and leading arguments that start one
+  // worker process (workers/process_trainer.h appends --store, --index, --fd
+  // and --parent). The CLI passes {"/proc/self/exe", "worker", CONFIG,
+  // "--set", ...}; unused otherwise.
+  std::vector<std::string> worker_command;
 };
 
 // A hash of the config fields that decide what a run computes (model,
@@ -77,7 +84,10 @@ std::vector<int32_t> EpochOrder(int64_t n, uint64_t seed, int epoch);
 // seen exactly once: the shuffled order is split into one contiguous part per
 // worker (div rule). With several replicas (ps.replication) they are
 // averaged at the end of each epoch, besides every ps.sync_every steps.
-// Evaluates data.test after each epoch.
+// Evaluates data.test after each epoch. With train.worker_processes the
+// workers are processes fed by the dispatcher instead (RunProcessTraining,
+// workers/process_trainer.h: tasks, re-queued when a worker dies, and
+// epoch-granular checkpoints).
 //
 // Checkpoints (config.checkpoint, workers/checkpoint.h): with a directory,
 // the run first resumes from the newest checkpoint there that verifies

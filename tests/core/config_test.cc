@@ -240,8 +240,8 @@ TEST(ConfigStringTest, EnumErrorListsChoices) {
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(MessageContains(c.status(), {"e.yaml:6:", "optimizer.type", "sgd", "momentum", "adam", "'adamw'"}));
 
-  c = LoadConfigFromString(std::string(kMinimal) + "optimizer: {schedule: step}\n", "e.yaml");
-  EXPECT_TRUE(MessageContains(c.status(), {"optimizer.schedule", "constant", "cosine", "'step'"}));
+  c = LoadConfigFromString(std::string(kMinimal) + "optimizer: {schedule: exponential}\n", "e.yaml");
+  EXPECT_TRUE(MessageContains(c.status(), {"optimizer.schedule", "constant", "cosine", "step", "'exponential'"}));
 
   c = LoadConfigFromString(
       "model:\n"
@@ -588,6 +588,166 @@ TEST(SparseOptimizerConfigTest, NestedSectionAndItsErrors) {
   absl::StatusOr<Config> typo = LoadConfigFromString(std::string(kMinimal) + "optimizer: {sparse: {lrr: 1}}\n", "t.yaml");
   ASSERT_FALSE(typo.ok());
   EXPECT_NE(std::string(typo.status().message()).find("optimizer.sparse.lrr"), std::string::npos) << typo.status();
+}
+
+
+// ------------------------------------------------- learning-rate schedules
+
+TEST(ConfigScheduleTest, ReadsStepAndWarmupKeys) {
+  absl::StatusOr<Config> c = LoadConfigFromString(
+      std::string(kMinimal) +
+          "optimizer: {lr: 0.1, schedule: step, decay_rate: 0.5, decay_every: 0.25, warmup: 0.1,\n"
+          "            warmup_start_lr: 0.001}\n",
+      "s.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->optimizer.schedule, LrSchedule::kStep);
+  EXPECT_FLOAT_EQ(c->optimizer.decay_rate, 0.5f);
+  EXPECT_EQ(c->optimizer.decay_every, 0.25);
+  EXPECT_EQ(c->optimizer.warmup, 0.1);
+  EXPECT_FLOAT_EQ(c->optimizer.warmup_start_lr, 0.001f);
+  EXPECT_FALSE(c->sparse_optimizer.has_value());
+
+  // Defaults.
+  c = LoadConfigFromString(kMinimal, "d.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FLOAT_EQ(c->optimizer.decay_rate, 0.1f);
+  EXPECT_EQ(c->optimizer.decay_every, 0.0);
+  EXPECT_EQ(c->optimizer.warmup, 0.0);
+  EXPECT_EQ(c->optimizer.warmup_start_lr, 0.0f);
+}
+
+TEST(ConfigScheduleTest, EpochKeysBecomeFractionsOfTheRun) {
+  absl::StatusOr<Config> c = LoadConfigFromString(
+      std::string(kMinimal) +
+          "optimizer: {schedule: step, decay_epochs: 3, warmup_epochs: 0.5,\n"
+          "            sparse: {type: adagrad, schedule: cosine, warmup_epochs: 2}}\n"
+          "train: {epochs: 10}\n",  // after the optimizer: order does not matter
+      "e.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->optimizer.decay_every, 3.0 / 10);
+  EXPECT_EQ(c->optimizer.warmup, 0.5 / 10);
+  ASSERT_TRUE(c->sparse_optimizer.has_value());
+  EXPECT_EQ(c->sparse_optimizer->warmup, 2.0 / 10);
+  EXPECT_EQ(c->sparse_optimizer->decay_every, 0.0);
+  // Periods count from the end of the warmup: the step lands 3 epochs after
+  // it, at progress 0.05 + 0.3.
+  EXPECT_FLOAT_EQ(c->optimizer.LrAt(0.34), c->optimizer.lr);
+  EXPECT_FLOAT_EQ(c->optimizer.LrAt(0.35), c->optimizer.lr * 0.1f);
+
+  // With --set, and against the overridden epoch count.
+  c = LoadConfigFromString(kMinimal, "e.yaml",
+                           Sets({"optimizer.schedule=step", "optimizer.decay_epochs=2", "train.epochs=4"}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->optimizer.decay_every, 0.5);
+  // All of the run is one period.
+  c = LoadConfigFromString(std::string(kMinimal) + "train: {epochs: 4}\noptimizer: {schedule: step, decay_epochs: 4}\n",
+                           "e.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->optimizer.decay_every, 1.0);
+}
+
+TEST(ConfigScheduleTest, EpochKeyErrorsNameKeyAndLine) {
+  // Both forms of one setting.
+  absl::StatusOr<Config> c = LoadConfigFromString(
+      std::string(kMinimal) + "optimizer:\n  decay_every: 0.5\n  decay_epochs: 2\n", "b.yaml");
+  EXPECT_TRUE(MessageContains(c.status(), {"b.yaml:8:", "optimizer.decay_epochs", "give either",
+                                           "optimizer.decay_every", "not both"}));
+  c = LoadConfigFromString(std::string(kMinimal) + "optimizer:\n  sparse: {warmup_epochs: 1, warmup: 0.1}\n",
+                           "b.yaml");
+  EXPECT_TRUE(MessageContains(c.status(), {"b.yaml:7:", "optimizer.sparse.warmup_epochs", "optimizer.sparse.warmup,"}));
+  // Out of range for train.epochs (default 10).
+  c = LoadConfigFromString(std::string(kMinimal) + "optimizer:\n  schedule: step\n  decay_epochs: 11\n", "r.yaml");
+  EXPECT_TRUE(MessageContains(c.status(), {"r.yaml:8:", "optimizer.decay_epochs: must be in (0, train.epochs = 10], got 11"}));
+  c = LoadConfigFromString(std::string(kMinimal) + "optimizer: {schedule: step, decay_epochs: 0}\n", "r.yaml");
+  EXPECT_TRUE(MessageContains(c.status(), {"r.yaml:6:", "optimizer.decay_epochs: must be in (0, train.epochs = 10], got 0"}));
+  c = LoadConfigFromString(std::string(kMinimal) + "optimizer: {warmup_epochs: 10}\n", "r.yaml");
+  EXPECT_TRUE(MessageContains(c.status(), {"optimizer.warmup_epochs: must be in [0, train.epochs = 10), got 10"}));
+  c = LoadConfigFromString(std::string(kMinimal) + "optimizer: {warmup_epochs: -1}\n", "r.yaml");
+  EXPECT_TRUE(MessageContains(c.status(), {"optimizer.warmup_epochs", "got -1"}));
+  c = LoadConfigFromString(std::string(kMinimal) + "optimizer: {warmup_epochs: two}\n", "r.yaml");
+  EXPECT_TRUE(MessageContains(c.status(), {"r.yaml:6:", "optimizer.warmup_epochs", "expected a number", "'two'"}));
+  c = LoadConfigFromString(kMinimal, "r.yaml", Sets({"optimizer.decay_epochs=20"}));
+  EXPECT_TRUE(MessageContains(c.status(), {"--set optimizer.decay_epochs=20", "optimizer.decay_epochs"}));
+}
+
+TEST(ConfigScheduleTest, ValidationErrorsNameTheKey) {
+  const auto load = [](const std::string& optimizer) {
+    return LoadConfigFromString(std::string(kMinimal) + "optimizer: " + optimizer + "\n", "v.yaml").status();
+  };
+  EXPECT_TRUE(MessageContains(load("{decay_rate: 2}"), {"v.yaml: optimizer.decay_rate: must be in (0, 1], got 2"}));
+  EXPECT_TRUE(MessageContains(load("{decay_rate: 0}"), {"optimizer.decay_rate: must be in (0, 1], got 0"}));
+  EXPECT_TRUE(MessageContains(load("{decay_every: 2}"), {"optimizer.decay_every: must be in (0, 1]", "got 2"}));
+  EXPECT_TRUE(MessageContains(load("{schedule: step}"), {"optimizer.decay_every: is required with schedule step"}));
+  EXPECT_TRUE(MessageContains(load("{warmup: 1}"), {"optimizer.warmup: must be in [0, 1)", "got 1"}));
+  EXPECT_TRUE(MessageContains(load("{lr: 0.1, warmup_start_lr: 0.2}"),
+                              {"optimizer.warmup_start_lr: must be in [0, lr], got 0.2"}));
+  EXPECT_TRUE(MessageContains(load("{decay_rate: fast}"), {"v.yaml:6:", "optimizer.decay_rate", "expected a number"}));
+  // The same keys under optimizer.sparse name optimizer.sparse.*.
+  EXPECT_TRUE(MessageContains(load("{sparse: {decay_rate: 2}}"),
+                              {"optimizer.sparse.decay_rate: must be in (0, 1], got 2"}));
+  EXPECT_TRUE(MessageContains(load("{sparse: {schedule: step}}"), {"optimizer.sparse.decay_every: is required"}));
+  EXPECT_TRUE(MessageContains(load("{sparse: {warmup: -0.5}}"), {"optimizer.sparse.warmup: must be in [0, 1)"}));
+  EXPECT_TRUE(MessageContains(load("{sparse: {lr: 0.01, warmup_start_lr: 0.1}}"),
+                              {"optimizer.sparse.warmup_start_lr: must be in [0, lr], got 0.1"}));
+  absl::StatusOr<Config> ok = LoadConfigFromString(
+      std::string(kMinimal) + "optimizer: {sparse: {schedule: step, decay_every: 0.5, decay_rate: 0.9}}\n", "v.yaml");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->sparse_optimizer->schedule, LrSchedule::kStep);
+  EXPECT_FLOAT_EQ(ok->sparse_optimizer->decay_rate, 0.9f);
+  EXPECT_EQ(ok->sparse_optimizer->decay_every, 0.5);
+}
+
+// ----------------------------------------------------------- early_stopping
+
+TEST(ConfigEarlyStoppingTest, ReadsTheSection) {
+  absl::StatusOr<Config> c = LoadConfigFromString(kMinimal, "d.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->early_stopping.enabled());
+  EXPECT_EQ(c->early_stopping.mode, "auto");
+  EXPECT_EQ(c->early_stopping.min_delta, 0.0);
+  EXPECT_EQ(c->early_stopping.patience, 0);
+
+  c = LoadConfigFromString(std::string(kMinimal) +
+                               "  test: /data/test\n"
+                               "early_stopping: {monitor: test_accuracy, mode: max, min_delta: 0.001, patience: 3}\n",
+                           "e.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->early_stopping.enabled());
+  EXPECT_EQ(c->early_stopping.monitor, "test_accuracy");
+  EXPECT_EQ(c->early_stopping.mode, "max");
+  EXPECT_EQ(c->early_stopping.min_delta, 0.001);
+  EXPECT_EQ(c->early_stopping.patience, 3);
+
+  // Train metrics need no test set.
+  c = LoadConfigFromString(kMinimal, "e.yaml", Sets({"early_stopping.monitor=train_loss"}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->early_stopping.maximize());
+}
+
+TEST(ConfigEarlyStoppingTest, ErrorsNameTheKey) {
+  const auto load = [](const std::string& section) {
+    return LoadConfigFromString(std::string(kMinimal) + "  test: /data/test\nearly_stopping: " + section + "\n",
+                                "x.yaml")
+        .status();
+  };
+  EXPECT_TRUE(MessageContains(load("{monitor: val_loss}"),
+                              {"x.yaml: early_stopping.monitor: must be test_loss, test_accuracy, train_loss or "
+                               "train_accuracy (or empty: off), got 'val_loss'"}));
+  EXPECT_TRUE(MessageContains(load("{monitor: test_loss, mode: lowest}"),
+                              {"early_stopping.mode: must be min, max or auto, got 'lowest'"}));
+  EXPECT_TRUE(MessageContains(load("{monitor: test_loss, min_delta: -1}"),
+                              {"early_stopping.min_delta: must be a finite number >= 0, got -1"}));
+  EXPECT_TRUE(MessageContains(load("{monitor: test_loss, patience: -2}"),
+                              {"early_stopping.patience: must be >= 0, got -2"}));
+  EXPECT_TRUE(MessageContains(load("{monitor: test_loss, patience: 1.5}"),
+                              {"x.yaml:7:", "early_stopping.patience", "expected an integer", "'1.5'"}));
+  EXPECT_TRUE(MessageContains(load("{monitor: test_loss, patients: 3}"),
+                              {"x.yaml:7:", "unknown key 'early_stopping.patients'", "patience"}));
+  EXPECT_TRUE(MessageContains(load("[test_loss]"), {"early_stopping", "expected a mapping"}));
+  // A test metric without a test set.
+  absl::StatusOr<Config> c =
+      LoadConfigFromString(std::string(kMinimal) + "early_stopping: {monitor: test_loss}\n", "x.yaml");
+  EXPECT_TRUE(MessageContains(c.status(), {"early_stopping.monitor", "'test_loss' needs a test set (data.test)"}));
 }
 
 }  // namespace

@@ -381,5 +381,183 @@ TEST(LrAtTest, Cosine) {
   EXPECT_FLOAT_EQ(o.LrAt(0.5), 0.05f);
 }
 
+
+// Step decay (TF ExponentialDecay, staircase): lr * rate^floor(p / every).
+TEST(LrAtTest, Step) {
+  OptimizerOptions o;
+  o.lr = 0.1f;
+  o.schedule = LrSchedule::kStep;
+  o.decay_rate = 0.5f;
+  o.decay_every = 0.25;
+  ASSERT_TRUE(o.Validate().ok()) << o.Validate();
+  EXPECT_FLOAT_EQ(o.LrAt(0.0), 0.1f);
+  EXPECT_FLOAT_EQ(o.LrAt(0.2499), 0.1f);
+  EXPECT_FLOAT_EQ(o.LrAt(0.25), 0.05f);    // 0.1 * 0.5^1
+  EXPECT_FLOAT_EQ(o.LrAt(0.6), 0.025f);    // 0.1 * 0.5^2
+  EXPECT_FLOAT_EQ(o.LrAt(0.99), 0.0125f);  // 0.1 * 0.5^3
+  EXPECT_FLOAT_EQ(o.LrAt(1.0), 0.00625f);  // 0.1 * 0.5^4, after the last step
+  // decay_rate 1 is a constant rate.
+  o.decay_rate = 1.0f;
+  EXPECT_FLOAT_EQ(o.LrAt(0.9), 0.1f);
+}
+
+// A period of k epochs (k / E of the run) decays exactly when the trainer
+// starts epoch k+1, 2k+1, ..., although (e-1)/E / (k/E) rounds below a whole
+// number (0.3 / 0.1 = 2.9999999999999996).
+TEST(LrAtTest, StepLandsOnEpochBoundaries) {
+  for (int epochs : {3, 7, 10, 30, 90}) {
+    for (int k = 1; k <= epochs; ++k) {
+      OptimizerOptions o;
+      o.lr = 1.0f;
+      o.schedule = LrSchedule::kStep;
+      o.decay_rate = 0.5f;
+      o.decay_every = static_cast<double>(k) / epochs;  // what decay_epochs: k gives
+      for (int e = 1; e <= epochs; ++e) {
+        const double progress = static_cast<double>(e - 1) / epochs;  // as the trainer computes it
+        const int decays = (e - 1) / k;
+        ASSERT_FLOAT_EQ(o.LrAt(progress), std::pow(0.5f, decays)) << epochs << " epochs, every " << k << ", epoch " << e;
+        // And not earlier: the last step of the previous epoch.
+        if (e > 1) {
+          const int before = (e - 2) / k;
+          ASSERT_FLOAT_EQ(o.LrAt(progress - 1e-6), std::pow(0.5f, before)) << epochs << " " << k << " " << e;
+        }
+      }
+    }
+  }
+}
+
+// Linear warmup: start + (lr - start) * p / W for p < W, then the schedule
+// over what is left of the run.
+TEST(LrAtTest, WarmupThenConstant) {
+  OptimizerOptions o;
+  o.lr = 0.1f;
+  o.warmup = 0.1;
+  o.warmup_start_lr = 0.01f;
+  ASSERT_TRUE(o.Validate().ok()) << o.Validate();
+  EXPECT_FLOAT_EQ(o.LrAt(0.0), 0.01f);
+  EXPECT_FLOAT_EQ(o.LrAt(0.05), 0.01f + (0.1f - 0.01f) * 0.5f);  // 0.055
+  EXPECT_FLOAT_EQ(o.LrAt(0.025), 0.01f + (0.1f - 0.01f) * 0.25f);
+  EXPECT_FLOAT_EQ(o.LrAt(0.1), 0.1f);
+  EXPECT_FLOAT_EQ(o.LrAt(0.5), 0.1f);
+  EXPECT_FLOAT_EQ(o.LrAt(1.0), 0.1f);
+  // Default start: 0.
+  o.warmup_start_lr = 0.0f;
+  EXPECT_EQ(o.LrAt(0.0), 0.0f);
+  EXPECT_FLOAT_EQ(o.LrAt(0.05), 0.05f);
+}
+
+TEST(LrAtTest, WarmupThenCosine) {
+  OptimizerOptions o;
+  o.lr = 0.1f;
+  o.final_lr = 0.02f;
+  o.schedule = LrSchedule::kCosine;
+  o.warmup = 0.2;
+  ASSERT_TRUE(o.Validate().ok()) << o.Validate();
+  EXPECT_FLOAT_EQ(o.LrAt(0.0), 0.0f);
+  EXPECT_FLOAT_EQ(o.LrAt(0.1), 0.05f);  // half the warmup
+  EXPECT_FLOAT_EQ(o.LrAt(0.2), 0.1f);   // the cosine starts at lr ...
+  EXPECT_FLOAT_EQ(o.LrAt(0.6), 0.06f);  // ... is half-way at (0.2 + 1) / 2 ...
+  EXPECT_FLOAT_EQ(o.LrAt(1.0), 0.02f);  // ... and ends at final_lr
+  // q = (p - W) / (1 - W); final + (lr - final) * (1 + cos(pi q)) / 2.
+  const double q = (0.4 - 0.2) / (1 - 0.2);  // 0.25
+  EXPECT_NEAR(o.LrAt(0.4), 0.02 + 0.08 * (1 + std::cos(M_PI * q)) / 2, 1e-7);
+}
+
+TEST(LrAtTest, WarmupThenStep) {
+  OptimizerOptions o;
+  o.lr = 0.1f;
+  o.schedule = LrSchedule::kStep;
+  o.decay_rate = 0.5f;
+  o.decay_every = 0.25;
+  o.warmup = 0.2;
+  o.warmup_start_lr = 0.02f;
+  ASSERT_TRUE(o.Validate().ok()) << o.Validate();
+  EXPECT_FLOAT_EQ(o.LrAt(0.0), 0.02f);
+  EXPECT_FLOAT_EQ(o.LrAt(0.1), 0.06f);
+  // Periods are counted from the end of the warmup: t = p - W.
+  EXPECT_FLOAT_EQ(o.LrAt(0.2), 0.1f);
+  EXPECT_FLOAT_EQ(o.LrAt(0.44), 0.1f);     // t = 0.24
+  EXPECT_FLOAT_EQ(o.LrAt(0.45), 0.05f);    // t = 0.25
+  EXPECT_FLOAT_EQ(o.LrAt(0.7), 0.025f);    // t = 0.5
+  EXPECT_FLOAT_EQ(o.LrAt(0.95), 0.0125f);  // t = 0.75
+  EXPECT_FLOAT_EQ(o.LrAt(1.0), 0.0125f);   // t = 0.8
+}
+
+TEST(LrAtTest, WarmupRisesMonotonicallyToLr) {
+  for (LrSchedule schedule : {LrSchedule::kConstant, LrSchedule::kCosine, LrSchedule::kStep}) {
+    OptimizerOptions o;
+    o.lr = 0.3f;
+    o.final_lr = 0.01f;
+    o.schedule = schedule;
+    o.decay_every = 0.1;
+    o.warmup = 0.3;
+    o.warmup_start_lr = 0.001f;
+    ASSERT_TRUE(o.Validate().ok()) << o.Validate();
+    float prev = o.LrAt(0.0);
+    EXPECT_FLOAT_EQ(prev, 0.001f);
+    for (int i = 1; i <= 300; ++i) {
+      const float cur = o.LrAt(0.3 * i / 300.0);
+      EXPECT_GT(cur, prev) << static_cast<int>(schedule) << " " << i;
+      EXPECT_LE(cur, 0.3f);
+      prev = cur;
+    }
+    EXPECT_FLOAT_EQ(prev, 0.3f);  // reaches lr exactly at the end of the warmup
+    EXPECT_NEAR(o.LrAt(0.3 - 1e-9), 0.3f, 1e-6);  // and is continuous there
+  }
+}
+
+TEST(LrAtTest, ClampsProgress) {
+  OptimizerOptions o;
+  o.lr = 0.1f;
+  o.schedule = LrSchedule::kStep;
+  o.decay_every = 0.5;
+  o.warmup = 0.1;
+  EXPECT_EQ(o.LrAt(-1.0), o.LrAt(0.0));
+  EXPECT_EQ(o.LrAt(2.0), o.LrAt(1.0));
+}
+
+TEST(OptimizerOptionsTest, ValidateScheduleKeys) {
+  const auto message_of = [](void (*edit)(OptimizerOptions*)) {
+    OptimizerOptions o;
+    edit(&o);
+    return std::string(o.Validate().message());
+  };
+  const OptimizerOptions defaults;
+  EXPECT_EQ(defaults.decay_rate, 0.1f);
+  EXPECT_EQ(defaults.decay_every, 0.0);
+  EXPECT_EQ(defaults.warmup, 0.0);
+  EXPECT_EQ(defaults.warmup_start_lr, 0.0f);
+  EXPECT_EQ(message_of([](OptimizerOptions* o) { o->decay_rate = 2.0f; }),
+            "optimizer.decay_rate: must be in (0, 1], got 2");
+  EXPECT_EQ(message_of([](OptimizerOptions* o) { o->decay_rate = 0.0f; }),
+            "optimizer.decay_rate: must be in (0, 1], got 0");
+  EXPECT_EQ(message_of([](OptimizerOptions* o) { o->decay_rate = std::nanf(""); }).rfind("optimizer.decay_rate:", 0),
+            0u);
+  EXPECT_EQ(message_of([](OptimizerOptions* o) { o->decay_every = 1.5; }),
+            "optimizer.decay_every: must be in (0, 1] (a fraction of the run), got 1.5");
+  EXPECT_EQ(message_of([](OptimizerOptions* o) { o->decay_every = -0.25; }),
+            "optimizer.decay_every: must be in (0, 1] (a fraction of the run), got -0.25");
+  EXPECT_EQ(message_of([](OptimizerOptions* o) { o->schedule = LrSchedule::kStep; }),
+            "optimizer.decay_every: is required with schedule step (a fraction of the run in (0, 1]; or give "
+            "optimizer.decay_epochs)");
+  EXPECT_EQ(message_of([](OptimizerOptions* o) { o->warmup = 1.0; }),
+            "optimizer.warmup: must be in [0, 1) (a fraction of the run), got 1");
+  EXPECT_EQ(message_of([](OptimizerOptions* o) { o->warmup = -0.1; }),
+            "optimizer.warmup: must be in [0, 1) (a fraction of the run), got -0.1");
+  EXPECT_EQ(message_of([](OptimizerOptions* o) { o->warmup_start_lr = 0.5f; }),
+            "optimizer.warmup_start_lr: must be in [0, lr], got 0.5");
+  EXPECT_EQ(message_of([](OptimizerOptions* o) { o->warmup_start_lr = -0.5f; }),
+            "optimizer.warmup_start_lr: must be in [0, lr], got -0.5");
+  // Valid combinations.
+  EXPECT_EQ(message_of([](OptimizerOptions* o) {
+              o->schedule = LrSchedule::kStep;
+              o->decay_every = 1.0;
+              o->decay_rate = 1.0f;
+              o->warmup = 0.5;
+              o->warmup_start_lr = o->lr;
+            }),
+            "");
+}
+
 }  // namespace
 }  // namespace shardwild

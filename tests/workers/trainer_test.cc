@@ -19,6 +19,8 @@
 #include "core/partitioner.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "core/status.h"
+#include "workers/checkpoint.h"
 #include "workers/job.h"
 #include "workers/progress.h"
 #include "tests/workers/test_config.h"
@@ -268,6 +270,87 @@ TEST(TrainerTest, WritesMetricsJsonlAndTensorBoardEvents) {
   }
   EXPECT_GT(records, 3);  // the file version, train scalars, two evaluations
   EXPECT_EQ(eval_accuracy_records, 2);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+absl::StatusOr<TrainSummary> TrainWith(const std::vector<std::string>& sets) {
+  SW_ASSIGN_OR_RETURN(Config config, LoadDefaultConfig(sets));
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<Job> job, Job::Create(config));
+  ProgressReporter silent = ProgressReporter::Silent();
+  return RunTraining(*job, silent);
+}
+
+// eval.every_steps evaluates between steps, besides the epoch ends; every
+// evaluation sees every test record once. eval.sidecar leaves it all out.
+TEST(TrainerTest, InlineEvaluationEveryStepsAndSidecar) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not under /usr/share/datasets/fashion-mnist";
+  // 3000 records / 2 workers / batch 128 = 12 steps per worker and epoch:
+  // evaluations at steps 5, 10, 15, 20 and at the ends of both epochs.
+  absl::StatusOr<TrainSummary> s =
+      TrainWith({"data.max_train_records=3000", "data.max_test_records=700", "train.epochs=2", "train.workers=2",
+                 "eval.every_steps=5"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->eval_records_seen, 6 * 700);
+  EXPECT_EQ(s->records_seen, 2 * 3000);
+  ASSERT_TRUE(s->test_accuracy.has_value());
+
+  // eval.every_epochs: 2 of 3 epochs -> epoch 2 and the last.
+  s = TrainWith({"data.max_train_records=3000", "data.max_test_records=700", "train.epochs=3", "train.workers=2",
+                 "eval.every_epochs=2"});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->eval_records_seen, 2 * 700);
+  EXPECT_FALSE(s->history[0].test_accuracy.has_value());
+  EXPECT_TRUE(s->history[1].test_accuracy.has_value());
+
+  char tmpl[] = "/tmp/sw-sidecar-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  s = TrainWith({"data.max_train_records=3000", "data.max_test_records=700", "train.epochs=1", "train.workers=2",
+                 "eval.sidecar=true", "checkpoint.dir=" + dir});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->eval_records_seen, 0);
+  EXPECT_FALSE(s->test_accuracy.has_value());
+  EXPECT_EQ(s->checkpoints_written, 1);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  // A sidecar needs checkpoints to read.
+  absl::StatusOr<Config> bad = LoadDefaultConfig({"eval.sidecar=true"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("eval.sidecar"), absl::string_view::npos) << bad.status();
+}
+
+// early_stopping: a test accuracy that must improve by more than 1 never
+// does after the first evaluation, so with patience 1 training stops after
+// epoch 2 of 5; the final checkpoint says so and a restart trains no more.
+TEST(TrainerTest, EarlyStoppingStopsAndStaysStopped) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not under /usr/share/datasets/fashion-mnist";
+  char tmpl[] = "/tmp/sw-early-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  const std::vector<std::string> sets = {"data.max_train_records=3000", "data.max_test_records=500",
+                                         "train.epochs=5", "train.workers=2",
+                                         "early_stopping.monitor=test_accuracy", "early_stopping.min_delta=1",
+                                         "early_stopping.patience=1", "checkpoint.dir=" + dir};
+  absl::StatusOr<TrainSummary> s = TrainWith(sets);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE(s->stopped_early_at_epoch.has_value());
+  EXPECT_EQ(*s->stopped_early_at_epoch, 2);
+  EXPECT_EQ(s->history.size(), 2u);
+  EXPECT_EQ(s->records_seen, 2 * 3000);
+  absl::StatusOr<std::optional<CheckpointInfo>> found = FindLatestCheckpoint(dir);
+  ASSERT_TRUE(found.ok() && found->has_value());
+  EXPECT_TRUE((*found)->state.extra.value("final", false));
+  EXPECT_EQ((*found)->state.extra["early_stopping"]["stopped"], true);
+  absl::StatusOr<TrainSummary> again = TrainWith(sets);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->history.empty());
+  EXPECT_EQ(again->records_seen, 2 * 3000);
+  // Without the impossible min_delta it trains all 5 epochs.
+  absl::StatusOr<TrainSummary> full =
+      TrainWith({"data.max_train_records=3000", "data.max_test_records=500", "train.epochs=5", "train.workers=2",
+                 "early_stopping.monitor=train_loss", "early_stopping.patience=3"});
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_FALSE(full->stopped_early_at_epoch.has_value());
+  EXPECT_EQ(full->history.size(), 5u);
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
 }

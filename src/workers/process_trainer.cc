@@ -1,0 +1,785 @@
+#include "workers/process_trainer.h"
+
+#include <fcntl.h>
+#include <omp.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "core/early_stopping.h"
+#include "core/metrics_log.h"
+#include "core/status.h"
+#include "core/tfevents.h"
+#include "ps_shm/shm_store.h"
+#include "workers/checkpoint.h"
+#include "workers/dispatcher.h"
+#include "workers/worker.h"
+
+extern char** environ;
+
+namespace shardwild {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// A message on one line: newlines become spaces.
+std::string OneLine(absl::string_view text) {
+  std::string s(text);
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  std::replace(s.begin(), s.end(), '\r', ' ');
+  return s;
+}
+
+// One end of the socket: whole lines out, lines in (buffered).
+class LineChannel {
+ public:
+  explicit LineChannel(int fd) : fd_(fd) {}
+
+  // Writes `line` and '\n'. False when the peer is gone (no SIGPIPE).
+  bool Send(const std::string& line) {
+    const std::string msg = line + "\n";
+    size_t off = 0;
+    while (off < msg.size()) {
+      const ssize_t n = ::send(fd_, msg.data() + off, msg.size() - off, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      off += static_cast<size_t>(n);
+    }
+    return true;
+  }
+  // Reads once (blocking until something arrives) into the buffer. False on
+  // EOF or an error.
+  bool Fill() {
+    char chunk[4096];
+    while (true) {
+      const ssize_t n = ::read(fd_, chunk, sizeof chunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      buf_.append(chunk, static_cast<size_t>(n));
+      return true;
+    }
+  }
+  // The next complete line in the buffer, without its '\n'.
+  bool NextLine(std::string* line) {
+    const size_t nl = buf_.find('\n');
+    if (nl == std::string::npos) return false;
+    line->assign(buf_, 0, nl);
+    buf_.erase(0, nl + 1);
+    return true;
+  }
+  // Blocks until a whole line arrives; nullopt on EOF or an error.
+  std::optional<std::string> ReadLine() {
+    std::string line;
+    while (!NextLine(&line)) {
+      if (!Fill()) return std::nullopt;
+    }
+    return line;
+  }
+  int fd() const { return fd_; }
+
+ private:
+  int fd_;
+  std::string buf_;
+};
+
+std::string Real(double v) { return absl::StrFormat("%.17g", v); }
+
+// ---- The worker process --------------------------------------------------
+
+// Sets up, says ready, then serves tasks until `exit` or EOF. Errors are
+// setup errors (task errors are sent as `fail`).
+absl::Status ServeTasks(const Config& config, const WorkerProcessArgs& args, LineChannel& channel) {
+  SW_RETURN_IF_ERROR(config.Validate());
+  // Placement as the in-process worker `index` would have it (Job::Create).
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<Topology> topo, MakeTopology(config.topology));
+  const int workers = topo->ResolveWorkers(config.train.workers);
+  const int threads = topo->ResolveThreadsPerWorker(config.train.intra_op_threads, workers);
+  if (args.index < 0 || args.index >= workers) {
+    return absl::InvalidArgumentError(absl::StrCat("worker index ", args.index, " is not in [0, ", workers, ")"));
+  }
+  const Placement placement = topo->Plan(workers, topo->ResolveShards(config.ps.shards), threads);
+  omp_set_dynamic(0);
+  omp_set_num_threads(threads);
+  if (config.train.pin_threads) SW_RETURN_IF_ERROR(topo->PinCurrentThread(placement.workers[args.index].cores));
+
+  SW_ASSIGN_OR_RETURN(ImageDataset train, LoadIdxImageDataset(config.data.train, config.model.input_dim,
+                                                              config.data.max_train_records));
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<ShmParamStore> store,
+                      ShmParamStore::Attach(args.store, config.optimizer, config.sparse_optimizer));
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, Worker::Create(args.index, config.model,
+                                                                     config.train.batch_size, train, store.get(),
+                                                                     engine));
+  WorkerUpdateOptions update;
+  update.pull_every = config.train.pull_every;
+  update.max_staleness = config.ps.max_staleness;
+  worker->set_update_options(update);
+  if (!channel.Send(absl::StrCat("ready ", getpid(), " ", train.count))) return absl::OkStatus();  // parent gone
+
+  const int64_t batch = config.train.batch_size;
+  const int64_t piece = batch * config.train.pull_every;  // records per TrainRange call
+  std::vector<int32_t> order;
+  int order_epoch = -1;
+  auto last_sent = Clock::now();
+  while (std::optional<std::string> line = channel.ReadLine()) {
+    const std::vector<std::string> f = absl::StrSplit(*line, ' ', absl::SkipEmpty());
+    if (f.empty()) continue;
+    if (f[0] == "exit") break;
+    if (f[0] != "task") continue;  // unknown messages are ignored (forward compatibility)
+    uint64_t lease = 0;
+    int epoch = 0;
+    int64_t first = 0, count = 0;
+    double progress_begin = 0, per_step = 0;
+    if (f.size() != 7 || !absl::SimpleAtoi(f[1], &lease) || !absl::SimpleAtoi(f[2], &epoch) ||
+        !absl::SimpleAtoi(f[3], &first) || !absl::SimpleAtoi(f[4], &count) ||
+        !absl::SimpleAtod(f[5], &progress_begin) || !absl::SimpleAtod(f[6], &per_step) || epoch < 1 || first < 0 ||
+        count < 0 || first + count > train.count) {
+      if (!channel.Send(absl::StrCat("fail ", lease, " malformed task: ", OneLine(*line)))) break;
+      continue;
+    }
+    if (epoch != order_epoch) {
+      order = EpochOrder(train.count, config.train.seed, epoch);
+      order_epoch = epoch;
+    }
+    WorkerCounters& c = worker->counters();
+    const int64_t steps0 = c.steps.load(std::memory_order_relaxed);
+    const int64_t samples0 = c.samples.load(std::memory_order_relaxed);
+    const int64_t correct0 = c.correct.load(std::memory_order_relaxed);
+    const double loss0 = c.loss_sum.load(std::memory_order_relaxed);
+    absl::Status trained;
+    // In pieces of pull_every steps, with a heartbeat between them.
+    for (int64_t off = 0; off < count && trained.ok(); off += piece) {
+      trained = worker->TrainRange(order.data() + first + off, std::min(piece, count - off), config.optimizer,
+                                   progress_begin, per_step, off / batch, nullptr);
+      if (SecondsSince(last_sent) >= 1.0 && off + piece < count) {
+        if (!channel.Send("hb")) return absl::OkStatus();
+        last_sent = Clock::now();
+      }
+    }
+    std::string reply;
+    if (trained.ok()) {
+      reply = absl::StrCat("done ", lease, " ", c.samples.load(std::memory_order_relaxed) - samples0, " ",
+                           c.steps.load(std::memory_order_relaxed) - steps0, " ",
+                           Real(c.loss_sum.load(std::memory_order_relaxed) - loss0), " ",
+                           c.correct.load(std::memory_order_relaxed) - correct0);
+    } else {
+      reply = absl::StrCat("fail ", lease, " ", OneLine(trained.message()));
+    }
+    if (!channel.Send(reply)) break;
+    last_sent = Clock::now();
+  }
+  return absl::OkStatus();
+}
+
+// ---- The main process ----------------------------------------------------
+
+// One worker slot: the process now serving worker `index`.
+struct Slot {
+  int index = 0;
+  pid_t pid = -1;      // -1: no process (given up, restart_workers false)
+  int fd = -1;         // our end of the socket
+  int id = -1;         // the dispatcher's worker id of this process
+  bool ready = false;  // said `ready`
+  bool busy = false;   // a task is out
+  uint64_t lease = 0;
+  int starts_failed = 0;  // consecutive deaths before `ready`
+  Clock::time_point contact;  // spawn or last message
+  std::string fatal;          // its `fatal` message, if any
+  std::unique_ptr<LineChannel> channel;
+};
+
+std::string DescribeWaitStatus(int status) {
+  if (WIFSIGNALED(status)) return absl::StrCat("killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
+  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
+  return absl::StrCat("wait status ", status);
+}
+
+// The worker processes; the destructor kills and reaps whatever still runs.
+class WorkerProcesses {
+ public:
+  WorkerProcesses(std::vector<std::string> command, std::string store, int workers)
+      : command_(std::move(command)), store_(std::move(store)), slots_(workers) {
+    for (int i = 0; i < workers; ++i) slots_[i].index = i;
+  }
+  ~WorkerProcesses() {
+    for (Slot& s : slots_) {
+      if (s.pid > 0) Reap(s, /*kill_first=*/true);
+    }
+  }
+  WorkerProcesses(const WorkerProcesses&) = delete;
+  WorkerProcesses& operator=(const WorkerProcesses&) = delete;
+
+  std::vector<Slot>& slots() { return slots_; }
+  int live() const {
+    return static_cast<int>(std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.pid > 0; }));
+  }
+
+  // Starts a process for `slot` (its previous one must be reaped).
+  absl::Status Spawn(Slot& slot) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+      return absl::InternalError(absl::StrCat("socketpair: ", std::strerror(errno)));
+    }
+    // The child's end goes to fd 3; keep it above 3 here so dup2 really copies
+    // (and so clears close-on-exec).
+    const int child_end = fcntl(sv[1], F_DUPFD_CLOEXEC, 10);
+    close(sv[1]);
+    if (child_end < 0) {
+      close(sv[0]);
+      return absl::InternalError(absl::StrCat("fcntl: ", std::strerror(errno)));
+    }
+    std::vector<std::string> args = command_;
+    for (const std::string& a : {std::string("--store"), store_, std::string("--index"), std::to_string(slot.index),
+                                 std::string("--fd"), std::string("3"), std::string("--parent"),
+                                 std::to_string(getpid())}) {
+      args.push_back(a);
+    }
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, child_end, 3);
+    pid_t pid = -1;
+    const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    close(child_end);
+    if (rc != 0) {
+      close(sv[0]);
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot start worker process '", command_[0], "': ", std::strerror(rc)));
+    }
+    slot.pid = pid;
+    slot.fd = sv[0];
+    slot.id = next_id_++;
+    slot.ready = false;
+    slot.busy = false;
+    slot.lease = 0;
+    slot.fatal.clear();
+    slot.contact = Clock::now();
+    slot.channel = std::make_unique<LineChannel>(sv[0]);
+    return absl::OkStatus();
+  }
+
+  // Closes the socket and waits for the process (killing it first if
+  // asked); returns its wait status. The slot has no process afterwards.
+  int Reap(Slot& slot, bool kill_first) {
+    if (slot.fd >= 0) close(slot.fd);
+    slot.fd = -1;
+    slot.channel.reset();
+    int status = 0;
+    if (slot.pid > 0) {
+      if (kill_first) kill(slot.pid, SIGKILL);
+      while (waitpid(slot.pid, &status, 0) < 0 && errno == EINTR) {
+      }
+    }
+    slot.pid = -1;
+    slot.busy = false;
+    slot.ready = false;
+    return status;
+  }
+
+  // Asks every process to exit and reaps them (SIGKILL after `grace`).
+  void ExitAll(double grace_s) {
+    for (Slot& s : slots_) {
+      if (s.pid > 0 && s.channel) s.channel->Send("exit");
+    }
+    const auto deadline = Clock::now() + std::chrono::duration<double>(grace_s);
+    for (Slot& s : slots_) {
+      if (s.pid <= 0) continue;
+      if (s.fd >= 0) close(s.fd);
+      s.fd = -1;
+      s.channel.reset();
+      int status = 0;
+      while (true) {
+        const pid_t r = waitpid(s.pid, &status, WNOHANG);
+        if (r == s.pid || (r < 0 && errno != EINTR)) break;
+        if (Clock::now() >= deadline) {
+          kill(s.pid, SIGKILL);
+          while (waitpid(s.pid, &status, 0) < 0 && errno == EINTR) {
+          }
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      s.pid = -1;
+    }
+  }
+
+ private:
+  const std::vector<std::string> command_;
+  const std::string store_;
+  std::vector<Slot> slots_;
+  int next_id_ = 0;
+};
+
+struct EpochTotals {
+  int64_t records = 0, steps = 0, correct = 0;
+  double loss = 0;
+};
+
+}  // namespace
+
+int RunWorkerProcess(const absl::StatusOr<Config>& config, const WorkerProcessArgs& args) {
+  // Never outlive the main process: killed when it dies, and if it died
+  // before this line, leave at once.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (args.parent > 0 && getppid() != args.parent) return 1;
+  if (args.fd < 0) return 1;
+  LineChannel channel(args.fd);
+  const absl::Status s = config.ok() ? ServeTasks(*config, args, channel) : config.status();
+  if (!s.ok()) {
+    channel.Send(absl::StrCat("fatal ", OneLine(s.message())));
+    return 1;
+  }
+  return 0;
+}
+
+absl::StatusOr<TrainSummary> RunProcessTraining(Job& job, ProgressReporter& progress, const TrainRunOptions& options) {
+  const Config& cfg = job.config();
+  if (options.worker_command.empty()) {
+    return absl::InvalidArgumentError(
+        "train.worker_processes: no worker command to start (run training through the shardwild command line)");
+  }
+  if (job.replicas().num_replicas() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ps.replication: resolved to ", ReplicationPolicyName(job.replicas().plan().policy), " (",
+        job.replicas().num_replicas(), " replicas), but train.worker_processes needs one copy; set ps.replication "
+        "per_machine"));
+  }
+  const int workers = job.num_workers();
+  const int64_t n = job.train().count;
+  const int64_t batch = cfg.train.batch_size;
+  const int epochs = cfg.train.epochs;
+  const CheckpointOptions& ck = cfg.checkpoint;
+  const bool checkpointing = !ck.dir.empty();
+  const std::string config_hash = TrainingConfigHash(cfg);
+  if (checkpointing && ck.every_steps > 0) {
+    progress.Line("warning: checkpoint.every_steps is ignored with train.worker_processes (checkpoints are written "
+                  "at epoch ends)");
+  }
+  if (cfg.eval.every_steps > 0) {
+    progress.Line("warning: eval.every_steps is ignored with train.worker_processes (evaluation runs at epoch ends)");
+  }
+
+  TrainSummary summary;
+  summary.epochs = epochs;
+  summary.workers = workers;
+  summary.intra_op_threads = job.placement().threads_per_worker;
+  summary.shards = job.store().layout().num_shards;
+  summary.store_name = job.store().name();
+  summary.store_bytes = job.replicas().total_bytes();
+
+  DispatcherOptions dopts;
+  dopts.records_per_task = cfg.data.records_per_task;
+  dopts.task_timeout_s = cfg.train.task_timeout_s;
+  dopts.max_task_retries = cfg.train.max_task_retries;
+  dopts.epochs = epochs;
+  dopts.seed = cfg.train.seed;
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<Dispatcher> dispatcher,
+                      Dispatcher::Create(dopts, {DataFile{cfg.data.train, n}}));
+
+  // Resume: parameters from the newest checkpoint, the dispatcher from its
+  // cursor (or the saved epoch from its beginning).
+  int first_epoch = 1;
+  int64_t base_steps = 0;
+  int64_t restored_records = 0;
+  nlohmann::json restored_extra;
+  if (checkpointing && !options.fresh) {
+    SW_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> found, FindLatestCheckpoint(ck.dir, &summary.skipped_checkpoints));
+    for (const std::string& skipped : summary.skipped_checkpoints) {
+      progress.Line(absl::StrCat("warning: skipped checkpoint ", skipped));
+    }
+    if (found) {
+      SW_RETURN_IF_ERROR(RestoreJob(job, *found));
+      if (found->state.config_hash != config_hash) {
+        progress.Line(absl::StrCat("warning: ", found->path, " was written under another config (hash ",
+                                   found->state.config_hash, ", now ", config_hash, ")"));
+      }
+      const nlohmann::json& cur = found->state.data_cursor;
+      restored_extra = found->state.extra;
+      first_epoch = cur.value("epoch", 1);
+      base_steps = restored_extra.value("steps", int64_t{0});
+      restored_records = restored_extra.value("records_seen", int64_t{0});
+      if (first_epoch <= epochs) {
+        DataCursor dc = dispatcher->Cursor();  // the right task count; epoch 1, nothing done
+        absl::Status restored = absl::UnknownError("no dispatcher cursor");
+        if (cur.contains("dispatcher") && cur.value("records", int64_t{0}) == n) {
+          absl::StatusOr<DataCursor> saved = DataCursor::FromJson(cur["dispatcher"].dump());
+          restored = saved.ok() ? dispatcher->Restore(*saved) : saved.status();
+        }
+        if (!restored.ok()) {
+          // An in-process checkpoint, or one of other data: the saved epoch
+          // from its beginning, with an order of its own.
+          if (cur.value("round", int64_t{0}) > 0 || cur.contains("dispatcher")) {
+            progress.Line(absl::StrCat("warning: ", found->path, " cannot be continued task by task (",
+                                       restored.message(), "); epoch ", first_epoch, " restarts from its beginning"));
+          }
+          dc.epoch = first_epoch;
+          dc.rng_state = cfg.train.seed ^ (0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(first_epoch));
+          dc.done.clear();
+          SW_RETURN_IF_ERROR(dispatcher->Restore(dc));
+        }
+      }
+      summary.resumed_from_step = found->step;
+      progress.Line(absl::StrCat("resumed from ", found->path, ": epoch ", first_epoch,
+                                 first_epoch <= epochs ? "" : " (training was complete)"));
+    }
+  }
+
+  std::optional<EarlyStopping> early;
+  bool stop_early = false;
+  if (!cfg.early_stopping.monitor.empty()) {
+    early.emplace(cfg.early_stopping);
+    if (restored_extra.is_object() && restored_extra.contains("early_stopping")) {
+      if (absl::Status s = early->FromJson(restored_extra["early_stopping"]); !s.ok()) {
+        progress.Line(absl::StrCat("warning: early stopping starts afresh: ", s.message()));
+        early.emplace(cfg.early_stopping);
+      }
+    }
+  }
+  const bool inline_eval = job.test() != nullptr && !cfg.eval.sidecar;
+  std::optional<std::pair<double, double>> last_eval;
+  int64_t run_steps = 0;  // steps of done tasks, this run
+
+  std::unique_ptr<MetricsLog> jsonl;
+  std::unique_ptr<EventFileWriter> events;
+  if (!cfg.metrics.jsonl.empty()) {
+    SW_ASSIGN_OR_RETURN(jsonl, MetricsLog::Open(cfg.metrics.jsonl, /*append=*/summary.resumed_from_step.has_value()));
+  }
+  if (!cfg.metrics.tensorboard.empty()) {
+    SW_ASSIGN_OR_RETURN(events, EventFileWriter::Open(cfg.metrics.tensorboard));
+  }
+
+  // Checkpoint of the quiescent job (no task out): training goes on at
+  // `next_epoch`'s beginning.
+  auto write_checkpoint = [&](int next_epoch) -> absl::Status {
+    const DispatcherCounters dc = dispatcher->counters();
+    CheckpointState state;
+    state.step = base_steps + run_steps;
+    state.epoch = next_epoch - 1;
+    state.config_hash = config_hash;
+    state.data_cursor = {{"epoch", next_epoch}, {"round", 0},          {"workers", workers},
+                         {"batch", batch},      {"records", n},        {"epoch_records", 0},
+                         {"seed", cfg.train.seed},
+                         {"dispatcher", json::parse(dispatcher->Cursor().ToJson())}};
+    state.rng = {{"shuffle_seed", cfg.train.seed}, {"epoch", next_epoch}};
+    state.extra = {{"records_seen", dc.records_seen},
+                   {"steps", base_steps + run_steps},
+                   {"final", next_epoch > epochs || stop_early},
+                   {"worker_processes", true}};
+    if (early) state.extra["early_stopping"] = early->ToJson();
+    CheckpointWriteOptions wo;
+    wo.keep = ck.keep;
+    SW_ASSIGN_OR_RETURN(summary.last_checkpoint, WriteCheckpoint(ck.dir, job.store(), state, wo));
+    ++summary.checkpoints_written;
+    if (options.stop_after_checkpoints > 0 && summary.checkpoints_written >= options.stop_after_checkpoints) {
+      return absl::AbortedError(absl::StrCat("stopped after checkpoint ", summary.last_checkpoint, " (test hook)"));
+    }
+    return absl::OkStatus();
+  };
+
+  // Steps in one epoch over all tasks (for the progress line).
+  const int64_t per_task = cfg.data.records_per_task;
+  const int64_t steps_per_epoch = (n / per_task) * ((per_task + batch - 1) / batch) + ((n % per_task) + batch - 1) / batch;
+
+  const auto run_start = Clock::now();
+  double train_seconds = 0;
+  int64_t run_records = 0;
+  if (first_epoch <= epochs) {
+    WorkerProcesses procs(options.worker_command, job.store().name(), workers);
+    auto start = [&](Slot& slot, const char* why) -> absl::Status {
+      SW_RETURN_IF_ERROR(procs.Spawn(slot));
+      progress.Line(absl::StrCat("worker ", slot.index, ": pid ", slot.pid, why));
+      return absl::OkStatus();
+    };
+    for (Slot& s : procs.slots()) SW_RETURN_IF_ERROR(start(s, ""));
+
+    int epoch = dispatcher->counters().epoch;
+    int completed = dispatcher->counters().epochs_completed;
+    EpochTotals totals;
+    auto epoch_start = Clock::now();
+    bool epoch_started = false;
+    auto last_tick = Clock::now();
+    std::string last_death;
+
+    // A process is gone (or given up on): re-queue its task, restart it or
+    // go on without it.
+    auto died = [&](Slot& slot, bool kill_first, const std::string& why) -> absl::Status {
+      const pid_t pid = slot.pid;
+      const bool was_ready = slot.ready;
+      const std::string fatal = slot.fatal;
+      const int status = procs.Reap(slot, kill_first);
+      const std::string how = why.empty() ? DescribeWaitStatus(status) : why;
+      if (!fatal.empty() || (!was_ready && WIFEXITED(status) && why.empty())) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "worker process ", slot.index, " (pid ", pid, ") failed to start: ",
+            fatal.empty() ? how : fatal));
+      }
+      dispatcher->WorkerDied(slot.id);
+      last_death = absl::StrCat("worker ", slot.index, " (pid ", pid, ") ", how);
+      progress.Line(absl::StrCat("worker ", slot.index, " (pid ", pid, ") died: ", how, "; its task goes back to the queue"));
+      slot.starts_failed = was_ready ? 0 : slot.starts_failed + 1;
+      if (slot.starts_failed > 3) {
+        return absl::FailedPreconditionError(absl::StrCat("worker process ", slot.index, " died ",
+                                                          slot.starts_failed, " times before it was ready; last: ",
+                                                          how));
+      }
+      if (cfg.train.restart_workers) return start(slot, " (replacement)");
+      if (procs.live() == 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "no worker process is left (train.restart_workers is false); the last one: ", last_death));
+      }
+      return absl::OkStatus();
+    };
+
+    // One message from `slot`.
+    auto handle = [&](Slot& slot, const std::string& line) -> absl::Status {
+      slot.contact = Clock::now();
+      const std::vector<std::string> f = absl::StrSplit(line, absl::MaxSplits(' ', 5));
+      if (f[0] == "hb") {
+        dispatcher->Heartbeat(slot.id);
+      } else if (f[0] == "ready" && f.size() >= 3) {
+        int64_t records = -1;
+        if (!absl::SimpleAtoi(f[2], &records) || records != n) {
+          return absl::FailedPreconditionError(absl::StrCat("worker process ", slot.index, " loaded ", f[2],
+                                                            " training records, this process ", n));
+        }
+        slot.ready = true;
+        progress.Line(absl::StrCat("worker ", slot.index, ": pid ", slot.pid, " ready"));
+      } else if (f[0] == "done" && f.size() == 6 && slot.busy) {
+        EpochTotals t;
+        uint64_t lease = 0;
+        if (!absl::SimpleAtoi(f[1], &lease) || !absl::SimpleAtoi(f[2], &t.records) ||
+            !absl::SimpleAtoi(f[3], &t.steps) || !absl::SimpleAtod(f[4], &t.loss) ||
+            !absl::SimpleAtoi(f[5], &t.correct)) {
+          return absl::InternalError(absl::StrCat("worker process ", slot.index, ": malformed reply '", line, "'"));
+        }
+        slot.busy = false;
+        if (dispatcher->ReportDone(slot.id, lease) == ReportResult::kAccepted) {
+          totals.records += t.records;
+          totals.steps += t.steps;
+          totals.loss += t.loss;
+          totals.correct += t.correct;
+          run_steps += t.steps;
+          run_records += t.records;
+        }
+      } else if (f[0] == "fail" && f.size() >= 2 && slot.busy) {
+        uint64_t lease = 0;
+        (void)absl::SimpleAtoi(f[1], &lease);
+        slot.busy = false;
+        const std::string msg = line.size() > 5 + f[1].size() + 1 ? line.substr(5 + f[1].size() + 1) : "";
+        dispatcher->ReportFailed(slot.id, lease,
+                                 absl::InternalError(absl::StrCat("worker ", slot.index, ": ", msg)));
+      } else if (f[0] == "fatal") {
+        slot.fatal = line.size() > 6 ? line.substr(6) : "unknown error";
+      }
+      return absl::OkStatus();
+    };
+
+    // End of an epoch (every worker idle): statistics, evaluation, metrics,
+    // early stopping, checkpoint.
+    auto end_epoch = [&]() -> absl::Status {
+      const double seconds = SecondsSince(epoch_start);
+      train_seconds += seconds;
+      EpochResult er;
+      er.epoch = epoch;
+      er.records = totals.records;
+      er.train_loss = er.records > 0 ? totals.loss / er.records : 0;
+      er.train_accuracy = er.records > 0 ? static_cast<double>(totals.correct) / er.records : 0;
+      er.seconds = seconds;
+      er.samples_per_s = seconds > 0 ? er.records / seconds : 0;
+      std::string text =
+          absl::StrFormat("epoch %d/%d: train loss %.4f acc %.4f", epoch, epochs, er.train_loss, er.train_accuracy);
+      const bool last_epoch = epoch == epochs;
+      if (inline_eval && (last_epoch || (cfg.eval.every_epochs > 0 && epoch % cfg.eval.every_epochs == 0))) {
+        SW_ASSIGN_OR_RETURN(EvalResult ev, EvaluateAll(job, *job.test()));
+        er.test_loss = ev.count ? ev.loss_sum / ev.count : 0;
+        er.test_accuracy = ev.count ? static_cast<double>(ev.correct) / ev.count : 0;
+        summary.eval_records_seen += ev.count;
+        last_eval = {*er.test_loss, *er.test_accuracy};
+        absl::StrAppendFormat(&text, " | test loss %.4f acc %.4f", *er.test_loss, *er.test_accuracy);
+      }
+      const int64_t step = base_steps + run_steps;
+      if (jsonl) {
+        nlohmann::json record = {{"kind", "eval"},        {"epoch", epoch},          {"train_loss", er.train_loss},
+                                 {"train_accuracy", er.train_accuracy}, {"records", er.records},
+                                 {"seconds", er.seconds}, {"step", step}};
+        if (er.test_loss) {
+          record["test_loss"] = *er.test_loss;
+          record["test_accuracy"] = *er.test_accuracy;
+        }
+        SW_RETURN_IF_ERROR(jsonl->Write(std::move(record)));
+      }
+      if (events) {
+        std::vector<ScalarValue> scalars = {{"epoch/train_loss", static_cast<float>(er.train_loss)},
+                                            {"epoch/train_accuracy", static_cast<float>(er.train_accuracy)}};
+        if (er.test_loss) {
+          scalars.push_back({"eval/loss", static_cast<float>(*er.test_loss)});
+          scalars.push_back({"eval/accuracy", static_cast<float>(*er.test_accuracy)});
+        }
+        SW_RETURN_IF_ERROR(events->AddScalars(scalars, step, absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch())));
+        SW_RETURN_IF_ERROR(events->Flush());
+      }
+      absl::StrAppendFormat(&text, " | %.1f s, %.0f samples/s", seconds, er.samples_per_s);
+      progress.Line(text);
+      summary.history.push_back(er);
+      if (early) {
+        std::optional<double> value;
+        const std::string& m = early->monitor();
+        if (m == "train_loss") value = er.train_loss;
+        if (m == "train_accuracy") value = er.train_accuracy;
+        if (m == "test_loss" && er.test_loss) value = *er.test_loss;
+        if (m == "test_accuracy" && er.test_accuracy) value = *er.test_accuracy;
+        if (value && early->Update(*value)) {
+          stop_early = true;
+          summary.stopped_early_at_epoch = epoch;
+          progress.Line(absl::StrFormat("early stopping: %s has not improved on %.4f for %d evaluation(s)", m,
+                                        early->best(), early->wait()));
+          if (checkpointing) SW_RETURN_IF_ERROR(write_checkpoint(epochs + 1));
+          return absl::OkStatus();
+        }
+      }
+      if (checkpointing && (last_epoch || (ck.every_epochs > 0 && epoch % ck.every_epochs == 0))) {
+        SW_RETURN_IF_ERROR(write_checkpoint(epoch + 1));
+      }
+      ++epoch;
+      totals = EpochTotals();
+      epoch_started = false;
+      return absl::OkStatus();
+    };
+
+    const double timeout_s = cfg.train.task_timeout_s;
+    bool finished = false;
+    while (!finished && !stop_early) {
+      // Hand out tasks to the idle workers.
+      for (Slot& slot : procs.slots()) {
+        if (slot.pid <= 0 || !slot.ready || slot.busy) continue;
+        SW_ASSIGN_OR_RETURN(Assignment a, dispatcher->GetTask(slot.id));
+        if (a.kind == Assignment::Kind::kEnd) {
+          finished = true;
+          break;
+        }
+        if (a.kind == Assignment::Kind::kWait) break;
+        const Task& t = a.task;
+        if (!epoch_started) {  // the epoch's time runs from its first task (not the workers' start-up)
+          epoch_started = true;
+          epoch_start = Clock::now();
+        }
+        const int64_t done_in_epoch = dispatcher->counters().records_seen - static_cast<int64_t>(t.epoch - 1) * n;
+        const double progress_begin =
+            (static_cast<double>(t.epoch - 1) + static_cast<double>(std::clamp<int64_t>(done_in_epoch, 0, n)) / n) /
+            epochs;
+        const double per_step = static_cast<double>(batch) / (static_cast<double>(n) * epochs);
+        slot.busy = true;
+        slot.lease = t.lease;
+        slot.contact = Clock::now();
+        if (!slot.channel->Send(absl::StrCat("task ", t.lease, " ", t.epoch, " ", t.first_record, " ", t.records, " ",
+                                             Real(progress_begin), " ", Real(per_step)))) {
+          SW_RETURN_IF_ERROR(died(slot, /*kill_first=*/true, ""));
+        }
+      }
+      if (finished) break;
+
+      // Wait for messages.
+      std::vector<pollfd> fds;
+      std::vector<Slot*> polled;
+      for (Slot& slot : procs.slots()) {
+        if (slot.pid <= 0) continue;
+        fds.push_back(pollfd{slot.fd, POLLIN, 0});
+        polled.push_back(&slot);
+      }
+      if (fds.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat("no worker process is left; the last one: ", last_death));
+      }
+      const int ready = poll(fds.data(), fds.size(), 50);
+      if (ready < 0 && errno != EINTR) return absl::InternalError(absl::StrCat("poll: ", std::strerror(errno)));
+      for (size_t i = 0; i < fds.size() && ready > 0; ++i) {
+        Slot& slot = *polled[i];
+        if (fds[i].revents == 0 || slot.pid <= 0) continue;
+        if (!slot.channel->Fill()) {
+          // Whatever it said last still counts (a `done` before dying).
+          std::string line;
+          while (slot.channel->NextLine(&line)) SW_RETURN_IF_ERROR(handle(slot, line));
+          SW_RETURN_IF_ERROR(died(slot, /*kill_first=*/false, ""));
+          continue;
+        }
+        std::string line;
+        while (slot.channel && slot.channel->NextLine(&line)) SW_RETURN_IF_ERROR(handle(slot, line));
+      }
+
+      // Silent workers: a task (or the start) out for too long.
+      for (Slot& slot : procs.slots()) {
+        if (slot.pid <= 0 || (slot.ready && !slot.busy)) continue;
+        if (SecondsSince(slot.contact) > timeout_s) {
+          SW_RETURN_IF_ERROR(died(slot, /*kill_first=*/true,
+                                  absl::StrFormat("was silent for more than %g s (train.task_timeout_s); killed",
+                                                  timeout_s)));
+        }
+      }
+
+      // An epoch ended: nothing is out, so every worker is idle.
+      const DispatcherCounters dc = dispatcher->counters();
+      if (dc.epochs_completed > completed) {
+        completed = dc.epochs_completed;
+        SW_RETURN_IF_ERROR(end_epoch());
+        last_tick = Clock::now();
+      }
+      if (SecondsSince(last_tick) >= cfg.train.log_every_s && totals.records > 0) {
+        last_tick = Clock::now();
+        const double elapsed = SecondsSince(epoch_start);
+        ProgressState s;
+        s.epoch = epoch;
+        s.epochs = epochs;
+        s.step = totals.steps;
+        s.steps = steps_per_epoch;
+        s.samples_per_s = elapsed > 0 ? totals.records / elapsed : 0;
+        s.loss = totals.loss / totals.records;
+        const double per_step = s.step > 0 ? elapsed / s.step : 0;
+        s.eta_s = per_step * ((steps_per_epoch - s.step) + steps_per_epoch * (epochs - epoch));
+        progress.Update(s);
+      }
+    }
+    SW_RETURN_IF_ERROR(dispatcher->status());
+    procs.ExitAll(/*grace_s=*/5);
+  }
+
+  const DispatcherCounters dc = dispatcher->counters();
+  summary.steps = base_steps + run_steps;
+  summary.records_seen = first_epoch <= epochs ? dc.records_seen : restored_records;
+  summary.tasks_requeued = dc.tasks_requeued;
+  summary.worker_failures = dc.worker_failures;
+  summary.samples_per_s = train_seconds > 0 ? run_records / train_seconds : 0;
+  if (!summary.history.empty()) summary.train_loss = summary.history.back().train_loss;
+  if (last_eval) {
+    summary.test_loss = last_eval->first;
+    summary.test_accuracy = last_eval->second;
+  }
+  summary.model_version = job.replicas().version();
+  summary.wall_s = SecondsSince(run_start);
+  return summary;
+}
+
+}  // namespace shardwild

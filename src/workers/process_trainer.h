@@ -1,0 +1,123 @@
+// Worker processes (train.worker_processes): each worker is its own process,
+// attached by name to the job's shared-memory store; the dispatcher
+// (workers/dispatcher.h) runs in the main process and hands out tasks. A
+// worker can really die (SIGKILL, a crash): its task is re-queued and the job
+// goes on, with a replacement (train.restart_workers) or with fewer workers.
+//
+// Processes. RunProcessTraining starts one worker process per worker with
+// posix_spawn of TrainRunOptions::worker_command (the CLI passes
+// {"/proc/self/exe", "worker", CONFIG, "--set", k=v, ...}) followed by
+//   --store NAME --index I --fd 3 --parent PID
+// and one end of a socketpair as fd 3. The child (the CLI's hidden `shardwild
+// worker` subcommand, RunWorkerProcess below) sets PR_SET_PDEATHSIG to
+// SIGKILL and checks that its parent is still PID, so it never outlives the
+// main process (the death signal follows the thread that spawned it: call
+// RunTraining on a thread that lives until it returns, as the CLI's main
+// thread does). It loads the training data (the same data.train and
+// data.max_train_records), attaches to the store with
+// ShmParamStore::Attach(NAME, optimizer), pins itself as the in-process
+// worker I would be (train.pin_threads, intra_op_threads), builds one Worker
+// and serves tasks. Its stdout stays unused; warnings go to stderr.
+//
+// Protocol: text lines over the stream socket, one message per line, numbers
+// in decimal (floating point with 17 significant digits, so they round-trip).
+//   child -> parent
+//     ready <pid> <records>            set up; <records> = training records it loaded
+//     hb                               heartbeat, at most once a second while a task runs
+//     done <lease> <records> <steps> <loss_sum> <correct>
+//     fail <lease> <message>           the task failed (Worker::TrainRange's error)
+//     fatal <message>                  setup failed; the child exits 1
+//   parent -> child
+//     task <lease> <epoch> <first> <count> <progress_begin> <progress_per_step>
+//         train positions [first, first + count) of EpochOrder(records,
+//         train.seed, epoch); step k uses optimizer.LrAt(progress_begin +
+//         k * progress_per_step)
+//     exit                             (or EOF) the child exits 0
+// A child runs a task in pieces of train.pull_every steps (Worker::TrainRange
+// pulls at the start of each call and every pull_every steps, so the pieces
+// compute exactly what one call would) and sends a heartbeat between pieces
+// when a second has passed since its last message.
+//
+// Death and timeouts. EOF (or an error) on a worker's socket, or its exit,
+// is a death: the parent reaps it and calls Dispatcher::WorkerDied, so its
+// task goes back to the front of the queue (tasks_requeued and
+// worker_failures grow). A busy worker silent for longer than
+// train.task_timeout_s is killed with SIGKILL and handled as a death; so is
+// one that does not say `ready` within that time. With
+// train.restart_workers a replacement process starts in the same slot (a
+// fresh dispatcher worker id); otherwise the job goes on with the rest and
+// fails with a clear error when none is left. A task re-queued more than
+// train.max_task_retries times fails the job (the dispatcher's error). A
+// worker that dies before it is ready (setup error) fails the job with its
+// message instead of being restarted.
+//
+// What is exact. Records are counted when a task is reported done
+// (Dispatcher), so records_seen == epochs x records even when workers die,
+// and the epoch's train loss / accuracy average exactly the records of done
+// tasks. Steps count the steps of done tasks. The parameters, though, may
+// also have received the pushes of a killed worker's partial task (at-least-
+// once application of gradients, as in ElasticDL): model_version can exceed
+// steps. tasks_requeued and worker_failures are the dispatcher's counters.
+//
+// Learning rate. A task is trained at the epoch progress when it is handed
+// out: progress_begin = (epoch - 1 + r / n) / epochs, where r is the number
+// of this epoch's records reported done so far and n the records per epoch,
+// advancing by batch / (n x epochs) per step of the task. So the schedule
+// advances through the epoch as tasks complete; a re-queued task runs at the
+// progress of its new hand-out.
+//
+// Epochs, evaluation, checkpoints. Tasks are the dispatcher's (records per
+// task: data.records_per_task), shuffled per epoch; epochs never overlap.
+// At each epoch's end every worker is idle: the parent evaluates data.test
+// with the Job's in-process workers (eval.every_epochs and the last epoch),
+// writes metrics, applies early_stopping and writes checkpoints
+// (checkpoint.every_epochs and the end). Checkpoints are epoch-granular in
+// this mode: checkpoint.every_steps and eval.every_steps are ignored (a
+// warning says so). A checkpoint's data_cursor holds the dispatcher's
+// cursor under "dispatcher"; resuming from a checkpoint written in the middle
+// of an epoch (by an in-process run) restarts that epoch.
+//
+// Requirements (Config::Validate and RunProcessTraining): ps.update hogwild or
+// row_lock (sync is a barrier inside one process) and one copy of the
+// parameters (ps.replication per_machine, or auto resolving to it).
+//
+// Thread safety: RunProcessTraining runs on the calling thread (the Job's
+// worker threads evaluate); RunWorkerProcess is a process's main loop.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/options.h"
+#include "workers/job.h"
+#include "workers/progress.h"
+#include "workers/trainer.h"
+
+namespace shardwild {
+
+// Trains `job` with one worker process per worker (see above). Called by
+// RunTraining when config.train.worker_processes is set; options as for
+// RunTraining, and options.worker_command must name the worker program.
+// Errors: InvalidArgument for an unusable config or command; the
+// dispatcher's error when a task is out of retries; FailedPrecondition when
+// no worker is left or a worker fails to start (its message). Worker
+// processes still running are killed and reaped on every return.
+absl::StatusOr<TrainSummary> RunProcessTraining(Job& job, ProgressReporter& progress, const TrainRunOptions& options);
+
+// The arguments the parent appends to worker_command.
+struct WorkerProcessArgs {
+  std::string store;  // --store: the store's name()
+  int index = 0;      // --index: which worker (placement, Worker index)
+  int fd = -1;        // --fd: the socket to the parent
+  pid_t parent = 0;   // --parent: the main process
+};
+
+// The worker process's main loop (the CLI's `shardwild worker`): returns
+// the process exit code, 0 after `exit` or EOF. Setup errors (a config that
+// did not load included) are sent as `fatal` and returned as 1.
+int RunWorkerProcess(const absl::StatusOr<Config>& config, const WorkerProcessArgs& args);
+
+}  // namespace shardwild
