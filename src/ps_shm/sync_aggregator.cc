@@ -114,7 +114,9 @@ void SyncAggregator::CompleteRound() {
     if (!contributed_[w]) continue;
     const float* slot = slots_[w].data();
     if (count == 0) {
-      std::memcpy(sum_.data(), slot, slot_size_ * sizeof(float));
+      // (A store of embedding tables only has no dense floats: no copy, and
+      // memcpy must not see the null data() of empty vectors.)
+      if (slot_size_ > 0) std::memcpy(sum_.data(), slot, slot_size_ * sizeof(float));
       lr = lr_[w];
       sparse_lr = sparse_lr_[w];
     } else {
