@@ -707,20 +707,8 @@ absl::Status ShmParamStore::VisitTableRows(int table, const TableRowVisitor& vis
 
 absl::Status ShmParamStore::WriteTableRow(int table, uint64_t id, const float* params,
                                           absl::Span<const float* const> slots, uint64_t update_count) {
-  if (table < 0 || table >= static_cast<int>(tables_.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("write table row: no embedding table ", table));
-  }
-  const TableSpec& spec = layout_.tables[table];
-  const uint32_t nshards = static_cast<uint32_t>(layout_.num_shards);
-  if (spec.kind == EmbeddingKind::kStatic) {
-    if (id >= static_cast<uint64_t>(spec.capacity)) {
-      return absl::InvalidArgumentError(absl::StrCat("embedding table '", spec.name, "': id ", id,
-                                                     " is out of range for a static table of ", spec.capacity, " rows"));
-    }
-    return tables_[table][id % nshards].WriteRowState(id / nshards, params, slots, update_count);
-  }
-  return tables_[table][nshards == 1 ? 0 : ShardOfDynamicId(id, nshards)].WriteRowState(id, params, slots,
-                                                                                         update_count);
+  SW_ASSIGN_OR_RETURN(RowHome home, HomeOf(table, id, "write table row"));
+  return home.table->WriteRowState(home.local_id, params, slots, update_count);
 }
 
 absl::Status ShmParamStore::Push(absl::Span<const DenseGrad> grads, float lr) {
@@ -943,8 +931,13 @@ absl::Status ShmParamStore::PushRows(int table, absl::Span<const uint64_t> ids, 
 
 absl::Status ShmParamStore::ReadTableRow(int table, uint64_t id, float* params, absl::Span<float* const> slots,
                                          uint64_t* update_count) {
+  SW_ASSIGN_OR_RETURN(RowHome home, HomeOf(table, id, "read table row"));
+  return home.table->ReadRowState(home.local_id, params, slots, update_count);
+}
+
+absl::StatusOr<ShmParamStore::RowHome> ShmParamStore::HomeOf(int table, uint64_t id, const char* what) {
   if (table < 0 || table >= static_cast<int>(tables_.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("read table row: no embedding table ", table));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": no embedding table ", table));
   }
   const TableSpec& spec = layout_.tables[table];
   const uint32_t nshards = static_cast<uint32_t>(layout_.num_shards);
@@ -953,10 +946,9 @@ absl::Status ShmParamStore::ReadTableRow(int table, uint64_t id, float* params, 
       return absl::InvalidArgumentError(absl::StrCat("embedding table '", spec.name, "': id ", id,
                                                      " is out of range for a static table of ", spec.capacity, " rows"));
     }
-    return tables_[table][id % nshards].ReadRowState(id / nshards, params, slots, update_count);
+    return RowHome{&tables_[table][id % nshards], id / nshards};
   }
-  return tables_[table][nshards == 1 ? 0 : ShardOfDynamicId(id, nshards)].ReadRowState(id, params, slots,
-                                                                                        update_count);
+  return RowHome{&tables_[table][nshards == 1 ? 0 : ShardOfDynamicId(id, nshards)], id};
 }
 
 uint64_t ShmParamStore::shard_version(int shard) const { return LoadRelaxed(shard_versions_[shard]); }

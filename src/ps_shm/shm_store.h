@@ -158,6 +158,14 @@ class ShmParamStore final : public ParamStore {
  private:
   ShmParamStore() = default;
   absl::Status BuildParts();
+  // The shard table holding row `id` of table `table` and the id it has
+  // there (static: id / shards). InvalidArgument, prefixed by `what`, for a
+  // bad table or a static id out of range.
+  struct RowHome {
+    EmbeddingTable* table;
+    uint64_t local_id;
+  };
+  absl::StatusOr<RowHome> HomeOf(int table, uint64_t id, const char* what);
   // Validates the table ids and groups them by shard into scratch (ids,
   // positions, offsets).
   absl::Status GroupIds(int table, absl::Span<const uint64_t> ids, RowScratch* scratch) const;

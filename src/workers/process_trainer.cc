@@ -407,17 +407,10 @@ absl::StatusOr<TrainSummary> RunProcessTraining(Job& job, ProgressReporter& prog
   int64_t base_steps = 0;
   int64_t restored_records = 0;
   nlohmann::json restored_extra;
-  if (checkpointing && !options.fresh) {
-    SW_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> found, FindLatestCheckpoint(ck.dir, &summary.skipped_checkpoints));
-    for (const std::string& skipped : summary.skipped_checkpoints) {
-      progress.Line(absl::StrCat("warning: skipped checkpoint ", skipped));
-    }
+  {
+    SW_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> found,
+                        ResumeJob(job, options.fresh, progress, &summary.skipped_checkpoints));
     if (found) {
-      SW_RETURN_IF_ERROR(RestoreJob(job, *found));
-      if (found->state.config_hash != config_hash) {
-        progress.Line(absl::StrCat("warning: ", found->path, " was written under another config (hash ",
-                                   found->state.config_hash, ", now ", config_hash, ")"));
-      }
       const nlohmann::json& cur = found->state.data_cursor;
       restored_extra = found->state.extra;
       first_epoch = cur.value("epoch", 1);

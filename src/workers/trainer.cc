@@ -86,6 +86,24 @@ absl::Status RestoreJob(Job& job, const CheckpointInfo& checkpoint) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::optional<CheckpointInfo>> ResumeJob(Job& job, bool fresh, ProgressReporter& progress,
+                                                        std::vector<std::string>* skipped) {
+  const Config& cfg = job.config();
+  if (cfg.checkpoint.dir.empty() || fresh) return std::optional<CheckpointInfo>();
+  std::vector<std::string> skipped_here;
+  SW_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> found, FindLatestCheckpoint(cfg.checkpoint.dir, &skipped_here));
+  for (const std::string& s : skipped_here) progress.Line(absl::StrCat("warning: skipped checkpoint ", s));
+  if (skipped != nullptr) skipped->insert(skipped->end(), skipped_here.begin(), skipped_here.end());
+  if (!found) return found;
+  SW_RETURN_IF_ERROR(RestoreJob(job, *found));
+  const std::string config_hash = TrainingConfigHash(cfg);
+  if (found->state.config_hash != config_hash) {
+    progress.Line(absl::StrCat("warning: ", found->path, " was written under another config (hash ",
+                               found->state.config_hash, ", now ", config_hash, ")"));
+  }
+  return found;
+}
+
 std::string TrainingConfigHash(const Config& c) {
   std::string key = absl::StrCat("input:", c.model.input_dim, ";loss:", static_cast<int>(c.model.loss));
   for (const LayerOptions& l : c.model.layers) {
@@ -142,17 +160,10 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
   int64_t first_round = 0;
   int64_t base_records = 0, base_steps = 0;
   nlohmann::json restored_extra;
-  if (checkpointing && !options.fresh) {
-    SW_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> found, FindLatestCheckpoint(ck.dir, &summary.skipped_checkpoints));
-    for (const std::string& skipped : summary.skipped_checkpoints) {
-      progress.Line(absl::StrCat("warning: skipped checkpoint ", skipped));
-    }
+  {
+    SW_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> found,
+                        ResumeJob(job, options.fresh, progress, &summary.skipped_checkpoints));
     if (found) {
-      SW_RETURN_IF_ERROR(RestoreJob(job, *found));
-      if (found->state.config_hash != config_hash) {
-        progress.Line(absl::StrCat("warning: ", found->path, " was written under another config (hash ",
-                                   found->state.config_hash, ", now ", config_hash, ")"));
-      }
       const nlohmann::json& cur = found->state.data_cursor;
       const nlohmann::json& extra = found->state.extra;
       restored_extra = extra;

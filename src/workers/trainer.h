@@ -113,4 +113,12 @@ absl::StatusOr<std::vector<float>> PredictAll(Job& job, const ImageDataset& data
 // Restores `checkpoint` into every replica of `job` (workers idle).
 absl::Status RestoreJob(Job& job, const CheckpointInfo& checkpoint);
 
+// The resume step of a training run: unless `fresh`, finds the newest good
+// checkpoint in config.checkpoint.dir (each skipped one is appended to
+// `skipped` and reported on `progress` as a warning), restores it into
+// `job` and warns if it was written under another config hash. Returns it,
+// or nullopt when there is nothing to resume (also without checkpoint.dir).
+absl::StatusOr<std::optional<CheckpointInfo>> ResumeJob(Job& job, bool fresh, ProgressReporter& progress,
+                                                        std::vector<std::string>* skipped);
+
 }  // namespace shardwild
