@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gtest/gtest.h"
+#include "cli_child.h"
 
 extern char** environ;
 
@@ -32,123 +33,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr char kConfig[] = SHARDWILD_SOURCE_DIR "/configs/fashion_mnist_mlp.yaml";
-
-bool HaveFashionMnist() {
-  const std::string dir = "/usr/share/datasets/fashion-mnist/";
-  for (const char* prefix : {"train", "t10k"}) {
-    for (const char* kind : {"-images-idx3-ubyte", "-labels-idx1-ubyte"}) {
-      const std::string base = dir + prefix + kind;
-      if (!fs::exists(base + ".gz") && !fs::exists(base)) return false;
-    }
-  }
-  return true;
-}
-
-std::string ReadFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::vector<std::string> Lines(const std::string& text) {
-  std::vector<std::string> lines;
-  std::string line;
-  std::istringstream in(text);
-  while (std::getline(in, line)) lines.push_back(line);
-  return lines;
-}
-
-// Names in /dev/shm that contain `part`.
-std::vector<std::string> ShmEntriesContaining(const std::string& part) {
-  std::vector<std::string> found;
-  std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator("/dev/shm", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.find(part) != std::string::npos) found.push_back(name);
-  }
-  return found;
-}
-
-// A scratch directory, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "shardwild_cli_test.XXXXXX").string();
-    if (mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-// A `shardwild` child process whose stdout and stderr go to files.
-class Child {
- public:
-  // Starts SHARDWILD_BINARY with `args`; stdin is /dev/null.
-  explicit Child(const std::vector<std::string>& args) {
-    if (dir_.path().empty()) return;
-    out_path_ = dir_.path() / "stdout";
-    err_path_ = dir_.path() / "stderr";
-    std::vector<std::string> argv_s = {SHARDWILD_BINARY};
-    argv_s.insert(argv_s.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (std::string& a : argv_s) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&actions, 1, out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    posix_spawn_file_actions_addopen(&actions, 2, err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&actions);
-  }
-  ~Child() {
-    if (running()) {
-      kill(pid_, SIGKILL);
-      Wait();
-    }
-  }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-
-  bool started() const { return pid_ > 0; }
-  pid_t pid() const { return pid_; }
-  bool running() const { return pid_ > 0 && !status_; }
-
-  // Waits for the child to end and returns its wait status.
-  int Wait() {
-    if (!status_ && pid_ > 0) {
-      int st = 0;
-      while (waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
-      }
-      status_ = st;
-    }
-    return status_.value_or(-1);
-  }
-  // Whether the child has ended (reaping it if so).
-  bool Poll() {
-    if (status_) return true;
-    int st = 0;
-    if (waitpid(pid_, &st, WNOHANG) == pid_) status_ = st;
-    return status_.has_value();
-  }
-
-  std::string out() const { return ReadFile(out_path_); }
-  std::string err() const { return ReadFile(err_path_); }
-
- private:
-  TempDir dir_;
-  fs::path out_path_, err_path_;
-  pid_t pid_ = -1;
-  std::optional<int> status_;
-};
+using namespace clitest;
 
 struct Result {
   int status = -1;  // wait status
@@ -178,13 +63,6 @@ void ExpectOneErrorLine(const Result& r, const std::vector<std::string>& parts) 
   EXPECT_EQ(lines[0].rfind("shardwild: error: ", 0), 0u) << lines[0];
   for (const std::string& p : parts) EXPECT_NE(lines[0].find(p), std::string::npos) << lines[0] << "\nlacks: " << p;
   EXPECT_EQ(r.err.back(), '\n');
-}
-
-// The last stdout line, parsed as JSON (null if it does not parse).
-json LastLineJson(const std::string& out) {
-  const std::vector<std::string> lines = Lines(out);
-  if (lines.empty()) return nullptr;
-  return json::parse(lines.back(), nullptr, /*allow_exceptions=*/false);
 }
 
 TEST(CliTest, Version) {

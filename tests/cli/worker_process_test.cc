@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gtest/gtest.h"
+#include "cli_child.h"
 
 extern char** environ;
 
@@ -34,49 +35,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using SteadyClock = std::chrono::steady_clock;
 
-constexpr char kConfig[] = SHARDWILD_SOURCE_DIR "/configs/fashion_mnist_mlp.yaml";
-
-bool HaveFashionMnist() {
-  const std::string dir = "/usr/share/datasets/fashion-mnist/";
-  for (const char* prefix : {"train", "t10k"}) {
-    for (const char* kind : {"-images-idx3-ubyte", "-labels-idx1-ubyte"}) {
-      const std::string base = dir + prefix + kind;
-      if (!fs::exists(base + ".gz") && !fs::exists(base)) return false;
-    }
-  }
-  return true;
-}
-
-std::string ReadFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::vector<std::string> Lines(const std::string& text) {
-  std::vector<std::string> lines;
-  std::string line;
-  std::istringstream in(text);
-  while (std::getline(in, line)) lines.push_back(line);
-  return lines;
-}
-
-json LastLineJson(const std::string& out) {
-  const std::vector<std::string> lines = Lines(out);
-  if (lines.empty()) return nullptr;
-  return json::parse(lines.back(), nullptr, /*allow_exceptions=*/false);
-}
-
-std::vector<std::string> ShmEntriesContaining(const std::string& part) {
-  std::vector<std::string> found;
-  std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator("/dev/shm", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.find(part) != std::string::npos) found.push_back(name);
-  }
-  return found;
-}
+using namespace clitest;
 
 // The parent pid of `pid` from /proc, or -1 if it is gone.
 pid_t ParentOf(pid_t pid) {
@@ -110,78 +69,6 @@ bool WaitUntilEnded(pid_t pid, std::chrono::seconds limit) {
   }
   return Ended(pid);
 }
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "shardwild_wp_test.XXXXXX").string();
-    if (mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-// A `shardwild` child process whose stdout and stderr go to files.
-class Child {
- public:
-  explicit Child(const std::vector<std::string>& args) {
-    if (dir_.path().empty()) return;
-    out_path_ = dir_.path() / "stdout";
-    err_path_ = dir_.path() / "stderr";
-    std::vector<std::string> argv_s = {SHARDWILD_BINARY};
-    argv_s.insert(argv_s.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (std::string& a : argv_s) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&actions, 1, out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    posix_spawn_file_actions_addopen(&actions, 2, err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&actions);
-  }
-  ~Child() {
-    if (pid_ > 0 && !status_) {
-      kill(pid_, SIGKILL);
-      Wait();
-    }
-  }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-
-  bool started() const { return pid_ > 0; }
-  pid_t pid() const { return pid_; }
-  int Wait() {
-    if (!status_ && pid_ > 0) {
-      int st = 0;
-      while (waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
-      }
-      status_ = st;
-    }
-    return status_.value_or(-1);
-  }
-  bool Poll() {
-    if (status_) return true;
-    int st = 0;
-    if (waitpid(pid_, &st, WNOHANG) == pid_) status_ = st;
-    return status_.has_value();
-  }
-  std::string out() const { return ReadFile(out_path_); }
-  std::string err() const { return ReadFile(err_path_); }
-
- private:
-  TempDir dir_;
-  fs::path out_path_, err_path_;
-  pid_t pid_ = -1;
-  std::optional<int> status_;
-};
 
 // Worker index -> pid, from the "worker I: pid P" lines (the latest per index).
 std::map<int, pid_t> WorkerPids(const std::string& out) {
