@@ -25,13 +25,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "core/early_stopping.h"
-#include "core/metrics_log.h"
 #include "core/status.h"
-#include "core/tfevents.h"
 #include "ps_shm/shm_store.h"
 #include "workers/checkpoint.h"
 #include "workers/dispatcher.h"
+#include "workers/run_callbacks.h"
 #include "workers/worker.h"
 
 extern char** environ;
@@ -442,29 +440,11 @@ absl::StatusOr<TrainSummary> RunProcessTraining(Job& job, ProgressReporter& prog
     }
   }
 
-  std::optional<EarlyStopping> early;
-  bool stop_early = false;
-  if (!cfg.early_stopping.monitor.empty()) {
-    early.emplace(cfg.early_stopping);
-    if (restored_extra.is_object() && restored_extra.contains("early_stopping")) {
-      if (absl::Status s = early->FromJson(restored_extra["early_stopping"]); !s.ok()) {
-        progress.Line(absl::StrCat("warning: early stopping starts afresh: ", s.message()));
-        early.emplace(cfg.early_stopping);
-      }
-    }
-  }
+  // Metrics, early stopping (its state travels in checkpoints), epoch lines.
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<RunCallbacks> callbacks,
+                      RunCallbacks::Create(cfg, summary.resumed_from_step.has_value(), restored_extra, &progress));
   const bool inline_eval = job.test() != nullptr && !cfg.eval.sidecar;
-  std::optional<std::pair<double, double>> last_eval;
   int64_t run_steps = 0;  // steps of done tasks, this run
-
-  std::unique_ptr<MetricsLog> jsonl;
-  std::unique_ptr<EventFileWriter> events;
-  if (!cfg.metrics.jsonl.empty()) {
-    SW_ASSIGN_OR_RETURN(jsonl, MetricsLog::Open(cfg.metrics.jsonl, /*append=*/summary.resumed_from_step.has_value()));
-  }
-  if (!cfg.metrics.tensorboard.empty()) {
-    SW_ASSIGN_OR_RETURN(events, EventFileWriter::Open(cfg.metrics.tensorboard));
-  }
 
   // Checkpoint of the quiescent job (no task out): training goes on at
   // `next_epoch`'s beginning.
@@ -481,9 +461,9 @@ absl::StatusOr<TrainSummary> RunProcessTraining(Job& job, ProgressReporter& prog
     state.rng = {{"shuffle_seed", cfg.train.seed}, {"epoch", next_epoch}};
     state.extra = {{"records_seen", dc.records_seen},
                    {"steps", base_steps + run_steps},
-                   {"final", next_epoch > epochs || stop_early},
+                   {"final", next_epoch > epochs || callbacks->stopped()},
                    {"worker_processes", true}};
-    if (early) state.extra["early_stopping"] = early->ToJson();
+    if (nlohmann::json es = callbacks->early_stopping_state(); !es.is_null()) state.extra["early_stopping"] = es;
     CheckpointWriteOptions wo;
     wo.keep = ck.keep;
     SW_ASSIGN_OR_RETURN(summary.last_checkpoint, WriteCheckpoint(ck.dir, job.store(), state, wo));
@@ -604,56 +584,19 @@ absl::StatusOr<TrainSummary> RunProcessTraining(Job& job, ProgressReporter& prog
       er.train_accuracy = er.records > 0 ? static_cast<double>(totals.correct) / er.records : 0;
       er.seconds = seconds;
       er.samples_per_s = seconds > 0 ? er.records / seconds : 0;
-      std::string text =
-          absl::StrFormat("epoch %d/%d: train loss %.4f acc %.4f", epoch, epochs, er.train_loss, er.train_accuracy);
       const bool last_epoch = epoch == epochs;
       if (inline_eval && (last_epoch || (cfg.eval.every_epochs > 0 && epoch % cfg.eval.every_epochs == 0))) {
         SW_ASSIGN_OR_RETURN(EvalResult ev, EvaluateAll(job, *job.test()));
         er.test_loss = ev.count ? ev.loss_sum / ev.count : 0;
         er.test_accuracy = ev.count ? static_cast<double>(ev.correct) / ev.count : 0;
         summary.eval_records_seen += ev.count;
-        last_eval = {*er.test_loss, *er.test_accuracy};
-        absl::StrAppendFormat(&text, " | test loss %.4f acc %.4f", *er.test_loss, *er.test_accuracy);
       }
-      const int64_t step = base_steps + run_steps;
-      if (jsonl) {
-        nlohmann::json record = {{"kind", "eval"},        {"epoch", epoch},          {"train_loss", er.train_loss},
-                                 {"train_accuracy", er.train_accuracy}, {"records", er.records},
-                                 {"seconds", er.seconds}, {"step", step}};
-        if (er.test_loss) {
-          record["test_loss"] = *er.test_loss;
-          record["test_accuracy"] = *er.test_accuracy;
-        }
-        SW_RETURN_IF_ERROR(jsonl->Write(std::move(record)));
-      }
-      if (events) {
-        std::vector<ScalarValue> scalars = {{"epoch/train_loss", static_cast<float>(er.train_loss)},
-                                            {"epoch/train_accuracy", static_cast<float>(er.train_accuracy)}};
-        if (er.test_loss) {
-          scalars.push_back({"eval/loss", static_cast<float>(*er.test_loss)});
-          scalars.push_back({"eval/accuracy", static_cast<float>(*er.test_accuracy)});
-        }
-        SW_RETURN_IF_ERROR(events->AddScalars(scalars, step, absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch())));
-        SW_RETURN_IF_ERROR(events->Flush());
-      }
-      absl::StrAppendFormat(&text, " | %.1f s, %.0f samples/s", seconds, er.samples_per_s);
-      progress.Line(text);
       summary.history.push_back(er);
-      if (early) {
-        std::optional<double> value;
-        const std::string& m = early->monitor();
-        if (m == "train_loss") value = er.train_loss;
-        if (m == "train_accuracy") value = er.train_accuracy;
-        if (m == "test_loss" && er.test_loss) value = *er.test_loss;
-        if (m == "test_accuracy" && er.test_accuracy) value = *er.test_accuracy;
-        if (value && early->Update(*value)) {
-          stop_early = true;
-          summary.stopped_early_at_epoch = epoch;
-          progress.Line(absl::StrFormat("early stopping: %s has not improved on %.4f for %d evaluation(s)", m,
-                                        early->best(), early->wait()));
-          if (checkpointing) SW_RETURN_IF_ERROR(write_checkpoint(epochs + 1));
-          return absl::OkStatus();
-        }
+      SW_ASSIGN_OR_RETURN(const bool stop, callbacks->OnEpochEnd(er, epochs, base_steps + run_steps));
+      if (stop) {
+        summary.stopped_early_at_epoch = epoch;
+        if (checkpointing) SW_RETURN_IF_ERROR(write_checkpoint(epochs + 1));
+        return absl::OkStatus();
       }
       if (checkpointing && (last_epoch || (ck.every_epochs > 0 && epoch % ck.every_epochs == 0))) {
         SW_RETURN_IF_ERROR(write_checkpoint(epoch + 1));
@@ -666,7 +609,7 @@ absl::StatusOr<TrainSummary> RunProcessTraining(Job& job, ProgressReporter& prog
 
     const double timeout_s = cfg.train.task_timeout_s;
     bool finished = false;
-    while (!finished && !stop_early) {
+    while (!finished && !callbacks->stopped()) {
       // Hand out tasks to the idle workers.
       for (Slot& slot : procs.slots()) {
         if (slot.pid <= 0 || !slot.ready || slot.busy) continue;
@@ -766,9 +709,9 @@ absl::StatusOr<TrainSummary> RunProcessTraining(Job& job, ProgressReporter& prog
   summary.worker_failures = dc.worker_failures;
   summary.samples_per_s = train_seconds > 0 ? run_records / train_seconds : 0;
   if (!summary.history.empty()) summary.train_loss = summary.history.back().train_loss;
-  if (last_eval) {
-    summary.test_loss = last_eval->first;
-    summary.test_accuracy = last_eval->second;
+  if (const auto& last = callbacks->last_evaluation()) {
+    summary.test_loss = last->first;
+    summary.test_accuracy = last->second;
   }
   summary.model_version = job.replicas().version();
   summary.wall_s = SecondsSince(run_start);

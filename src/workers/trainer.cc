@@ -7,10 +7,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/crc32c.h"
-#include "core/early_stopping.h"
-#include "core/metrics_log.h"
-#include "core/tfevents.h"
 #include "workers/checkpoint.h"
+#include "workers/run_callbacks.h"
 #include "workers/process_trainer.h"
 #include "core/partitioner.h"
 #include "core/status.h"
@@ -186,20 +184,10 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
     }
   }
 
-  // Early stopping (early_stopping.monitor): its state travels in checkpoints.
-  std::optional<EarlyStopping> early;
-  bool stop_early = false;
-  if (!cfg.early_stopping.monitor.empty()) {
-    early.emplace(cfg.early_stopping);
-    if (restored_extra.is_object() && restored_extra.contains("early_stopping")) {
-      if (absl::Status s = early->FromJson(restored_extra["early_stopping"]); !s.ok()) {
-        progress.Line(absl::StrCat("warning: early stopping starts afresh: ", s.message()));
-        early.emplace(cfg.early_stopping);
-      }
-    }
-  }
+  // Metrics, early stopping (its state travels in checkpoints), epoch lines.
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<RunCallbacks> callbacks,
+                      RunCallbacks::Create(cfg, summary.resumed_from_step.has_value(), restored_extra, &progress));
   const bool inline_eval = job.test() != nullptr && !cfg.eval.sidecar;
-  std::optional<std::pair<double, double>> last_eval;  // test loss and accuracy of the latest evaluation
 
   // Writes a checkpoint of the (quiescent) job: the next step to run is step
   // `round` of epoch `epoch`.
@@ -216,8 +204,8 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
     state.rng = {{"shuffle_seed", cfg.train.seed}, {"epoch", epoch}};
     state.extra = {{"records_seen", base_records + t.samples},
                    {"steps", base_steps + t.steps},
-                   {"final", epoch > cfg.train.epochs || stop_early}};
-    if (early) state.extra["early_stopping"] = early->ToJson();
+                   {"final", epoch > cfg.train.epochs || callbacks->stopped()}};
+    if (nlohmann::json es = callbacks->early_stopping_state(); !es.is_null()) state.extra["early_stopping"] = es;
     CheckpointWriteOptions wo;
     wo.keep = ck.keep;
     SW_ASSIGN_OR_RETURN(summary.last_checkpoint, WriteCheckpoint(ck.dir, job.store(), state, wo));
@@ -228,28 +216,14 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
     return absl::OkStatus();
   };
 
-  // Metrics besides the progress line (metrics.jsonl, metrics.tensorboard).
-  std::unique_ptr<MetricsLog> jsonl;
-  std::unique_ptr<EventFileWriter> events;
-  if (!cfg.metrics.jsonl.empty()) {
-    SW_ASSIGN_OR_RETURN(jsonl, MetricsLog::Open(cfg.metrics.jsonl, /*append=*/summary.resumed_from_step.has_value()));
-  }
-  if (!cfg.metrics.tensorboard.empty()) {
-    SW_ASSIGN_OR_RETURN(events, EventFileWriter::Open(cfg.metrics.tensorboard));
-  }
-  auto log_metrics = [&](nlohmann::json record, int64_t step, std::initializer_list<ScalarValue> scalars) {
-    if (jsonl) {
-      record["step"] = step;
-      SW_RETURN_IF_ERROR(jsonl->Write(std::move(record)));
-    }
-    if (events) {
-      SW_RETURN_IF_ERROR(events->AddScalars({scalars.begin(), scalars.size()}, step,
-                                            absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch())));
-      SW_RETURN_IF_ERROR(events->Flush());
-    }
-    return absl::OkStatus();
-  };
   absl::Status metrics_status;  // the first error of a write from the progress callback
+  // Evaluates data.test with every worker stopped: (loss, accuracy).
+  auto evaluate = [&]() -> absl::StatusOr<std::pair<double, double>> {
+    SW_ASSIGN_OR_RETURN(EvalResult ev, EvaluateAll(job, *job.test()));
+    summary.eval_records_seen += ev.count;
+    return std::make_pair(ev.count ? ev.loss_sum / ev.count : 0.0,
+                          ev.count ? static_cast<double>(ev.correct) / ev.count : 0.0);
+  };
 
   const auto run_start = Clock::now();
   double train_seconds = 0;
@@ -273,12 +247,8 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
       const double per_step = s.step > 0 ? elapsed / s.step : 0;
       s.eta_s = per_step * ((steps_per_epoch - s.step) + steps_per_epoch * (cfg.train.epochs - epoch));
       progress.Update(s);
-      if ((jsonl || events) && samples > 0 && metrics_status.ok()) {
-        metrics_status = log_metrics({{"kind", "train"}, {"epoch", epoch}, {"loss", s.loss},
-                                      {"samples_per_s", s.samples_per_s}},
-                                     base_steps + now.steps,
-                                     {{"train/loss", static_cast<float>(s.loss)},
-                                      {"train/samples_per_s", static_cast<float>(s.samples_per_s)}});
+      if (samples > 0 && metrics_status.ok()) {
+        metrics_status = callbacks->OnProgress(epoch, base_steps + now.steps, s.loss, s.samples_per_s);
       }
     };
     const double progress_begin = static_cast<double>(epoch - 1) / cfg.train.epochs;
@@ -309,24 +279,11 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
       if (inline_eval && cfg.eval.every_steps > 0 && global_round % cfg.eval.every_steps == 0 && round < epoch_rounds) {
         // Inline evaluation between steps: every worker is stopped.
         SW_RETURN_IF_ERROR(job.replicas().Average());
-        SW_ASSIGN_OR_RETURN(EvalResult ev, EvaluateAll(job, *job.test()));
-        summary.eval_records_seen += ev.count;
-        const double loss = ev.count ? ev.loss_sum / ev.count : 0;
-        const double acc = ev.count ? static_cast<double>(ev.correct) / ev.count : 0;
-        last_eval = {loss, acc};
-        const int64_t step = base_steps + ReadCounters(job).steps;
-        progress.Line(absl::StrFormat("epoch %d step %d/%d: test loss %.4f acc %.4f", epoch, round, epoch_rounds, loss,
-                                      acc));
-        SW_RETURN_IF_ERROR(log_metrics({{"kind", "eval"}, {"epoch", epoch}, {"test_loss", loss}, {"test_accuracy", acc}},
-                                       step, {{"eval/loss", static_cast<float>(loss)},
-                                              {"eval/accuracy", static_cast<float>(acc)}}));
-        if (early && (early->monitor() == "test_loss" || early->monitor() == "test_accuracy") &&
-            early->Update(early->monitor() == "test_loss" ? loss : acc)) {
-          stop_early = true;
-          progress.Line(absl::StrFormat("early stopping: %s has not improved on %.4f for %d evaluation(s)",
-                                        early->monitor(), early->best(), early->wait()));
-          break;
-        }
+        SW_ASSIGN_OR_RETURN(const auto result, evaluate());
+        SW_ASSIGN_OR_RETURN(const bool stop, callbacks->OnEvaluation(epoch, round, epoch_rounds,
+                                                                     base_steps + ReadCounters(job).steps,
+                                                                     result.first, result.second));
+        if (stop) break;
       }
       if (checkpointing && ck.every_steps > 0 && global_round % ck.every_steps == 0 && round < epoch_rounds) {
         SW_RETURN_IF_ERROR(write_checkpoint(epoch, round, ReadCounters(job).samples - before.samples));
@@ -346,60 +303,18 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
     er.train_accuracy = er.records > 0 ? static_cast<double>(after.correct - before.correct) / er.records : 0;
     er.seconds = seconds;
     er.samples_per_s = seconds > 0 ? er.records / seconds : 0;
-    std::string line = absl::StrFormat("epoch %d/%d: train loss %.4f acc %.4f", epoch, cfg.train.epochs,
-                                       er.train_loss, er.train_accuracy);
     const bool last_epoch = epoch == cfg.train.epochs;
-    if (inline_eval && !stop_early &&
+    if (inline_eval && !callbacks->stopped() &&
         (last_epoch || (cfg.eval.every_epochs > 0 && epoch % cfg.eval.every_epochs == 0))) {
-      SW_ASSIGN_OR_RETURN(EvalResult ev, EvaluateAll(job, *job.test()));
-      er.test_loss = ev.count ? ev.loss_sum / ev.count : 0;
-      er.test_accuracy = ev.count ? static_cast<double>(ev.correct) / ev.count : 0;
-      summary.eval_records_seen += ev.count;
-      last_eval = {*er.test_loss, *er.test_accuracy};
-      absl::StrAppendFormat(&line, " | test loss %.4f acc %.4f", *er.test_loss, *er.test_accuracy);
+      SW_ASSIGN_OR_RETURN(const auto result, evaluate());
+      er.test_loss = result.first;
+      er.test_accuracy = result.second;
     }
     SW_RETURN_IF_ERROR(metrics_status);
-    {
-      nlohmann::json record = {{"kind", "eval"}, {"epoch", epoch}, {"train_loss", er.train_loss},
-                               {"train_accuracy", er.train_accuracy}, {"records", er.records},
-                               {"seconds", er.seconds}};
-      std::vector<ScalarValue> scalars = {{"epoch/train_loss", static_cast<float>(er.train_loss)},
-                                          {"epoch/train_accuracy", static_cast<float>(er.train_accuracy)}};
-      if (er.test_loss) {
-        record["test_loss"] = *er.test_loss;
-        record["test_accuracy"] = *er.test_accuracy;
-        scalars.push_back({"eval/loss", static_cast<float>(*er.test_loss)});
-        scalars.push_back({"eval/accuracy", static_cast<float>(*er.test_accuracy)});
-      }
-      const int64_t step = base_steps + ReadCounters(job).steps;
-      if (jsonl) {
-        record["step"] = step;
-        SW_RETURN_IF_ERROR(jsonl->Write(std::move(record)));
-      }
-      if (events) {
-        SW_RETURN_IF_ERROR(events->AddScalars(scalars, step, absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch())));
-        SW_RETURN_IF_ERROR(events->Flush());
-      }
-    }
-    absl::StrAppendFormat(&line, " | %.1f s, %.0f samples/s", seconds, er.samples_per_s);
-    progress.Line(line);
+    const bool stopped_before = callbacks->stopped();
+    SW_ASSIGN_OR_RETURN(const bool stop, callbacks->OnEpochEnd(er, cfg.train.epochs, base_steps + ReadCounters(job).steps));
     summary.history.push_back(er);
-    // Early stopping at the epoch's end (Keras' on_epoch_end): on the
-    // training metrics, or on the test metrics when this epoch evaluated.
-    if (early && !stop_early) {
-      std::optional<double> value;
-      const std::string& m = early->monitor();
-      if (m == "train_loss") value = er.train_loss;
-      if (m == "train_accuracy") value = er.train_accuracy;
-      if (m == "test_loss" && er.test_loss) value = *er.test_loss;
-      if (m == "test_accuracy" && er.test_accuracy) value = *er.test_accuracy;
-      if (value && early->Update(*value)) {
-        stop_early = true;
-        progress.Line(absl::StrFormat("early stopping: %s has not improved on %.4f for %d evaluation(s)", m,
-                                      early->best(), early->wait()));
-      }
-    }
-    if (stop_early) {
+    if (stopped_before || stop) {
       summary.stopped_early_at_epoch = epoch;
       // The final checkpoint; a restart resumes after the last epoch and trains no more.
       if (checkpointing) SW_RETURN_IF_ERROR(write_checkpoint(cfg.train.epochs + 1, 0, 0));
@@ -416,9 +331,9 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
   if (!summary.history.empty()) {
     summary.train_loss = summary.history.back().train_loss;
   }
-  if (last_eval) {
-    summary.test_loss = last_eval->first;
-    summary.test_accuracy = last_eval->second;
+  if (const auto& last = callbacks->last_evaluation()) {
+    summary.test_loss = last->first;
+    summary.test_accuracy = last->second;
   }
   summary.model_version = job.replicas().version();
   summary.wall_s = std::chrono::duration<double>(Clock::now() - run_start).count();

@@ -1,0 +1,108 @@
+#include "workers/run_callbacks.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "core/status.h"
+#include "workers/trainer.h"
+
+namespace shardwild {
+
+absl::StatusOr<std::unique_ptr<RunCallbacks>> RunCallbacks::Create(const Config& config, bool resumed,
+                                                                   const nlohmann::json& restored_extra,
+                                                                   ProgressReporter* progress) {
+  std::unique_ptr<RunCallbacks> c(new RunCallbacks());
+  c->progress_ = progress;
+  if (!config.metrics.jsonl.empty()) {
+    SW_ASSIGN_OR_RETURN(c->jsonl_, MetricsLog::Open(config.metrics.jsonl, /*append=*/resumed));
+  }
+  if (!config.metrics.tensorboard.empty()) {
+    SW_ASSIGN_OR_RETURN(c->events_, EventFileWriter::Open(config.metrics.tensorboard));
+  }
+  if (config.early_stopping.enabled()) {
+    c->early_.emplace(config.early_stopping);
+    if (restored_extra.is_object() && restored_extra.contains("early_stopping")) {
+      if (absl::Status s = c->early_->FromJson(restored_extra["early_stopping"]); !s.ok()) {
+        progress->Line(absl::StrCat("warning: early stopping starts afresh: ", s.message()));
+        c->early_.emplace(config.early_stopping);
+      }
+    }
+  }
+  return c;
+}
+
+absl::Status RunCallbacks::Log(nlohmann::json record, int64_t step, absl::Span<const ScalarValue> scalars) {
+  if (jsonl_) {
+    record["step"] = step;
+    SW_RETURN_IF_ERROR(jsonl_->Write(std::move(record)));
+  }
+  if (events_) {
+    SW_RETURN_IF_ERROR(events_->AddScalars(scalars, step, absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch())));
+    SW_RETURN_IF_ERROR(events_->Flush());
+  }
+  return absl::OkStatus();
+}
+
+bool RunCallbacks::Stop(double value) {
+  if (!early_ || stopped_ || !early_->Update(value)) return false;
+  stopped_ = true;
+  progress_->Line(absl::StrFormat("early stopping: %s has not improved on %.4f for %d evaluation(s)",
+                                  early_->monitor(), early_->best(), early_->wait()));
+  return true;
+}
+
+absl::Status RunCallbacks::OnProgress(int epoch, int64_t step, double loss, double samples_per_s) {
+  if (!jsonl_ && !events_) return absl::OkStatus();
+  const ScalarValue scalars[] = {{"train/loss", static_cast<float>(loss)},
+                                 {"train/samples_per_s", static_cast<float>(samples_per_s)}};
+  return Log({{"kind", "train"}, {"epoch", epoch}, {"loss", loss}, {"samples_per_s", samples_per_s}}, step, scalars);
+}
+
+absl::StatusOr<bool> RunCallbacks::OnEvaluation(int epoch, int64_t round, int64_t rounds, int64_t step,
+                                                double loss, double accuracy) {
+  last_eval_ = {loss, accuracy};
+  progress_->Line(
+      absl::StrFormat("epoch %d step %d/%d: test loss %.4f acc %.4f", epoch, round, rounds, loss, accuracy));
+  const ScalarValue scalars[] = {{"eval/loss", static_cast<float>(loss)},
+                                 {"eval/accuracy", static_cast<float>(accuracy)}};
+  SW_RETURN_IF_ERROR(Log({{"kind", "eval"}, {"epoch", epoch}, {"test_loss", loss}, {"test_accuracy", accuracy}}, step,
+                         scalars));
+  if (early_ && early_->monitor() == "test_loss") return Stop(loss);
+  if (early_ && early_->monitor() == "test_accuracy") return Stop(accuracy);
+  return false;
+}
+
+absl::StatusOr<bool> RunCallbacks::OnEpochEnd(const EpochResult& er, int epochs, int64_t step) {
+  std::string line =
+      absl::StrFormat("epoch %d/%d: train loss %.4f acc %.4f", er.epoch, epochs, er.train_loss, er.train_accuracy);
+  nlohmann::json record = {{"kind", "eval"},      {"epoch", er.epoch},     {"train_loss", er.train_loss},
+                           {"train_accuracy", er.train_accuracy}, {"records", er.records},
+                           {"seconds", er.seconds}};
+  std::vector<ScalarValue> scalars = {{"epoch/train_loss", static_cast<float>(er.train_loss)},
+                                      {"epoch/train_accuracy", static_cast<float>(er.train_accuracy)}};
+  if (er.test_loss) {
+    last_eval_ = {*er.test_loss, *er.test_accuracy};
+    absl::StrAppendFormat(&line, " | test loss %.4f acc %.4f", *er.test_loss, *er.test_accuracy);
+    record["test_loss"] = *er.test_loss;
+    record["test_accuracy"] = *er.test_accuracy;
+    scalars.push_back({"eval/loss", static_cast<float>(*er.test_loss)});
+    scalars.push_back({"eval/accuracy", static_cast<float>(*er.test_accuracy)});
+  }
+  absl::StrAppendFormat(&line, " | %.1f s, %.0f samples/s", er.seconds, er.samples_per_s);
+  progress_->Line(line);
+  SW_RETURN_IF_ERROR(Log(std::move(record), step, scalars));
+  // Keras' on_epoch_end: on the training metrics, or on the test metrics
+  // when this epoch evaluated.
+  if (!early_) return false;
+  const std::string& m = early_->monitor();
+  if (m == "train_loss") return Stop(er.train_loss);
+  if (m == "train_accuracy") return Stop(er.train_accuracy);
+  if (m == "test_loss" && er.test_loss) return Stop(*er.test_loss);
+  if (m == "test_accuracy" && er.test_accuracy) return Stop(*er.test_accuracy);
+  return false;
+}
+
+}  // namespace shardwild
