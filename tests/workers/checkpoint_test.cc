@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/optimizer.h"
 #include "gtest/gtest.h"
+#include "test_config.h"
 #include "ps_shm/shm_store.h"
 
 namespace shardwild {
@@ -28,21 +29,7 @@ namespace fs = std::filesystem;
 
 constexpr int64_t kDim = 5;
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/sw-ckpt-test-XXXXXX";
-    path_ = ::mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testdata::TempDir;
 
 std::vector<VariableSpec> Variables() {
   return {VariableSpec{"w", 7, 3, InitKind::kGlorotUniform, 7, 3}, VariableSpec{"b", 3, 1, InitKind::kZeros}};

@@ -27,21 +27,7 @@ namespace fs = std::filesystem;
 using testdata::HaveFashionMnist;
 using testdata::LoadDefaultConfig;
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/sw-resume-test-XXXXXX";
-    path_ = ::mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testdata::TempDir;
 
 struct RunOutcome {
   absl::Status status;

@@ -1,6 +1,8 @@
 // Helpers shared by the tests that train on the real Fashion-MNIST files.
 #pragma once
 
+#include <stdlib.h>
+
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -37,5 +39,24 @@ inline absl::StatusOr<Config> LoadDefaultConfig(const std::vector<std::string>& 
   }
   return LoadConfig(kDefaultConfig, overrides);
 }
+
+// A scratch directory under /tmp, removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/shardwild-test-XXXXXX";
+    if (::mkdtemp(tmpl) != nullptr) path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 }  // namespace shardwild::testdata

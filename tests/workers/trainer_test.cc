@@ -30,6 +30,7 @@ namespace {
 
 using testdata::HaveFashionMnist;
 using testdata::LoadDefaultConfig;
+using testdata::TempDir;
 
 bool IsPermutation(const std::vector<int32_t>& order, int64_t n) {
   if (static_cast<int64_t>(order.size()) != n) return false;
@@ -205,8 +206,8 @@ TEST(TrainerTest, MissingDataIsNotFound) {
 // CRCs verify and that carry the eval scalars.
 TEST(TrainerTest, WritesMetricsJsonlAndTensorBoardEvents) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not under /usr/share/datasets/fashion-mnist";
-  char tmpl[] = "/tmp/sw-metrics-test-XXXXXX";
-  const std::string dir = ::mkdtemp(tmpl);
+  TempDir scratch;
+  const std::string dir = scratch.path();
   absl::StatusOr<Config> config =
       LoadDefaultConfig({"data.max_train_records=6000", "data.max_test_records=1000", "train.epochs=2",
                          "train.workers=2", "train.log_every_s=0.001", "metrics.jsonl=" + dir + "/metrics.jsonl",
@@ -270,8 +271,6 @@ TEST(TrainerTest, WritesMetricsJsonlAndTensorBoardEvents) {
   }
   EXPECT_GT(records, 3);  // the file version, train scalars, two evaluations
   EXPECT_EQ(eval_accuracy_records, 2);
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
 }
 
 absl::StatusOr<TrainSummary> TrainWith(const std::vector<std::string>& sets) {
@@ -303,16 +302,14 @@ TEST(TrainerTest, InlineEvaluationEveryStepsAndSidecar) {
   EXPECT_FALSE(s->history[0].test_accuracy.has_value());
   EXPECT_TRUE(s->history[1].test_accuracy.has_value());
 
-  char tmpl[] = "/tmp/sw-sidecar-XXXXXX";
-  const std::string dir = ::mkdtemp(tmpl);
+  TempDir scratch;
+  const std::string dir = scratch.path();
   s = TrainWith({"data.max_train_records=3000", "data.max_test_records=700", "train.epochs=1", "train.workers=2",
                  "eval.sidecar=true", "checkpoint.dir=" + dir});
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->eval_records_seen, 0);
   EXPECT_FALSE(s->test_accuracy.has_value());
   EXPECT_EQ(s->checkpoints_written, 1);
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
   // A sidecar needs checkpoints to read.
   absl::StatusOr<Config> bad = LoadDefaultConfig({"eval.sidecar=true"});
   ASSERT_FALSE(bad.ok());
@@ -324,8 +321,8 @@ TEST(TrainerTest, InlineEvaluationEveryStepsAndSidecar) {
 // epoch 2 of 5; the final checkpoint says so and a restart trains no more.
 TEST(TrainerTest, EarlyStoppingStopsAndStaysStopped) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not under /usr/share/datasets/fashion-mnist";
-  char tmpl[] = "/tmp/sw-early-XXXXXX";
-  const std::string dir = ::mkdtemp(tmpl);
+  TempDir scratch;
+  const std::string dir = scratch.path();
   const std::vector<std::string> sets = {"data.max_train_records=3000", "data.max_test_records=500",
                                          "train.epochs=5", "train.workers=2",
                                          "early_stopping.monitor=test_accuracy", "early_stopping.min_delta=1",
@@ -351,8 +348,6 @@ TEST(TrainerTest, EarlyStoppingStopsAndStaysStopped) {
   ASSERT_TRUE(full.ok()) << full.status();
   EXPECT_FALSE(full->stopped_early_at_epoch.has_value());
   EXPECT_EQ(full->history.size(), 5u);
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
 }
 
 }  // namespace
