@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/layers.h"
-#include "core/mlp.h"
+#include "core/model.h"
 #include "oneapi/dnnl/dnnl.h"
 
 namespace shardwild {
@@ -54,14 +54,22 @@ void BM_MlpStep(benchmark::State& state) {
   dnnl::stream stream(engine);
   ModelOptions opts;
   opts.layers = {{"dense", 256, Activation::kRelu}, {"dense", 128, Activation::kRelu}, {"dense", 10, Activation::kNone}};
-  auto mlp = Mlp::Create(opts, 784, 10, batch, engine);
+  Dataset data;
+  data.count = batch;
+  data.dense_dim = 784;
+  data.num_classes = 10;
+  data.dense.assign(batch * 784, 0.5f);
+  for (int64_t i = 0; i < batch; ++i) data.labels.push_back(static_cast<int32_t>(i % 10));
+  auto mlp = Model::Create(opts, DataShape::Of(data), batch, engine, 1);
   if (!mlp.ok()) {
     state.SkipWithError(std::string(mlp.status().message()).c_str());
     return;
   }
-  std::vector<int32_t> labels(batch);
-  for (int64_t i = 0; i < batch; ++i) labels[i] = static_cast<int32_t>(i % 10);
-  for (auto _ : state) benchmark::DoNotOptimize((*mlp)->Step(labels.data(), batch, stream));
+  (*mlp)->LoadRange(data, 0, batch);
+  for (auto _ : state) {
+    (*mlp)->Forward(/*training=*/true, stream);
+    benchmark::DoNotOptimize((*mlp)->Backward(batch, stream));
+  }
   state.counters["FLOP/s"] = benchmark::Counter((*mlp)->ForwardFlops() + (*mlp)->BackwardFlops(),
                                                 benchmark::Counter::kIsIterationInvariantRate);
   state.counters["samples/s"] = benchmark::Counter(batch, benchmark::Counter::kIsIterationInvariantRate);

@@ -7,6 +7,7 @@
 //   shardwild bench store [--dim N] [--rows N] [--ids uniform|zipf] [--optimizer O] [--update U]
 //                         [--threads N] [--kind static|dynamic] [--shards N] [--batch N] [--seconds S] [--json]
 //   shardwild topology [--synthetic DESC | --xml FILE] [--workers N] [--shards N] [--threads N] [--json]
+//   shardwild data gen --kind criteo|libsvm|text --rows N --out FILE [--seed S] [--classes K] [--json]
 //   shardwild --version
 //
 // Every error is one line on stderr ("shardwild: error: ...") and a non-zero
@@ -30,8 +31,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/status.h"
 #include "core/config.h"
+#include "core/data_gen.h"
 #include "ps_shm/shm_segment.h"
 #include "workers/bench.h"
 #include "workers/evaluator.h"
@@ -112,6 +115,16 @@ json ShardsJson(Job& job) {
 }
 
 // store.huge_pages of the train summary; an unknown value is null.
+// Rows the readers left out, by reason: {"train": {...}, "test": {...}, "total": N}.
+json SkippedJson(const SkippedRows& train, const Dataset* test) {
+  json j = {{"train", train.by_reason}, {"total", train.total()}};
+  if (test != nullptr) {
+    j["test"] = test->skipped.by_reason;
+    j["total"] = train.total() + test->skipped.total();
+  }
+  return j;
+}
+
 json HugePagesJson(const HugePageStatus& h) {
   auto text = [](const std::string& v) { return v.empty() ? json(nullptr) : json(v); };
   return {{"requested", h.requested},
@@ -145,8 +158,10 @@ int Train(const std::string& path, const std::vector<std::string>& sets, bool as
   absl::StatusOr<TrainSummary> s = RunTraining(**job, progress, run);
   if (!s.ok()) return Fail(s.status());
   if (s->test_accuracy) {
-    std::printf("test accuracy: %.4f (test loss %.4f) after %d epochs, %.0f samples/s, %.1f s\n", *s->test_accuracy,
-                *s->test_loss, s->epochs, s->samples_per_s, s->wall_s);
+    std::string extra;
+    for (const auto& [name, value] : s->test_metrics) absl::StrAppendFormat(&extra, ", %s %.4f", name.substr(5), value);
+    std::printf("test accuracy: %.4f (test loss %.4f%s) after %d epochs, %.0f samples/s, %.1f s\n", *s->test_accuracy,
+                *s->test_loss, extra.c_str(), s->epochs, s->samples_per_s, s->wall_s);
   } else {
     std::printf("done: %d epochs, train loss %.4f, %.0f samples/s, %.1f s\n", s->epochs, s->train_loss,
                 s->samples_per_s, s->wall_s);
@@ -182,24 +197,36 @@ int Train(const std::string& path, const std::vector<std::string>& sets, bool as
                 {"huge_pages", HugePagesJson((*job)->store().huge_pages())}}}};
     json hist = json::array();
     for (const EpochResult& e : s->history) {
-      hist.push_back({{"epoch", e.epoch},
-                      {"records", e.records},
-                      {"train_loss", e.train_loss},
-                      {"train_accuracy", e.train_accuracy},
-                      {"test_loss", Optional(e.test_loss)},
-                      {"test_accuracy", Optional(e.test_accuracy)},
-                      {"seconds", e.seconds},
-                      {"samples_per_s", e.samples_per_s}});
+      json h = {{"epoch", e.epoch},
+                {"records", e.records},
+                {"train_loss", e.train_loss},
+                {"train_accuracy", e.train_accuracy},
+                {"test_loss", Optional(e.test_loss)},
+                {"test_accuracy", Optional(e.test_accuracy)},
+                {"seconds", e.seconds},
+                {"samples_per_s", e.samples_per_s}};
+      for (const auto& [name, value] : e.test_metrics) h[name] = value;
+      hist.push_back(h);
     }
     j["history"] = hist;
+    for (const auto& [name, value] : s->test_metrics) j[name] = value;
+    const Dataset& train = (*job)->train();
+    j["rows_skipped"] = SkippedJson(train.skipped, (*job)->test());
+    if (train.tokens > 0 && train.count > 0 && s->workers > 0) {
+      j["tokens_per_s_per_worker"] =
+          s->samples_per_s * (static_cast<double>(train.tokens) / static_cast<double>(train.count)) / s->workers;
+    }
     std::printf("%s\n", j.dump().c_str());
   }
   return 0;
 }
 
-json EvaluationJson(const CheckpointEvaluation& e) {
-  return {{"checkpoint", e.path}, {"step", e.step},          {"final", e.final},
-          {"records", e.result.count}, {"test_loss", e.loss()}, {"test_accuracy", e.accuracy()}};
+json EvaluationJson(const CheckpointEvaluation& e, const Dataset& data) {
+  json j = {{"checkpoint", e.path}, {"step", e.step},          {"final", e.final},
+            {"records", e.result.count}, {"test_loss", e.loss()}, {"test_accuracy", e.accuracy()}};
+  for (const auto& [name, value] : ExtraTestMetrics(e.result)) j[name] = value;
+  j["rows_skipped"] = SkippedJson(SkippedRows(), &data);
+  return j;
 }
 
 // Builds the job of `path` for evaluation or prediction (no training).
@@ -215,15 +242,17 @@ int Eval(const std::string& path, const std::vector<std::string>& sets, const st
   }
   absl::StatusOr<std::unique_ptr<Job>> job = EvalJob(path, sets);
   if (!job.ok()) return Fail(job.status());
-  const ImageDataset* data = (*job)->test();
+  const Dataset* data = (*job)->test();
   if (data == nullptr) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(path, ": data.test is empty: nothing to evaluate")));
   }
   auto print = [&](const CheckpointEvaluation& e) {
-    std::printf("%s (step %ld%s): test loss %.4f acc %.4f over %ld records\n", e.path.c_str(),
-                static_cast<long>(e.step), e.final ? ", final" : "", e.loss(), e.accuracy(),
+    std::string extra;
+    for (const auto& [name, value] : ExtraTestMetrics(e.result)) absl::StrAppendFormat(&extra, " %s %.4f", name.substr(5), value);
+    std::printf("%s (step %ld%s): test loss %.4f acc %.4f%s over %ld records\n", e.path.c_str(),
+                static_cast<long>(e.step), e.final ? ", final" : "", e.loss(), e.accuracy(), extra.c_str(),
                 static_cast<long>(e.result.count));
-    if (as_json) std::printf("%s\n", EvaluationJson(e).dump().c_str());
+    if (as_json) std::printf("%s\n", EvaluationJson(e, *data).dump().c_str());
     std::fflush(stdout);
   };
   if (!checkpoint.empty()) {
@@ -251,7 +280,7 @@ int Eval(const std::string& path, const std::vector<std::string>& sets, const st
               w->saw_final ? "the final one is done" : "no new checkpoint within the idle timeout");
   if (as_json) {
     json evaluated = json::array(), skipped = json::array();
-    for (const CheckpointEvaluation& e : w->evaluated) evaluated.push_back(EvaluationJson(e));
+    for (const CheckpointEvaluation& e : w->evaluated) evaluated.push_back(EvaluationJson(e, *data));
     for (const auto& [name, why] : w->skipped) skipped.push_back({{"checkpoint", name}, {"reason", why}});
     std::printf("%s\n", json{{"evaluated", evaluated},
                              {"skipped", skipped},
@@ -272,7 +301,7 @@ int Predict(const std::string& path, const std::vector<std::string>& sets, const
   for (const std::string& s : skipped) spdlog::warn("skipped checkpoint {}", s);
   if (!info.ok()) return Fail(info.status());
   if (absl::Status s = RestoreJob(**job, *info); !s.ok()) return Fail(s);
-  absl::StatusOr<ImageDataset> data = LoadImagesForPrediction(input, (*job)->train().features);
+  absl::StatusOr<Dataset> data = LoadImagesForPrediction(input, (*job)->train().dense_dim);
   if (!data.ok()) return Fail(data.status());
   absl::StatusOr<std::vector<float>> probs = PredictAll(**job, *data);
   if (!probs.ok()) return Fail(probs.status());
@@ -322,9 +351,17 @@ int Bench(const std::string& path, const std::vector<std::string>& sets, bool as
               {"step_ms", r->step_ms},
               {"phases", {{"data", frac(r->phases.data)},
                           {"read_params", frac(r->phases.read_params)},
+                          {"pull_rows", frac(r->phases.pull_rows)},
                           {"forward", frac(r->phases.forward)},
                           {"backward", frac(r->phases.backward)},
-                          {"push", frac(r->phases.push)}}},
+                          {"push", frac(r->phases.push)},
+                          {"push_rows", frac(r->phases.push_rows)}}},
+              {"data_load_s", r->data_load_s},
+              {"embedding_rows_per_s", r->rows_per_s},
+              {"embedding_bytes_per_s", r->embedding_bytes_per_s},
+              {"embedding_bound_rows_per_s", r->bound_rows_per_s},
+              {"embedding_rows_ratio", r->rows_ratio},
+              {"tokens_per_s_per_worker", r->tokens_per_s_per_worker},
               {"update", r->update_mode},
               {"pulls", r->pulls},
               {"flops_per_step", r->flops_per_step},
@@ -395,6 +432,33 @@ int ShowTopology(const std::string& synthetic, const std::string& xml, int worke
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("%s%s", t.Describe().c_str(), p.ToString().c_str());
+  }
+  return 0;
+}
+
+// `data gen`: writes a planted-model data set and reports its Bayes metric.
+int GenerateDataCommand(const DataGenOptions& options, bool as_json) {
+  absl::StatusOr<DataGenResult> r = GenerateData(options);
+  if (!r.ok()) return Fail(r.status());
+  std::string model = absl::StrFormat("%s %.4f", r->metric_name, r->bayes_metric);
+  if (r->metric_name == "bayes_auc") {
+    absl::StrAppendFormat(&model, ", positive rate %.3f", r->positive_rate);
+  } else {
+    absl::StrAppendFormat(&model, ", %d classes", r->num_classes);
+  }
+  std::printf("wrote %lld rows to %s (%s); planted model: %s\n", static_cast<long long>(r->rows), options.out.c_str(),
+              options.kind.c_str(), model.c_str());
+  if (as_json) {
+    json j = {{"kind", options.kind},
+              {"rows", r->rows},
+              {"out", options.out},
+              {"seed", options.seed},
+              {"bytes", r->bytes},
+              {"metric", r->metric_name},
+              {r->metric_name, r->bayes_metric},
+              {"positive_rate", r->metric_name == "bayes_auc" ? json(r->positive_rate) : json(nullptr)},
+              {"num_classes", r->num_classes}};
+    std::printf("%s\n", j.dump().c_str());
   }
   return 0;
 }
@@ -498,6 +562,20 @@ int main(int argc, char** argv) {
   topo->add_option("--threads", threads, "OpenMP threads per worker (default: cores / workers)")->check(CLI::Range(0, 4096));
   topo->add_flag("--json", as_json, "Print JSON");
 
+  DataGenOptions data_gen_options;
+  CLI::App* data = app.add_subcommand("data", "Data set tools");
+  data->require_subcommand(1);
+  CLI::App* data_gen = data->add_subcommand(
+      "gen", "Write a synthetic data set from a planted model and print the planted model's Bayes metric on it");
+  data_gen->add_option("--kind", data_gen_options.kind, "File format: criteo (TSV), libsvm or text (fastText)")
+      ->required()
+      ->check(CLI::IsMember({"criteo", "libsvm", "text"}));
+  data_gen->add_option("--rows", data_gen_options.rows, "Records to write")->required()->check(CLI::PositiveNumber);
+  data_gen->add_option("--out", data_gen_options.out, "File to write (replaced atomically)")->required();
+  data_gen->add_option("--seed", data_gen_options.seed, "Seed of the planted model and the rows")->capture_default_str();
+  data_gen->add_option("--classes", data_gen_options.text_classes, "text: classes")->capture_default_str();
+  data_gen->add_flag("--json", as_json, "End with one line of JSON");
+
   // Hidden: one worker process of train.worker_processes, started by `train`
   // (workers/process_trainer.h).
   WorkerProcessArgs worker_args;
@@ -538,5 +616,6 @@ int main(int argc, char** argv) {
     return Bench(config_path, sets, as_json);
   }
   if (topo->parsed()) return ShowTopology(synthetic, xml, workers, shards, threads, as_json);
+  if (data_gen->parsed()) return GenerateDataCommand(data_gen_options, as_json);
   return 1;
 }

@@ -182,10 +182,129 @@ absl::Status ParseLayers(const std::string& key, const YAML::Node& node, const L
     LayerOptions layer;
     Section s;
     s.leaves["type"] = String(&layer.type);
-    s.leaves["units"] = Int64(&layer.units);
-    s.leaves["activation"] = Enum(&layer.activation, {{"none", Activation::kNone}, {"relu", Activation::kRelu}});
+    s.leaves["units"] = [&layer](const std::string& k, const YAML::Node& n, const Locator& l) -> absl::Status {
+      if (n.IsScalar() && n.Scalar() == "auto") {
+        layer.units = 0;  // the head's outputs; allowed on the top tower's last layer (ModelOptions::Validate)
+        return absl::OkStatus();
+      }
+      return Int64(&layer.units)(k, n, l);
+    };
+    s.leaves["activation"] = Enum(&layer.activation, {{"none", Activation::kNone},
+                                                      {"relu", Activation::kRelu},
+                                                      {"sigmoid", Activation::kSigmoid},
+                                                      {"tanh", Activation::kTanh}});
+    s.leaves["dropout"] = Real(&layer.dropout);
     SW_RETURN_IF_ERROR(s.Parse(absl::StrCat(key, "[", i, "]"), node[i], loc));
     layers->push_back(layer);
+  }
+  return absl::OkStatus();
+}
+
+// A list of strings (or one string, a list of one).
+absl::Status ParseStrings(const std::string& key, const YAML::Node& node, const Locator& loc,
+                          std::vector<std::string>* out) {
+  out->clear();
+  if (node.IsScalar()) {
+    out->push_back(node.Scalar());
+    return absl::OkStatus();
+  }
+  if (!node.IsSequence()) return loc.Error(key, node, absl::StrCat("expected a list of names, got ", Describe(node)));
+  for (size_t i = 0; i < node.size(); ++i) {
+    if (!node[i].IsScalar()) {
+      return loc.Error(absl::StrCat(key, "[", i, "]"), node[i], absl::StrCat("expected a name, got ", Describe(node[i])));
+    }
+    out->push_back(node[i].Scalar());
+  }
+  return absl::OkStatus();
+}
+
+// The leaves of a table's own settings (model.tables[i], or inline in a
+// model.sparse[i] entry) into `t`.
+void AddTableLeaves(Section* s, TableOptions* t) {
+  s->leaves["rows"] = Int64(&t->rows);
+  s->leaves["dim"] = Int64(&t->dim);
+  s->custom["kind"] = [t](const std::string& k, const YAML::Node& n, const Locator& l) {
+    return Enum(&t->dynamic, {{"static", false}, {"dynamic", true}})(k, n, l);
+  };
+  s->custom["on_full"] = [t](const std::string& k, const YAML::Node& n, const Locator& l) {
+    return Enum(&t->evict_lru, {{"error", false}, {"evict_lru", true}})(k, n, l);
+  };
+  s->leaves["init_scale"] = Real(&t->init_scale);
+}
+
+absl::Status ParseTables(const std::string& key, const YAML::Node& node, const Locator& loc,
+                         std::vector<TableOptions>* tables) {
+  if (!node.IsSequence()) return loc.Error(key, node, absl::StrCat("expected a list of tables, got ", Describe(node)));
+  for (size_t i = 0; i < node.size(); ++i) {
+    TableOptions t;
+    Section s;
+    s.leaves["name"] = String(&t.name);
+    AddTableLeaves(&s, &t);
+    SW_RETURN_IF_ERROR(s.Parse(absl::StrCat(key, "[", i, "]"), node[i], loc));
+    if (t.name.empty()) return loc.Error(absl::StrCat(key, "[", i, "].name"), node[i], "is required");
+    tables->push_back(t);
+  }
+  return absl::OkStatus();
+}
+
+// model.sparse: each entry names one field (`field`) or several (`fields`,
+// each its own feature), and either a shared table (`table`) or its own
+// table's settings inline (rows, dim, kind, on_full, init_scale): then each
+// field gets a table named after it.
+absl::Status ParseSparse(const std::string& key, const YAML::Node& node, const Locator& loc, ModelOptions* model) {
+  if (!node.IsSequence()) return loc.Error(key, node, absl::StrCat("expected a list of sparse features, got ", Describe(node)));
+  for (size_t i = 0; i < node.size(); ++i) {
+    const std::string item = absl::StrCat(key, "[", i, "]");
+    SparseFeatureOptions f;
+    TableOptions own;
+    std::vector<std::string> fields;
+    bool inline_table = false;
+    Section s;
+    s.custom["field"] = [&fields](const std::string& k, const YAML::Node& n, const Locator& l) {
+      if (!n.IsScalar()) return l.Error(k, n, absl::StrCat("expected a field name, got ", Describe(n)));
+      fields = {n.Scalar()};
+      return absl::OkStatus();
+    };
+    s.custom["fields"] = [&fields](const std::string& k, const YAML::Node& n, const Locator& l) {
+      return ParseStrings(k, n, l, &fields);
+    };
+    s.leaves["table"] = String(&f.table);
+    s.leaves["pooling"] = Enum(&f.pooling, {{"sum", Pooling::kSum}, {"mean", Pooling::kMean}});
+    s.leaves["weighted"] = Bool(&f.weighted);
+    Section table_keys;
+    AddTableLeaves(&table_keys, &own);
+    for (auto& [name, parser] : table_keys.leaves) {
+      s.custom[name] = [&inline_table, parser](const std::string& k, const YAML::Node& n, const Locator& l) {
+        inline_table = true;
+        return parser(k, n, l);
+      };
+    }
+    for (auto& [name, parser] : table_keys.custom) {
+      s.custom[name] = [&inline_table, parser](const std::string& k, const YAML::Node& n, const Locator& l) {
+        inline_table = true;
+        return parser(k, n, l);
+      };
+    }
+    SW_RETURN_IF_ERROR(s.Parse(item, node[i], loc));
+    if (fields.empty()) return loc.Error(item, node[i], "needs `field` or `fields`");
+    if (inline_table && !f.table.empty()) {
+      return loc.Error(item + ".table", node[i]["table"],
+                       "give either a shared `table` or this feature's own table settings (rows, dim, ...), not both");
+    }
+    if (f.table.empty() && !inline_table) {
+      return loc.Error(item, node[i], "needs a `table` (from model.tables) or its own `rows` and `dim`");
+    }
+    for (const std::string& name : fields) {
+      SparseFeatureOptions g = f;
+      g.field = name;
+      if (inline_table) {
+        TableOptions t = own;
+        t.name = name;
+        g.table = name;
+        model->tables.push_back(t);
+      }
+      model->sparse.push_back(g);
+    }
   }
   return absl::OkStatus();
 }
@@ -275,12 +394,65 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
   Section model;
   model.leaves["input_dim"] = Int64(&c->model.input_dim);
   model.leaves["loss"] = Enum(&c->model.loss, {{"softmax_cross_entropy", LossType::kSoftmaxCrossEntropy}});
-  model.custom["layers"] = [c](const std::string& k, const YAML::Node& n, const Locator& l) {
+  auto top_layers = [c](const std::string& k, const YAML::Node& n, const Locator& l) -> absl::Status {
+    if (!c->model.layers.empty()) return l.Error(k, n, "give the top tower as either `layers` or `top`, not both");
     return ParseLayers(k, n, l, &c->model.layers);
   };
+  model.custom["layers"] = top_layers;
+  model.custom["top"] = top_layers;
+  model.custom["bottom"] = [c](const std::string& k, const YAML::Node& n, const Locator& l) {
+    return ParseLayers(k, n, l, &c->model.bottom);
+  };
+  model.custom["tables"] = [c](const std::string& k, const YAML::Node& n, const Locator& l) {
+    return ParseTables(k, n, l, &c->model.tables);
+  };
+  model.custom["sparse"] = [c](const std::string& k, const YAML::Node& n, const Locator& l) {
+    return ParseSparse(k, n, l, &c->model);
+  };
+  model.custom["wide"] = [c](const std::string& k, const YAML::Node& n, const Locator& l) {
+    return ParseStrings(k, n, l, &c->model.wide);
+  };
+  model.leaves["wide_rows"] = Int64(&c->model.wide_rows);
+  model.leaves["interaction"] = Enum(&c->model.interaction, {{"concat", Interaction::kConcat},
+                                                             {"dot", Interaction::kDot},
+                                                             {"dot_no_dense", Interaction::kDotNoDense}});
+  model.leaves["head"] = Enum(&c->model.head, {{"softmax", HeadType::kSoftmax},
+                                               {"binary", HeadType::kBinary},
+                                               {"regression", HeadType::kRegression}});
 
   Section data;
-  data.leaves["format"] = Enum(&c->data.format, {{"idx", DataFormat::kIdx}});
+  data.leaves["format"] = Enum(&c->data.format, {{"idx", DataFormat::kIdx},
+                                                 {"criteo", DataFormat::kCriteo},
+                                                 {"libsvm", DataFormat::kLibsvm},
+                                                 {"text", DataFormat::kText},
+                                                 {"csv", DataFormat::kCsv}});
+  data.leaves["on_error"] = Enum(&c->data.on_error, {{"fail", OnBadRow::kFail}, {"skip", OnBadRow::kSkip}});
+  data.leaves["dense_transform"] = Enum(&c->data.dense_transform, {{"log1p", DenseTransform::kLog1p},
+                                                                   {"log3", DenseTransform::kLog3},
+                                                                   {"none", DenseTransform::kNone}});
+  data.leaves["cache"] = Bool(&c->data.cache);
+  data.leaves["cache_dir"] = String(&c->data.cache_dir);
+  data.leaves["reader_threads"] = Int(&c->data.reader_threads);
+  Section text;
+  text.leaves["word_ngrams"] = Int(&c->data.text.word_ngrams);
+  text.leaves["ngrams_field"] = Bool(&c->data.text.ngrams_field);
+  data.custom["text"] = [text](const std::string& k, const YAML::Node& n, const Locator& l) { return text.Parse(k, n, l); };
+  Section csv;
+  csv.leaves["label"] = String(&c->data.csv.label);
+  csv.custom["dense"] = [c](const std::string& k, const YAML::Node& n, const Locator& l) {
+    return ParseStrings(k, n, l, &c->data.csv.dense);
+  };
+  csv.custom["categorical"] = [c](const std::string& k, const YAML::Node& n, const Locator& l) {
+    return ParseStrings(k, n, l, &c->data.csv.categorical);
+  };
+  csv.leaves["delimiter"] = [c](const std::string& k, const YAML::Node& n, const Locator& l) -> absl::Status {
+    if (!n.IsScalar() || n.Scalar().size() != 1) {
+      return l.Error(k, n, absl::StrCat("expected one character, got ", Describe(n)));
+    }
+    c->data.csv.delimiter = n.Scalar()[0];
+    return absl::OkStatus();
+  };
+  data.custom["csv"] = [csv](const std::string& k, const YAML::Node& n, const Locator& l) { return csv.Parse(k, n, l); };
   data.leaves["train"] = String(&c->data.train);
   data.leaves["test"] = String(&c->data.test);
   data.leaves["max_train_records"] = Int64(&c->data.max_train_records);

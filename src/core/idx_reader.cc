@@ -217,7 +217,7 @@ absl::StatusOr<IdxArray> ReadIdx(const std::string& path) {
   return array;
 }
 
-absl::StatusOr<ImageDataset> LoadIdxImageDataset(const std::string& prefix,
+absl::StatusOr<Dataset> LoadIdxImageDataset(const std::string& prefix,
                                                  int64_t expected_features,
                                                  int64_t max_records) {
   const std::string images_base = prefix + "-images-idx3-ubyte";
@@ -253,15 +253,15 @@ absl::StatusOr<ImageDataset> LoadIdxImageDataset(const std::string& prefix,
         images.dims[2]));
   }
 
-  ImageDataset dataset;
+  Dataset dataset;
   dataset.count = images.dims[0];
   if (max_records > 0) dataset.count = std::min(dataset.count, max_records);
-  dataset.features = features;
+  dataset.dense_dim = features;
 
   const size_t num_values = static_cast<size_t>(dataset.count * features);
-  dataset.images.resize(num_values);
+  dataset.dense.resize(num_values);
   const uint8_t* src = images.data.data();
-  float* dst = dataset.images.data();
+  float* dst = dataset.dense.data();
   // Division (not multiplication by 1/255) keeps 255 -> exactly 1.0f; the loop
   // is simple enough for the compiler to vectorise.
   for (size_t i = 0; i < num_values; ++i) {

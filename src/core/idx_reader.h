@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/dataset.h"
 
 namespace shardwild {
 
@@ -41,15 +42,6 @@ struct IdxArray {
 // data bytes after the header, found 123".
 absl::StatusOr<IdxArray> ReadIdx(const std::string& path);
 
-// An image classification data set held in memory, ready for training.
-struct ImageDataset {
-  int64_t count = 0;            // number of records
-  int64_t features = 0;         // rows*cols of one image
-  std::vector<float> images;    // count*features, row-major, byte/255 in [0,1]
-  std::vector<int32_t> labels;  // count, each in [0, num_classes)
-  int32_t num_classes = 0;      // max label + 1, over every label in the
-                                // file (also those cut by max_records)
-};
 
 // Loads "<prefix>-images-idx3-ubyte[.gz]" and "<prefix>-labels-idx1-ubyte[.gz]"
 // (for each, the ".gz" name is used if it exists, else the plain one), e.g.
@@ -63,7 +55,7 @@ struct ImageDataset {
 //
 // Errors: NotFound when neither name of a file exists (the message names
 // both), otherwise the errors of ReadIdx or InvalidArgument for a failed check.
-absl::StatusOr<ImageDataset> LoadIdxImageDataset(const std::string& prefix,
+absl::StatusOr<Dataset> LoadIdxImageDataset(const std::string& prefix,
                                                  int64_t expected_features = 0,
                                                  int64_t max_records = 0);
 

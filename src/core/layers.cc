@@ -37,9 +37,12 @@ absl::StatusOr<std::unique_ptr<DenseLayer>> DenseLayer::Create(const dnnl::engin
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     dnnl::primitive_attr fwd_attr;
     fwd_attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    if (act == Activation::kRelu) {
+    if (act != Activation::kNone) {
+      const dnnl::algorithm alg = act == Activation::kRelu      ? dnnl::algorithm::eltwise_relu
+                                  : act == Activation::kSigmoid ? dnnl::algorithm::eltwise_logistic
+                                                                : dnnl::algorithm::eltwise_tanh;
       dnnl::post_ops po;
-      po.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+      po.append_eltwise(1.0f, alg, 0.0f, 0.0f);
       fwd_attr.set_post_ops(po);
     }
     auto handle = [](const void* p) { return const_cast<void*>(p); };
@@ -98,9 +101,19 @@ void DenseLayer::Forward(const dnnl::stream& stream) { Run(fwd_, stream); }
 void DenseLayer::Backward(const dnnl::stream& stream) {
   float* dy = buffers_.dy;
   const int64_t n = batch_ * out_;
-  if (act_ == Activation::kRelu) {
-    const float* y = buffers_.y;
-    for (int64_t i = 0; i < n; ++i) dy[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+  // The activation's derivative, from its output y.
+  const float* y = buffers_.y;
+  switch (act_) {
+    case Activation::kNone: break;
+    case Activation::kRelu:
+      for (int64_t i = 0; i < n; ++i) dy[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+      break;
+    case Activation::kSigmoid:
+      for (int64_t i = 0; i < n; ++i) dy[i] *= y[i] * (1.0f - y[i]);
+      break;
+    case Activation::kTanh:
+      for (int64_t i = 0; i < n; ++i) dy[i] *= 1.0f - y[i] * y[i];
+      break;
   }
   float* db = buffers_.db;
   std::fill(db, db + out_, 0.0f);

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
 
 namespace shardwild {
 
@@ -11,6 +12,8 @@ const char* ActivationName(Activation a) {
   switch (a) {
     case Activation::kNone: return "none";
     case Activation::kRelu: return "relu";
+    case Activation::kSigmoid: return "sigmoid";
+    case Activation::kTanh: return "tanh";
   }
   return "?";
 }
@@ -52,22 +55,104 @@ absl::Status Bad(const std::string& key, const std::string& what) {
 }
 }  // namespace
 
-absl::Status ModelOptions::Validate() const {
-  if (input_dim < 0) return Bad("model.input_dim", absl::StrCat("must be >= 0, got ", input_dim));
-  if (layers.empty()) return Bad("model.layers", "must list at least one layer");
+namespace {
+// `last_may_be_auto`: the top tower's last layer may say units 0 (auto: the head's outputs).
+absl::Status ValidateLayers(const std::string& key, const std::vector<LayerOptions>& layers, bool last_may_be_auto) {
   for (size_t i = 0; i < layers.size(); ++i) {
-    const std::string key = absl::StrCat("model.layers[", i, "]");
-    if (layers[i].type != "dense") {
-      return Bad(key + ".type", absl::StrCat("expected 'dense', got '", layers[i].type, "'"));
+    const std::string k = absl::StrCat(key, "[", i, "]");
+    if (layers[i].type != "dense") return Bad(k + ".type", absl::StrCat("expected 'dense', got '", layers[i].type, "'"));
+    const bool auto_ok = last_may_be_auto && i + 1 == layers.size() && layers[i].units == 0;
+    if (layers[i].units < 1 && !auto_ok) {
+      return Bad(k + ".units", absl::StrCat("must be >= 1", last_may_be_auto && i + 1 == layers.size() ? " or auto" : "",
+                                            ", got ", layers[i].units));
     }
-    if (layers[i].units < 1) {
-      return Bad(key + ".units", absl::StrCat("must be >= 1, got ", layers[i].units));
+    if (!(layers[i].dropout >= 0.0f && layers[i].dropout < 1.0f)) {
+      return Bad(k + ".dropout", absl::StrCat("must be in [0, 1), got ", layers[i].dropout));
     }
   }
+  return absl::OkStatus();
+}
+}  // namespace
+
+const char* HeadTypeName(HeadType h) {
+  switch (h) {
+    case HeadType::kSoftmax: return "softmax";
+    case HeadType::kBinary: return "binary";
+    case HeadType::kRegression: return "regression";
+  }
+  return "?";
+}
+
+const TableOptions* ModelOptions::FindTable(const std::string& name) const {
+  for (const TableOptions& t : tables) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+absl::Status ModelOptions::Validate() const {
+  if (input_dim < 0) return Bad("model.input_dim", absl::StrCat("must be >= 0, got ", input_dim));
+  if (layers.empty()) return Bad("model.layers", "must list at least one layer (the top tower; its last layer gives the outputs)");
+  SW_RETURN_IF_ERROR(ValidateLayers("model.layers", layers, /*last_may_be_auto=*/true));
+  SW_RETURN_IF_ERROR(ValidateLayers("model.bottom", bottom, /*last_may_be_auto=*/false));
   if (layers.back().activation != Activation::kNone) {
     return Bad(absl::StrCat("model.layers[", layers.size() - 1, "].activation"),
                "the last layer produces logits and must have activation 'none'");
   }
+  if (layers.back().dropout != 0.0f) {
+    return Bad(absl::StrCat("model.layers[", layers.size() - 1, "].dropout"), "the last layer produces logits: no dropout");
+  }
+  if (head != HeadType::kSoftmax && layers.back().units != 1 && layers.back().units != 0) {
+    return Bad(absl::StrCat("model.layers[", layers.size() - 1, "].units"),
+               absl::StrCat("a ", HeadTypeName(head), " head takes one output, got ", layers.back().units));
+  }
+  for (size_t i = 0; i < tables.size(); ++i) {
+    const TableOptions& t = tables[i];
+    const std::string k = absl::StrCat("model.tables[", i, "] (", t.name, ")");
+    if (t.name.empty() || t.name.size() > 40) return Bad(k + ".name", "must be 1..40 bytes");
+    if (t.name.rfind("wide/", 0) == 0) return Bad(k + ".name", "names starting with 'wide/' are the wide part's");
+    for (size_t j = 0; j < i; ++j) {
+      if (tables[j].name == t.name) return Bad(k + ".name", absl::StrCat("table '", t.name, "' is defined twice"));
+    }
+    if (t.rows < 1) return Bad(k + ".rows", absl::StrCat("must be >= 1, got ", t.rows));
+    if (t.dim < 1) return Bad(k + ".dim", absl::StrCat("must be >= 1, got ", t.dim));
+    if (t.evict_lru && !t.dynamic) return Bad(k + ".on_full", "evict_lru needs kind: dynamic");
+    if (!(t.init_scale >= 0.0f)) return Bad(k + ".init_scale", "must be >= 0");
+  }
+  for (size_t i = 0; i < sparse.size(); ++i) {
+    const std::string k = absl::StrCat("model.sparse[", i, "] (", sparse[i].field, ")");
+    if (sparse[i].field.empty()) return Bad(k + ".field", "is required");
+    if (FindTable(sparse[i].table) == nullptr) {
+      return Bad(k + ".table", absl::StrCat("no table named '", sparse[i].table, "' in model.tables"));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (sparse[j].field == sparse[i].field) return Bad(k + ".field", "this field is listed twice");
+    }
+  }
+  if (interaction != Interaction::kConcat) {
+    if (sparse.size() < (interaction == Interaction::kDot ? 1u : 2u)) {
+      return Bad("model.interaction", "dot needs sparse features to interact (dot_no_dense: at least two)");
+    }
+    const int64_t d = FindTable(sparse[0].table)->dim;
+    for (const SparseFeatureOptions& f : sparse) {
+      if (FindTable(f.table)->dim != d) {
+        return Bad("model.interaction", absl::StrCat("dot needs every embedding equally wide; table '", f.table,
+                                                     "' has dim ", FindTable(f.table)->dim, ", table '",
+                                                     sparse[0].table, "' has dim ", d));
+      }
+    }
+    if (interaction == Interaction::kDot && !bottom.empty() && bottom.back().units != d) {
+      return Bad(absl::StrCat("model.bottom[", bottom.size() - 1, "].units"),
+                 absl::StrCat("dot interaction: the bottom tower's output must be as wide as the embeddings (", d,
+                              "), got ", bottom.back().units));
+    }
+  }
+  for (size_t i = 0; i < wide.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (wide[j] == wide[i]) return Bad(absl::StrCat("model.wide[", i, "]"), absl::StrCat("'", wide[i], "' is listed twice"));
+    }
+  }
+  if (!wide.empty() && wide_rows < 1) return Bad("model.wide_rows", absl::StrCat("must be >= 1, got ", wide_rows));
   return absl::OkStatus();
 }
 
@@ -76,6 +161,17 @@ absl::Status DataOptions::Validate() const {
   if (max_train_records < 0) return Bad("data.max_train_records", "must be >= 0");
   if (max_test_records < 0) return Bad("data.max_test_records", "must be >= 0");
   if (records_per_task < 1) return Bad("data.records_per_task", absl::StrCat("must be >= 1, got ", records_per_task));
+  if (reader_threads < 0) return Bad("data.reader_threads", absl::StrCat("must be >= 0 (0 = auto), got ", reader_threads));
+  if (text.word_ngrams != 1 && text.word_ngrams != 2) {
+    return Bad("data.text.word_ngrams", absl::StrCat("must be 1 or 2, got ", text.word_ngrams));
+  }
+  if (format == DataFormat::kCsv && csv.label.empty()) return Bad("data.csv.label", "is required with data.format csv");
+  if (format != DataFormat::kCsv && (!csv.label.empty() || !csv.dense.empty() || !csv.categorical.empty())) {
+    return Bad("data.csv", "applies to data.format csv only");
+  }
+  if (csv.delimiter == '"' || csv.delimiter == '\n' || csv.delimiter == '\r') {
+    return Bad("data.csv.delimiter", "must not be a quote or a line end");
+  }
   return absl::OkStatus();
 }
 
@@ -229,14 +325,17 @@ absl::Status CheckpointOptions::Validate() const {
 bool EarlyStoppingOptions::maximize() const {
   if (mode == "max") return true;
   if (mode == "min") return false;
-  return monitor.find("acc") != std::string::npos || monitor.find("auc") != std::string::npos;
+  return monitor.find("acc") != std::string::npos || monitor.find("auc") != std::string::npos ||
+         monitor.find("precision") != std::string::npos;
 }
 
 absl::Status EarlyStoppingOptions::Validate() const {
-  if (!monitor.empty() && monitor != "test_loss" && monitor != "test_accuracy" && monitor != "train_loss" &&
-      monitor != "train_accuracy") {
+  static const char* const kMonitors[] = {"test_loss", "test_accuracy", "test_auc",  "test_logloss",
+                                          "test_rmse", "test_precision_at_5", "train_loss", "train_accuracy"};
+  if (!monitor.empty() && std::find(std::begin(kMonitors), std::end(kMonitors), monitor) == std::end(kMonitors)) {
     return Bad("early_stopping.monitor",
-               absl::StrCat("must be test_loss, test_accuracy, train_loss or train_accuracy (or empty: off), got '",
+               absl::StrCat("must be one of test_loss, test_accuracy, test_auc, test_logloss, test_rmse, "
+                            "test_precision_at_5, train_loss, train_accuracy (or empty: off), got '",
                             monitor, "'"));
   }
   if (mode != "min" && mode != "max" && mode != "auto") {

@@ -16,7 +16,7 @@
 
 namespace shardwild {
 
-enum class Activation { kNone, kRelu };
+enum class Activation { kNone, kRelu, kSigmoid, kTanh };
 enum class LossType { kSoftmaxCrossEntropy };
 enum class OptimizerType { kSgd, kMomentum, kAdam, kAdagrad, kRmsprop, kFtrl };  // values are stored in shm headers: append only
 enum class LrSchedule { kConstant, kCosine, kStep };
@@ -29,7 +29,22 @@ enum class LrSchedule { kConstant, kCosine, kStep };
 //             (ps_shm/sync_aggregator.h); deterministic for a fixed seed and
 //             worker count. The store itself behaves as in hogwild.
 enum class UpdateMode { kHogwild, kRowLock, kSync };
-enum class DataFormat { kIdx };
+enum class DataFormat { kIdx, kCriteo, kLibsvm, kText, kCsv };
+// What a reader does with a bad row (data.on_error): stop with an error that
+// names file, line, column and what was expected, or leave the row out and
+// count it by reason.
+enum class OnBadRow { kFail, kSkip };
+// How Criteo's integer fields (and CSV dense columns) are transformed
+// (data.dense_transform). A missing value counts as 0 before the transform.
+//   log1p: log(1 + max(x, 0)), DLRM's preprocessing (negatives clamped to 0)
+//   log3:  log(3 + max(x, -2)) (Criteo's smallest value is -3; clamped so the result is finite)
+//   none:  x as is
+enum class DenseTransform { kLog1p, kLog3, kNone };
+// What labels mean; follows from model.head.
+//   binary:     0/1, or -1/+1 (mapped to 0/1)
+//   multiclass: integers >= 0 (libsvm, CSV) or names (text)
+//   regression: any real number
+enum class LabelKind { kBinary, kMultiClass, kRegression };
 // What ShmParamStore::Create does with segments of its job left by a process
 // that is gone (ps.stale_segments; see ps_shm/stale_segments.h).
 enum class StaleSegmentPolicy { kRemove, kReport, kFail };
@@ -50,24 +65,99 @@ const char* OptimizerTypeName(OptimizerType t);
 const char* UpdateModeName(UpdateMode m);
 const char* ReplicationPolicyName(ReplicationPolicy p);
 
+// The head: what the model's output means and its loss.
+//   softmax:    K logits, softmax cross-entropy (multi-label records: the
+//               target spreads evenly over the record's labels)
+//   binary:     1 logit, sigmoid binary cross-entropy
+//   regression: 1 output, mean squared error
+enum class HeadType { kSoftmax, kBinary, kRegression };
+// EmbeddingBag pooling over a record's ids of one field.
+enum class Pooling { kSum, kMean };
+// How the bottom tower's output and the pooled embeddings meet before the
+// top tower.
+//   concat:        [dense, e_1, ..., e_F]
+//   dot:           DLRM: the dense vector (the bottom output, which must then
+//                  be as wide as the embeddings) followed by the pairwise dot
+//                  products of [dense, e_1, ..., e_F] (i < j)
+//   dot_no_dense:  the pairwise dot products of [e_1, ..., e_F] only
+enum class Interaction { kConcat, kDot, kDotNoDense };
+
+const char* HeadTypeName(HeadType h);
+
 struct LayerOptions {
   std::string type = "dense";         // only "dense" for now
   int64_t units = 0;                  // output width; required, >= 1
   Activation activation = Activation::kNone;
+  // Inverted dropout on this layer's output while training, in [0, 1).
+  float dropout = 0.0f;
+};
+
+// model.tables[]: an embedding table (a parameter-store table).
+struct TableOptions {
+  std::string name;                   // 1..47 bytes, unique
+  int64_t rows = 0;                   // static: the vocabulary (id % rows); dynamic: the capacity
+  int64_t dim = 0;                    // floats per row, >= 1
+  bool dynamic = false;               // kind: static | dynamic (raw 64-bit ids, hashed into shards)
+  bool evict_lru = false;             // dynamic: on_full evict_lru instead of error
+  // Initial rows: uniform(-init_scale, init_scale); 0 = DLRM's
+  // uniform(-1/sqrt(rows), 1/sqrt(rows)).
+  float init_scale = 0.0f;
+};
+
+// model.sparse[]: one sparse input field pooled through a table.
+struct SparseFeatureOptions {
+  std::string field;                  // data field ("C1", "features", "tokens", ...)
+  std::string table;                  // model.tables[].name; empty = a table named after the field
+  Pooling pooling = Pooling::kSum;
+  // Multiply each row by the field's weights (libsvm values) where the data has them.
+  bool weighted = true;
 };
 
 struct ModelOptions {
-  // Input width. 0 = taken from the training data.
+  // Dense input width. 0 = taken from the training data.
   int64_t input_dim = 0;
+  // The top tower (config key `layers` or `top`): dense layers over the
+  // interaction's output; the last one's units are the head's outputs
+  // (classes for softmax, 1 otherwise) and it has no activation.
   std::vector<LayerOptions> layers;
+  // The bottom tower over the dense features (empty = the dense features as they are).
+  std::vector<LayerOptions> bottom;
+  std::vector<TableOptions> tables;
+  std::vector<SparseFeatureOptions> sparse;
+  Interaction interaction = Interaction::kConcat;
+  // Wide&Deep: sparse fields whose ids get a linear term (a dim-k table per
+  // field, k = the head's outputs, named "wide/<field>", sum pooling)
+  // added to the logits.
+  std::vector<std::string> wide;
+  int64_t wide_rows = 1000000;         // rows of each wide table (static, id % rows)
+  HeadType head = HeadType::kSoftmax;
   LossType loss = LossType::kSoftmaxCrossEntropy;
+  // The table named `name`, or nullptr.
+  const TableOptions* FindTable(const std::string& name) const;
   absl::Status Validate() const;
+};
+
+// data.text.*: fastText-style text ("__label__X [__label__Y] tok tok ...").
+struct TextOptions {
+  // 1 = tokens only; 2 = also word bigrams (fastText's -wordNgrams 2).
+  int word_ngrams = 1;
+  // With word_ngrams 2: put the bigram ids into their own field "ngrams"
+  // (so they can have their own table) instead of into "tokens".
+  bool ngrams_field = false;
+};
+
+// data.csv.*: a CSV file with a header line; columns chosen by name.
+struct CsvOptions {
+  std::string label;                     // required
+  std::vector<std::string> dense;        // numeric columns -> dense features, in this order
+  std::vector<std::string> categorical;  // string columns -> one sparse field each (named after the column)
+  char delimiter = ',';
 };
 
 struct DataOptions {
   DataFormat format = DataFormat::kIdx;
   // For idx: a path prefix; "<prefix>-images-idx3-ubyte[.gz]" and
-  // "<prefix>-labels-idx1-ubyte[.gz]" are read.
+  // "<prefix>-labels-idx1-ubyte[.gz]" are read. For the other formats: a file.
   std::string train;
   std::string test;
   // Keep only the first N records (0 = all). Useful for smoke runs and tests.
@@ -76,6 +166,18 @@ struct DataOptions {
   // The most records one dispatcher task holds (train.worker_processes:
   // workers take tasks of this size; workers/process_trainer.h). >= 1.
   int64_t records_per_task = 1024;
+  OnBadRow on_error = OnBadRow::kFail;
+  DenseTransform dense_transform = DenseTransform::kLog1p;
+  // Keep a binary cache of the parsed data next to the source
+  // ("<file>.swcache") and use it while the source and the parse options
+  // are unchanged.
+  bool cache = false;
+  // Where the cache files go instead of next to the source; empty = there.
+  std::string cache_dir;
+  // Parser threads; 0 = one per hardware thread.
+  int reader_threads = 0;
+  TextOptions text;
+  CsvOptions csv;
   absl::Status Validate() const;
 };
 

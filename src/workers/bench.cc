@@ -5,9 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/optimizer.h"
 #include "core/partitioner.h"
 #include "core/status.h"
 #include "oneapi/dnnl/dnnl.h"
+#include "workers/store_bench.h"
 #include "workers/trainer.h"
 
 namespace shardwild {
@@ -63,25 +65,60 @@ absl::StatusOr<BenchReport> RunBench(Job& job) {
     return job.worker(i).Train(order.data() + parts[i].begin, parts[i].size(), r.warmup_steps, opt, 0, 0, nullptr);
   }));
   std::vector<PhaseTimes> times(r.workers);
-  int64_t pulls_before = 0;
-  for (int i = 0; i < r.workers; ++i) pulls_before += job.worker(i).counters().pulls.load(std::memory_order_relaxed);
+  int64_t pulls_before = 0, rows_before = 0;
+  for (int i = 0; i < r.workers; ++i) {
+    pulls_before += job.worker(i).counters().pulls.load(std::memory_order_relaxed);
+    rows_before += job.worker(i).counters().rows_pulled.load(std::memory_order_relaxed);
+  }
   const auto start = Clock::now();
   SW_RETURN_IF_ERROR(job.pool().RunAll([&](int i) {
     return job.worker(i).Train(order.data() + parts[i].begin, parts[i].size(), r.steps, opt, 0, 0, &times[i]);
   }));
   r.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
   for (const PhaseTimes& t : times) r.phases.Add(t);
-  for (int i = 0; i < r.workers; ++i) r.pulls += job.worker(i).counters().pulls.load(std::memory_order_relaxed);
+  int64_t rows = 0;
+  for (int i = 0; i < r.workers; ++i) {
+    r.pulls += job.worker(i).counters().pulls.load(std::memory_order_relaxed);
+    rows += job.worker(i).counters().rows_pulled.load(std::memory_order_relaxed);
+  }
   r.pulls -= pulls_before;
+  rows -= rows_before;
   r.update_mode = UpdateModeName(cfg.ps.update);
   const double total_steps = static_cast<double>(r.steps) * r.workers;
   r.samples_per_s = total_steps * r.batch / r.wall_s;
   r.step_ms = 1e3 * r.phases.total() / total_steps;
-  const Mlp& model = job.worker(0).model();
+  const Model& model = job.worker(0).model();
   r.flops_per_step = model.ForwardFlops() + model.BackwardFlops();
   r.model_gflops = total_steps * r.flops_per_step / r.wall_s / 1e9;
   SW_ASSIGN_OR_RETURN(r.peak, MeasureMatmulPeak(job.pool(), r.intra_op_threads, 1024, cfg.bench.peak_seconds));
   r.peak_fraction = r.peak.gflops > 0 ? r.model_gflops / r.peak.gflops : 0;
+  r.data_load_s = job.data_load_seconds();
+  r.data_records = job.train().count;
+  if (job.train().tokens > 0 && job.train().count > 0) {
+    r.tokens_per_s_per_worker =
+        r.samples_per_s * static_cast<double>(job.train().tokens) / static_cast<double>(job.train().count) / r.workers;
+  }
+  const StoreLayout& layout = job.store().layout();
+  if (rows > 0 && !layout.tables.empty()) {
+    r.rows_per_s = static_cast<double>(rows) / r.wall_s;
+    // Bytes per id: the gathered row, and the update's params + slots read and written.
+    const TableSpec& t = layout.tables[0];
+    r.embedding_dim = t.dim;
+    const OptimizerOptions& sparse = cfg.sparse_optimizer ? *cfg.sparse_optimizer : cfg.optimizer;
+    const int slots = NumSlots(sparse.type);
+    r.embedding_bytes_per_s = r.rows_per_s * (1.0 + 2.0 * (1 + slots)) * static_cast<double>(t.dim) * sizeof(float);
+    StoreBenchOptions so;
+    so.dim = t.dim;
+    so.rows = t.capacity;
+    so.optimizer = sparse.type;
+    so.threads = r.workers;
+    so.seconds = cfg.bench.peak_seconds;
+    so.warmup_seconds = 0.1;
+    so.seed = cfg.train.seed;
+    SW_ASSIGN_OR_RETURN(StoreBenchReport sb, RunStoreBench(so));
+    r.bound_rows_per_s = sb.bound_rows_per_s;
+    r.rows_ratio = r.bound_rows_per_s > 0 ? r.rows_per_s / r.bound_rows_per_s : 0;
+  }
   return r;
 }
 
@@ -95,9 +132,21 @@ std::string FormatBenchReport(const BenchReport& r) {
   absl::StrAppendFormat(&s, "throughput: %.0f samples/s, %.3f ms per step per worker, wall %.2f s\n", r.samples_per_s,
                         r.step_ms, r.wall_s);
   absl::StrAppendFormat(&s,
-                        "phases: data %.1f%%  read params %.1f%%  forward %.1f%%  backward %.1f%%  push %.1f%%\n",
-                        pct(r.phases.data), pct(r.phases.read_params), pct(r.phases.forward), pct(r.phases.backward),
-                        pct(r.phases.push));
+                        "phases: data %.1f%%  read params %.1f%%  pull rows %.1f%%  forward %.1f%%  backward %.1f%%  "
+                        "push %.1f%%  push rows %.1f%%\n",
+                        pct(r.phases.data), pct(r.phases.read_params), pct(r.phases.pull_rows), pct(r.phases.forward),
+                        pct(r.phases.backward), pct(r.phases.push), pct(r.phases.push_rows));
+  absl::StrAppendFormat(&s, "data: read and parsed %d records in %.2f s before training (%.0f records/s)\n",
+                        r.data_records, r.data_load_s, r.data_load_s > 0 ? r.data_records / r.data_load_s : 0.0);
+  if (r.rows_per_s > 0) {
+    absl::StrAppendFormat(&s,
+                          "embeddings: %.3g rows/s gathered and updated (dim %d), %.2f GB/s moved; same-run random-row "
+                          "bound %.3g rows/s: ratio %.3f\n",
+                          r.rows_per_s, r.embedding_dim, r.embedding_bytes_per_s / 1e9, r.bound_rows_per_s, r.rows_ratio);
+  }
+  if (r.tokens_per_s_per_worker > 0) {
+    absl::StrAppendFormat(&s, "text: %.0f tokens/s per worker thread\n", r.tokens_per_s_per_worker);
+  }
   absl::StrAppendFormat(&s, "updates: ps.update %s, %d of %d timed steps pulled the parameters\n", r.update_mode,
                         r.pulls, r.steps * r.workers);
   absl::StrAppendFormat(&s, "model: %.1f MFLOP per step (forward + backward), %.2f GFLOP/s achieved\n",

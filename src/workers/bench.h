@@ -44,6 +44,26 @@ struct BenchReport {
   double model_gflops = 0;      // achieved, all workers
   MatmulPeak peak;
   double peak_fraction = 0;     // model_gflops / peak.gflops
+
+  // Embedding tables (models with sparse features; zero otherwise).
+  // rows_per_s: ids gathered per second (= ids whose gradients were pushed),
+  // all workers. embedding_bytes_per_s: the gather (dim floats per id) plus
+  // the update (the row's params and slots read and written per id; an
+  // upper bound, as repeated ids of a batch are updated once).
+  double rows_per_s = 0;
+  double embedding_bytes_per_s = 0;
+  int64_t embedding_dim = 0;          // of the first table
+  // The same-run random-row bound (workers/store_bench.h: a plain random-row
+  // read-modify-write of rows with the first table's stride, over as many
+  // rows, on as many pinned threads as there are workers, uniform ids).
+  double bound_rows_per_s = 0;
+  double rows_ratio = 0;              // rows_per_s / bound_rows_per_s
+  // Text data: tokens per second per worker thread.
+  double tokens_per_s_per_worker = 0;
+  // Reading and parsing the training data when the job was built (before
+  // the timed steps), for the phase comparison.
+  double data_load_s = 0;
+  int64_t data_records = 0;
 };
 
 absl::StatusOr<BenchReport> RunBench(Job& job);

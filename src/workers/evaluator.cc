@@ -23,7 +23,7 @@ absl::StatusOr<CheckpointInfo> ResolveCheckpoint(const std::string& path, std::v
 }
 
 absl::StatusOr<CheckpointEvaluation> EvaluateCheckpoint(Job& job, const CheckpointInfo& checkpoint,
-                                                        const ImageDataset& data) {
+                                                        const Dataset& data) {
   SW_RETURN_IF_ERROR(RestoreJob(job, checkpoint));
   CheckpointEvaluation e;
   e.path = checkpoint.path;
@@ -35,7 +35,7 @@ absl::StatusOr<CheckpointEvaluation> EvaluateCheckpoint(Job& job, const Checkpoi
 }
 
 absl::StatusOr<WatchSummary> WatchCheckpoints(
-    Job& job, const ImageDataset& data, const WatchOptions& options,
+    Job& job, const Dataset& data, const WatchOptions& options,
     const std::function<void(const CheckpointEvaluation&)>& on_evaluated,
     const std::function<void(const std::string& name, const std::string& why)>& on_skipped) {
   using Clock = std::chrono::steady_clock;
@@ -88,21 +88,21 @@ absl::StatusOr<WatchSummary> WatchCheckpoints(
   }
 }
 
-absl::StatusOr<ImageDataset> LoadImagesForPrediction(const std::string& path, int64_t features) {
+absl::StatusOr<Dataset> LoadImagesForPrediction(const std::string& path, int64_t features) {
   SW_ASSIGN_OR_RETURN(IdxArray images, ReadIdx(path));
   if (images.dims.size() != 3) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": expected images (3 dimensions: count, rows, cols), got ",
                                                    images.dims.size(), " dimensions"));
   }
-  ImageDataset d;
+  Dataset d;
   d.count = images.dims[0];
-  d.features = images.dims[1] * images.dims[2];
-  if (features > 0 && d.features != features) {
+  d.dense_dim = images.dims[1] * images.dims[2];
+  if (features > 0 && d.dense_dim != features) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ": ", d.features, " pixels per image, the model takes ", features));
+        absl::StrCat(path, ": ", d.dense_dim, " pixels per image, the model takes ", features));
   }
-  d.images.resize(images.data.size());
-  for (size_t i = 0; i < images.data.size(); ++i) d.images[i] = images.data[i] / 255.0f;
+  d.dense.resize(images.data.size());
+  for (size_t i = 0; i < images.data.size(); ++i) d.dense[i] = images.data[i] / 255.0f;
   d.labels.assign(static_cast<size_t>(d.count), 0);
   return d;
 }

@@ -39,7 +39,7 @@ struct CheckpointEvaluation {
 
 // Restores `checkpoint` into `job` and evaluates `data`.
 absl::StatusOr<CheckpointEvaluation> EvaluateCheckpoint(Job& job, const CheckpointInfo& checkpoint,
-                                                        const ImageDataset& data);
+                                                        const Dataset& data);
 
 struct WatchOptions {
   std::string dir;            // the training job's checkpoint.dir
@@ -63,12 +63,12 @@ struct WatchSummary {
 // without a new one. on_evaluated / on_skipped (may be empty) are called as
 // it goes, on the calling thread.
 absl::StatusOr<WatchSummary> WatchCheckpoints(
-    Job& job, const ImageDataset& data, const WatchOptions& options,
+    Job& job, const Dataset& data, const WatchOptions& options,
     const std::function<void(const CheckpointEvaluation&)>& on_evaluated,
     const std::function<void(const std::string& name, const std::string& why)>& on_skipped);
 
 // Reads the images of an IDX file ("...-images-idx3-ubyte[.gz]") as a data
 // set without labels, for prediction. `features` > 0 is checked.
-absl::StatusOr<ImageDataset> LoadImagesForPrediction(const std::string& path, int64_t features);
+absl::StatusOr<Dataset> LoadImagesForPrediction(const std::string& path, int64_t features);
 
 }  // namespace shardwild

@@ -4,10 +4,13 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "core/mlp.h"
+#include "core/model.h"
+#include "core/idx_reader.h"
+#include "core/readers.h"
 #include "core/mutex.h"
 #include "core/status.h"
 
@@ -17,6 +20,69 @@ absl::StatusOr<std::unique_ptr<Topology>> MakeTopology(const TopologyOptions& op
   if (!options.synthetic.empty()) return Topology::FromSynthetic(options.synthetic);
   if (!options.xml.empty()) return Topology::FromXml(options.xml);
   return Topology::Detect();
+}
+
+LabelKind LabelKindOf(HeadType head) {
+  switch (head) {
+    case HeadType::kSoftmax: return LabelKind::kMultiClass;
+    case HeadType::kBinary: return LabelKind::kBinary;
+    case HeadType::kRegression: return LabelKind::kRegression;
+  }
+  return LabelKind::kMultiClass;
+}
+
+absl::StatusOr<Dataset> LoadDataset(const Config& config, const std::string& path, int64_t max_records,
+                                    const Dataset* train) {
+  if (config.data.format == DataFormat::kIdx) {
+    return LoadIdxImageDataset(path, config.model.input_dim, max_records);
+  }
+  ReadOptions ro = MakeReadOptions(config.data, LabelKindOf(config.model.head));
+  ro.max_records = max_records;
+  if (train != nullptr && !train->class_names.empty()) ro.class_names = &train->class_names;
+  return ReadDataset(path, ro);
+}
+
+absl::Status CheckTestData(const Dataset& train, const Dataset& test) {
+  if (test.dense_dim != train.dense_dim) {
+    return absl::InvalidArgumentError(absl::StrCat("data.test: ", test.dense_dim, " dense features per record, data.train has ",
+                                                   train.dense_dim));
+  }
+  if (test.num_classes > train.num_classes) {
+    return absl::InvalidArgumentError(absl::StrCat("data.test: labels go up to ", test.num_classes - 1,
+                                                   " but the training data has ", train.num_classes, " classes"));
+  }
+  if (test.fields.size() != train.fields.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("data.test: ", test.fields.size(), " sparse fields, data.train has ",
+                                                   train.fields.size()));
+  }
+  for (size_t f = 0; f < train.fields.size(); ++f) {
+    if (test.fields[f].name != train.fields[f].name) {
+      return absl::InvalidArgumentError(absl::StrCat("data.test: sparse field ", f, " is '", test.fields[f].name,
+                                                     "', in data.train it is '", train.fields[f].name, "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<TableSpec> TableSpecsOf(const ModelSpec& spec) {
+  std::vector<TableSpec> tables;
+  for (const EmbeddingDecl& d : spec.tables) {
+    TableSpec t;
+    t.name = d.name;
+    t.kind = d.dynamic ? EmbeddingKind::kDynamic : EmbeddingKind::kStatic;
+    t.dim = d.dim;
+    t.capacity = d.rows;
+    t.on_full = d.evict_lru ? CapacityPolicy::kEvictLru : CapacityPolicy::kError;
+    if (d.init_scale > 0) {
+      t.init.kind = RowInitializer::Kind::kUniform;
+      t.init.a = -d.init_scale;
+      t.init.b = d.init_scale;
+    } else {
+      t.init.kind = RowInitializer::Kind::kZeros;
+    }
+    tables.push_back(t);
+  }
+  return tables;
 }
 
 Job::~Job() {
@@ -45,37 +111,33 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config) {
                  threads, topo.num_cores(), topo.source());
   }
 
-  // Data: the test set is decompressed and decoded on a second thread while
-  // this one reads the training set. (A plain thread, not a oneTBB task: the
-  // join is a happens-before edge ThreadSanitizer can see, and Debian's oneTBB
-  // is not instrumented.)
-  absl::StatusOr<ImageDataset> train, test;
+  // Data: the test set is read on a second thread while this one reads the
+  // training set, unless the test set's labels need the training set's
+  // class names (text). (A plain thread, not a oneTBB task: the join is a
+  // happens-before edge ThreadSanitizer can see, and Debian's oneTBB is not
+  // instrumented.)
+  const auto load_start = std::chrono::steady_clock::now();
+  absl::StatusOr<Dataset> train, test;
+  const bool named_classes = config.data.format == DataFormat::kText;
   std::thread test_loader;
-  if (!config.data.test.empty()) {
-    test_loader = std::thread(
-        [&] { test = LoadIdxImageDataset(config.data.test, config.model.input_dim, config.data.max_test_records); });
+  if (!config.data.test.empty() && !named_classes) {
+    test_loader = std::thread([&] { test = LoadDataset(config, config.data.test, config.data.max_test_records, nullptr); });
   }
-  train = LoadIdxImageDataset(config.data.train, config.model.input_dim, config.data.max_train_records);
+  train = LoadDataset(config, config.data.train, config.data.max_train_records, nullptr);
   if (test_loader.joinable()) test_loader.join();
   if (!train.ok()) return train.status();
   job->train_ = *std::move(train);
   if (!config.data.test.empty()) {
+    if (named_classes) test = LoadDataset(config, config.data.test, config.data.max_test_records, &job->train_);
     if (!test.ok()) return test.status();
-    if (test->features != job->train_.features) {
-      return absl::InvalidArgumentError(absl::StrCat("data.test: ", test->features, " features per record, data.train has ",
-                                                     job->train_.features));
-    }
-    if (test->num_classes > job->train_.num_classes) {
-      return absl::InvalidArgumentError(absl::StrCat("data.test: labels go up to ", test->num_classes - 1,
-                                                     " but the training data has ", job->train_.num_classes,
-                                                     " classes"));
-    }
+    SW_RETURN_IF_ERROR(CheckTestData(job->train_, *test));
     job->test_ = *std::move(test);
   }
+  job->data_load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
 
   // Store.
-  SW_ASSIGN_OR_RETURN(std::vector<VariableSpec> vars,
-                      Mlp::Variables(config.model, job->train_.features, job->train_.num_classes));
+  SW_ASSIGN_OR_RETURN(ModelSpec spec, Model::Describe(config.model, DataShape::Of(job->train_)));
+  std::vector<VariableSpec> vars = spec.variables;
   OpenStoreOptions so;
   so.store = config.ps;
   so.optimizer = config.optimizer;
@@ -83,6 +145,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config) {
   so.seed = config.train.seed;
   so.num_shards = shards;
   so.placer = job->topology_.get();
+  so.tables = TableSpecsOf(spec);
   SW_ASSIGN_OR_RETURN(job->store_, ReplicatedStore::Create(so, std::move(vars), std::move(replication)));
   // Stale segments of the job are found (and acted on) by the first replica.
   if (const auto& removed = job->store().removed_stale_segments(); !removed.empty()) {
@@ -116,7 +179,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config) {
   SW_RETURN_IF_ERROR(job->pool_->RunAll([j, &build_mu](int i) -> absl::Status {
     MutexLock lock(&build_mu);
     SW_ASSIGN_OR_RETURN(j->workers_[i], Worker::Create(i, j->config_.model, j->config_.train.batch_size, j->train_,
-                                                       j->store_->ForWorker(i), j->engine_));
+                                                       j->store_->ForWorker(i), j->engine_, j->config_.train.seed));
     return absl::OkStatus();
   }));
 
@@ -125,6 +188,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config) {
   WorkerUpdateOptions update;
   update.pull_every = config.train.pull_every;
   update.max_staleness = config.ps.max_staleness;
+  if (job->config_.sparse_optimizer) update.sparse_optimizer = &*job->config_.sparse_optimizer;
   if (config.ps.update == UpdateMode::kSync) {
     // Config::Validate keeps sync to one copy.
     job->sync_ = std::make_unique<SyncAggregator>(&job->store(), workers);

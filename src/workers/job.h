@@ -8,7 +8,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/idx_reader.h"
+#include "core/dataset.h"
+#include "core/model.h"
 #include "core/options.h"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "ps_shm/shm_store.h"
@@ -19,6 +20,23 @@
 #include "workers/worker_pool.h"
 
 namespace shardwild {
+
+// The labels a head needs (softmax: classes, binary: 0/1, regression: reals).
+LabelKind LabelKindOf(HeadType head);
+
+// Reads the data set at `path` as config.data says (format, bad-row policy,
+// cache, ...), keeping the first `max_records` records (0 = all). `train`,
+// when given, is the training set: a test set's named classes (text) map
+// through its class names.
+absl::StatusOr<Dataset> LoadDataset(const Config& config, const std::string& path, int64_t max_records,
+                                    const Dataset* train);
+
+// InvalidArgument (naming data.test) when a test set doesn't fit the
+// training set: dense width, classes, sparse fields.
+absl::Status CheckTestData(const Dataset& train, const Dataset& test);
+
+// The store's tables for a model (ModelSpec::tables, in order).
+std::vector<TableSpec> TableSpecsOf(const ModelSpec& spec);
 
 // Builds the topology a config asks for: topology.synthetic, topology.xml, or
 // the real machine.
@@ -44,8 +62,10 @@ class Job {
   WorkerPool& pool() { return *pool_; }
   Worker& worker(int i) { return *workers_[i]; }
   int num_workers() const { return static_cast<int>(workers_.size()); }
-  const ImageDataset& train() const { return train_; }
-  const ImageDataset* test() const { return test_ ? &*test_ : nullptr; }
+  const Dataset& train() const { return train_; }
+  const Dataset* test() const { return test_ ? &*test_ : nullptr; }
+  // Seconds spent reading and parsing the data sets in Create.
+  double data_load_seconds() const { return data_load_seconds_; }
   // The step barrier of ps.update sync; nullptr in the other modes.
   SyncAggregator* sync() { return sync_.get(); }
 
@@ -55,8 +75,9 @@ class Job {
   Config config_;
   std::unique_ptr<Topology> topology_;
   Placement placement_;
-  ImageDataset train_;
-  std::optional<ImageDataset> test_;
+  Dataset train_;
+  std::optional<Dataset> test_;
+  double data_load_seconds_ = 0;
   dnnl::engine engine_;
   std::unique_ptr<ReplicatedStore> store_;
   std::unique_ptr<SyncAggregator> sync_;          // ps.update sync only

@@ -122,17 +122,17 @@ absl::Status ServeTasks(const Config& config, const WorkerProcessArgs& args, Lin
   omp_set_num_threads(threads);
   if (config.train.pin_threads) SW_RETURN_IF_ERROR(topo->PinCurrentThread(placement.workers[args.index].cores));
 
-  SW_ASSIGN_OR_RETURN(ImageDataset train, LoadIdxImageDataset(config.data.train, config.model.input_dim,
-                                                              config.data.max_train_records));
+  SW_ASSIGN_OR_RETURN(Dataset train, LoadDataset(config, config.data.train, config.data.max_train_records, nullptr));
   SW_ASSIGN_OR_RETURN(std::unique_ptr<ShmParamStore> store,
                       ShmParamStore::Attach(args.store, config.optimizer, config.sparse_optimizer));
   dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   SW_ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, Worker::Create(args.index, config.model,
                                                                      config.train.batch_size, train, store.get(),
-                                                                     engine));
+                                                                     engine, config.train.seed));
   WorkerUpdateOptions update;
   update.pull_every = config.train.pull_every;
   update.max_staleness = config.ps.max_staleness;
+  if (config.sparse_optimizer) update.sparse_optimizer = &*config.sparse_optimizer;
   worker->set_update_options(update);
   if (!channel.Send(absl::StrCat("ready ", getpid(), " ", train.count))) return absl::OkStatus();  // parent gone
 
@@ -589,6 +589,7 @@ absl::StatusOr<TrainSummary> RunProcessTraining(Job& job, ProgressReporter& prog
         SW_ASSIGN_OR_RETURN(EvalResult ev, EvaluateAll(job, *job.test()));
         er.test_loss = ev.count ? ev.loss_sum / ev.count : 0;
         er.test_accuracy = ev.count ? static_cast<double>(ev.correct) / ev.count : 0;
+        er.test_metrics = ExtraTestMetrics(ev);
         summary.eval_records_seen += ev.count;
       }
       summary.history.push_back(er);
@@ -710,8 +711,9 @@ absl::StatusOr<TrainSummary> RunProcessTraining(Job& job, ProgressReporter& prog
   summary.samples_per_s = train_seconds > 0 ? run_records / train_seconds : 0;
   if (!summary.history.empty()) summary.train_loss = summary.history.back().train_loss;
   if (const auto& last = callbacks->last_evaluation()) {
-    summary.test_loss = last->first;
-    summary.test_accuracy = last->second;
+    summary.test_loss = last->loss;
+    summary.test_accuracy = last->accuracy;
+    summary.test_metrics = last->extra;
   }
   summary.model_version = job.replicas().version();
   summary.wall_s = SecondsSince(run_start);

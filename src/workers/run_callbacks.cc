@@ -61,18 +61,35 @@ absl::Status RunCallbacks::OnProgress(int epoch, int64_t step, double loss, doub
   return Log({{"kind", "train"}, {"epoch", epoch}, {"loss", loss}, {"samples_per_s", samples_per_s}}, step, scalars);
 }
 
+std::optional<bool> RunCallbacks::StopOnTest(double loss, double accuracy, const MetricValues& extra) {
+  if (!early_) return std::nullopt;
+  const std::string& m = early_->monitor();
+  if (m == "test_loss") return Stop(loss);
+  if (m == "test_accuracy") return Stop(accuracy);
+  for (const auto& [name, value] : extra) {
+    if (name == m) return Stop(value);
+  }
+  return std::nullopt;
+}
+
 absl::StatusOr<bool> RunCallbacks::OnEvaluation(int epoch, int64_t round, int64_t rounds, int64_t step,
-                                                double loss, double accuracy) {
-  last_eval_ = {loss, accuracy};
-  progress_->Line(
-      absl::StrFormat("epoch %d step %d/%d: test loss %.4f acc %.4f", epoch, round, rounds, loss, accuracy));
-  const ScalarValue scalars[] = {{"eval/loss", static_cast<float>(loss)},
-                                 {"eval/accuracy", static_cast<float>(accuracy)}};
-  SW_RETURN_IF_ERROR(Log({{"kind", "eval"}, {"epoch", epoch}, {"test_loss", loss}, {"test_accuracy", accuracy}}, step,
-                         scalars));
-  if (early_ && early_->monitor() == "test_loss") return Stop(loss);
-  if (early_ && early_->monitor() == "test_accuracy") return Stop(accuracy);
-  return false;
+                                                double loss, double accuracy, const MetricValues& extra) {
+  last_eval_ = Evaluation{loss, accuracy, extra};
+  std::string line = absl::StrFormat("epoch %d step %d/%d: test loss %.4f acc %.4f", epoch, round, rounds, loss, accuracy);
+  nlohmann::json record = {{"kind", "eval"}, {"epoch", epoch}, {"test_loss", loss}, {"test_accuracy", accuracy}};
+  std::vector<ScalarValue> scalars = {{"eval/loss", static_cast<float>(loss)},
+                                      {"eval/accuracy", static_cast<float>(accuracy)}};
+  std::vector<std::string> tags;  // the scalars' tags point into it: no reallocation
+  tags.reserve(extra.size());
+  for (const auto& [name, value] : extra) {
+    absl::StrAppendFormat(&line, " %s %.4f", name.substr(5), value);
+    record[name] = value;
+    tags.push_back("eval/" + name.substr(5));
+    scalars.push_back({tags.back(), static_cast<float>(value)});
+  }
+  progress_->Line(line);
+  SW_RETURN_IF_ERROR(Log(std::move(record), step, scalars));
+  return StopOnTest(loss, accuracy, extra).value_or(false);
 }
 
 absl::StatusOr<bool> RunCallbacks::OnEpochEnd(const EpochResult& er, int epochs, int64_t step) {
@@ -83,13 +100,21 @@ absl::StatusOr<bool> RunCallbacks::OnEpochEnd(const EpochResult& er, int epochs,
                            {"seconds", er.seconds}};
   std::vector<ScalarValue> scalars = {{"epoch/train_loss", static_cast<float>(er.train_loss)},
                                       {"epoch/train_accuracy", static_cast<float>(er.train_accuracy)}};
+  std::vector<std::string> tags;  // the scalars' tags point into it: no reallocation
   if (er.test_loss) {
-    last_eval_ = {*er.test_loss, *er.test_accuracy};
+    last_eval_ = Evaluation{*er.test_loss, *er.test_accuracy, er.test_metrics};
     absl::StrAppendFormat(&line, " | test loss %.4f acc %.4f", *er.test_loss, *er.test_accuracy);
     record["test_loss"] = *er.test_loss;
     record["test_accuracy"] = *er.test_accuracy;
     scalars.push_back({"eval/loss", static_cast<float>(*er.test_loss)});
     scalars.push_back({"eval/accuracy", static_cast<float>(*er.test_accuracy)});
+    tags.reserve(er.test_metrics.size());
+    for (const auto& [name, value] : er.test_metrics) {
+      absl::StrAppendFormat(&line, " %s %.4f", name.substr(5), value);
+      record[name] = value;
+      tags.push_back("eval/" + name.substr(5));
+      scalars.push_back({tags.back(), static_cast<float>(value)});
+    }
   }
   absl::StrAppendFormat(&line, " | %.1f s, %.0f samples/s", er.seconds, er.samples_per_s);
   progress_->Line(line);
@@ -100,8 +125,7 @@ absl::StatusOr<bool> RunCallbacks::OnEpochEnd(const EpochResult& er, int epochs,
   const std::string& m = early_->monitor();
   if (m == "train_loss") return Stop(er.train_loss);
   if (m == "train_accuracy") return Stop(er.train_accuracy);
-  if (m == "test_loss" && er.test_loss) return Stop(*er.test_loss);
-  if (m == "test_accuracy" && er.test_accuracy) return Stop(*er.test_accuracy);
+  if (er.test_loss) return StopOnTest(*er.test_loss, *er.test_accuracy, er.test_metrics).value_or(false);
   return false;
 }
 

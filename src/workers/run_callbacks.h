@@ -21,6 +21,7 @@
 #include "core/tfevents.h"
 #include "nlohmann/json.hpp"
 #include "workers/progress.h"
+#include "workers/worker.h"
 
 namespace shardwild {
 
@@ -42,7 +43,7 @@ class RunCallbacks {
   // `epoch`): the line, the metrics, and early stopping on a test_* monitor.
   // Returns whether training should stop now.
   absl::StatusOr<bool> OnEvaluation(int epoch, int64_t round, int64_t rounds, int64_t step, double loss,
-                                    double accuracy);
+                                    double accuracy, const MetricValues& extra);
   // The end of an epoch (`er` complete, with its test metrics if it
   // evaluated): the line, the metrics, and early stopping on the epoch's
   // values. Returns whether training should stop now.
@@ -52,8 +53,12 @@ class RunCallbacks {
   bool stopped() const { return stopped_; }
   // The early-stopping state for a checkpoint; null when it is off.
   nlohmann::json early_stopping_state() const { return early_ ? early_->ToJson() : nlohmann::json(); }
-  // Test loss and accuracy of the latest evaluation, if any.
-  const std::optional<std::pair<double, double>>& last_evaluation() const { return last_eval_; }
+  // The latest evaluation, if any.
+  struct Evaluation {
+    double loss = 0, accuracy = 0;
+    MetricValues extra;  // test_auc, ... (ExtraTestMetrics)
+  };
+  const std::optional<Evaluation>& last_evaluation() const { return last_eval_; }
 
  private:
   RunCallbacks() = default;
@@ -67,7 +72,9 @@ class RunCallbacks {
   std::unique_ptr<EventFileWriter> events_;
   std::optional<EarlyStopping> early_;
   bool stopped_ = false;
-  std::optional<std::pair<double, double>> last_eval_;
+  std::optional<Evaluation> last_eval_;
+  // Early stopping on a test_* metric of `extra` (or loss/accuracy).
+  std::optional<bool> StopOnTest(double loss, double accuracy, const MetricValues& extra);
 };
 
 }  // namespace shardwild

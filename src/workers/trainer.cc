@@ -55,7 +55,7 @@ std::vector<int32_t> EpochOrder(int64_t n, uint64_t seed, int epoch) {
   return order;
 }
 
-absl::StatusOr<EvalResult> EvaluateAll(Job& job, const ImageDataset& data) {
+absl::StatusOr<EvalResult> EvaluateAll(Job& job, const Dataset& data) {
   const std::vector<RowRange> parts = FixedShardsDiv(data.count, job.num_workers());
   std::vector<EvalResult> results(job.num_workers());
   SW_RETURN_IF_ERROR(job.pool().RunAll([&](int i) -> absl::Status {
@@ -67,8 +67,8 @@ absl::StatusOr<EvalResult> EvaluateAll(Job& job, const ImageDataset& data) {
   return total;
 }
 
-absl::StatusOr<std::vector<float>> PredictAll(Job& job, const ImageDataset& data) {
-  const int64_t k = job.train().num_classes;
+absl::StatusOr<std::vector<float>> PredictAll(Job& job, const Dataset& data) {
+  const int64_t k = job.worker(0).model().outputs();
   std::vector<float> probs(static_cast<size_t>(data.count * k));
   const std::vector<RowRange> parts = FixedShardsDiv(data.count, job.num_workers());
   SW_RETURN_IF_ERROR(job.pool().RunAll([&](int i) -> absl::Status {
@@ -217,12 +217,16 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
   };
 
   absl::Status metrics_status;  // the first error of a write from the progress callback
-  // Evaluates data.test with every worker stopped: (loss, accuracy).
-  auto evaluate = [&]() -> absl::StatusOr<std::pair<double, double>> {
+  // Evaluates data.test with every worker stopped.
+  struct Evaluated {
+    double loss = 0, accuracy = 0;
+    MetricValues extra;
+  };
+  auto evaluate = [&]() -> absl::StatusOr<Evaluated> {
     SW_ASSIGN_OR_RETURN(EvalResult ev, EvaluateAll(job, *job.test()));
     summary.eval_records_seen += ev.count;
-    return std::make_pair(ev.count ? ev.loss_sum / ev.count : 0.0,
-                          ev.count ? static_cast<double>(ev.correct) / ev.count : 0.0);
+    return Evaluated{ev.count ? ev.loss_sum / ev.count : 0.0,
+                     ev.count ? static_cast<double>(ev.correct) / ev.count : 0.0, ExtraTestMetrics(ev)};
   };
 
   const auto run_start = Clock::now();
@@ -282,7 +286,7 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
         SW_ASSIGN_OR_RETURN(const auto result, evaluate());
         SW_ASSIGN_OR_RETURN(const bool stop, callbacks->OnEvaluation(epoch, round, epoch_rounds,
                                                                      base_steps + ReadCounters(job).steps,
-                                                                     result.first, result.second));
+                                                                     result.loss, result.accuracy, result.extra));
         if (stop) break;
       }
       if (checkpointing && ck.every_steps > 0 && global_round % ck.every_steps == 0 && round < epoch_rounds) {
@@ -307,8 +311,9 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
     if (inline_eval && !callbacks->stopped() &&
         (last_epoch || (cfg.eval.every_epochs > 0 && epoch % cfg.eval.every_epochs == 0))) {
       SW_ASSIGN_OR_RETURN(const auto result, evaluate());
-      er.test_loss = result.first;
-      er.test_accuracy = result.second;
+      er.test_loss = result.loss;
+      er.test_accuracy = result.accuracy;
+      er.test_metrics = result.extra;
     }
     SW_RETURN_IF_ERROR(metrics_status);
     const bool stopped_before = callbacks->stopped();
@@ -332,8 +337,9 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
     summary.train_loss = summary.history.back().train_loss;
   }
   if (const auto& last = callbacks->last_evaluation()) {
-    summary.test_loss = last->first;
-    summary.test_accuracy = last->second;
+    summary.test_loss = last->loss;
+    summary.test_accuracy = last->accuracy;
+    summary.test_metrics = last->extra;
   }
   summary.model_version = job.replicas().version();
   summary.wall_s = std::chrono::duration<double>(Clock::now() - run_start).count();

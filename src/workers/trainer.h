@@ -21,6 +21,7 @@ struct EpochResult {
   double train_accuracy = 0;
   std::optional<double> test_loss;     // absent without data.test
   std::optional<double> test_accuracy;
+  MetricValues test_metrics;           // test_auc, test_logloss, ... (ExtraTestMetrics)
   double seconds = 0;                  // training part of the epoch
   double samples_per_s = 0;
 };
@@ -36,6 +37,7 @@ struct TrainSummary {
   double train_loss = 0;               // last epoch
   std::optional<double> test_loss;     // after the last epoch
   std::optional<double> test_accuracy;
+  MetricValues test_metrics;           // test_auc, ... of the last evaluation
   double wall_s = 0;                   // the whole run, evaluation included
   uint64_t model_version = 0;          // pushes applied, summed over the replicas
   uint64_t store_bytes = 0;            // over all replicas
@@ -104,11 +106,11 @@ std::vector<int32_t> EpochOrder(int64_t n, uint64_t seed, int epoch);
 absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, const TrainRunOptions& options = {});
 
 // Evaluates the store's current parameters on `data`, split over the workers.
-absl::StatusOr<EvalResult> EvaluateAll(Job& job, const ImageDataset& data);
+absl::StatusOr<EvalResult> EvaluateAll(Job& job, const Dataset& data);
 
 // Class probabilities of every record of `data` (record-major, in input
 // order: data.count x the model's classes), split over the workers.
-absl::StatusOr<std::vector<float>> PredictAll(Job& job, const ImageDataset& data);
+absl::StatusOr<std::vector<float>> PredictAll(Job& job, const Dataset& data);
 
 // Restores `checkpoint` into every replica of `job` (workers idle).
 absl::Status RestoreJob(Job& job, const CheckpointInfo& checkpoint);

@@ -18,17 +18,29 @@ double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 
 }  // namespace
 
+MetricValues ExtraTestMetrics(const EvalResult& result) {
+  MetricValues out;
+  if (!result.metrics || result.metrics->count() == 0) return out;
+  for (const auto& [name, value] : result.metrics->Values()) {
+    if (name == "loss" || name == "accuracy") continue;  // reported as test_loss and test_accuracy
+    out.emplace_back("test_" + name, value);
+  }
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(int index, const ModelOptions& model, int64_t batch,
-                                                       const ImageDataset& train, ParamStore* store,
-                                                       const dnnl::engine& engine) {
+                                                       const Dataset& train, ParamStore* store,
+                                                       const dnnl::engine& engine, uint64_t seed) {
   std::unique_ptr<Worker> w(new Worker());
   w->index_ = index;
   w->train_ = &train;
   w->store_ = store;
-  SW_ASSIGN_OR_RETURN(w->model_, Mlp::Create(model, train.features, train.num_classes, batch, engine));
+  SW_ASSIGN_OR_RETURN(w->model_, Model::Create(model, DataShape::Of(train), batch, engine,
+                                               seed * 1000003u + static_cast<uint64_t>(index)));
   const StoreLayout& layout = store->layout();
   if (static_cast<int>(layout.variables.size()) != w->model_->num_variables()) {
-    return absl::FailedPreconditionError("the store does not hold this model's variables");
+    return absl::FailedPreconditionError(absl::StrCat("the store holds ", layout.variables.size(),
+                                                      " variables, the model has ", w->model_->num_variables()));
   }
   for (int v = 0; v < w->model_->num_variables(); ++v) {
     const VariableSpec& a = layout.variables[v];
@@ -41,13 +53,49 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(int index, const ModelOpt
     w->pulls_.push_back(PullSlice{v, 0, b.rows, w->model_->params(v)});
     w->pushes_.push_back(DenseGrad{v, w->model_->grads(v)});
   }
-  w->labels_.assign(batch, 0);
+  const std::vector<EmbeddingDecl>& tables = w->model_->spec().tables;
+  if (layout.tables.size() != tables.size()) {
+    return absl::FailedPreconditionError(absl::StrCat("the store holds ", layout.tables.size(),
+                                                      " embedding tables, the model has ", tables.size()));
+  }
+  for (size_t t = 0; t < tables.size(); ++t) {
+    if (layout.tables[t].name != tables[t].name || layout.tables[t].dim != tables[t].dim) {
+      return absl::FailedPreconditionError(absl::StrCat("store table ", t, " is '", layout.tables[t].name, "' (dim ",
+                                                        layout.tables[t].dim, "), the model expects '", tables[t].name,
+                                                        "' (dim ", tables[t].dim, ")"));
+    }
+  }
+  w->row_pushes_.resize(w->model_->num_lookups());
+  w->batch_records_.assign(batch, 0);
   try {
     w->stream_ = dnnl::stream(engine);
   } catch (const dnnl::error& e) {
     return absl::InternalError(absl::StrCat("oneDNN stream: ", e.what()));
   }
   return w;
+}
+
+absl::Status Worker::PullRows(PullMode mode) {
+  for (int l = 0; l < model_->num_lookups(); ++l) {
+    const absl::Span<const uint64_t> ids = model_->ids(l);
+    if (ids.empty()) continue;
+    SW_RETURN_IF_ERROR(store_->PullRows(model_->lookup(l).table, ids, model_->rows(l), mode, &row_scratch_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Worker::CheckShape(const Dataset& data, const char* what) const {
+  if (data.dense_dim != train_->dense_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " has ", data.dense_dim, " dense features per record, the model takes ",
+                                                   train_->dense_dim));
+  }
+  for (int l = 0; l < model_->num_lookups(); ++l) {
+    const Lookup& lk = model_->lookup(l);
+    if (lk.data_field >= static_cast<int>(data.fields.size()) || data.fields[lk.data_field].name != lk.field) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " lacks the sparse field '", lk.field, "' the model reads"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Worker::PullAll() { return store_->Pull(pulls_); }
@@ -84,28 +132,28 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
                                 int64_t first_step, PhaseTimes* times) {
   if (count <= 0) return absl::OkStatus();
   SyncAggregator* const sync = update_.sync;
+  const OptimizerOptions& sparse_optimizer = update_.sparse_optimizer ? *update_.sparse_optimizer : optimizer;
   const int64_t batch = model_->batch();
-  const int64_t features = train_->features;
   const int64_t steps = max_steps >= 0 ? max_steps : (count + batch - 1) / batch;
+  const int lookups = model_->num_lookups();
   int64_t cursor = 0;
   PhaseTimes t;
   for (int64_t step = 0; step < steps; ++step) {
-    const float lr = optimizer.LrAt(progress_begin + static_cast<double>(first_step + step) * progress_per_step);
+    const double progress = progress_begin + static_cast<double>(first_step + step) * progress_per_step;
+    const float lr = optimizer.LrAt(progress);
+    const float sparse_lr = sparse_optimizer.LrAt(progress);
     const auto t0 = Clock::now();
-    // Data: gather this batch's rows. In a range run the last batch is short
-    // and padded; in a cycling run batches wrap round the range.
+    // Data: gather this batch's records. In a range run the last batch is
+    // short and padded; in a cycling run batches wrap round the range.
     int64_t valid = 0;
-    float* x = model_->input();
     while (valid < batch) {
       if (cursor == count) {
         if (max_steps < 0) break;
         cursor = 0;
       }
-      const int32_t r = order[cursor++];
-      std::memcpy(x + valid * features, train_->images.data() + static_cast<int64_t>(r) * features,
-                  features * sizeof(float));
-      labels_[valid++] = train_->labels[r];
+      batch_records_[valid++] = order[cursor++];
     }
+    model_->LoadBatch(*train_, batch_records_.data(), valid);
     const auto t1 = Clock::now();
     // Read params: refresh the local copy on the first step of the call, every
     // pull_every steps, when the store has moved more than max_staleness
@@ -125,76 +173,120 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
       counters_.pulls.fetch_add(1, std::memory_order_relaxed);
     }
     const auto t2 = Clock::now();
-    model_->Forward(stream_);
+    // Embedding rows are pulled every step: they are the batch's own.
+    int64_t rows = 0;
+    for (int l = 0; l < lookups; ++l) rows += static_cast<int64_t>(model_->ids(l).size());
+    SW_RETURN_IF_ERROR(PullRows(PullMode::kInsert));
     const auto t3 = Clock::now();
-    const LossResult loss = model_->Backward(labels_.data(), valid, stream_);
+    model_->Forward(/*training=*/true, stream_);
     const auto t4 = Clock::now();
-    if (sync != nullptr) {
-      SW_RETURN_IF_ERROR(sync->Contribute(index_, pushes_, lr));
-    } else {
-      SW_RETURN_IF_ERROR(store_->Push(pushes_, lr));
-      if (update_.replicas != nullptr) SW_RETURN_IF_ERROR(update_.replicas->StepDone());
-    }
+    const LossResult loss = model_->Backward(valid, stream_);
     const auto t5 = Clock::now();
+    auto t6 = t5;
+    if (sync != nullptr) {
+      for (int l = 0; l < lookups; ++l) {
+        row_pushes_[l] = RowGrad{model_->lookup(l).table, model_->ids(l), model_->row_grads(l)};
+      }
+      SW_RETURN_IF_ERROR(sync->Contribute(index_, pushes_, lr, row_pushes_, sparse_lr));
+      t6 = Clock::now();
+    } else {
+      if (!pushes_.empty()) SW_RETURN_IF_ERROR(store_->Push(pushes_, lr));
+      if (update_.replicas != nullptr) SW_RETURN_IF_ERROR(update_.replicas->StepDone());
+      t6 = Clock::now();
+      for (int l = 0; l < lookups; ++l) {
+        const absl::Span<const uint64_t> ids = model_->ids(l);
+        if (ids.empty()) continue;
+        SW_RETURN_IF_ERROR(store_->PushRows(model_->lookup(l).table, ids, model_->row_grads(l), sparse_lr,
+                                            &row_scratch_));
+      }
+    }
+    const auto t7 = Clock::now();
     t.data += Seconds(t0, t1);
     t.read_params += Seconds(t1, t2);
-    t.forward += Seconds(t2, t3);
-    t.backward += Seconds(t3, t4);
-    t.push += Seconds(t4, t5);
+    t.pull_rows += Seconds(t2, t3);
+    t.forward += Seconds(t3, t4);
+    t.backward += Seconds(t4, t5);
+    t.push += Seconds(t5, t6);
+    t.push_rows += Seconds(t6, t7);
     counters_.steps.fetch_add(1, std::memory_order_relaxed);
     counters_.samples.fetch_add(valid, std::memory_order_relaxed);
     counters_.loss_sum.fetch_add(loss.loss_sum, std::memory_order_relaxed);
     counters_.correct.fetch_add(loss.correct, std::memory_order_relaxed);
+    counters_.rows_pulled.fetch_add(rows, std::memory_order_relaxed);
+    counters_.rows_pushed.fetch_add(rows, std::memory_order_relaxed);
   }
   if (times) times->Add(t);
   return absl::OkStatus();
 }
 
-absl::StatusOr<EvalResult> Worker::Evaluate(const ImageDataset& data, int64_t begin, int64_t end) {
+absl::StatusOr<EvalResult> Worker::Evaluate(const Dataset& data, int64_t begin, int64_t end) {
   EvalResult result;
+  const bool softmax = model_->head() == HeadType::kSoftmax;
+  result.metrics.emplace(model_->head(), softmax ? static_cast<int>(model_->outputs()) : 2,
+                         /*top_k=*/softmax && model_->outputs() >= 5 ? 5 : 1);
   if (begin >= end) return result;
-  if (data.features != train_->features) {
-    return absl::InvalidArgumentError(absl::StrCat("evaluation data has ", data.features, " features, training data ",
-                                                   train_->features));
-  }
+  SW_RETURN_IF_ERROR(CheckShape(data, "evaluation data"));
   SW_RETURN_IF_ERROR(PullAll());
   const int64_t batch = model_->batch();
   for (int64_t b = begin; b < end; b += batch) {
     const int64_t valid = std::min(batch, end - b);
-    std::memcpy(model_->input(), data.images.data() + b * data.features, valid * data.features * sizeof(float));
-    std::copy(data.labels.begin() + b, data.labels.begin() + b + valid, labels_.begin());
-    const LossResult r = model_->Evaluate(labels_.data(), valid, stream_);
+    model_->LoadRange(data, b, valid);
+    SW_RETURN_IF_ERROR(PullRows(PullMode::kReadOnly));
+    model_->Forward(/*training=*/false, stream_);
+    const LossResult r = model_->Loss(valid);
     result.count += valid;
     result.correct += r.correct;
     result.loss_sum += r.loss_sum;
+    switch (model_->head()) {
+      case HeadType::kBinary:
+        result.metrics->AddBinary(model_->logits(), model_->labels(), valid);
+        break;
+      case HeadType::kRegression:
+        result.metrics->AddRegression(model_->logits(), model_->targets(), valid);
+        break;
+      case HeadType::kSoftmax:
+        result.metrics->AddSoftmax(model_->logits(), data.labels.data() + b,
+                                   data.multi_label() ? data.label_offsets.data() : nullptr,
+                                   data.multi_label() ? data.label_sets.data() : nullptr, b, valid);
+        break;
+    }
   }
   return result;
 }
 
-absl::Status Worker::Predict(const ImageDataset& data, int64_t begin, int64_t end, float* out) {
+absl::Status Worker::Predict(const Dataset& data, int64_t begin, int64_t end, float* out) {
   if (begin >= end) return absl::OkStatus();
-  if (data.features != train_->features) {
-    return absl::InvalidArgumentError(absl::StrCat("prediction input has ", data.features,
-                                                   " features per record, the model takes ", train_->features));
-  }
+  SW_RETURN_IF_ERROR(CheckShape(data, "prediction input"));
   SW_RETURN_IF_ERROR(PullAll());
   const int64_t batch = model_->batch();
-  const int64_t k = model_->num_classes();
+  const int64_t k = model_->outputs();
   for (int64_t b = begin; b < end; b += batch) {
     const int64_t valid = std::min(batch, end - b);
-    std::memcpy(model_->input(), data.images.data() + b * data.features, valid * data.features * sizeof(float));
-    model_->Forward(stream_);
+    model_->LoadRange(data, b, valid);
+    SW_RETURN_IF_ERROR(PullRows(PullMode::kReadOnly));
+    model_->Forward(/*training=*/false, stream_);
     const float* logits = model_->logits();
     for (int64_t r = 0; r < valid; ++r) {
       const float* z = logits + r * k;
       float* p = out + (b - begin + r) * k;
-      const float m = *std::max_element(z, z + k);
-      double sum = 0;
-      for (int64_t c = 0; c < k; ++c) {
-        p[c] = std::exp(z[c] - m);
-        sum += p[c];
+      switch (model_->head()) {
+        case HeadType::kBinary:
+          p[0] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(z[0]))));
+          break;
+        case HeadType::kRegression:
+          p[0] = z[0];
+          break;
+        case HeadType::kSoftmax: {
+          const float m = *std::max_element(z, z + k);
+          double sum = 0;
+          for (int64_t c = 0; c < k; ++c) {
+            p[c] = std::exp(z[c] - m);
+            sum += p[c];
+          }
+          for (int64_t c = 0; c < k; ++c) p[c] = static_cast<float>(p[c] / sum);
+          break;
+        }
       }
-      for (int64_t c = 0; c < k; ++c) p[c] = static_cast<float>(p[c] / sum);
     }
   }
   return absl::OkStatus();

@@ -13,14 +13,19 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/idx_reader.h"
-#include "core/mlp.h"
+#include "core/dataset.h"
+#include "core/metrics.h"
+#include "core/model.h"
 #include "core/options.h"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "ps_shm/param_store.h"
+#include "ps_shm/sync_aggregator.h"
 
 namespace shardwild {
 
@@ -46,14 +51,20 @@ struct WorkerUpdateOptions {
   // the step here (ReplicatedStore::StepDone), which may average the
   // replicas on this thread. Not owned. nullptr = one copy, nothing to do.
   ReplicatedStore* replicas = nullptr;
+  // The embedding tables' learning rate follows this one's schedule
+  // (optimizer.sparse); nullptr = the dense optimizer's. Not owned.
+  const OptimizerOptions* sparse_optimizer = nullptr;
 };
 
 // Seconds spent in each phase of the step, summed over steps.
+// read_params and push are the dense variables'; pull_rows and push_rows the
+// embedding tables'.
 struct PhaseTimes {
-  double data = 0, read_params = 0, forward = 0, backward = 0, push = 0;
-  double total() const { return data + read_params + forward + backward + push; }
+  double data = 0, read_params = 0, pull_rows = 0, forward = 0, backward = 0, push = 0, push_rows = 0;
+  double total() const { return data + read_params + pull_rows + forward + backward + push + push_rows; }
   void Add(const PhaseTimes& o) {
-    data += o.data; read_params += o.read_params; forward += o.forward; backward += o.backward; push += o.push;
+    data += o.data; read_params += o.read_params; pull_rows += o.pull_rows; forward += o.forward;
+    backward += o.backward; push += o.push; push_rows += o.push_rows;
   }
 };
 
@@ -65,22 +76,44 @@ struct alignas(64) WorkerCounters {
   std::atomic<double> loss_sum{0};   // sum of per-sample losses
   std::atomic<int64_t> correct{0};   // training predictions that were right
   std::atomic<int64_t> pulls{0};     // training steps that pulled the parameters
+  std::atomic<int64_t> rows_pulled{0};  // embedding rows gathered (ids, repeats included)
+  std::atomic<int64_t> rows_pushed{0};  // embedding row gradients pushed (ids, before deduplication)
 };
 
 struct EvalResult {
   int64_t count = 0;
   int64_t correct = 0;
   double loss_sum = 0;
-  void Add(const EvalResult& o) { count += o.count; correct += o.correct; loss_sum += o.loss_sum; }
+  // Every metric the head implies (AUC, log-loss, P@k, RMSE, ...).
+  std::optional<EvalMetrics> metrics;
+  void Add(const EvalResult& o) {
+    count += o.count; correct += o.correct; loss_sum += o.loss_sum;
+    if (o.metrics) {
+      if (metrics) {
+        metrics->Merge(*o.metrics);
+      } else {
+        metrics = o.metrics;
+      }
+    }
+  }
 };
+
+// Named metric values, e.g. {"test_auc", 0.79}.
+using MetricValues = std::vector<std::pair<std::string, double>>;
+
+// The metrics of an evaluation beyond loss and accuracy, named "test_<name>"
+// (test_auc, test_logloss, test_precision_at_5, test_rmse).
+MetricValues ExtraTestMetrics(const EvalResult& result);
 
 class Worker {
  public:
   // Builds the worker's model (oneDNN primitives for `batch` rows) and
-  // buffers. `store` and `train` must outlive the worker.
+  // buffers. `store` and `train` must outlive the worker. The store must
+  // hold the model's variables and tables (Model::Describe) in that order.
+  // `seed` seeds the worker's dropout masks (mixed with its index).
   static absl::StatusOr<std::unique_ptr<Worker>> Create(int index, const ModelOptions& model, int64_t batch,
-                                                        const ImageDataset& train, ParamStore* store,
-                                                        const dnnl::engine& engine);
+                                                        const Dataset& train, ParamStore* store,
+                                                        const dnnl::engine& engine, uint64_t seed = 1);
 
   // Trains on the records order[0..count): ceil(count / batch) steps, the
   // last batch padded. With max_steps >= 0 runs exactly that many steps,
@@ -104,15 +137,17 @@ class Worker {
                           double progress_begin, double progress_per_step, int64_t first_step, PhaseTimes* times);
 
   // Evaluates records [begin, end) of `data` with the store's current parameters.
-  absl::StatusOr<EvalResult> Evaluate(const ImageDataset& data, int64_t begin, int64_t end);
+  absl::StatusOr<EvalResult> Evaluate(const Dataset& data, int64_t begin, int64_t end);
 
-  // Class probabilities (softmax of the logits) of records [begin, end) of
-  // `data` with the store's current parameters, into
-  // out[(end - begin) x num_classes] in record order.
-  absl::Status Predict(const ImageDataset& data, int64_t begin, int64_t end, float* out);
+  // Predictions of records [begin, end) of `data` with the store's current
+  // parameters, into out[(end - begin) x model().outputs()] in record order:
+  // class probabilities (softmax), the probability of label 1 (binary) or
+  // the predicted value (regression). Embedding rows of ids a dynamic table
+  // lacks read as their initial values and are not inserted.
+  absl::Status Predict(const Dataset& data, int64_t begin, int64_t end, float* out);
 
   int index() const { return index_; }
-  const Mlp& model() const { return *model_; }
+  const Model& model() const { return *model_; }
   WorkerCounters& counters() { return counters_; }
 
   // Sets when the worker pulls and where it pushes. Call from the thread
@@ -124,6 +159,10 @@ class Worker {
  private:
   Worker() = default;
   absl::Status PullAll();
+  // Pulls every lookup's rows for the loaded batch.
+  absl::Status PullRows(PullMode mode);
+  // Rejects evaluation or prediction data whose shape differs from the training data's.
+  absl::Status CheckShape(const Dataset& data, const char* what) const;
   absl::Status TrainSteps(const int32_t* order, int64_t count, int64_t max_steps, const OptimizerOptions& optimizer,
                           double progress_begin, double progress_per_step, int64_t first_step, PhaseTimes* times);
   // Runs TrainSteps, then leaves the sync group if there is one.
@@ -131,11 +170,13 @@ class Worker {
                              double progress_begin, double progress_per_step, int64_t first_step, PhaseTimes* times);
 
   int index_ = 0;
-  const ImageDataset* train_ = nullptr;
+  const Dataset* train_ = nullptr;
   ParamStore* store_ = nullptr;
-  std::unique_ptr<Mlp> model_;
+  std::unique_ptr<Model> model_;
   dnnl::stream stream_;
-  std::vector<int32_t> labels_;       // [batch]
+  std::vector<int32_t> batch_records_;  // [batch] the records of the step being loaded
+  RowScratch row_scratch_;
+  std::vector<RowGrad> row_pushes_;     // one per lookup (sync mode)
   std::vector<PullSlice> pulls_;      // one per variable, into the model's params
   std::vector<DenseGrad> pushes_;     // one per variable, from the model's grads
   WorkerCounters counters_;

@@ -499,5 +499,56 @@ TEST(CliEvalTest, SidecarSeesEveryCheckpointAndPredictWritesEveryRecord) {
   std::filesystem::remove_all(dir, ec);
 }
 
+// `data gen`: a planted-model data set in the Criteo format, with its Bayes AUC.
+TEST(CliDataGenTest, CriteoJsonAndFile) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string out = (dir.path() / "criteo.tsv").string();
+  const Result r = RunCli({"data", "gen", "--kind", "criteo", "--rows", "1000", "--out", out, "--seed", "7", "--json"});
+  ASSERT_EQ(r.code(), 0) << r.err;
+  EXPECT_TRUE(r.err.empty()) << r.err;
+  const std::vector<std::string> lines = Lines(r.out);
+  ASSERT_EQ(lines.size(), 2u) << r.out;
+  EXPECT_EQ(lines[0].rfind("wrote 1000 rows to " + out + " (criteo); planted model: bayes_auc 0.", 0), 0u) << lines[0];
+  const json j = LastLineJson(r.out);
+  ASSERT_TRUE(j.is_object()) << r.out;
+  EXPECT_EQ(j["kind"], "criteo");
+  EXPECT_EQ(j["rows"], 1000);
+  EXPECT_EQ(j["out"], out);
+  EXPECT_EQ(j["seed"], 7);
+  EXPECT_EQ(j["metric"], "bayes_auc");
+  EXPECT_EQ(j["num_classes"], 2);
+  ASSERT_TRUE(j["bayes_auc"].is_number()) << r.out;
+  EXPECT_GT(j["bayes_auc"].get<double>(), 0.65);
+  EXPECT_LT(j["bayes_auc"].get<double>(), 0.9);
+  EXPECT_GT(j["positive_rate"].get<double>(), 0.15);
+  EXPECT_LT(j["positive_rate"].get<double>(), 0.35);
+  // The file: 1000 lines of 40 tab-separated fields, j["bytes"] bytes.
+  const std::string text = ReadFile(out);
+  EXPECT_EQ(static_cast<int64_t>(text.size()), j["bytes"].get<int64_t>());
+  const std::vector<std::string> rows = Lines(text);
+  ASSERT_EQ(rows.size(), 1000u);
+  for (const std::string& row : rows) {
+    ASSERT_EQ(std::count(row.begin(), row.end(), '\t'), 39) << row;
+    ASSERT_TRUE(row[0] == '0' || row[0] == '1') << row;
+  }
+  // Only the file: no temporary left next to it.
+  int entries = 0;
+  for (const auto& e : fs::directory_iterator(dir.path())) entries += e.is_regular_file();
+  EXPECT_EQ(entries, 1);
+}
+
+TEST(CliDataGenTest, BadArguments) {
+  TempDir dir;
+  const std::string out = (dir.path() / "x").string();
+  ExpectOneErrorLine(RunCli({"data", "gen", "--kind", "parquet", "--rows", "10", "--out", out}), {"--kind", "parquet"});
+  ExpectOneErrorLine(RunCli({"data", "gen", "--kind", "criteo", "--out", out}), {"--rows"});
+  ExpectOneErrorLine(RunCli({"data", "gen", "--kind", "text", "--rows", "10", "--out", out, "--classes", "1"}),
+                     {"text_classes"});
+  ExpectOneErrorLine(RunCli({"data", "gen", "--kind", "libsvm", "--rows", "10", "--out", out + "/no/such/dir"}),
+                     {"no/such/dir"});
+  EXPECT_FALSE(fs::exists(out));
+}
+
 }  // namespace
 }  // namespace shardwild

@@ -245,10 +245,10 @@ TEST(ConfigStringTest, EnumErrorListsChoices) {
 
   c = LoadConfigFromString(
       "model:\n"
-      "  layers: [{units: 10, activation: tanh}]\n"
+      "  layers: [{units: 10, activation: gelu}]\n"
       "data: {train: x}\n",
       "e.yaml");
-  EXPECT_TRUE(MessageContains(c.status(), {"e.yaml:2:", "model.layers[0].activation", "none", "relu", "'tanh'"}));
+  EXPECT_TRUE(MessageContains(c.status(), {"e.yaml:2:", "model.layers[0].activation", "none", "relu", "sigmoid", "tanh", "'gelu'"}));
 }
 
 TEST_F(ConfigTest, MissingFileIsNotFound) {
@@ -497,8 +497,8 @@ TEST(ConfigOverrideTest, BadValueNamesTheSetFlag) {
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(MessageContains(c.status(), {"--set train.epochs=abc", "train.epochs", "expected an integer"}));
 
-  c = LoadConfigFromString(kMinimal, "o.yaml", Sets({"model.layers.0.activation=sigmoid"}));
-  EXPECT_TRUE(MessageContains(c.status(), {"--set model.layers.0.activation=sigmoid", "'sigmoid'"}));
+  c = LoadConfigFromString(kMinimal, "o.yaml", Sets({"model.layers.0.activation=swish"}));
+  EXPECT_TRUE(MessageContains(c.status(), {"--set model.layers.0.activation=swish", "'swish'"}));
 }
 
 TEST(ConfigOverrideTest, UnknownKeyIsAnError) {
@@ -731,8 +731,9 @@ TEST(ConfigEarlyStoppingTest, ErrorsNameTheKey) {
         .status();
   };
   EXPECT_TRUE(MessageContains(load("{monitor: val_loss}"),
-                              {"x.yaml: early_stopping.monitor: must be test_loss, test_accuracy, train_loss or "
-                               "train_accuracy (or empty: off), got 'val_loss'"}));
+                              {"x.yaml: early_stopping.monitor: must be one of test_loss, test_accuracy, test_auc, "
+                               "test_logloss, test_rmse, test_precision_at_5, train_loss, train_accuracy (or empty: "
+                               "off), got 'val_loss'"}));
   EXPECT_TRUE(MessageContains(load("{monitor: test_loss, mode: lowest}"),
                               {"early_stopping.mode: must be min, max or auto, got 'lowest'"}));
   EXPECT_TRUE(MessageContains(load("{monitor: test_loss, min_delta: -1}"),

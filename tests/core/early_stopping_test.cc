@@ -279,8 +279,8 @@ TEST(EarlyStoppingOptionsTest, ValidateNamesKeys) {
   };
   EXPECT_EQ(message_of([](EarlyStoppingOptions*) {}), "");
   EXPECT_EQ(message_of([](EarlyStoppingOptions* o) { o->monitor = "val_loss"; }),
-            "early_stopping.monitor: must be test_loss, test_accuracy, train_loss or train_accuracy (or empty: off), "
-            "got 'val_loss'");
+            "early_stopping.monitor: must be one of test_loss, test_accuracy, test_auc, test_logloss, test_rmse, "
+            "test_precision_at_5, train_loss, train_accuracy (or empty: off), got 'val_loss'");
   EXPECT_EQ(message_of([](EarlyStoppingOptions* o) { o->mode = "lower"; }),
             "early_stopping.mode: must be min, max or auto, got 'lower'");
   EXPECT_EQ(message_of([](EarlyStoppingOptions* o) { o->min_delta = -0.5; }),

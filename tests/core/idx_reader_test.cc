@@ -273,18 +273,18 @@ class LoadIdxImageDatasetTest : public IdxReaderTest {
 TEST_F(LoadIdxImageDatasetTest, ScalesPixelsToUnitInterval) {
   const std::vector<uint8_t> pixels = {0, 255, 51, 102, 0, 0, 255, 255};
   const std::string prefix = WriteDataset("s", 2, 2, 2, pixels, {3, 1});
-  absl::StatusOr<ImageDataset> ds =
+  absl::StatusOr<Dataset> ds =
       LoadIdxImageDataset(prefix, /*expected_features=*/4);
   ASSERT_TRUE(ds.ok()) << ds.status();
   EXPECT_EQ(ds->count, 2);
-  EXPECT_EQ(ds->features, 4);
-  ASSERT_EQ(ds->images.size(), 8u);
-  EXPECT_EQ(ds->images[0], 0.0f);
-  EXPECT_EQ(ds->images[1], 1.0f);
-  EXPECT_FLOAT_EQ(ds->images[2], 0.2f);
-  EXPECT_FLOAT_EQ(ds->images[3], 0.4f);
-  EXPECT_EQ(ds->images[6], 1.0f);
-  for (float v : ds->images) {
+  EXPECT_EQ(ds->dense_dim, 4);
+  ASSERT_EQ(ds->dense.size(), 8u);
+  EXPECT_EQ(ds->dense[0], 0.0f);
+  EXPECT_EQ(ds->dense[1], 1.0f);
+  EXPECT_FLOAT_EQ(ds->dense[2], 0.2f);
+  EXPECT_FLOAT_EQ(ds->dense[3], 0.4f);
+  EXPECT_EQ(ds->dense[6], 1.0f);
+  for (float v : ds->dense) {
     EXPECT_GE(v, 0.0f);
     EXPECT_LE(v, 1.0f);
   }
@@ -296,14 +296,14 @@ TEST_F(LoadIdxImageDatasetTest, MaxRecordsKeepsTheFirstRecords) {
   const std::vector<uint8_t> pixels = Ramp(5 * 3 * 2);
   const std::string prefix =
       WriteDataset("m", 5, 3, 2, pixels, {0, 1, 2, 3, 9});
-  absl::StatusOr<ImageDataset> ds =
+  absl::StatusOr<Dataset> ds =
       LoadIdxImageDataset(prefix, /*expected_features=*/0, /*max_records=*/2);
   ASSERT_TRUE(ds.ok()) << ds.status();
   EXPECT_EQ(ds->count, 2);
-  EXPECT_EQ(ds->features, 6);
-  ASSERT_EQ(ds->images.size(), 12u);
-  for (size_t i = 0; i < ds->images.size(); ++i) {
-    EXPECT_EQ(ds->images[i], static_cast<float>(pixels[i]) / 255.0f) << i;
+  EXPECT_EQ(ds->dense_dim, 6);
+  ASSERT_EQ(ds->dense.size(), 12u);
+  for (size_t i = 0; i < ds->dense.size(); ++i) {
+    EXPECT_EQ(ds->dense[i], static_cast<float>(pixels[i]) / 255.0f) << i;
   }
   EXPECT_EQ(ds->labels, (std::vector<int32_t>{0, 1}));
   // The class count reflects the whole file, not just the kept prefix.
@@ -313,14 +313,14 @@ TEST_F(LoadIdxImageDatasetTest, MaxRecordsKeepsTheFirstRecords) {
   ds = LoadIdxImageDataset(prefix, 0, /*max_records=*/100);
   ASSERT_TRUE(ds.ok()) << ds.status();
   EXPECT_EQ(ds->count, 5);
-  EXPECT_EQ(ds->images.size(), 30u);
+  EXPECT_EQ(ds->dense.size(), 30u);
   EXPECT_EQ(ds->labels.size(), 5u);
 }
 
 TEST_F(LoadIdxImageDatasetTest, MismatchedCountsNameBothFilesAndCounts) {
   const std::string prefix =
       WriteDataset("c", 3, 2, 2, Ramp(12), {0, 1, 2, 3, 4, 5, 6});
-  absl::StatusOr<ImageDataset> ds = LoadIdxImageDataset(prefix);
+  absl::StatusOr<Dataset> ds = LoadIdxImageDataset(prefix);
   ASSERT_FALSE(ds.ok());
   EXPECT_EQ(ds.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(MessageContains(
@@ -330,7 +330,7 @@ TEST_F(LoadIdxImageDatasetTest, MismatchedCountsNameBothFilesAndCounts) {
 
 TEST_F(LoadIdxImageDatasetTest, WrongExpectedFeaturesIsRejected) {
   const std::string prefix = WriteDataset("f", 2, 2, 3, Ramp(12), {0, 1});
-  absl::StatusOr<ImageDataset> ds =
+  absl::StatusOr<Dataset> ds =
       LoadIdxImageDataset(prefix, /*expected_features=*/784);
   ASSERT_FALSE(ds.ok());
   EXPECT_EQ(ds.status().code(), absl::StatusCode::kInvalidArgument);
@@ -340,7 +340,7 @@ TEST_F(LoadIdxImageDatasetTest, WrongExpectedFeaturesIsRejected) {
 TEST_F(LoadIdxImageDatasetTest, ImagesMustBeThreeDimensional) {
   WritePlain("r-images-idx3-ubyte", MakeIdx({2, 4}, Ramp(8)));
   WritePlain("r-labels-idx1-ubyte", MakeIdx({2}, {0, 1}));
-  absl::StatusOr<ImageDataset> ds = LoadIdxImageDataset(dir_ + "/r");
+  absl::StatusOr<Dataset> ds = LoadIdxImageDataset(dir_ + "/r");
   ASSERT_FALSE(ds.ok());
   EXPECT_EQ(ds.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(MessageContains(ds.status(), {"expected 3 dimensions"}));
@@ -349,7 +349,7 @@ TEST_F(LoadIdxImageDatasetTest, ImagesMustBeThreeDimensional) {
 TEST_F(LoadIdxImageDatasetTest, LabelsMustBeOneDimensional) {
   WritePlain("q-images-idx3-ubyte", MakeIdx({2, 2, 2}, Ramp(8)));
   WritePlain("q-labels-idx1-ubyte", MakeIdx({2, 1}, {0, 1}));
-  absl::StatusOr<ImageDataset> ds = LoadIdxImageDataset(dir_ + "/q");
+  absl::StatusOr<Dataset> ds = LoadIdxImageDataset(dir_ + "/q");
   ASSERT_FALSE(ds.ok());
   EXPECT_EQ(ds.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(MessageContains(ds.status(), {"expected 1 dimension"}));
@@ -360,15 +360,15 @@ TEST_F(LoadIdxImageDatasetTest, PrefersGzipNameThenPlainName) {
   WritePlain("p-images-idx3-ubyte", MakeIdx({2, 1, 1}, {0, 255}));
   WriteGzip("p-labels-idx1-ubyte.gz", MakeIdx({2}, {4, 5}));
   WritePlain("p-labels-idx1-ubyte", MakeIdx({2}, {1, 1}));
-  absl::StatusOr<ImageDataset> ds = LoadIdxImageDataset(dir_ + "/p");
+  absl::StatusOr<Dataset> ds = LoadIdxImageDataset(dir_ + "/p");
   ASSERT_TRUE(ds.ok()) << ds.status();
-  EXPECT_EQ(ds->images, (std::vector<float>{0.0f, 1.0f}));
+  EXPECT_EQ(ds->dense, (std::vector<float>{0.0f, 1.0f}));
   EXPECT_EQ(ds->labels, (std::vector<int32_t>{4, 5}));
 }
 
 TEST_F(LoadIdxImageDatasetTest, MissingFilesAreNotFound) {
   const std::string prefix = dir_ + "/absent";
-  absl::StatusOr<ImageDataset> ds = LoadIdxImageDataset(prefix);
+  absl::StatusOr<Dataset> ds = LoadIdxImageDataset(prefix);
   ASSERT_FALSE(ds.ok());
   EXPECT_EQ(ds.status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(MessageContains(ds.status(), {prefix + "-images-idx3-ubyte.gz",
@@ -380,13 +380,13 @@ TEST(LoadIdxImageDatasetRealTest, FashionMnistTestSet) {
   if (!std::filesystem::exists(dir + "/train-images-idx3-ubyte.gz")) {
     GTEST_SKIP() << "Fashion-MNIST not found under " << dir;
   }
-  absl::StatusOr<ImageDataset> ds =
+  absl::StatusOr<Dataset> ds =
       LoadIdxImageDataset(dir + "/t10k", /*expected_features=*/784);
   ASSERT_TRUE(ds.ok()) << ds.status();
   EXPECT_EQ(ds->count, 10000);
-  EXPECT_EQ(ds->features, 784);
+  EXPECT_EQ(ds->dense_dim, 784);
   EXPECT_EQ(ds->num_classes, 10);
-  EXPECT_EQ(ds->images.size(), 10000u * 784u);
+  EXPECT_EQ(ds->dense.size(), 10000u * 784u);
   EXPECT_EQ(ds->labels.size(), 10000u);
   for (int32_t label : ds->labels) {
     ASSERT_GE(label, 0);

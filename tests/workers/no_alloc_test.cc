@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "core/mlp.h"
+#include "core/model.h"
 #include "oneapi/dnnl/dnnl.h"
 #include "ps_shm/shm_store.h"
 #include "workers/replicated_store.h"
@@ -103,18 +103,18 @@ TEST(NoAllocationTest, SteadyStateStepAllocatesNothing) {
 #ifdef SHARDWILD_SANITIZED
   GTEST_SKIP() << "sanitizers interpose the allocator";
 #else
-  ImageDataset data;
+  Dataset data;
   data.count = 600;
-  data.features = 784;
+  data.dense_dim = 784;
   data.num_classes = 10;
-  data.images.resize(data.count * data.features);
+  data.dense.resize(data.count * data.dense_dim);
   data.labels.resize(data.count);
-  for (int64_t i = 0; i < data.count * data.features; ++i) data.images[i] = static_cast<float>((i * 7919) % 255) / 255.0f;
+  for (int64_t i = 0; i < data.count * data.dense_dim; ++i) data.dense[i] = static_cast<float>((i * 7919) % 255) / 255.0f;
   for (int64_t i = 0; i < data.count; ++i) data.labels[i] = static_cast<int32_t>(i % 10);
 
   ModelOptions model;
   model.layers = {{"dense", 256, Activation::kRelu}, {"dense", 128, Activation::kRelu}, {"dense", 10, Activation::kNone}};
-  auto vars = Mlp::Variables(model, data.features, data.num_classes);
+  auto vars = Model::Variables(model, DataShape::Of(data));
   ASSERT_TRUE(vars.ok()) << vars.status();
   OpenStoreOptions so;
   so.num_shards = 3;
@@ -157,16 +157,16 @@ TEST(NoAllocationTest, ReplicaAveragingAllocatesNothing) {
 #ifdef SHARDWILD_SANITIZED
   GTEST_SKIP() << "sanitizers interpose the allocator";
 #else
-  ImageDataset data;
+  Dataset data;
   data.count = 256;
-  data.features = 64;
+  data.dense_dim = 64;
   data.num_classes = 4;
-  data.images.assign(data.count * data.features, 0.5f);
+  data.dense.assign(data.count * data.dense_dim, 0.5f);
   data.labels.resize(data.count);
   for (int64_t i = 0; i < data.count; ++i) data.labels[i] = static_cast<int32_t>(i % 4);
   ModelOptions model;
   model.layers = {{"dense", 32, Activation::kRelu}, {"dense", 4, Activation::kNone}};
-  auto vars = Mlp::Variables(model, data.features, data.num_classes);
+  auto vars = Model::Variables(model, DataShape::Of(data));
   ASSERT_TRUE(vars.ok()) << vars.status();
   ReplicationPlan plan;
   plan.policy = ReplicationPolicy::kPerCore;
@@ -193,6 +193,70 @@ TEST(NoAllocationTest, ReplicaAveragingAllocatesNothing) {
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(g_allocations.load() - before, 0) << "allocations during 20 steps with 10 averagings";
   EXPECT_EQ((*store)->averagings(), 12);
+#endif
+}
+
+// A sparse model's step (bags of ids pulled from and pushed to embedding
+// tables, a dot interaction, towers on both sides) allocates nothing once
+// its id buffers and the row scratch have seen the largest batch.
+TEST(NoAllocationTest, SparseStepAllocatesNothing) {
+#ifdef SHARDWILD_SANITIZED
+  GTEST_SKIP() << "sanitizers interpose the allocator";
+#else
+  Dataset data;
+  data.count = 512;
+  data.dense_dim = 4;
+  data.num_classes = 2;
+  data.dense.assign(data.count * data.dense_dim, 0.25f);
+  for (int64_t i = 0; i < data.count; ++i) data.labels.push_back(static_cast<int32_t>(i % 2));
+  for (const char* name : {"a", "b"}) {
+    SparseField f;
+    f.name = name;
+    f.offsets.push_back(0);
+    for (int64_t r = 0; r < data.count; ++r) {
+      for (int64_t k = 0; k < 1 + r % 3; ++k) f.ids.push_back(static_cast<uint64_t>((r * 7919 + k * 104729) % 5000));
+      f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
+    }
+    data.fields.push_back(f);
+  }
+  ModelOptions model;
+  model.head = HeadType::kBinary;
+  model.bottom = {{"dense", 8, Activation::kRelu}};
+  model.tables = {{"ta", 1000, 8, false, false, 0.1f}, {"tb", 4096, 8, true, false, 0.1f}};
+  model.sparse = {{"a", "ta", Pooling::kSum, true}, {"b", "tb", Pooling::kMean, true}};
+  model.interaction = Interaction::kDot;
+  model.layers = {{"dense", 8, Activation::kRelu}, {"dense", 1, Activation::kNone}};
+  model.wide = {"a"};
+  model.wide_rows = 100;
+  auto spec = Model::Describe(model, DataShape::Of(data));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  OpenStoreOptions so;
+  so.num_shards = 2;
+  so.optimizer.type = OptimizerType::kAdagrad;
+  for (const EmbeddingDecl& d : spec->tables) {
+    TableSpec t;
+    t.name = d.name;
+    t.kind = d.dynamic ? EmbeddingKind::kDynamic : EmbeddingKind::kStatic;
+    t.dim = d.dim;
+    t.capacity = d.rows;
+    so.tables.push_back(t);
+  }
+  auto store = ShmParamStore::Create(so, spec->variables);
+  ASSERT_TRUE(store.ok()) << store.status();
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  auto worker = Worker::Create(0, model, /*batch=*/64, data, store->get(), engine);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  std::vector<int32_t> order(data.count);
+  for (int64_t i = 0; i < data.count; ++i) order[i] = static_cast<int32_t>(i);
+  // One epoch warms the id buffers and the row scratch to the largest batch.
+  ASSERT_TRUE((*worker)->Train(order.data(), data.count, -1, so.optimizer, 0, 1, nullptr).ok());
+  const int64_t before = g_allocations.load();
+  t_counting = true;
+  const absl::Status s = (*worker)->Train(order.data(), data.count, -1, so.optimizer, 0, 1, nullptr);
+  t_counting = false;
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(g_allocations.load() - before, 0) << "allocations during a sparse epoch after a warm one";
+  EXPECT_GT((*worker)->counters().rows_pulled.load(), 2 * data.count);
 #endif
 }
 

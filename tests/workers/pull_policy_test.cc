@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "core/mlp.h"
+#include "core/model.h"
 #include "core/options.h"
 #include "gtest/gtest.h"
 #include "oneapi/dnnl/dnnl.hpp"
@@ -54,18 +54,18 @@ class PullPolicyTest : public ::testing::Test {
 
   void SetUp() override {
     data_.count = 200;
-    data_.features = 12;
+    data_.dense_dim = 12;
     data_.num_classes = 3;
-    data_.images.resize(data_.count * data_.features);
+    data_.dense.resize(data_.count * data_.dense_dim);
     data_.labels.resize(data_.count);
-    for (int64_t i = 0; i < data_.count * data_.features; ++i) data_.images[i] = static_cast<float>((i * 37) % 101) / 101.0f;
+    for (int64_t i = 0; i < data_.count * data_.dense_dim; ++i) data_.dense[i] = static_cast<float>((i * 37) % 101) / 101.0f;
     for (int64_t i = 0; i < data_.count; ++i) data_.labels[i] = static_cast<int32_t>(i % 3);
     model_.layers = {{"dense", 8, Activation::kRelu}, {"dense", 3, Activation::kNone}};
     order_.resize(data_.count);
     for (int64_t i = 0; i < data_.count; ++i) order_[i] = static_cast<int32_t>(i);
     opt_.type = OptimizerType::kSgd;
     opt_.lr = 0.01f;
-    absl::StatusOr<std::vector<VariableSpec>> vars = Mlp::Variables(model_, data_.features, data_.num_classes);
+    absl::StatusOr<std::vector<VariableSpec>> vars = Model::Variables(model_, DataShape::Of(data_));
     ASSERT_TRUE(vars.ok()) << vars.status();
     OpenStoreOptions so;
     so.store.job_name = "swtest-pull";
@@ -89,7 +89,7 @@ class PullPolicyTest : public ::testing::Test {
     return w.Train(order_.data(), records, /*max_steps=*/-1, opt_, 0, 1, nullptr);
   }
 
-  ImageDataset data_;
+  Dataset data_;
   ModelOptions model_;
   OptimizerOptions opt_;
   std::vector<int32_t> order_;

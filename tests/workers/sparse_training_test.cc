@@ -1,0 +1,142 @@
+// End-to-end training of the sparse models shipped in configs/ on data the
+// planted-model generator writes: small, fast runs of the whole path (reader,
+// tables in every update mode, checkpoints and resume with tables). The
+// acceptance runs are in sparse_acceptance_test.cc.
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/workers/sparse_test_util.h"
+#include "tests/workers/test_config.h"
+
+namespace shardwild {
+namespace {
+
+using testdata::Generate;
+using testdata::Load;
+using testdata::Metric;
+using testdata::TempDir;
+using testdata::Train;
+
+// A small DLRM (the shipped architecture with 1000-row tables and narrow
+// towers) on generated Criteo data.
+std::vector<std::string> SmallDlrm(const TempDir& dir, const std::string& update, int workers) {
+  return {absl::StrCat("data.train=", dir.path(), "/train.tsv"),
+          absl::StrCat("data.test=", dir.path(), "/test.tsv"),
+          "data.cache=false",
+          "model.sparse.0.rows=1000",
+          "model.bottom.0.units=32",
+          "model.bottom.1.units=16",
+          "model.layers.0.units=32",
+          "model.layers.1.units=16",
+          absl::StrCat("ps.update=", update),
+          absl::StrCat("train.workers=", workers),
+          "train.epochs=2",
+          "train.pin_threads=false"};
+}
+
+class SparseTrainingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    bayes_auc_ = Generate("criteo", 6000, 1, dir_.path() + "/train.tsv");
+    Generate("criteo", 3000, 2, dir_.path() + "/test.tsv");
+  }
+  TempDir dir_;
+  double bayes_auc_ = 0;
+};
+
+TEST_F(SparseTrainingTest, SmallDlrmLearnsInEveryUpdateMode) {
+  for (const char* update : {"hogwild", "row_lock", "sync"}) {
+    absl::StatusOr<Config> config = Load("ctr_dlrm.yaml", SmallDlrm(dir_, update, 2));
+    ASSERT_TRUE(config.ok()) << config.status();
+    absl::StatusOr<TrainSummary> s = Train(*config);
+    ASSERT_TRUE(s.ok()) << update << ": " << s.status();
+    EXPECT_EQ(s->records_seen, 2 * 6000) << update;
+    EXPECT_EQ(s->eval_records_seen, 2 * 3000) << update;  // one evaluation per epoch
+    const double auc = Metric(*s, "test_auc");
+    std::printf("%s: test AUC %.4f (Bayes %.4f)\n", update, auc, bayes_auc_);
+    // 6000 records teach the small model something, not everything.
+    EXPECT_GT(auc, 0.6) << update;
+    EXPECT_LE(auc, bayes_auc_ + 0.03) << update;
+    EXPECT_GT(Metric(*s, "test_logloss"), 0.0) << update;
+    ASSERT_TRUE(s->test_loss.has_value());
+    EXPECT_NEAR(*s->test_loss, Metric(*s, "test_logloss"), 1e-3) << update;
+  }
+}
+
+TEST_F(SparseTrainingTest, SyncRunsAreBitIdentical) {
+  absl::StatusOr<Config> config = Load("ctr_dlrm.yaml", SmallDlrm(dir_, "sync", 2));
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<TrainSummary> a = Train(*config);
+  absl::StatusOr<TrainSummary> b = Train(*config);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(*a->test_loss, *b->test_loss);
+  EXPECT_EQ(Metric(*a, "test_auc"), Metric(*b, "test_auc"));
+}
+
+TEST_F(SparseTrainingTest, ResumeWithTablesIsBitIdentical) {
+  std::vector<std::string> sets = SmallDlrm(dir_, "sync", 2);
+  sets.push_back("checkpoint.dir=" + dir_.path() + "/ckpt");
+  sets.push_back("checkpoint.every_steps=7");
+  absl::StatusOr<Config> config = Load("ctr_dlrm.yaml", sets);
+  ASSERT_TRUE(config.ok()) << config.status();
+  // Uninterrupted, with its own checkpoint directory.
+  Config whole = *config;
+  whole.checkpoint.dir = dir_.path() + "/ckpt-whole";
+  absl::StatusOr<TrainSummary> want = Train(whole);
+  ASSERT_TRUE(want.ok()) << want.status();
+  // Stopped twice, resumed each time.
+  TrainRunOptions stop;
+  stop.stop_after_checkpoints = 2;
+  absl::StatusOr<TrainSummary> first = Train(*config, stop);
+  EXPECT_EQ(first.status().code(), absl::StatusCode::kAborted) << first.status();
+  absl::StatusOr<TrainSummary> second = Train(*config, stop);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kAborted) << second.status();
+  absl::StatusOr<TrainSummary> rest = Train(*config);
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  ASSERT_TRUE(rest->resumed_from_step.has_value());
+  EXPECT_EQ(rest->records_seen, want->records_seen);
+  EXPECT_EQ(*rest->test_loss, *want->test_loss);
+  EXPECT_EQ(Metric(*rest, "test_auc"), Metric(*want, "test_auc"));
+}
+
+TEST_F(SparseTrainingTest, BadConfigsNameTheKey) {
+  std::vector<std::string> sets = SmallDlrm(dir_, "hogwild", 1);
+  sets.push_back("model.sparse.0.dim=8");  // the bottom tower's output is 16 wide
+  absl::StatusOr<Config> config = Load("ctr_dlrm.yaml", sets);
+  if (config.ok()) {
+    absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(*config);
+    ASSERT_FALSE(job.ok());
+    EXPECT_NE(job.status().message().find("model.bottom"), std::string::npos) << job.status();
+  } else {
+    EXPECT_NE(config.status().message().find("model.bottom"), std::string::npos) << config.status();
+  }
+}
+
+TEST(SparseModelsTest, TextBowSmallRunLearnsAndCountsTokens) {
+  TempDir dir;
+  Generate("text", 4000, 1, dir.path() + "/train.txt");
+  Generate("text", 1000, 2, dir.path() + "/test.txt");
+  absl::StatusOr<Config> config =
+      Load("text_bow.yaml", {absl::StrCat("data.train=", dir.path(), "/train.txt"),
+                             absl::StrCat("data.test=", dir.path(), "/test.txt"), "model.sparse.0.rows=50000",
+                             "train.epochs=2", "train.pin_threads=false"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(*config);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_GT((*job)->train().tokens, 4000);
+  EXPECT_GE((*job)->train().num_classes, 2);
+  ProgressReporter progress = ProgressReporter::Silent();
+  absl::StatusOr<TrainSummary> s = RunTraining(**job, progress);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE(s->test_accuracy.has_value());
+  EXPECT_GT(*s->test_accuracy, 1.5 / (*job)->train().num_classes);  // well above chance
+}
+
+}  // namespace
+}  // namespace shardwild
