@@ -1,4 +1,4 @@
-// Tests for DenseLayer, SoftmaxCrossEntropy and Mlp: forward values against a
+// Tests for DenseLayer, SoftmaxCrossEntropy and the dense-only Model (an MLP): forward values against a
 // double-precision reference, and gradients against central finite
 // differences of a scalar loss.
 #include "core/layers.h"
@@ -16,7 +16,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/mlp.h"
+#include "core/dataset.h"
+#include "core/model.h"
 #include "core/options.h"
 #include "core/variable.h"
 #include "gtest/gtest.h"
@@ -427,7 +428,7 @@ TEST(SoftmaxCrossEntropyTest, StableWithLargeLogits) {
 }
 
 // ---------------------------------------------------------------------------
-// Mlp
+// The dense-only Model (an MLP over the dense features, softmax head)
 
 ModelOptions SmallModel() {
   ModelOptions m;
@@ -435,8 +436,15 @@ ModelOptions SmallModel() {
   return m;
 }
 
+DataShape Shape(int64_t dense, int32_t classes) {
+  DataShape s;
+  s.dense_dim = dense;
+  s.num_classes = classes;
+  return s;
+}
+
 TEST(MlpVariablesTest, DeclaresKernelAndBiasPerLayer) {
-  absl::StatusOr<std::vector<VariableSpec>> specs = Mlp::Variables(SmallModel(), 6, 3);
+  absl::StatusOr<std::vector<VariableSpec>> specs = Model::Variables(SmallModel(), Shape(6, 3));
   ASSERT_TRUE(specs.ok()) << specs.status();
   ASSERT_EQ(specs->size(), 6u);
   const int64_t widths[] = {6, 5, 4, 3};
@@ -458,32 +466,40 @@ TEST(MlpVariablesTest, DeclaresKernelAndBiasPerLayer) {
 TEST(MlpVariablesTest, Errors) {
   dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   // Last layer must have one unit per class.
-  absl::StatusOr<std::vector<VariableSpec>> specs = Mlp::Variables(SmallModel(), 6, 4);
+  absl::StatusOr<std::vector<VariableSpec>> specs = Model::Variables(SmallModel(), Shape(6, 4));
   EXPECT_EQ(specs.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(specs.status().message().find("units"), std::string::npos) << specs.status();
-  auto mlp = Mlp::Create(SmallModel(), 6, 4, 2, engine);
+  auto mlp = Model::Create(SmallModel(), Shape(6, 4), 2, engine, 1);
   EXPECT_EQ(mlp.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(mlp.status().message().find("units"), std::string::npos) << mlp.status();
 
   // The configured input width must match the data.
   ModelOptions m = SmallModel();
   m.input_dim = 7;
-  specs = Mlp::Variables(m, 6, 3);
+  specs = Model::Variables(m, Shape(6, 3));
   EXPECT_EQ(specs.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(specs.status().message().find("input_dim"), std::string::npos) << specs.status();
 
   // No layers at all.
-  specs = Mlp::Variables(ModelOptions{}, 6, 3);
+  specs = Model::Variables(ModelOptions{}, Shape(6, 3));
   EXPECT_EQ(specs.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(specs.status().message().find("model.layers"), std::string::npos) << specs.status();
+
+  // units: auto takes the classes of the data.
+  m = SmallModel();
+  m.layers.back().units = 0;
+  specs = Model::Variables(m, Shape(6, 7));
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  EXPECT_EQ(specs->back().size(), 7);
 }
 
-// Double-precision forward pass of the Mlp's current parameters; returns the
-// logits and collects the hidden layers' pre-activations of the first `rows`
-// rows into `hidden_z`.
-std::vector<double> RefMlpForward(Mlp& mlp, const ModelOptions& opts, int64_t rows, std::vector<double>* hidden_z) {
-  std::vector<double> a(mlp.input(), mlp.input() + rows * mlp.input_dim());
-  int64_t in = mlp.input_dim();
+// Double-precision forward pass of the model's current parameters on the
+// first `rows` records of `x` ([rows, in]); returns the logits and collects
+// the hidden layers' pre-activations into `hidden_z`.
+std::vector<double> RefMlpForward(Model& mlp, const ModelOptions& opts, const float* x, int64_t rows,
+                                  std::vector<double>* hidden_z) {
+  std::vector<double> a(x, x + rows * mlp.dense_dim());
+  int64_t in = mlp.dense_dim();
   for (size_t l = 0; l < opts.layers.size(); ++l) {
     const int64_t out = opts.layers[l].units;
     const float* w = mlp.params(2 * l);
@@ -508,25 +524,46 @@ std::vector<double> RefMlpForward(Mlp& mlp, const ModelOptions& opts, int64_t ro
 
 class MlpTest : public ::testing::Test {
  protected:
-  // Fills the input and every parameter with random values such that every
-  // hidden pre-activation of the first `valid` rows is at least `margin` from
-  // the ReLU kink.
-  void Randomize(Mlp& mlp, const ModelOptions& opts, int64_t valid, double margin) {
+  // A data set of `batch` records with 6 features and labels {2, 0, 1, 1, ...}.
+  static Dataset Data(int64_t batch) {
+    Dataset d;
+    d.count = batch;
+    d.dense_dim = 6;
+    d.num_classes = 3;
+    d.dense.assign(batch * 6, 0.0f);
+    const int32_t labels[] = {2, 0, 1, 1};
+    for (int64_t i = 0; i < batch; ++i) d.labels.push_back(labels[i % 4]);
+    return d;
+  }
+
+  // Fills the data's features and every parameter with random values such
+  // that every hidden pre-activation of the first `valid` rows is at least
+  // `margin` from the ReLU kink, then loads the batch.
+  void Randomize(Model& mlp, Dataset& data, const ModelOptions& opts, int64_t valid, double margin) {
     for (uint32_t seed = 1;; ++seed) {
       std::mt19937 rng(seed);
-      std::vector<float> x = Uniform(&rng, mlp.batch() * mlp.input_dim(), -1, 1);
-      std::copy(x.begin(), x.end(), mlp.input());
+      data.dense = Uniform(&rng, data.count * data.dense_dim, -1, 1);
       for (int v = 0; v < mlp.num_variables(); ++v) {
         std::vector<float> p = Uniform(&rng, mlp.variable(v).size(), -0.7f, 0.7f);
         std::copy(p.begin(), p.end(), mlp.params(v));
       }
       std::vector<double> z;
-      RefMlpForward(mlp, opts, valid, &z);
+      RefMlpForward(mlp, opts, data.dense.data(), valid, &z);
       bool ok = true;
       for (double v : z) ok = ok && std::abs(v) >= margin;
-      if (ok) return;
+      if (ok) break;
       ASSERT_LT(seed, 100000u) << "no seed keeps the pre-activations off the kink";
     }
+    mlp.LoadRange(data, 0, valid);
+  }
+
+  LossResult Step(Model& m, int64_t valid) {
+    m.Forward(/*training=*/true, stream_);
+    return m.Backward(valid, stream_);
+  }
+  LossResult Evaluate(Model& m, int64_t valid) {
+    m.Forward(/*training=*/false, stream_);
+    return m.Loss(valid);
   }
 
   dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
@@ -535,17 +572,19 @@ class MlpTest : public ::testing::Test {
 
 TEST_F(MlpTest, ForwardMatchesReference) {
   const ModelOptions opts = SmallModel();
-  auto mlp = Mlp::Create(opts, 6, 3, 4, engine_);
+  auto mlp = Model::Create(opts, Shape(6, 3), 4, engine_, 1);
   ASSERT_TRUE(mlp.ok()) << mlp.status();
-  Mlp& m = **mlp;
+  Model& m = **mlp;
   EXPECT_EQ(m.batch(), 4);
-  EXPECT_EQ(m.input_dim(), 6);
-  EXPECT_EQ(m.num_classes(), 3);
+  EXPECT_EQ(m.dense_dim(), 6);
+  EXPECT_EQ(m.outputs(), 3);
   ASSERT_EQ(m.num_variables(), 6);
-  Randomize(m, opts, 4, 0.0);
-  m.Forward(stream_);
+  EXPECT_EQ(m.num_lookups(), 0);
+  Dataset data = Data(4);
+  Randomize(m, data, opts, 4, 0.0);
+  m.Forward(false, stream_);
   std::vector<double> z;
-  const std::vector<double> want = RefMlpForward(m, opts, 4, &z);
+  const std::vector<double> want = RefMlpForward(m, opts, data.dense.data(), 4, &z);
   for (int i = 0; i < 12; ++i) EXPECT_NEAR(m.logits()[i], want[i], 1e-5) << i;
   EXPECT_DOUBLE_EQ(m.ForwardFlops(), 2.0 * 4 * (6 * 5 + 5 * 4 + 4 * 3));
   EXPECT_DOUBLE_EQ(m.BackwardFlops(), 2.0 * 4 * 6 * 5 + 4.0 * 4 * (5 * 4 + 4 * 3));
@@ -555,22 +594,20 @@ TEST_F(MlpTest, StepGradientsMatchFiniteDifferences) {
   constexpr int64_t kBatch = 4, kValid = 3;  // the last row is padding
   constexpr double kEps = 5e-3;
   const ModelOptions opts = SmallModel();
-  auto mlp = Mlp::Create(opts, 6, 3, kBatch, engine_);
+  auto mlp = Model::Create(opts, Shape(6, 3), kBatch, engine_, 1);
   ASSERT_TRUE(mlp.ok()) << mlp.status();
-  Mlp& m = **mlp;
+  Model& m = **mlp;
+  Dataset data = Data(kBatch);
   // Margin 0.1 with steps of 5e-3 on values below 1 keeps every ReLU on its side.
-  Randomize(m, opts, kValid, 0.1);
-  const std::vector<int32_t> labels = {2, 0, 1, 1};
+  Randomize(m, data, opts, kValid, 0.1);
 
-  const LossResult step = m.Step(labels.data(), kValid, stream_);
-  const LossResult eval = m.Evaluate(labels.data(), kValid, stream_);
+  const LossResult step = Step(m, kValid);
+  std::vector<std::vector<double>> analytic;
+  for (int v = 0; v < m.num_variables(); ++v) analytic.push_back(ToDouble(m.grads(v), m.variable(v).size()));
+  const LossResult eval = Evaluate(m, kValid);
   EXPECT_NEAR(step.loss_sum, eval.loss_sum, 1e-9);
   EXPECT_EQ(step.correct, eval.correct);
   EXPECT_GT(step.loss_sum, 0.0);
-
-  // Evaluate() leaves the gradients alone; copy them now anyway.
-  std::vector<std::vector<double>> analytic;
-  for (int v = 0; v < m.num_variables(); ++v) analytic.push_back(ToDouble(m.grads(v), m.variable(v).size()));
 
   for (int v = 0; v < m.num_variables(); ++v) {
     float* p = m.params(v);
@@ -578,9 +615,9 @@ TEST_F(MlpTest, StepGradientsMatchFiniteDifferences) {
     for (size_t i = 0; i < numeric.size(); ++i) {
       const float saved = p[i];
       p[i] = static_cast<float>(saved + kEps);
-      const double lp = m.Evaluate(labels.data(), kValid, stream_).loss_sum;
+      const double lp = Evaluate(m, kValid).loss_sum;
       p[i] = static_cast<float>(saved - kEps);
-      const double lm = m.Evaluate(labels.data(), kValid, stream_).loss_sum;
+      const double lm = Evaluate(m, kValid).loss_sum;
       p[i] = saved;
       numeric[i] = (lp - lm) / (2 * kEps) / kValid;
     }
@@ -590,20 +627,20 @@ TEST_F(MlpTest, StepGradientsMatchFiniteDifferences) {
 
 TEST_F(MlpTest, PaddingRowsDoNotAffectGradients) {
   const ModelOptions opts = SmallModel();
-  auto padded = Mlp::Create(opts, 6, 3, 4, engine_);
-  auto exact = Mlp::Create(opts, 6, 3, 2, engine_);
+  auto padded = Model::Create(opts, Shape(6, 3), 4, engine_, 1);
+  auto exact = Model::Create(opts, Shape(6, 3), 2, engine_, 1);
   ASSERT_TRUE(padded.ok()) << padded.status();
   ASSERT_TRUE(exact.ok()) << exact.status();
-  Randomize(**padded, opts, 4, 0.0);
-  // Same parameters and first two rows; the padding rows hold large garbage.
+  Dataset data = Data(4);
+  Randomize(**padded, data, opts, 4, 0.0);
   for (int v = 0; v < 6; ++v) {
     std::copy((*padded)->params(v), (*padded)->params(v) + (*padded)->variable(v).size(), (*exact)->params(v));
   }
-  std::copy((*padded)->input(), (*padded)->input() + 12, (*exact)->input());
-  std::fill((*padded)->input() + 12, (*padded)->input() + 24, 50.0f);
-  const std::vector<int32_t> labels = {1, 2, 0, 0};
-  const LossResult a = (*padded)->Step(labels.data(), 2, stream_);
-  const LossResult b = (*exact)->Step(labels.data(), 2, stream_);
+  // The padded model loads 2 records into a batch of 4: the rest is padding.
+  (*padded)->LoadRange(data, 0, 2);
+  (*exact)->LoadRange(data, 0, 2);
+  const LossResult a = Step(**padded, 2);
+  const LossResult b = Step(**exact, 2);
   EXPECT_NEAR(a.loss_sum, b.loss_sum, 1e-5);
   EXPECT_EQ(a.correct, b.correct);
   for (int v = 0; v < 6; ++v) {

