@@ -301,7 +301,11 @@ int Predict(const std::string& path, const std::vector<std::string>& sets, const
   for (const std::string& s : skipped) spdlog::warn("skipped checkpoint {}", s);
   if (!info.ok()) return Fail(info.status());
   if (absl::Status s = RestoreJob(**job, *info); !s.ok()) return Fail(s);
-  absl::StatusOr<Dataset> data = LoadImagesForPrediction(input, (*job)->train().dense_dim);
+  // IDX images, or a file in the config's data format (its labels, if any, are not used).
+  const Config& config = (*job)->config();
+  absl::StatusOr<Dataset> data = config.data.format == DataFormat::kIdx
+                                     ? LoadImagesForPrediction(input, (*job)->train().dense_dim)
+                                     : LoadDataset(config, input, 0, &(*job)->train());
   if (!data.ok()) return Fail(data.status());
   absl::StatusOr<std::vector<float>> probs = PredictAll(**job, *data);
   if (!probs.ok()) return Fail(probs.status());
@@ -309,15 +313,34 @@ int Predict(const std::string& path, const std::vector<std::string>& sets, const
   const std::string tmp = out + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "w");
   if (f == nullptr) return Fail(absl::NotFoundError(absl::StrCat(out, ": cannot be written: ", std::strerror(errno))));
-  const int64_t k = (*job)->train().num_classes;
-  std::fprintf(f, "index,prediction");
-  for (int64_t c = 0; c < k; ++c) std::fprintf(f, ",p%ld", static_cast<long>(c));
+  const HeadType head = config.model.head;
+  const int64_t k = (*job)->worker(0).model().outputs();
+  const std::vector<std::string>& names = (*job)->train().class_names;
+  switch (head) {
+    case HeadType::kSoftmax:
+      std::fprintf(f, "index,prediction");
+      for (int64_t c = 0; c < k; ++c) std::fprintf(f, ",p%ld", static_cast<long>(c));
+      break;
+    case HeadType::kBinary: std::fprintf(f, "index,prediction,p1"); break;
+    case HeadType::kRegression: std::fprintf(f, "index,prediction"); break;
+  }
   std::fprintf(f, "\n");
   for (int64_t i = 0; i < data->count; ++i) {
     const float* p = probs->data() + i * k;
-    const int64_t best = std::max_element(p, p + k) - p;
-    std::fprintf(f, "%ld,%ld", static_cast<long>(i), static_cast<long>(best));
-    for (int64_t c = 0; c < k; ++c) std::fprintf(f, ",%.6g", p[c]);
+    switch (head) {
+      case HeadType::kSoftmax: {
+        const int64_t best = std::max_element(p, p + k) - p;
+        if (static_cast<size_t>(best) < names.size()) {
+          std::fprintf(f, "%ld,%s", static_cast<long>(i), names[best].c_str());
+        } else {
+          std::fprintf(f, "%ld,%ld", static_cast<long>(i), static_cast<long>(best));
+        }
+        for (int64_t c = 0; c < k; ++c) std::fprintf(f, ",%.6g", p[c]);
+        break;
+      }
+      case HeadType::kBinary: std::fprintf(f, "%ld,%d,%.6g", static_cast<long>(i), p[0] > 0.5f ? 1 : 0, p[0]); break;
+      case HeadType::kRegression: std::fprintf(f, "%ld,%.6g", static_cast<long>(i), p[0]); break;
+    }
     std::fprintf(f, "\n");
   }
   const bool write_ok = std::ferror(f) == 0;
@@ -503,7 +526,10 @@ int main(int argc, char** argv) {
   predict->add_option("--set", sets, "Override a config key by its dotted path");
   predict->add_option("--checkpoint", checkpoint, "A checkpoint (ckpt-<step>) or a checkpoint directory (its newest)")
       ->required();
-  predict->add_option("--input", input, "IDX images file (...-images-idx3-ubyte[.gz])")->required();
+  predict->add_option("--input", input,
+                      "Records to predict: an IDX images file (...-images-idx3-ubyte[.gz]) for data.format idx, "
+                      "else a file in the config's data.format")
+      ->required();
   predict->add_option("--out", out, "CSV to write: index,prediction,p0..p<K-1>")->required();
 
   CLI::App* bench = app.add_subcommand("bench", "Time the config's training step against the same-run matmul peak");

@@ -464,6 +464,7 @@ absl::StatusOr<TrainSummary> RunProcessTraining(Job& job, ProgressReporter& prog
                    {"final", next_epoch > epochs || callbacks->stopped()},
                    {"worker_processes", true}};
     if (nlohmann::json es = callbacks->early_stopping_state(); !es.is_null()) state.extra["early_stopping"] = es;
+    state.extra["data"] = DataPreprocessingJson(cfg);
     CheckpointWriteOptions wo;
     wo.keep = ck.keep;
     SW_ASSIGN_OR_RETURN(summary.last_checkpoint, WriteCheckpoint(ck.dir, job.store(), state, wo));

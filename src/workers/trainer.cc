@@ -77,7 +77,40 @@ absl::StatusOr<std::vector<float>> PredictAll(Job& job, const Dataset& data) {
   return probs;
 }
 
+nlohmann::json DataPreprocessingJson(const Config& c) {
+  static const char* const kFormats[] = {"idx", "criteo", "libsvm", "text", "csv"};
+  static const char* const kTransforms[] = {"log1p", "log3", "none"};
+  nlohmann::json j = {{"format", kFormats[static_cast<int>(c.data.format)]}};
+  switch (c.data.format) {
+    case DataFormat::kIdx: j["scale"] = "byte/255"; break;
+    case DataFormat::kCriteo: j["dense_transform"] = kTransforms[static_cast<int>(c.data.dense_transform)]; break;
+    case DataFormat::kLibsvm: break;
+    case DataFormat::kText:
+      j["word_ngrams"] = c.data.text.word_ngrams;
+      j["ngrams_field"] = c.data.text.ngrams_field;
+      j["token_hash"] = "fnv1a64";
+      break;
+    case DataFormat::kCsv:
+      j["dense_transform"] = kTransforms[static_cast<int>(c.data.dense_transform)];
+      j["label"] = c.data.csv.label;
+      j["dense"] = c.data.csv.dense;
+      j["categorical"] = c.data.csv.categorical;
+      break;
+  }
+  return j;
+}
+
 absl::Status RestoreJob(Job& job, const CheckpointInfo& checkpoint) {
+  // The model's parameters only mean something on data read the same way.
+  const nlohmann::json& extra = checkpoint.state.extra;
+  if (extra.is_object() && extra.contains("data")) {
+    const nlohmann::json now = DataPreprocessingJson(job.config());
+    if (extra.at("data") != now) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          checkpoint.path, ": trained on data read as ", extra.at("data").dump(), ", but the config reads it as ",
+          now.dump(), " (data.format, data.dense_transform, data.text.*, data.csv.* must match)"));
+    }
+  }
   for (int r = 0; r < job.replicas().num_replicas(); ++r) {
     SW_RETURN_IF_ERROR(RestoreCheckpoint(checkpoint, job.replicas().replica(r)));
   }
@@ -122,6 +155,27 @@ std::string TrainingConfigHash(const Config& c) {
   };
   opt("optimizer", c.optimizer);
   if (c.sparse_optimizer) opt("sparse", *c.sparse_optimizer);
+  // Added with sparse models; only when they are used, so the hash of a
+  // dense model's checkpoint stays what it was.
+  const ModelOptions& m = c.model;
+  if (!m.bottom.empty() || !m.sparse.empty() || !m.wide.empty() || m.head != HeadType::kSoftmax ||
+      c.data.format != DataFormat::kIdx) {
+    absl::StrAppend(&key, ";head:", HeadTypeName(m.head), ";interaction:", static_cast<int>(m.interaction),
+                    ";data:", DataPreprocessingJson(c).dump());
+    for (const LayerOptions& l : m.bottom) {
+      absl::StrAppend(&key, ";bottom:", l.units, ",", ActivationName(l.activation), ",", l.dropout);
+    }
+    for (const LayerOptions& l : m.layers) absl::StrAppend(&key, ";dropout:", l.dropout);
+    for (const TableOptions& t : m.tables) {
+      absl::StrAppend(&key, ";table:", t.name, ",", t.rows, ",", t.dim, ",", t.dynamic, ",", t.evict_lru, ",",
+                      t.init_scale);
+    }
+    for (const SparseFeatureOptions& f : m.sparse) {
+      absl::StrAppend(&key, ";sparse:", f.field, ",", f.table, ",", static_cast<int>(f.pooling), ",", f.weighted);
+    }
+    for (const std::string& w : m.wide) absl::StrAppend(&key, ";wide:", w);
+    if (!m.wide.empty()) absl::StrAppend(&key, ";wide_rows:", m.wide_rows);
+  }
   return absl::StrFormat("%08x", Crc32c(key.data(), key.size()));
 }
 
@@ -206,6 +260,7 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
                    {"steps", base_steps + t.steps},
                    {"final", epoch > cfg.train.epochs || callbacks->stopped()}};
     if (nlohmann::json es = callbacks->early_stopping_state(); !es.is_null()) state.extra["early_stopping"] = es;
+    state.extra["data"] = DataPreprocessingJson(cfg);
     CheckpointWriteOptions wo;
     wo.keep = ck.keep;
     SW_ASSIGN_OR_RETURN(summary.last_checkpoint, WriteCheckpoint(ck.dir, job.store(), state, wo));

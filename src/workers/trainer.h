@@ -113,7 +113,13 @@ absl::StatusOr<EvalResult> EvaluateAll(Job& job, const Dataset& data);
 absl::StatusOr<std::vector<float>> PredictAll(Job& job, const Dataset& data);
 
 // Restores `checkpoint` into every replica of `job` (workers idle).
+// FailedPrecondition when the checkpoint records data preprocessing
+// (DataPreprocessingJson) other than the job's config says.
 absl::Status RestoreJob(Job& job, const CheckpointInfo& checkpoint);
+
+// How the config reads its data (format, dense transform, text and CSV
+// options), as recorded in every checkpoint's manifest (extra.data).
+nlohmann::json DataPreprocessingJson(const Config& config);
 
 // The resume step of a training run: unless `fresh`, finds the newest good
 // checkpoint in config.checkpoint.dir (each skipped one is appended to

@@ -8,6 +8,7 @@
 #include <spawn.h>
 #include <stdlib.h>
 #include <sys/wait.h>
+
 #include <unistd.h>
 
 #include <cerrno>
@@ -19,6 +20,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "gtest/gtest.h"
 
 namespace shardwild::clitest {
 
@@ -148,6 +151,36 @@ inline json LastLineJson(const std::string& out) {
   const std::vector<std::string> lines = Lines(out);
   if (lines.empty()) return nullptr;
   return json::parse(lines.back(), nullptr, /*allow_exceptions=*/false);
+}
+
+struct Result {
+  int status = -1;  // wait status
+  std::string out, err;
+  bool exited() const { return WIFEXITED(status); }
+  int code() const { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
+};
+
+// Runs the CLI to the end.
+inline Result RunCli(const std::vector<std::string>& args) {
+  Child child(args);
+  Result r;
+  if (!child.started()) return r;
+  r.status = child.Wait();
+  r.out = child.out();
+  r.err = child.err();
+  return r;
+}
+
+// Checks the error contract: a non-zero exit and exactly one stderr line,
+// "shardwild: error: ...", containing each of `parts`.
+inline void ExpectOneErrorLine(const Result& r, const std::vector<std::string>& parts) {
+  EXPECT_TRUE(r.exited()) << "status " << r.status;
+  EXPECT_NE(r.code(), 0);
+  const std::vector<std::string> lines = Lines(r.err);
+  ASSERT_EQ(lines.size(), 1u) << "stderr:\n" << r.err;
+  EXPECT_EQ(lines[0].rfind("shardwild: error: ", 0), 0u) << lines[0];
+  for (const std::string& p : parts) EXPECT_NE(lines[0].find(p), std::string::npos) << lines[0] << "\nlacks: " << p;
+  EXPECT_EQ(r.err.back(), '\n');
 }
 
 }  // namespace shardwild::clitest

@@ -35,36 +35,6 @@ using nlohmann::json;
 
 using namespace clitest;
 
-struct Result {
-  int status = -1;  // wait status
-  std::string out, err;
-  bool exited() const { return WIFEXITED(status); }
-  int code() const { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
-};
-
-// Runs the CLI to the end.
-Result RunCli(const std::vector<std::string>& args) {
-  Child child(args);
-  Result r;
-  if (!child.started()) return r;
-  r.status = child.Wait();
-  r.out = child.out();
-  r.err = child.err();
-  return r;
-}
-
-// Checks the error contract: a non-zero exit and exactly one stderr line,
-// "shardwild: error: ...", containing each of `parts`.
-void ExpectOneErrorLine(const Result& r, const std::vector<std::string>& parts) {
-  EXPECT_TRUE(r.exited()) << "status " << r.status;
-  EXPECT_NE(r.code(), 0);
-  const std::vector<std::string> lines = Lines(r.err);
-  ASSERT_EQ(lines.size(), 1u) << "stderr:\n" << r.err;
-  EXPECT_EQ(lines[0].rfind("shardwild: error: ", 0), 0u) << lines[0];
-  for (const std::string& p : parts) EXPECT_NE(lines[0].find(p), std::string::npos) << lines[0] << "\nlacks: " << p;
-  EXPECT_EQ(r.err.back(), '\n');
-}
-
 TEST(CliTest, Version) {
   const Result r = RunCli({"--version"});
   EXPECT_EQ(r.code(), 0) << r.err;

@@ -1,0 +1,120 @@
+// The sparse-model path through the command line: `data gen` files trained
+// by a shipped config (a small variant through --set), the --json summary's
+// head metrics, `eval --checkpoint`, `predict` on a Criteo file, bad rows
+// under data.on_error, and a checkpoint refused for a config that reads the
+// data differently.
+#include <string>
+#include <vector>
+
+#include "cli_child.h"
+#include "gtest/gtest.h"
+
+namespace shardwild {
+namespace {
+
+using namespace clitest;
+
+constexpr char kDlrm[] = SHARDWILD_SOURCE_DIR "/configs/ctr_dlrm.yaml";
+
+class SparseCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(dir_.path().empty());
+    for (const auto& [name, rows, seed] : {std::tuple{"train.tsv", "4000", "1"}, std::tuple{"test.tsv", "1000", "2"}}) {
+      const Result r = RunCli({"data", "gen", "--kind", "criteo", "--rows", rows, "--out", Path(name), "--seed", seed});
+      ASSERT_EQ(r.code(), 0) << r.err;
+    }
+  }
+  std::string Path(const std::string& name) const { return (dir_.path() / name).string(); }
+  // A small DLRM on the generated files.
+  std::vector<std::string> Sets() const {
+    return {"--set", "data.train=" + Path("train.tsv"), "--set", "data.test=" + Path("test.tsv"),
+            "--set", "model.sparse.0.rows=1000",         "--set", "model.bottom.0.units=32",
+            "--set", "model.layers.0.units=32",          "--set", "data.cache=false",
+            "--set", "train.pin_threads=false"};
+  }
+  std::vector<std::string> Cmd(std::vector<std::string> head, const std::vector<std::string>& tail = {}) const {
+    std::vector<std::string> sets = Sets();
+    head.insert(head.end(), sets.begin(), sets.end());
+    head.insert(head.end(), tail.begin(), tail.end());
+    return head;
+  }
+  TempDir dir_;
+};
+
+TEST_F(SparseCliTest, TrainEvalPredict) {
+  const std::string ckpt = Path("ckpt");
+  const Result t = RunCli(Cmd({"train", kDlrm, "--json"}, {"--set", "checkpoint.dir=" + ckpt}));
+  ASSERT_EQ(t.code(), 0) << t.err;
+  const json s = LastLineJson(t.out);
+  ASSERT_TRUE(s.is_object()) << t.out;
+  // A binary head reports AUC and log-loss besides loss and accuracy.
+  for (const char* key : {"test_auc", "test_logloss", "test_loss", "test_accuracy"}) {
+    ASSERT_TRUE(s[key].is_number()) << key << ": " << t.out;
+  }
+  EXPECT_GT(s["test_auc"].get<double>(), 0.55);
+  EXPECT_LT(s["test_auc"].get<double>(), 1.0);
+  EXPECT_EQ(s["records_seen"], 2 * 4000);
+  EXPECT_EQ(s["rows_skipped"]["total"], 0);
+  ASSERT_EQ(s["history"].size(), 2u);
+  EXPECT_TRUE(s["history"][1]["test_auc"].is_number());
+  EXPECT_NE(t.out.find(" auc 0."), std::string::npos) << t.out;  // on the epoch line too
+
+  // The checkpoint evaluates to the same metrics.
+  const Result e = RunCli(Cmd({"eval", kDlrm, "--checkpoint", ckpt, "--json"}));
+  ASSERT_EQ(e.code(), 0) << e.err;
+  const json ej = LastLineJson(e.out);
+  ASSERT_TRUE(ej.is_object()) << e.out;
+  EXPECT_EQ(ej["records"], 1000);
+  EXPECT_DOUBLE_EQ(ej["test_auc"].get<double>(), s["test_auc"].get<double>());
+  EXPECT_DOUBLE_EQ(ej["test_logloss"].get<double>(), s["test_logloss"].get<double>());
+
+  // predict: one line per record of a Criteo file, in order, with P(label 1).
+  const std::string out = Path("pred.csv");
+  const Result p = RunCli(Cmd({"predict", kDlrm, "--checkpoint", ckpt, "--input", Path("test.tsv"), "--out", out}));
+  ASSERT_EQ(p.code(), 0) << p.err;
+  const std::vector<std::string> lines = Lines(ReadFile(out));
+  ASSERT_EQ(lines.size(), 1001u);
+  EXPECT_EQ(lines[0], "index,prediction,p1");
+  for (size_t i = 1; i < lines.size(); ++i) {
+    ASSERT_EQ(lines[i].rfind(std::to_string(i - 1) + ",", 0), 0u) << lines[i];
+    const double prob = std::stod(lines[i].substr(lines[i].rfind(',') + 1));
+    EXPECT_GT(prob, 0.0);
+    EXPECT_LT(prob, 1.0);
+  }
+
+  // The checkpoint records how the data was read: another transform is refused.
+  const Result bad = RunCli(Cmd({"eval", kDlrm, "--checkpoint", ckpt}, {"--set", "data.dense_transform=log3"}));
+  ExpectOneErrorLine(bad, {"trained on data read as", "log1p", "log3"});
+}
+
+TEST_F(SparseCliTest, BadRowsFailWithFileLineColumnOrAreSkippedAndCounted) {
+  // Line 3 gets a bad hex in C2 (field 16, after the label and 13 I fields and C1).
+  std::string text = ReadFile(Path("train.tsv"));
+  size_t line3 = 0;
+  for (int i = 0; i < 2; ++i) line3 = text.find('\n', line3) + 1;
+  size_t at = line3;
+  for (int i = 0; i < 15; ++i) at = text.find('\t', at) + 1;
+  const size_t end = text.find('\t', at);
+  text.replace(at, end - at, "zz");
+  const int64_t column = static_cast<int64_t>(at - line3) + 1;
+  {
+    std::ofstream f(Path("bad.tsv"), std::ios::binary);
+    f << text;
+  }
+  const Result fail = RunCli(Cmd({"train", kDlrm}, {"--set", "data.train=" + Path("bad.tsv")}));
+  ExpectOneErrorLine(fail, {Path("bad.tsv") + ":3:" + std::to_string(column) + ":", "C2", "hex", "'zz'"});
+
+  const Result skip =
+      RunCli(Cmd({"train", kDlrm, "--json"}, {"--set", "data.train=" + Path("bad.tsv"), "--set", "data.on_error=skip",
+                                             "--set", "train.epochs=1"}));
+  ASSERT_EQ(skip.code(), 0) << skip.err;
+  const json s = LastLineJson(skip.out);
+  ASSERT_TRUE(s.is_object()) << skip.out;
+  EXPECT_EQ(s["rows_skipped"]["total"], 1);
+  EXPECT_EQ(s["rows_skipped"]["train"]["bad hex"], 1);
+  EXPECT_EQ(s["records_seen"], 3999);
+}
+
+}  // namespace
+}  // namespace shardwild
