@@ -476,6 +476,7 @@ int GenerateDataCommand(const DataGenOptions& options, bool as_json) {
               {"rows", r->rows},
               {"out", options.out},
               {"seed", options.seed},
+              {"model_seed", options.model_seed},
               {"bytes", r->bytes},
               {"metric", r->metric_name},
               {r->metric_name, r->bayes_metric},
@@ -598,7 +599,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"criteo", "libsvm", "text"}));
   data_gen->add_option("--rows", data_gen_options.rows, "Records to write")->required()->check(CLI::PositiveNumber);
   data_gen->add_option("--out", data_gen_options.out, "File to write (replaced atomically)")->required();
-  data_gen->add_option("--seed", data_gen_options.seed, "Seed of the planted model and the rows")->capture_default_str();
+  data_gen->add_option("--seed", data_gen_options.seed,
+                       "Seed of the rows (a training and a test file of one model take different seeds)")
+      ->capture_default_str();
+  data_gen->add_option("--model-seed", data_gen_options.model_seed,
+                       "Seed of the planted model (keep it the same for the files of one task)")
+      ->capture_default_str();
   data_gen->add_option("--classes", data_gen_options.text_classes, "text: classes")->capture_default_str();
   data_gen->add_flag("--json", as_json, "End with one line of JSON");
 

@@ -259,7 +259,7 @@ class CriteoModel {
 };
 
 absl::Status GenerateCriteo(const DataGenOptions& o, WritableFile* file, DataGenResult* result) {
-  const CriteoModel model(o.seed);
+  const CriteoModel model(o.model_seed);
   BinaryTally tally;
   std::string line, features;
   for (int64_t r = 0; r < o.rows; ++r) {
@@ -343,7 +343,7 @@ class LibsvmModel {
 };
 
 absl::Status GenerateLibsvm(const DataGenOptions& o, WritableFile* file, DataGenResult* result) {
-  const LibsvmModel model(o.seed, o.libsvm_features);
+  const LibsvmModel model(o.model_seed, o.libsvm_features);
   BinaryTally tally;
   std::string line;
   std::vector<LibsvmEntry> row;
@@ -443,7 +443,7 @@ class TextModel {
 };
 
 absl::Status GenerateText(const DataGenOptions& o, WritableFile* file, DataGenResult* result) {
-  const TextModel model(o.seed, o.text_classes, o.text_vocab);
+  const TextModel model(o.model_seed, o.text_classes, o.text_vocab);
   const int k = o.text_classes;
   std::string line;
   std::vector<int64_t> slots;

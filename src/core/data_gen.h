@@ -39,9 +39,10 @@
 //           softmax without bias). The label is sampled from that softmax.
 //           Bayes accuracy ~0.81 .. 0.82 with 8 classes.
 //
-// The output is deterministic for (options, seed): rows are drawn from a
-// per-row random stream, so the first n rows of a longer file equal the file
-// of n rows. Only fixed, written-out generators are used (SplitMix64,
+// The output is deterministic for (options, seed, model_seed): the planted
+// model is drawn from model_seed alone, and rows from a per-row random stream
+// of seed, so the first n rows of a longer file equal the file of n rows, and
+// files of different seeds are independent samples of the same model. Only fixed, written-out generators are used (SplitMix64,
 // xoshiro256**, Marsaglia's polar method), never std:: distributions, whose
 // output differs between standard libraries.
 //
@@ -61,7 +62,11 @@ struct DataGenOptions {
   std::string kind;                   // "criteo", "libsvm" or "text"
   int64_t rows = 0;                   // records to write; >= 1
   std::string out;                    // the file to write; replaced atomically
-  uint64_t seed = 1;                  // planted model and rows
+  uint64_t seed = 1;                  // the rows: a training and a test file take different seeds
+  // The planted model (weights, vocabulary, permutations). Files written
+  // with the same model_seed (and kind options) come from one model, so one
+  // can be the training set and another the test set.
+  uint64_t model_seed = 1;
   int text_classes = 8;               // text: classes, in [2, 1000]
   int64_t text_vocab = 20000;         // text: tokens, >= 64 * text_classes
   int64_t libsvm_features = 100000;   // libsvm: feature indices 1..N, N >= 1000

@@ -8,7 +8,10 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <map>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -265,6 +268,92 @@ TEST(DataGenTest, ReplacesAnExistingFile) {
   const std::vector<std::string> lines = Lines(ReadFile(out));
   ASSERT_EQ(lines.size(), 10u);
   EXPECT_EQ(lines[0].rfind("__label__", 0), 0u);
+}
+
+// Files of one model_seed are samples of one planted model (text: the words
+// specific to class c0 in one file are specific to c0 in the other; criteo:
+// below).
+TEST(DataGenTest, SeedsSampleRowsModelSeedFixesTheModel) {
+  TempDir dir;
+  // word -> share of its uses that are in c0 documents (words used >= 20 times).
+  auto c0_share = [&](uint64_t seed, uint64_t model_seed) {
+    DataGenOptions o = Options("text", 4000, dir.File("t" + std::to_string(seed) + std::to_string(model_seed)), seed);
+    o.model_seed = model_seed;
+    EXPECT_TRUE(GenerateData(o).ok());
+    std::map<std::string, std::pair<int, int>> counts;  // word -> (in c0 documents, in all)
+    for (const std::string& line : Lines(ReadFile(o.out))) {
+      const bool c0 = line.rfind("__label__c0 ", 0) == 0;
+      std::istringstream in(line.substr(line.find(' ') + 1));
+      std::string tok;
+      while (in >> tok) {
+        counts[tok].first += c0;
+        ++counts[tok].second;
+      }
+    }
+    std::map<std::string, double> share;
+    for (const auto& [tok, k] : counts) {
+      if (k.second >= 20) share[tok] = static_cast<double>(k.first) / k.second;
+    }
+    return share;
+  };
+  // Of the words at least 90% c0 in `a`, the share that are at least half c0 in `b`.
+  auto agreement = [](const std::map<std::string, double>& a, const std::map<std::string, double>& b) {
+    int specific = 0, kept = 0;
+    for (const auto& [tok, sh] : a) {
+      if (sh < 0.9) continue;
+      ++specific;
+      auto it = b.find(tok);
+      kept += it != b.end() && it->second >= 0.5;
+    }
+    EXPECT_GE(specific, 10);
+    return specific > 0 ? static_cast<double>(kept) / specific : 0.0;
+  };
+  const auto a = c0_share(1, 1);
+  EXPECT_GT(agreement(a, c0_share(2, 1)), 0.8);
+  EXPECT_GT(agreement(a, c0_share(3, 1)), 0.8);
+
+  // Criteo: the positive rate of each frequent value of a field follows its
+  // planted weight, so two samples of one model agree on which values are
+  // above the field's mean rate; samples of two models do not.
+  auto above_mean = [&](uint64_t seed, uint64_t model_seed) {
+    DataGenOptions o = Options("criteo", 30000, dir.File("c" + std::to_string(seed) + std::to_string(model_seed)), seed);
+    o.model_seed = model_seed;
+    EXPECT_TRUE(GenerateData(o).ok());
+    std::map<std::string, std::pair<int, int>> counts;  // C6 value -> (positives, rows)
+    int positives = 0, rows = 0;
+    for (const std::string& line : Lines(ReadFile(o.out))) {
+      std::vector<std::string> f;
+      std::istringstream in(line);
+      for (std::string x; std::getline(in, x, '\t');) f.push_back(x);
+      if (f.size() < 20 || f[19].empty()) continue;
+      const bool y = f[0] == "1";
+      counts[f[19]].first += y;
+      ++counts[f[19]].second;
+      positives += y;
+      ++rows;
+    }
+    std::map<std::string, bool> above;
+    for (const auto& [v, k] : counts) {
+      if (k.second >= 300) above[v] = static_cast<double>(k.first) / k.second > static_cast<double>(positives) / rows;
+    }
+    return above;
+  };
+  auto agree = [](const std::map<std::string, bool>& x, const std::map<std::string, bool>& y) {
+    int both = 0, same = 0;
+    for (const auto& [v, b] : x) {
+      if (auto it = y.find(v); it != y.end()) {
+        ++both;
+        same += it->second == b;
+      }
+    }
+    EXPECT_GE(both, 8);
+    return both > 0 ? static_cast<double>(same) / both : 0.0;
+  };
+  const auto m1 = above_mean(1, 1);
+  const double same = agree(m1, above_mean(2, 1)), other = agree(m1, above_mean(1, 7));
+  std::printf("criteo C6 values on the same side of the mean rate: same model %.2f, other model %.2f\n", same, other);
+  EXPECT_GE(same, 0.75);
+  EXPECT_LE(other, 0.65);
 }
 
 }  // namespace
