@@ -116,5 +116,18 @@ TEST_F(SparseCliTest, BadRowsFailWithFileLineColumnOrAreSkippedAndCounted) {
   EXPECT_EQ(s["records_seen"], 3999);
 }
 
+// Worker processes attach to the store's tables and read the data themselves.
+TEST_F(SparseCliTest, WorkerProcessesTrainTablesToo) {
+  const Result t = RunCli(Cmd({"train", kDlrm, "--json"}, {"--set", "train.worker_processes=true", "--set",
+                                                          "data.records_per_task=500"}));
+  ASSERT_EQ(t.code(), 0) << t.err;
+  const json s = LastLineJson(t.out);
+  ASSERT_TRUE(s.is_object()) << t.out;
+  EXPECT_EQ(s["records_seen"], 2 * 4000);
+  EXPECT_EQ(s["worker_failures"], 0);
+  ASSERT_TRUE(s["test_auc"].is_number()) << t.out;
+  EXPECT_GT(s["test_auc"].get<double>(), 0.55);
+}
+
 }  // namespace
 }  // namespace shardwild
