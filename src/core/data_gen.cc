@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/metrics.h"
+#include "core/random.h"
 #include "core/status.h"
 #include "core/writable_file.h"
 
@@ -24,12 +25,6 @@ namespace {
 
 // ---- Fixed random generators -------------------------------------------------
 
-uint64_t SplitMix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 // A 64-bit hash of a few words.
 uint64_t Mix(std::initializer_list<uint64_t> words) {

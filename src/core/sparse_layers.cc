@@ -4,15 +4,11 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/random.h"
+
 namespace shardwild {
 namespace {
 
-inline uint64_t SplitMix64(uint64_t* state) {
-  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 // log(1 + exp(x)) without overflow.
 inline double Softplus(double x) { return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x)); }
@@ -118,7 +114,7 @@ void DropoutForward(float* y, float* mask, int64_t n, float rate, uint64_t* rng_
   const uint32_t threshold = static_cast<uint32_t>(static_cast<double>(rate) * 16777216.0);
   int64_t i = 0;
   while (i < n) {
-    uint64_t bits = SplitMix64(rng_state);
+    uint64_t bits = SplitMix64(*rng_state);
     for (int part = 0; part < 2 && i < n; ++part, ++i) {
       const uint32_t u = static_cast<uint32_t>(bits & 0xFFFFFF);
       bits >>= 32;

@@ -3,18 +3,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/random.h"
 
 namespace shardwild {
 namespace {
 
 // SplitMix64: a fixed, documented mixer so values never change with the
 // standard library or absl versions.
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+inline uint64_t Mix(uint64_t x) { return SplitMix64Mix(x); }
 
 uint64_t NameSeed(uint64_t seed, const std::string& name) {
   uint64_t h = Mix(seed);

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/optimizer.h"
+#include "core/random.h"
 #include "core/status.h"
 #include "ps_shm/row_seqlock.h"
 
@@ -134,12 +135,7 @@ void SpinWait(int* spins) {
 }
 
 // SplitMix64's finaliser; fixed so initial values never change with a library.
-inline uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+inline uint64_t Mix(uint64_t x) { return SplitMix64Mix(x); }
 
 inline uint64_t HomeHash(uint64_t id) { return Mix(id ^ 0x5157454d42ULL); }
 

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/optimizer.h"
+#include "core/random.h"
 #include "core/status.h"
 #include "ps_shm/memory_placer.h"
 #include "ps_shm/row_seqlock.h"
@@ -46,12 +47,7 @@ TableEntry* Tables(const ShmSegment& seg) {
 // ---- Embedding tables over shards (param_store.h, TableSpec) -----------------
 
 // SplitMix64's finaliser.
-inline uint64_t MixId(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+inline uint64_t MixId(uint64_t x) { return SplitMix64Mix(x); }
 
 // The shard of a dynamic table's id: the high 32 bits of a salted mix, scaled
 // onto [0, shards) (Lemire's multiply-shift, no division). The salt differs

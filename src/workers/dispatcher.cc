@@ -8,19 +8,12 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/random.h"
 #include "core/status.h"
 
 namespace shardwild {
 namespace {
 
-// SplitMix64 (see the header): a fixed generator, so orders never change with
-// the standard library.
-uint64_t SplitMix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 // How long a WaitForTask sleeps at most between timeout checks: the injected
 // clock cannot wake a condition variable.

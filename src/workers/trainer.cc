@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/crc32c.h"
+#include "core/random.h"
 #include "workers/checkpoint.h"
 #include "workers/run_callbacks.h"
 #include "workers/process_trainer.h"
@@ -18,12 +19,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-uint64_t SplitMix(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 struct Totals {
   int64_t steps = 0, samples = 0, correct = 0;
@@ -49,7 +44,7 @@ std::vector<int32_t> EpochOrder(int64_t n, uint64_t seed, int epoch) {
   for (int64_t i = 0; i < n; ++i) order[i] = static_cast<int32_t>(i);
   uint64_t state = seed * 0x100000001b3ULL + static_cast<uint64_t>(epoch);
   for (int64_t i = n - 1; i > 0; --i) {
-    const int64_t j = static_cast<int64_t>(SplitMix(state) % static_cast<uint64_t>(i + 1));
+    const int64_t j = static_cast<int64_t>(SplitMix64(state) % static_cast<uint64_t>(i + 1));
     std::swap(order[i], order[j]);
   }
   return order;
