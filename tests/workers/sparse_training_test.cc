@@ -3,6 +3,8 @@
 // tables in every update mode, checkpoints and resume with tables). The
 // acceptance runs are in sparse_acceptance_test.cc.
 #include <cmath>
+#include <fstream>
+#include <random>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -138,6 +140,55 @@ TEST(SparseModelsTest, TextBowSmallRunLearnsAndCountsTokens) {
   ASSERT_TRUE(s.ok()) << s.status();
   ASSERT_TRUE(s->test_accuracy.has_value());
   EXPECT_GT(*s->test_accuracy, 1.5 / (*job)->train().num_classes);  // well above chance
+}
+
+// Regression on libsvm data with real-valued targets (y = sum of planted
+// weights times values, plus noise): the RMSE drops well below the targets'
+// spread, which is what predicting their mean would give.
+TEST(SparseModelsTest, LibsvmRegressionLearnsTheTargets) {
+  TempDir dir;
+  std::mt19937 rng(5);
+  std::normal_distribution<double> noise(0.0, 0.1);
+  std::uniform_real_distribution<double> value(0.5, 1.5);
+  std::vector<double> w(200);
+  for (double& x : w) x = noise(rng) * 10;
+  double sum = 0, sum2 = 0;
+  int64_t test_rows = 0;
+  for (const char* name : {"train.txt", "test.txt"}) {
+    std::ofstream f(dir.path() + "/" + name);
+    const int rows = std::string(name) == "train.txt" ? 6000 : 1000;
+    for (int r = 0; r < rows; ++r) {
+      std::vector<int> idx;
+      for (int k = 0; k < 200; ++k) {
+        if (rng() % 20 == 0) idx.push_back(k);
+      }
+      std::string feats;
+      double y = noise(rng);
+      for (int k : idx) {
+        const double v = value(rng);
+        y += w[k] * v;
+        feats += " " + std::to_string(k + 1) + ":" + std::to_string(v);
+      }
+      f << y << feats << "\n";
+      if (rows == 1000) {
+        sum += y;
+        sum2 += y * y;
+        ++test_rows;
+      }
+    }
+  }
+  const double spread = std::sqrt(sum2 / test_rows - (sum / test_rows) * (sum / test_rows));
+  absl::StatusOr<Config> config =
+      Load("sparse_logreg.yaml", {absl::StrCat("data.train=", dir.path(), "/train.txt"),
+                                  absl::StrCat("data.test=", dir.path(), "/test.txt"), "model.head=regression",
+                                  "model.sparse.0.rows=256", "optimizer.type=adagrad", "optimizer.lr=0.1",
+                                  "train.epochs=8", "train.batch_size=32", "train.pin_threads=false"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<TrainSummary> s = Train(*config);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const double rmse = Metric(*s, "test_rmse");
+  std::printf("libsvm regression: test RMSE %.4f, targets' spread %.4f\n", rmse, spread);
+  EXPECT_LT(rmse, 0.3 * spread);
 }
 
 }  // namespace
