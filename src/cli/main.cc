@@ -384,6 +384,8 @@ int Bench(const std::string& path, const std::vector<std::string>& sets, bool as
               {"embedding_bytes_per_s", r->embedding_bytes_per_s},
               {"embedding_bound_rows_per_s", r->bound_rows_per_s},
               {"embedding_rows_ratio", r->rows_ratio},
+              {"embedding_phase_rows_per_s", r->phase_rows_per_s},
+              {"embedding_phase_rows_ratio", r->phase_rows_ratio},
               {"tokens_per_s_per_worker", r->tokens_per_s_per_worker},
               {"update", r->update_mode},
               {"pulls", r->pulls},

@@ -58,6 +58,11 @@ struct BenchReport {
   // rows, on as many pinned threads as there are workers, uniform ids).
   double bound_rows_per_s = 0;
   double rows_ratio = 0;              // rows_per_s / bound_rows_per_s
+  // The same ids over the time spent in the embedding phases only (pull rows
+  // + push rows): how fast the store serves the model's rows, whatever the
+  // share of the step the MLP takes.
+  double phase_rows_per_s = 0;
+  double phase_rows_ratio = 0;        // phase_rows_per_s / bound_rows_per_s
   // Text data: tokens per second per worker thread.
   double tokens_per_s_per_worker = 0;
   // Reading and parsing the training data when the job was built (before

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "tests/workers/sparse_test_util.h"
 #include "tests/workers/test_config.h"
+#include "workers/bench.h"
 
 namespace shardwild {
 namespace {
@@ -107,6 +108,32 @@ TEST_F(SparseTrainingTest, ResumeWithTablesIsBitIdentical) {
   EXPECT_EQ(rest->records_seen, want->records_seen);
   EXPECT_EQ(*rest->test_loss, *want->test_loss);
   EXPECT_EQ(Metric(*rest, "test_auc"), Metric(*want, "test_auc"));
+}
+
+TEST_F(SparseTrainingTest, BenchReportsEmbeddingPhasesAgainstTheBound) {
+  std::vector<std::string> sets = SmallDlrm(dir_, "hogwild", 2);
+  sets.push_back("bench.warmup_steps=2");
+  sets.push_back("bench.steps=10");
+  sets.push_back("bench.peak_seconds=0.1");
+  absl::StatusOr<Config> config = Load("ctr_dlrm.yaml", sets);
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(*config);
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<BenchReport> r = RunBench(**job);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GT(r->phases.pull_rows, 0);
+  EXPECT_GT(r->phases.push_rows, 0);
+  EXPECT_EQ(r->embedding_dim, 16);
+  // 26 fields, at most one id each, per record.
+  EXPECT_GT(r->rows_per_s, 0);
+  EXPECT_LE(r->rows_per_s, 26.0 * r->samples_per_s * 1.0001);
+  EXPECT_GT(r->bound_rows_per_s, 0);
+  EXPECT_GT(r->phase_rows_per_s, r->rows_per_s);
+  EXPECT_TRUE(std::isfinite(r->phase_rows_ratio));
+  EXPECT_GT(r->data_load_s, 0);
+  const std::string text = FormatBenchReport(*r);
+  EXPECT_NE(text.find("embeddings: "), std::string::npos) << text;
+  EXPECT_NE(text.find("pull rows"), std::string::npos) << text;
 }
 
 TEST_F(SparseTrainingTest, BadConfigsNameTheKey) {
