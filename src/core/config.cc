@@ -273,14 +273,17 @@ absl::Status ParseSparse(const std::string& key, const YAML::Node& node, const L
     s.leaves["weighted"] = Bool(&f.weighted);
     Section table_keys;
     AddTableLeaves(&table_keys, &own);
-    for (auto& [name, parser] : table_keys.leaves) {
-      s.custom[name] = [&inline_table, parser](const std::string& k, const YAML::Node& n, const Locator& l) {
+    // (Copies, not structured bindings: older clang can't capture those.)
+    for (const auto& entry : table_keys.leaves) {
+      const LeafParser parser = entry.second;
+      s.custom[entry.first] = [&inline_table, parser](const std::string& k, const YAML::Node& n, const Locator& l) {
         inline_table = true;
         return parser(k, n, l);
       };
     }
-    for (auto& [name, parser] : table_keys.custom) {
-      s.custom[name] = [&inline_table, parser](const std::string& k, const YAML::Node& n, const Locator& l) {
+    for (const auto& entry : table_keys.custom) {
+      const auto parser = entry.second;
+      s.custom[entry.first] = [&inline_table, parser](const std::string& k, const YAML::Node& n, const Locator& l) {
         inline_table = true;
         return parser(k, n, l);
       };
