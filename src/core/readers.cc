@@ -734,7 +734,7 @@ class Writer {
   template <typename T>
   void Vec(const std::vector<T>& v) {
     Pod(static_cast<uint64_t>(v.size()));
-    out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+    if (!v.empty()) out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
   }
   void Str(const std::string& s) {
     Pod(static_cast<uint64_t>(s.size()));
@@ -758,7 +758,7 @@ class Reader {
     uint64_t n = 0;
     if (!Pod(&n) || n > in_.size() / sizeof(T)) return false;
     v->resize(n);
-    std::memcpy(v->data(), in_.data(), n * sizeof(T));
+    if (n > 0) std::memcpy(v->data(), in_.data(), n * sizeof(T));  // data() may be null when empty
     in_.remove_prefix(n * sizeof(T));
     return true;
   }
