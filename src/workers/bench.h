@@ -55,7 +55,8 @@ struct BenchReport {
   int64_t embedding_dim = 0;          // of the first table
   // The same-run random-row bound (workers/store_bench.h: a plain random-row
   // read-modify-write of rows with the first table's stride, over as many
-  // rows, on as many pinned threads as there are workers, uniform ids).
+  // rows as all tables of that width hold together, on as many pinned
+  // threads as there are workers, uniform ids).
   double bound_rows_per_s = 0;
   double rows_ratio = 0;              // rows_per_s / bound_rows_per_s
   // The same ids over the time spent in the embedding phases only (pull rows
