@@ -42,9 +42,10 @@
 // The output is deterministic for (options, seed, model_seed): the planted
 // model is drawn from model_seed alone, and rows from a per-row random stream
 // of seed, so the first n rows of a longer file equal the file of n rows, and
-// files of different seeds are independent samples of the same model. Only fixed, written-out generators are used (SplitMix64,
-// xoshiro256**, Marsaglia's polar method), never std:: distributions, whose
-// output differs between standard libraries.
+// files of different seeds are independent samples of the same model. Only
+// fixed, written-out generators are used (SplitMix64, xoshiro256**,
+// Marsaglia's polar method), never std:: distributions, whose output differs
+// between standard libraries.
 //
 // Thread safety: GenerateData may run in several threads at once on distinct
 // output paths.
