@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -202,6 +203,7 @@ struct Slot {
   bool ready = false;  // said `ready`
   bool busy = false;   // a task is out
   uint64_t lease = 0;
+  int64_t task_steps = 0;  // the steps of the task out (while busy)
   int starts_failed = 0;  // consecutive deaths before `ready`
   Clock::time_point contact;  // spawn or last message
   std::string fatal;          // its `fatal` message, if any
@@ -338,6 +340,11 @@ struct EpochTotals {
   double loss = 0;
 };
 
+constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+
+// The first multiple of `period` (> 0) above `steps`; kNever when period is 0.
+int64_t NextMultiple(int64_t steps, int64_t period) { return period > 0 ? (steps / period + 1) * period : kNever; }
+
 }  // namespace
 
 int RunWorkerProcess(const absl::StatusOr<Config>& config, const WorkerProcessArgs& args) {
@@ -374,13 +381,6 @@ absl::StatusOr<TrainSummary> RunProcessTraining(Job& job, ProgressReporter& prog
   const CheckpointOptions& ck = cfg.checkpoint;
   const bool checkpointing = !ck.dir.empty();
   const std::string config_hash = TrainingConfigHash(cfg);
-  if (checkpointing && ck.every_steps > 0) {
-    progress.Line("warning: checkpoint.every_steps is ignored with train.worker_processes (checkpoints are written "
-                  "at epoch ends)");
-  }
-  if (cfg.eval.every_steps > 0) {
-    progress.Line("warning: eval.every_steps is ignored with train.worker_processes (evaluation runs at epoch ends)");
-  }
 
   TrainSummary summary;
   summary.epochs = epochs;
@@ -435,8 +435,11 @@ absl::StatusOr<TrainSummary> RunProcessTraining(Job& job, ProgressReporter& prog
         }
       }
       summary.resumed_from_step = found->step;
+      const DataCursor now = dispatcher->Cursor();
       progress.Line(absl::StrCat("resumed from ", found->path, ": epoch ", first_epoch,
-                                 first_epoch <= epochs ? "" : " (training was complete)"));
+                                 first_epoch <= epochs ? absl::StrCat(", ", now.done.size(), " of ", now.num_tasks,
+                                                                      " tasks done")
+                                                       : std::string(" (training was complete)")));
     }
   }
 
@@ -446,16 +449,33 @@ absl::StatusOr<TrainSummary> RunProcessTraining(Job& job, ProgressReporter& prog
   const bool inline_eval = job.test() != nullptr && !cfg.eval.sidecar;
   int64_t run_steps = 0;  // steps of done tasks, this run
 
-  // Checkpoint of the quiescent job (no task out): training goes on at
-  // `next_epoch`'s beginning.
-  auto write_checkpoint = [&](int next_epoch) -> absl::Status {
+  // "Every N steps" (checkpoint.every_steps, eval.every_steps): in-process,
+  // N steps of each worker; here, N x workers steps of done tasks over all
+  // worker processes, counted over the whole training (base_steps +
+  // run_steps, which a checkpoint carries). Once the steps done plus those
+  // of the tasks out reach the next multiple, no task is handed out; when
+  // the last one out has reported, the checkpoint or evaluation runs with
+  // every worker idle, and hand-outs resume. So each falls on the first task
+  // boundary at or after its multiple (at the epoch's end if that comes
+  // first, as part of the epoch's end).
+  const int64_t ckpt_period = checkpointing && ck.every_steps > 0 ? ck.every_steps * workers : 0;
+  const int64_t eval_period = inline_eval && cfg.eval.every_steps > 0 ? cfg.eval.every_steps * workers : 0;
+  int64_t next_ckpt = NextMultiple(base_steps, ckpt_period);
+  int64_t next_eval = NextMultiple(base_steps, eval_period);
+
+  // Checkpoint of the quiescent job (no task out): training goes on in
+  // `next_epoch`, with the tasks the dispatcher's cursor counts as done
+  // (holding `epoch_records` records) left out of it; epochs + 1 when
+  // training is over. The in-process trainer's "round" stays 0: it cannot
+  // continue an epoch task by task, and restarts it.
+  auto write_checkpoint = [&](int next_epoch, int64_t epoch_records) -> absl::Status {
     const DispatcherCounters dc = dispatcher->counters();
     CheckpointState state;
     state.step = base_steps + run_steps;
     state.epoch = next_epoch - 1;
     state.config_hash = config_hash;
     state.data_cursor = {{"epoch", next_epoch}, {"round", 0},          {"workers", workers},
-                         {"batch", batch},      {"records", n},        {"epoch_records", 0},
+                         {"batch", batch},      {"records", n},        {"epoch_records", epoch_records},
                          {"seed", cfg.train.seed},
                          {"dispatcher", json::parse(dispatcher->Cursor().ToJson())}};
     state.rng = {{"shuffle_seed", cfg.train.seed}, {"epoch", next_epoch}};
@@ -573,9 +593,27 @@ absl::StatusOr<TrainSummary> RunProcessTraining(Job& job, ProgressReporter& prog
       return absl::OkStatus();
     };
 
+    // Evaluates data.test with the Job's in-process workers (every worker
+    // process idle).
+    auto evaluate = [&]() -> absl::StatusOr<RunCallbacks::Evaluation> {
+      SW_ASSIGN_OR_RETURN(EvalResult ev, EvaluateAll(job, *job.test()));
+      summary.eval_records_seen += ev.count;
+      return RunCallbacks::Evaluation{ev.count ? ev.loss_sum / ev.count : 0.0,
+                                      ev.count ? static_cast<double>(ev.correct) / ev.count : 0.0,
+                                      ExtraTestMetrics(ev)};
+    };
+
     // End of an epoch (every worker idle): statistics, evaluation, metrics,
-    // early stopping, checkpoint.
-    auto end_epoch = [&]() -> absl::Status {
+    // early stopping, checkpoint; a checkpoint or evaluation due by steps
+    // happens here too. `stopped_before`: early stopping asked to stop in
+    // the middle of the epoch (an evaluation between tasks), so it ends
+    // partial, without evaluating, and training ends.
+    auto end_epoch = [&](bool stopped_before) -> absl::Status {
+      const int64_t steps_now = base_steps + run_steps;
+      const bool eval_due = steps_now >= next_eval;
+      const bool ckpt_due = steps_now >= next_ckpt;
+      if (eval_due) next_eval = NextMultiple(steps_now, eval_period);
+      if (ckpt_due) next_ckpt = NextMultiple(steps_now, ckpt_period);
       const double seconds = SecondsSince(epoch_start);
       train_seconds += seconds;
       EpochResult er;
@@ -586,22 +624,22 @@ absl::StatusOr<TrainSummary> RunProcessTraining(Job& job, ProgressReporter& prog
       er.seconds = seconds;
       er.samples_per_s = seconds > 0 ? er.records / seconds : 0;
       const bool last_epoch = epoch == epochs;
-      if (inline_eval && (last_epoch || (cfg.eval.every_epochs > 0 && epoch % cfg.eval.every_epochs == 0))) {
-        SW_ASSIGN_OR_RETURN(EvalResult ev, EvaluateAll(job, *job.test()));
-        er.test_loss = ev.count ? ev.loss_sum / ev.count : 0;
-        er.test_accuracy = ev.count ? static_cast<double>(ev.correct) / ev.count : 0;
-        er.test_metrics = ExtraTestMetrics(ev);
-        summary.eval_records_seen += ev.count;
+      if (inline_eval && !stopped_before &&
+          (last_epoch || eval_due || (cfg.eval.every_epochs > 0 && epoch % cfg.eval.every_epochs == 0))) {
+        SW_ASSIGN_OR_RETURN(const RunCallbacks::Evaluation ev, evaluate());
+        er.test_loss = ev.loss;
+        er.test_accuracy = ev.accuracy;
+        er.test_metrics = ev.extra;
       }
       summary.history.push_back(er);
-      SW_ASSIGN_OR_RETURN(const bool stop, callbacks->OnEpochEnd(er, epochs, base_steps + run_steps));
-      if (stop) {
+      SW_ASSIGN_OR_RETURN(const bool stop, callbacks->OnEpochEnd(er, epochs, steps_now));
+      if (stopped_before || stop) {
         summary.stopped_early_at_epoch = epoch;
-        if (checkpointing) SW_RETURN_IF_ERROR(write_checkpoint(epochs + 1));
+        if (checkpointing) SW_RETURN_IF_ERROR(write_checkpoint(epochs + 1, 0));
         return absl::OkStatus();
       }
-      if (checkpointing && (last_epoch || (ck.every_epochs > 0 && epoch % ck.every_epochs == 0))) {
-        SW_RETURN_IF_ERROR(write_checkpoint(epoch + 1));
+      if (checkpointing && (last_epoch || ckpt_due || (ck.every_epochs > 0 && epoch % ck.every_epochs == 0))) {
+        SW_RETURN_IF_ERROR(write_checkpoint(epoch + 1, 0));
       }
       ++epoch;
       totals = EpochTotals();
@@ -609,12 +647,43 @@ absl::StatusOr<TrainSummary> RunProcessTraining(Job& job, ProgressReporter& prog
       return absl::OkStatus();
     };
 
+    // Every worker idle in the middle of the epoch with an evaluation or a
+    // checkpoint due by steps: the evaluation first (early stopping may end
+    // the epoch and training here, as in-process), then the checkpoint.
+    auto between_tasks = [&]() -> absl::Status {
+      const int64_t steps_now = base_steps + run_steps;
+      if (steps_now >= next_eval) {
+        next_eval = NextMultiple(steps_now, eval_period);
+        SW_ASSIGN_OR_RETURN(const RunCallbacks::Evaluation ev, evaluate());
+        SW_ASSIGN_OR_RETURN(const bool stop, callbacks->OnEvaluation(epoch, totals.steps, steps_per_epoch, steps_now,
+                                                                     ev.loss, ev.accuracy, ev.extra));
+        if (stop) return end_epoch(/*stopped_before=*/true);
+      }
+      if (steps_now >= next_ckpt) {
+        next_ckpt = NextMultiple(steps_now, ckpt_period);
+        const int64_t epoch_records = dispatcher->counters().records_seen - static_cast<int64_t>(epoch - 1) * n;
+        SW_RETURN_IF_ERROR(write_checkpoint(epoch, epoch_records));
+      }
+      return absl::OkStatus();
+    };
+    // The steps of the tasks out.
+    auto steps_out = [&]() {
+      int64_t steps = 0;
+      for (const Slot& slot : procs.slots()) {
+        if (slot.pid > 0 && slot.busy) steps += slot.task_steps;
+      }
+      return steps;
+    };
+
     const double timeout_s = cfg.train.task_timeout_s;
     bool finished = false;
     while (!finished && !callbacks->stopped()) {
-      // Hand out tasks to the idle workers.
+      // Hand out tasks to the idle workers, unless enough steps are out to
+      // reach a checkpoint or evaluation due by steps (then drain).
+      int64_t out = steps_out();
       for (Slot& slot : procs.slots()) {
         if (slot.pid <= 0 || !slot.ready || slot.busy) continue;
+        if (base_steps + run_steps + out >= std::min(next_ckpt, next_eval)) break;
         SW_ASSIGN_OR_RETURN(Assignment a, dispatcher->GetTask(slot.id));
         if (a.kind == Assignment::Kind::kEnd) {
           finished = true;
@@ -633,6 +702,8 @@ absl::StatusOr<TrainSummary> RunProcessTraining(Job& job, ProgressReporter& prog
         const double per_step = static_cast<double>(batch) / (static_cast<double>(n) * epochs);
         slot.busy = true;
         slot.lease = t.lease;
+        slot.task_steps = (t.records + batch - 1) / batch;
+        out += slot.task_steps;
         slot.contact = Clock::now();
         if (!slot.channel->Send(absl::StrCat("task ", t.lease, " ", t.epoch, " ", t.first_record, " ", t.records, " ",
                                              Real(progress_begin), " ", Real(per_step)))) {
@@ -682,10 +753,14 @@ absl::StatusOr<TrainSummary> RunProcessTraining(Job& job, ProgressReporter& prog
       const DispatcherCounters dc = dispatcher->counters();
       if (dc.epochs_completed > completed) {
         completed = dc.epochs_completed;
-        SW_RETURN_IF_ERROR(end_epoch());
+        SW_RETURN_IF_ERROR(end_epoch(/*stopped_before=*/false));
+        last_tick = Clock::now();
+      } else if (base_steps + run_steps >= std::min(next_ckpt, next_eval) && steps_out() == 0 &&
+                 !callbacks->stopped()) {
+        SW_RETURN_IF_ERROR(between_tasks());
         last_tick = Clock::now();
       }
-      if (SecondsSince(last_tick) >= cfg.train.log_every_s && totals.records > 0) {
+      if (!callbacks->stopped() && SecondsSince(last_tick) >= cfg.train.log_every_s && totals.records > 0) {
         last_tick = Clock::now();
         const double elapsed = SecondsSince(epoch_start);
         ProgressState s;
@@ -698,6 +773,7 @@ absl::StatusOr<TrainSummary> RunProcessTraining(Job& job, ProgressReporter& prog
         const double per_step = s.step > 0 ? elapsed / s.step : 0;
         s.eta_s = per_step * ((steps_per_epoch - s.step) + steps_per_epoch * (epochs - epoch));
         progress.Update(s);
+        SW_RETURN_IF_ERROR(callbacks->OnProgress(epoch, base_steps + run_steps, s.loss, s.samples_per_s));
       }
     }
     SW_RETURN_IF_ERROR(dispatcher->status());

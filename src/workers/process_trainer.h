@@ -71,11 +71,46 @@
 // At each epoch's end every worker is idle: the parent evaluates data.test
 // with the Job's in-process workers (eval.every_epochs and the last epoch),
 // writes metrics, applies early_stopping and writes checkpoints
-// (checkpoint.every_epochs and the end). Checkpoints are epoch-granular in
-// this mode: checkpoint.every_steps and eval.every_steps are ignored (a
-// warning says so). A checkpoint's data_cursor holds the dispatcher's
-// cursor under "dispatcher"; resuming from a checkpoint written in the middle
-// of an epoch (by an in-process run) restarts that epoch.
+// (checkpoint.every_epochs and the end).
+//
+// Every N steps (checkpoint.every_steps, eval.every_steps). In-process, N
+// steps of each worker (a global round); here the equivalent is N x workers
+// (the job's worker count, also after a worker is lost without restart)
+// steps over all worker processes, where a step counts when its task is
+// reported done, over the whole training (resumes included: the count is
+// TrainSummary::steps, which checkpoints carry). When the steps done plus
+// those of the tasks out reach the next multiple, the parent stops handing
+// out tasks (drains); once the last task out has reported (or its worker has
+// died and the task gone back to the queue, which then resumes hand-outs
+// until the multiple is reached again), every worker is idle and the parent
+// evaluates (as at an epoch's end, reported through
+// RunCallbacks::OnEvaluation, early stopping included: a stop ends the epoch
+// and training there, with a final checkpoint) and then writes the
+// checkpoint, and hand-outs resume. Each therefore happens at the first task
+// boundary at or after its multiple, less than one task's steps late, and a
+// period shorter than a task means one checkpoint or evaluation per task
+// boundary; one that falls due at an epoch's end is that epoch end's
+// (evaluation and checkpoint there even when eval.every_epochs /
+// checkpoint.every_epochs would skip it). The drain idles the workers that
+// finish first.
+//
+// Checkpoint data cursor. data_cursor["dispatcher"] is the dispatcher's
+// cursor (the epoch, its shuffle state and the ids of its tasks done; tasks
+// out are never part of it: checkpoints are written only with none out).
+// Resuming from a checkpoint written in the middle of an epoch re-runs only
+// the epoch's tasks not done, so records_seen stays exact (== epochs x
+// records); the epoch's history entry then counts the records of this run
+// only. data_cursor["round"] is always 0 and ["epoch_records"] the records
+// of the epoch's done tasks, so an in-process run resuming from a mid-epoch
+// checkpoint of this mode restarts the epoch (and, as trainer.cc stands,
+// counts the records of those done tasks twice in records_seen). The other
+// way, a mid-epoch checkpoint of an in-process run (no dispatcher cursor)
+// restarts that epoch here, with records_seen exact.
+//
+// Metrics. Every train.log_every_s, from the tasks reported done so far in
+// the epoch, a progress line and a `kind: train` metrics record
+// (RunCallbacks::OnProgress: the epoch's mean train loss and its samples/s,
+// at the global step).
 //
 // Requirements (Config::Validate and RunProcessTraining): ps.update hogwild or
 // row_lock (sync is a barrier inside one process) and one copy of the

@@ -263,6 +263,199 @@ TEST(WorkerProcessTest, SigkilledMainProcessLeavesNothingThatBlocksTheNextRun) {
   EXPECT_EQ(ShmEntriesContaining(job_name + "-"), std::vector<std::string>{});
 }
 
+// The checkpoints named in DIR/history.jsonl, in order, as their steps.
+std::vector<int64_t> HistorySteps(const std::string& dir) {
+  std::vector<int64_t> steps;
+  std::ifstream in(dir + "/history.jsonl");
+  for (std::string line; std::getline(in, line);) steps.push_back(json::parse(line)["step"].get<int64_t>());
+  return steps;
+}
+
+// The records of `path` (a JSONL file) whose "kind" is `kind`.
+std::vector<json> JsonlOfKind(const std::string& path, const std::string& kind) {
+  std::vector<json> found;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.value("kind", "") == kind) found.push_back(std::move(j));
+  }
+  return found;
+}
+
+// 6000 records in 12 tasks of 500 (16 steps of 32 each): 192 steps per epoch.
+std::vector<std::string> SmallArgs(const std::string& job_name, const std::string& dir,
+                                   std::vector<std::string> extra) {
+  std::vector<std::string> args = TrainArgs(job_name, {"--set", "data.max_train_records=6000", "--set",
+                                                       "data.max_test_records=1000", "--set", "checkpoint.keep=100"});
+  if (!dir.empty()) {
+    for (const std::string& a : {std::string("--set"), "checkpoint.dir=" + dir}) args.push_back(a);
+  }
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+// checkpoint.every_steps=20 with 2 worker processes: one checkpoint per 40
+// steps over both, each at the first task boundary at or after its multiple
+// (tasks are 16 steps: 48, 80, 128, 160, 208, ...), written with no task out;
+// its data cursor holds exactly the tasks done, and records_seen matches them.
+TEST(WorkerProcessTest, EveryStepsCheckpointsAreWrittenInTheMiddleOfEpochs) {
+  SKIP_WITHOUT_DATA();
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string ckpt = (dir.path() / "ckpt").string();
+  const std::string job_name = "wptest" + std::to_string(getpid()) + "d";
+  const Result r = RunCli(SmallArgs(job_name, ckpt, {"--set", "checkpoint.every_steps=20", "--set",
+                                                     "checkpoint.every_epochs=0"}));
+  ASSERT_EQ(r.code(), 0) << "stdout:\n" << r.out << "\nstderr:\n" << r.err;
+  EXPECT_EQ(r.out.find("ignored"), std::string::npos) << r.out;
+  const json j = LastLineJson(r.out);
+  ASSERT_TRUE(j.is_object()) << r.out;
+  EXPECT_EQ(j["records_seen"], 2 * 6000) << j.dump();
+  EXPECT_EQ(j["steps"], 2 * 192) << j.dump();
+  // Every multiple of 40 below 384 gives one; the end of training the last.
+  const std::vector<int64_t> expected = {48, 80, 128, 160, 208, 240, 288, 320, 368, 384};
+  EXPECT_EQ(HistorySteps(ckpt), expected);
+  EXPECT_EQ(j["checkpoints_written"], static_cast<int64_t>(expected.size())) << j.dump();
+  for (int64_t step : expected) {
+    const std::string manifest = ckpt + "/ckpt-" + std::to_string(step) + "/manifest.json";
+    const json m = json::parse(ReadFile(manifest), nullptr, /*allow_exceptions=*/false);
+    ASSERT_TRUE(m.is_object()) << manifest;
+    const json& body = m["body"];
+    EXPECT_EQ(body["step"], step);
+    if (step == 384) {
+      EXPECT_EQ(body["data_cursor"]["epoch"], 3);
+      EXPECT_EQ(body["extra"]["final"], true);
+      continue;
+    }
+    const int epoch = static_cast<int>(step / 192) + 1;
+    const int64_t done = (step % 192) / 16;  // tasks done in the epoch
+    EXPECT_EQ(body["data_cursor"]["epoch"], epoch) << step;
+    EXPECT_EQ(body["data_cursor"]["dispatcher"]["epoch"], epoch) << step;
+    EXPECT_EQ(body["data_cursor"]["dispatcher"]["done"].size(), static_cast<size_t>(done)) << step;
+    EXPECT_EQ(body["data_cursor"]["epoch_records"], done * 500) << step;
+    EXPECT_EQ(body["extra"]["records_seen"], (epoch - 1) * 6000 + done * 500) << step;
+    EXPECT_EQ(body["extra"]["final"], false) << step;
+  }
+  EXPECT_EQ(ShmEntriesContaining(job_name + "-"), std::vector<std::string>{});
+}
+
+// SIGKILL of the main process after a checkpoint written in the middle of
+// epoch 1; the same command again resumes from it, trains only the epoch's
+// tasks not done, and counts every record exactly once.
+TEST(WorkerProcessTest, SigkilledRunResumesFromAMidEpochCheckpoint) {
+  SKIP_WITHOUT_DATA();
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string ckpt = (dir.path() / "ckpt").string();
+  const std::string job_name = "wptest" + std::to_string(getpid()) + "e";
+  // 12000 records: 24 tasks, 384 steps per epoch; a checkpoint per 40 steps.
+  const std::vector<std::string> args = TrainArgs(job_name, {"--set", "checkpoint.dir=" + ckpt, "--set",
+                                                             "checkpoint.every_steps=20", "--set",
+                                                             "checkpoint.every_epochs=0", "--set",
+                                                             "data.max_test_records=1000"});
+  {
+    Child child(args);
+    ASSERT_TRUE(child.started());
+    const auto deadline = SteadyClock::now() + std::chrono::seconds(60);
+    bool checkpointed = false;
+    while (SteadyClock::now() < deadline && !child.Poll()) {
+      if (fs::exists(ckpt + "/checkpoint")) {
+        checkpointed = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_TRUE(checkpointed) << "stdout:\n" << child.out() << "\nstderr:\n" << child.err();
+    ASSERT_EQ(kill(child.pid(), SIGKILL), 0);
+    const int status = child.Wait();
+    ASSERT_TRUE(WIFSIGNALED(status)) << "the run finished before it could be killed; status " << status;
+  }
+
+  const Result again = RunCli(args);
+  ASSERT_EQ(again.code(), 0) << "stdout:\n" << again.out << "\nstderr:\n" << again.err;
+  const json j = LastLineJson(again.out);
+  ASSERT_TRUE(j.is_object()) << again.out;
+  // The newest checkpoint (the history may lack it if the kill came right
+  // after its rename): in the middle of epoch 1, at a task boundary.
+  ASSERT_TRUE(j["resumed_from_step"].is_number()) << j.dump();
+  const int64_t step = j["resumed_from_step"].get<int64_t>();
+  ASSERT_GT(step, 0);
+  ASSERT_LT(step, 384) << "the kill came after epoch 1";
+  ASSERT_EQ(step % 16, 0) << step;
+  const int64_t done = step / 16;  // epoch 1's tasks in the checkpoint
+  EXPECT_NE(again.out.find("resumed from " + ckpt + "/ckpt-" + std::to_string(step) + ": epoch 1, " +
+                           std::to_string(done) + " of 24 tasks done"),
+            std::string::npos)
+      << again.out;
+  EXPECT_EQ(j["records_seen"], 2 * 12000) << j.dump();
+  EXPECT_EQ(j["steps"], 2 * 384) << j.dump();
+  ASSERT_EQ(j["history"].size(), 2u) << j.dump();
+  EXPECT_EQ(j["history"][0]["records"], 12000 - done * 500) << "only the tasks not done are trained again";
+  EXPECT_EQ(j["history"][1]["records"], 12000);
+  EXPECT_EQ(j["worker_failures"], 0);
+  EXPECT_EQ(j["tasks_requeued"], 0);
+  EXPECT_GT(j["test_accuracy"].get<double>(), 0.75) << j.dump();
+  EXPECT_EQ(ShmEntriesContaining(job_name + "-"), std::vector<std::string>{});
+}
+
+// eval.every_steps=30 with 2 worker processes: an evaluation per 60 steps
+// over both (at 64, 128, 240, 304, 368; the one due at 180 is epoch 1's end
+// at 192), plus the epoch ends', each over every test record; metrics.jsonl
+// has the evaluations and `train` lines from the progress reports. Early
+// stopping acts on them: patience 1 with an unreachable min_delta stops at
+// the second evaluation, in the middle of epoch 1.
+TEST(WorkerProcessTest, EveryStepsEvaluationsWithMetricsAndEarlyStopping) {
+  SKIP_WITHOUT_DATA();
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string metrics = (dir.path() / "m.jsonl").string();
+  const std::string job_name = "wptest" + std::to_string(getpid()) + "f";
+  {
+    const Result r = RunCli(SmallArgs(job_name, "", {"--set", "eval.every_steps=30", "--set",
+                                                     "metrics.jsonl=" + metrics}));
+    ASSERT_EQ(r.code(), 0) << "stdout:\n" << r.out << "\nstderr:\n" << r.err;
+    const json j = LastLineJson(r.out);
+    ASSERT_TRUE(j.is_object()) << r.out;
+    EXPECT_EQ(j["records_seen"], 2 * 6000) << j.dump();
+    std::vector<int64_t> eval_steps;
+    for (const json& e : JsonlOfKind(metrics, "eval")) {
+      if (e.contains("test_loss")) eval_steps.push_back(e["step"].get<int64_t>());
+    }
+    EXPECT_EQ(eval_steps, (std::vector<int64_t>{64, 128, 192, 240, 304, 368, 384}));
+    EXPECT_EQ(j["eval_records_seen"], static_cast<int64_t>(eval_steps.size()) * 1000) << j.dump();
+    EXPECT_NE(r.out.find("epoch 1 step 64/192: test loss"), std::string::npos) << r.out;
+    const std::vector<json> train = JsonlOfKind(metrics, "train");
+    ASSERT_FALSE(train.empty());
+    int64_t last_step = 0;
+    for (const json& t : train) {
+      EXPECT_GT(t["step"].get<int64_t>(), 0) << t.dump();
+      EXPECT_LE(t["step"].get<int64_t>(), 384) << t.dump();
+      EXPECT_GE(t["step"].get<int64_t>(), last_step) << t.dump();
+      EXPECT_EQ(t["step"].get<int64_t>() % 16, 0) << "the steps of done tasks " << t.dump();
+      EXPECT_GT(t["loss"].get<double>(), 0) << t.dump();
+      EXPECT_GT(t["samples_per_s"].get<double>(), 0) << t.dump();
+      last_step = t["step"].get<int64_t>();
+    }
+  }
+  {
+    const Result r = RunCli(SmallArgs(job_name, "", {"--set", "eval.every_steps=30", "--set",
+                                                     "early_stopping.monitor=test_loss", "--set",
+                                                     "early_stopping.patience=0", "--set",
+                                                     "early_stopping.min_delta=100"}));
+    ASSERT_EQ(r.code(), 0) << "stdout:\n" << r.out << "\nstderr:\n" << r.err;
+    const json j = LastLineJson(r.out);
+    ASSERT_TRUE(j.is_object()) << r.out;
+    EXPECT_EQ(j["stopped_early_at_epoch"], 1) << j.dump();
+    EXPECT_EQ(j["steps"], 128) << j.dump();
+    EXPECT_EQ(j["records_seen"], 8 * 500) << j.dump();
+    EXPECT_EQ(j["eval_records_seen"], 2 * 1000) << j.dump();
+    ASSERT_EQ(j["history"].size(), 1u) << j.dump();
+    EXPECT_EQ(j["history"][0]["records"], 8 * 500) << j.dump();
+    EXPECT_NE(r.out.find("early stopping: test_loss"), std::string::npos) << r.out;
+  }
+  EXPECT_EQ(ShmEntriesContaining(job_name + "-"), std::vector<std::string>{});
+}
+
 // Worker processes need a lock-free update mode and one copy; the errors
 // name the keys.
 TEST(WorkerProcessTest, ConfigErrorsNameTheKeys) {
