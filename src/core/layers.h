@@ -21,8 +21,10 @@
 namespace shardwild {
 
 // y = act(x W + b) for a fixed batch size. W is [in, out] row-major and b is
-// [out]. The activation (ReLU) is fused into the forward matmul as a oneDNN
-// post-op; its derivative is applied in Backward from y.
+// [out]. The activation is fused into the forward matmul as a oneDNN eltwise
+// post-op (ReLU: eltwise_relu, sigmoid: eltwise_logistic, tanh:
+// eltwise_tanh); its derivative is applied in Backward from y (ReLU: y > 0,
+// sigmoid: y(1 - y), tanh: 1 - y^2).
 class DenseLayer {
  public:
   struct Buffers {
@@ -66,10 +68,10 @@ class DenseLayer {
   bool has_bwd_data_ = false;
 };
 
-// Result of the loss over one batch.
+// Result of a loss over one batch (this one and those in sparse_layers.h).
 struct LossResult {
-  double loss_sum = 0;    // sum over valid rows of -log softmax(logits)[label]
-  int64_t correct = 0;    // valid rows whose arg-max equals the label
+  double loss_sum = 0;    // sum of the per-row loss over the valid rows (here: -log softmax(logits)[label])
+  int64_t correct = 0;    // valid rows predicted right (here: whose arg-max equals the label)
 };
 
 // Softmax cross-entropy over `valid` rows of `logits` ([batch, k]). Writes

@@ -6,16 +6,26 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <limits>
 #include <map>
+#include <new>
 #include <optional>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "absl/strings/str_cat.h"
 #include "core/crc32c.h"
@@ -30,41 +40,101 @@ namespace fs = std::filesystem;
 // ---------------------------------------------------------------------------
 // Field parsing.
 
-bool ParseInt(std::string_view s, int64_t* out) {
-  if (s.empty()) return false;
+// Where the number in `s` starts: after an optional '+', which must not be
+// followed by another sign ("+-1" is not a number). nullptr: nothing there.
+const char* NumberStart(std::string_view s) {
+  if (s.empty()) return nullptr;
   const char* b = s.data();
-  if (*b == '+') ++b;
-  const auto [p, ec] = std::from_chars(b, s.data() + s.size(), *out);
-  return ec == std::errc() && p == s.data() + s.size() && b != s.data() + s.size();
+  const char* e = s.data() + s.size();
+  if (*b == '+') {
+    ++b;
+    if (b == e || *b == '-' || *b == '+') return nullptr;
+  }
+  return b;
 }
 
-bool ParseReal(std::string_view s, double* out) {
-  if (s.empty()) return false;
-  const char* b = s.data();
-  if (*b == '+') ++b;
-  const auto [p, ec] = std::from_chars(b, s.data() + s.size(), *out);
-  return ec == std::errc() && p == s.data() + s.size() && std::isfinite(*out);
+// An integer, the whole of `s`, within int64.
+bool ParseInt(std::string_view s, int64_t* out) {
+  const char* b = NumberStart(s);
+  if (b == nullptr) return false;
+  const char* e = s.data() + s.size();
+  const auto [p, ec] = std::from_chars(b, e, *out);
+  return ec == std::errc() && p == e;
 }
+
+// A finite real number, the whole of `s` (no "inf", "nan" or hex floats).
+bool ParseReal(std::string_view s, double* out) {
+  const char* b = NumberStart(s);
+  if (b == nullptr) return false;
+  const char* e = s.data() + s.size();
+  const auto [p, ec] = std::from_chars(b, e, *out, std::chars_format::general);
+  return ec == std::errc() && p == e && std::isfinite(*out);
+}
+
+// A real number that is also finite as a float (libsvm values, targets).
+bool ParseFloat(std::string_view s, float* out) {
+  double v = 0;
+  if (!ParseReal(s, &v) || !(std::fabs(v) <= static_cast<double>(std::numeric_limits<float>::max()))) return false;
+  *out = static_cast<float>(v);
+  return true;
+}
+
+// The value of each byte as a hex digit, or -1.
+constexpr std::array<int8_t, 256> kHexDigit = [] {
+  std::array<int8_t, 256> t{};
+  for (int c = 0; c < 256; ++c) {
+    t[c] = c >= '0' && c <= '9' ? static_cast<int8_t>(c - '0')
+           : c >= 'a' && c <= 'f' ? static_cast<int8_t>(c - 'a' + 10)
+           : c >= 'A' && c <= 'F' ? static_cast<int8_t>(c - 'A' + 10)
+                                  : int8_t{-1};
+  }
+  return t;
+}();
 
 // 1..8 hex digits, either case.
 bool ParseHex32(std::string_view s, uint64_t* out) {
   if (s.empty() || s.size() > 8) return false;
-  uint64_t v = 0;
-  for (char c : s) {
-    int d;
-    if (c >= '0' && c <= '9') {
-      d = c - '0';
-    } else if (c >= 'a' && c <= 'f') {
-      d = c - 'a' + 10;
-    } else if (c >= 'A' && c <= 'F') {
-      d = c - 'A' + 10;
-    } else {
-      return false;
-    }
-    v = v * 16 + static_cast<uint64_t>(d);
+  uint32_t v = 0;
+  int bad = 0;  // any digit's -1 sets its sign bit
+  for (unsigned char c : s) {
+    const int d = kHexDigit[c];
+    bad |= d;
+    v = v << 4 | static_cast<uint32_t>(d & 15);
   }
+  if (bad < 0) return false;
   *out = v;
   return true;
+}
+
+// The fields of a line split at `sep`: field k is line[starts[k], ends[k]).
+// Records the first `max` fields and returns how many there are.
+size_t SplitAt(std::string_view line, char sep, size_t* starts, size_t* ends, size_t max) {
+  size_t n = 0;
+  size_t b = 0;
+  auto cut = [&](size_t at) {
+    if (n < max) {
+      starts[n] = b;
+      ends[n] = at;
+    }
+    ++n;
+    b = at + 1;
+  };
+  size_t i = 0;
+#if defined(__SSE2__)
+  // 16 bytes at a time (SSE2 is part of x86-64): a mask of the separators.
+  const __m128i want = _mm_set1_epi8(sep);
+  for (; i + 16 <= line.size(); i += 16) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(line.data() + i));
+    for (unsigned m = static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(v, want))); m != 0; m &= m - 1) {
+      cut(i + static_cast<size_t>(__builtin_ctz(m)));
+    }
+  }
+#endif
+  for (; i < line.size(); ++i) {
+    if (line[i] == sep) cut(i);
+  }
+  cut(line.size());
+  return n;
 }
 
 float Transform(double x, DenseTransform t) {
@@ -81,6 +151,16 @@ inline absl::string_view AV(std::string_view s) { return absl::string_view(s.dat
 
 inline bool IsSpace(char c) { return c == ' ' || c == '\t'; }
 
+// A libsvm line of blanks and perhaps a comment: an empty line (as svmlight
+// files have them, and as scikit-learn reads them), not a row without a label.
+bool IsBlankLibsvmLine(std::string_view line) {
+  for (char c : line) {
+    if (c == '#') return true;
+    if (!IsSpace(c)) return false;
+  }
+  return true;
+}
+
 // A bad row: where and what.
 struct BadRow {
   int64_t line = 0;     // relative to the chunk's first line (0-based) until resolved
@@ -96,7 +176,9 @@ struct Chunk {
   Dataset data;
   std::vector<std::string> label_names;  // text without a dictionary: chunk-local ids -> names
   std::optional<BadRow> bad;             // kFail: the first bad row (parsing stopped there)
-  int64_t lines = 0;                     // lines consumed
+  absl::Status error;                    // not a bad row: the parse itself failed (out of memory)
+  int64_t lines = 0;                     // lines consumed (all of the chunk's unless it stopped at `bad`)
+  bool abandoned = false;                // stopped early: an earlier chunk has a bad row (kFail)
 };
 
 // Column names and positions of a CSV file, from its header.
@@ -108,37 +190,45 @@ struct CsvLayout {
 };
 
 // Splits a CSV line into fields (double quotes, "" escapes). False on bad
-// quoting; `starts` gets each field's byte offset.
-bool SplitCsv(std::string_view line, char delim, std::vector<std::string>* fields, std::vector<size_t>* starts) {
+// quoting. A field is a view into `line`, or for a quoted field into
+// `*scratch`, which holds the unquoted text (reserved up front so that it
+// never moves while the views exist); `starts` gets each field's byte offset.
+// Allocates only when a line is longer than any before it.
+bool SplitCsv(std::string_view line, char delim, std::string* scratch, std::vector<std::string_view>* fields,
+              std::vector<size_t>* starts) {
   fields->clear();
   starts->clear();
+  scratch->clear();
+  scratch->reserve(line.size());
   size_t i = 0;
   for (;;) {
     starts->push_back(i);
-    std::string f;
     if (i < line.size() && line[i] == '"') {
       ++i;
+      const size_t from = scratch->size();
       for (;;) {
         if (i >= line.size()) return false;  // unterminated
         if (line[i] == '"') {
           if (i + 1 < line.size() && line[i + 1] == '"') {
-            f.push_back('"');
+            scratch->push_back('"');
             i += 2;
             continue;
           }
           ++i;
           break;
         }
-        f.push_back(line[i++]);
+        scratch->push_back(line[i++]);
       }
       if (i < line.size() && line[i] != delim) return false;  // text after the closing quote
+      fields->push_back(std::string_view(*scratch).substr(from));
     } else {
+      const size_t from = i;
       while (i < line.size() && line[i] != delim) {
         if (line[i] == '"') return false;  // a quote inside an unquoted field
-        f.push_back(line[i++]);
+        ++i;
       }
+      fields->push_back(line.substr(from, i - from));
     }
-    fields->push_back(std::move(f));
     if (i >= line.size()) break;
     ++i;  // the delimiter
   }
@@ -147,7 +237,11 @@ bool SplitCsv(std::string_view line, char delim, std::vector<std::string>* field
 
 class ChunkParser {
  public:
-  ChunkParser(const ReadOptions& o, const CsvLayout* csv) : o_(o), csv_(csv) {
+  // `first_bad` (may be null): the lowest index of a chunk that stopped at a
+  // bad row (kFail), shared by the parsers of one input; this parser is
+  // chunk `index` and gives up once an earlier chunk has failed.
+  ChunkParser(const ReadOptions& o, const CsvLayout* csv, size_t index, std::atomic<size_t>* first_bad)
+      : o_(o), csv_(csv), index_(index), first_bad_(first_bad) {
     Dataset& d = out_.data;
     switch (o.format) {
       case DataFormat::kCriteo:
@@ -173,11 +267,17 @@ class ChunkParser {
     if (o.class_names) {
       for (size_t i = 0; i < o.class_names->size(); ++i) dict_[(*o.class_names)[i]] = static_cast<int32_t>(i);
     }
+    if (o.format == DataFormat::kCriteo) {
+      for (int i = 0; i < kSmallInts; ++i) small_ints_[i] = Transform(i, o.dense_transform);
+    }
   }
 
   // Parses `bytes` (whole lines); stops at the first bad row under kFail.
-  Chunk ParseAll(std::string_view bytes) {
-    ParseLines(bytes);
+  // The arrays are reserved early for `reserve_bytes` of input (chunk 0
+  // reserves for the whole input, so that the others can be appended to it
+  // without a reallocation).
+  Chunk ParseAll(std::string_view bytes, size_t reserve_bytes) {
+    ParseLines(bytes, std::max(reserve_bytes, bytes.size()));
     if (o_.format == DataFormat::kText && multi_) {
       out_.data.label_offsets = std::move(label_offsets_);
       out_.data.label_sets = std::move(label_sets_);
@@ -186,7 +286,7 @@ class ChunkParser {
   }
 
  private:
-  void ParseLines(std::string_view bytes) {
+  void ParseLines(std::string_view bytes, size_t reserve_bytes) {
     size_t pos = 0;
     int64_t line_index = 0;
     while (pos < bytes.size()) {
@@ -196,13 +296,25 @@ class ChunkParser {
       pos = nl == std::string_view::npos ? bytes.size() : nl + 1;
       if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
       const int64_t this_line = line_index++;
-      if (line.empty()) continue;
+      if (this_line == kSampleLines && pos < reserve_bytes) ReserveFor(static_cast<double>(reserve_bytes) / pos);
+      if (first_bad_ != nullptr && (this_line & 1023) == 0 && first_bad_->load(std::memory_order_relaxed) < index_) {
+        out_.abandoned = true;  // the result can't be used: an earlier chunk has the first bad row
+        break;
+      }
+      if (line.empty() || (o_.format == DataFormat::kLibsvm && IsBlankLibsvmLine(line))) continue;
       std::optional<BadRow> bad = ParseLine(line);
       if (bad) {
         Rollback();
         bad->line = this_line;
         if (o_.on_error == OnBadRow::kFail) {
           out_.bad = std::move(bad);
+          if (first_bad_ != nullptr) {
+            // fetch_min. Relaxed: the value is only a hint to stop early;
+            // the results are read after the threads are joined.
+            size_t seen = first_bad_->load(std::memory_order_relaxed);
+            while (index_ < seen && !first_bad_->compare_exchange_weak(seen, index_, std::memory_order_relaxed)) {
+            }
+          }
           break;
         }
         ++out_.data.skipped.by_reason[bad->reason];
@@ -211,6 +323,22 @@ class ChunkParser {
       Commit();
     }
     out_.lines = line_index;
+  }
+
+  // After kSampleLines lines, the arrays are reserved for `scale` times what
+  // they hold (plus 10%), so they rarely grow (and copy) again.
+  static constexpr int64_t kSampleLines = 1024;
+  void ReserveFor(double scale) {
+    Dataset& d = out_.data;
+    auto grow = [&](auto& v) { v.reserve(static_cast<size_t>(static_cast<double>(v.size()) * scale * 1.1) + 16); };
+    grow(d.dense);
+    grow(d.labels);
+    grow(d.targets);
+    for (SparseField& f : d.fields) {
+      grow(f.offsets);
+      grow(f.ids);
+      grow(f.weights);
+    }
   }
 
   void AddField(const std::string& name) {
@@ -230,7 +358,14 @@ class ChunkParser {
       f.ids.resize(f.offsets.back());
       if (!f.weights.empty() || o_.format == DataFormat::kLibsvm) f.weights.resize(f.offsets.back());
     }
-    if (o_.format == DataFormat::kText) label_sets_.resize(label_offsets_.back());
+    if (o_.format == DataFormat::kText) {
+      label_sets_.resize(label_offsets_.back());
+      // A class first named on the rejected line is no class (no kept record has it).
+      while (out_.label_names.size() > names_before_) {
+        dict_.erase(out_.label_names.back());
+        out_.label_names.pop_back();
+      }
+    }
     pending_tokens_ = 0;
   }
 
@@ -272,9 +407,9 @@ class ChunkParser {
         return std::nullopt;
       }
       case LabelKind::kRegression: {
-        double v = 0;
-        if (!ParseReal(s, &v)) return Bad(column, "bad label", "label: expected a real number", s);
-        d.targets.push_back(static_cast<float>(v));
+        float v = 0;
+        if (!ParseFloat(s, &v)) return Bad(column, "bad label", "label: expected a real number (within float range)", s);
+        d.targets.push_back(v);
         return std::nullopt;
       }
     }
@@ -293,19 +428,9 @@ class ChunkParser {
   }
 
   std::optional<BadRow> ParseCriteo(std::string_view line) {
-    size_t starts[41];
-    size_t ends[41];
-    size_t n = 0, b = 0;
-    for (size_t i = 0; i <= line.size(); ++i) {
-      if (i == line.size() || line[i] == '\t') {
-        if (n < 41) {
-          starts[n] = b;
-          ends[n] = i;
-        }
-        ++n;
-        b = i + 1;
-      }
-    }
+    size_t starts[40];
+    size_t ends[40];
+    const size_t n = SplitAt(line, '\t', starts, ends, 40);
     if (n != 40) {
       return Bad(0, "wrong field count", absl::StrCat("expected 40 tab-separated fields (label, I1..I13, C1..C26), found ", n),
                  line);
@@ -319,7 +444,7 @@ class ChunkParser {
       if (!f.empty() && !ParseInt(f, &v)) {
         return Bad(starts[1 + j], "non-numeric value", absl::StrCat("field I", j + 1, ": expected an integer"), f);
       }
-      d.dense.push_back(Transform(static_cast<double>(v), o_.dense_transform));
+      d.dense.push_back(v >= 0 && v < kSmallInts ? small_ints_[v] : Transform(static_cast<double>(v), o_.dense_transform));
     }
     for (int j = 0; j < 26; ++j) {
       const std::string_view f = field(14 + j);
@@ -362,12 +487,13 @@ class ChunkParser {
                    tok);
       }
       last = k;
-      double v = 1.0;
-      if (colon != std::string_view::npos && !ParseReal(tok.substr(colon + 1), &v)) {
-        return Bad(start + colon + 1, "non-numeric value", "expected a real feature value after ':'", tok);
+      float v = 1.0f;
+      if (colon != std::string_view::npos && !ParseFloat(tok.substr(colon + 1), &v)) {
+        return Bad(start + colon + 1, "non-numeric value", "expected a real feature value (within float range) after ':'",
+                   tok);
       }
       f.ids.push_back(static_cast<uint64_t>(k - 1));
-      f.weights.push_back(static_cast<float>(v));
+      f.weights.push_back(v);
     }
     return std::nullopt;
   }
@@ -378,6 +504,7 @@ class ChunkParser {
     size_t first = 0;
     int nlabels = 0;
     const size_t sets_before = label_sets_.size();
+    names_before_ = out_.label_names.size();
     SparseField& tokens = out_.data.fields[0];
     SparseField& ngrams = out_.data.fields.size() > 1 ? out_.data.fields[1] : out_.data.fields[0];
     std::string_view prev;
@@ -393,12 +520,15 @@ class ChunkParser {
         if (name.empty()) return Bad(start, "bad label", "expected a class name after __label__", tok);
         int32_t id = 0;
         if (o_.class_names) {
-          auto it = dict_.find(std::string(name));
-          if (it == dict_.end()) return Bad(start, "unknown label", "a class of the training data", tok);
+          auto it = dict_.find(name);
+          if (it == dict_.end()) return Bad(start, "unknown label", "label: expected a class of the training data", tok);
           id = it->second;
         } else {
-          auto [it, inserted] = dict_.emplace(std::string(name), static_cast<int32_t>(out_.label_names.size()));
-          if (inserted) out_.label_names.emplace_back(name);
+          auto it = dict_.find(name);
+          if (it == dict_.end()) {
+            it = dict_.emplace(std::string(name), static_cast<int32_t>(out_.label_names.size())).first;
+            out_.label_names.emplace_back(name);
+          }
           id = it->second;
         }
         if (nlabels == 0) first = label_sets_.size();
@@ -433,7 +563,7 @@ class ChunkParser {
   }
 
   std::optional<BadRow> ParseCsv(std::string_view line) {
-    if (!SplitCsv(line, o_.csv.delimiter, &csv_fields_, &csv_starts_)) {
+    if (!SplitCsv(line, o_.csv.delimiter, &csv_scratch_, &csv_fields_, &csv_starts_)) {
       return Bad(0, "bad quoting", "fields quoted with \"...\" (\"\" inside for a quote)", line);
     }
     if (csv_fields_.size() != csv_->columns) {
@@ -446,14 +576,17 @@ class ChunkParser {
     for (size_t j = 0; j < csv_->dense.size(); ++j) {
       const int c = csv_->dense[j];
       double v = 0;
-      if (!csv_fields_[c].empty() && !ParseReal(csv_fields_[c], &v)) {
-        return Bad(csv_starts_[c], "non-numeric value", absl::StrCat("column ", o_.csv.dense[j], ": expected a number"),
-                   csv_fields_[c]);
+      const float x = csv_fields_[c].empty() || !ParseReal(csv_fields_[c], &v)
+                          ? std::numeric_limits<float>::quiet_NaN()
+                          : Transform(v, o_.dense_transform);
+      if (!csv_fields_[c].empty() && !std::isfinite(x)) {
+        return Bad(csv_starts_[c], "non-numeric value",
+                   absl::StrCat("column ", o_.csv.dense[j], ": expected a number (within float range)"), csv_fields_[c]);
       }
-      d.dense.push_back(Transform(v, o_.dense_transform));
+      d.dense.push_back(csv_fields_[c].empty() ? Transform(0.0, o_.dense_transform) : x);
     }
     for (size_t j = 0; j < csv_->categorical.size(); ++j) {
-      const std::string& v = csv_fields_[csv_->categorical[j]];
+      const std::string_view v = csv_fields_[csv_->categorical[j]];
       if (!v.empty()) d.fields[j].ids.push_back(Fnv1a64(v));
     }
     return std::nullopt;
@@ -470,20 +603,34 @@ class ChunkParser {
  private:
   const ReadOptions& o_;
   const CsvLayout* csv_;
+  const size_t index_;
+  std::atomic<size_t>* const first_bad_;
   Chunk out_;
-  std::unordered_map<std::string, int32_t> dict_;
+  // Class name -> id (the given dictionary's, or chunk-local); looked up by
+  // string_view without building a string.
+  struct NameHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
+  };
+  std::unordered_map<std::string, int32_t, NameHash, std::equal_to<>> dict_;
   std::vector<int64_t> label_offsets_{0};
   std::vector<int32_t> label_sets_;
   bool multi_ = false;
   int64_t pending_tokens_ = 0;
-  std::vector<std::string> csv_fields_;
+  size_t names_before_ = 0;  // text: label_names.size() before the current line
+  // Criteo: the transform of 0..kSmallInts-1 (most values), computed once.
+  static constexpr int kSmallInts = 1024;
+  std::array<float, kSmallInts> small_ints_{};
+  std::string csv_scratch_;
+  std::vector<std::string_view> csv_fields_;
   std::vector<size_t> csv_starts_;
 };
 
-// Reads the CSV header: the first non-empty line of `bytes`. Sets `*consumed`
-// to the bytes and `*lines` to the lines up to and including it.
-absl::StatusOr<CsvLayout> ParseCsvHeader(std::string_view bytes, std::string_view file, const CsvOptions& csv,
-                                         size_t* consumed, int64_t* lines) {
+// Reads the CSV header: the first non-empty line of `bytes`, whose first
+// line is file line `first_line`. Sets `*consumed` to the bytes and `*lines`
+// to the lines up to and including it.
+absl::StatusOr<CsvLayout> ParseCsvHeader(std::string_view bytes, std::string_view file, int64_t first_line,
+                                         const CsvOptions& csv, size_t* consumed, int64_t* lines) {
   size_t pos = 0;
   *lines = 0;
   std::string_view line;
@@ -498,10 +645,12 @@ absl::StatusOr<CsvLayout> ParseCsvHeader(std::string_view bytes, std::string_vie
   }
   *consumed = pos;
   if (line.empty()) return absl::InvalidArgumentError(absl::StrCat(AV(file), ": expected a CSV header line, the file is empty"));
-  std::vector<std::string> names;
+  std::string scratch;
+  std::vector<std::string_view> names;
   std::vector<size_t> starts;
-  if (!SplitCsv(line, csv.delimiter, &names, &starts)) {
-    return absl::InvalidArgumentError(absl::StrCat(AV(file), ":", *lines, ":1: header: bad quoting, got '", AV(line), "'"));
+  if (!SplitCsv(line, csv.delimiter, &scratch, &names, &starts)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(AV(file), ":", first_line - 1 + *lines, ":1: header: bad quoting, got '", AV(line), "'"));
   }
   CsvLayout layout;
   layout.columns = names.size();
@@ -509,7 +658,8 @@ absl::StatusOr<CsvLayout> ParseCsvHeader(std::string_view bytes, std::string_vie
     for (size_t i = 0; i < names.size(); ++i) {
       if (names[i] == name) return static_cast<int>(i);
     }
-    return absl::InvalidArgumentError(absl::StrCat(AV(file), ":", *lines, ":1: ", key, ": the header has no column '", name,
+    return absl::InvalidArgumentError(absl::StrCat(AV(file), ":", first_line - 1 + *lines, ":1: ", key,
+                                                   ": the header has no column '", name,
                                                    "' (it has ", names.size(), " columns)"));
   };
   SW_ASSIGN_OR_RETURN(layout.label, find("data.csv.label", csv.label));
@@ -535,19 +685,32 @@ absl::Status CheckOptions(const ReadOptions& o) {
   if (o.format == DataFormat::kCsv && o.csv.label.empty()) {
     return absl::InvalidArgumentError("data.csv.label: is required with data.format csv");
   }
+  if (o.format == DataFormat::kCsv && (o.csv.delimiter == '"' || o.csv.delimiter == '\n' || o.csv.delimiter == '\r')) {
+    return absl::InvalidArgumentError("data.csv.delimiter: must not be a quote or a line end");
+  }
+  if (o.max_records < 0) return absl::InvalidArgumentError(absl::StrCat("max_records: must be >= 0, got ", o.max_records));
+  if (o.threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("data.reader_threads: must be >= 0 (0 = auto), got ", o.threads));
+  }
   return absl::OkStatus();
 }
 
 // Joins the chunks in order into one data set; resolves the first bad row's
-// line and the text labels' dictionary.
-absl::StatusOr<Dataset> Join(std::vector<Chunk> chunks, const std::vector<int64_t>& first_lines, std::string_view file,
-                             const ReadOptions& o) {
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    if (chunks[c].bad) {
-      const BadRow& b = *chunks[c].bad;
-      return absl::InvalidArgumentError(absl::StrCat(AV(file), ":", first_lines[c] + b.line + 1, ":", b.column, ": ", b.what,
-                                                     ", got '", b.got, "'"));
+// line and the text labels' dictionary. `first_line` is the 0-based file
+// line of chunk 0's first line.
+absl::StatusOr<Dataset> Join(std::vector<Chunk> chunks, int64_t first_line, std::string_view file, const ReadOptions& o) {
+  // Every chunk before the first bad one was parsed to its end, so its line
+  // count is exact and the bad row's file line follows from them.
+  int64_t line = first_line;
+  for (const Chunk& c : chunks) {
+    if (!c.error.ok()) return c.error;
+    if (c.bad) {
+      const BadRow& b = *c.bad;
+      return absl::InvalidArgumentError(
+          absl::StrCat(AV(file), ":", line + b.line + 1, ":", b.column, ": ", b.what, ", got '", AV(b.got), "'"));
     }
+    if (c.abandoned) return absl::InternalError("readers: a chunk gave up without an earlier bad row");  // can't happen
+    line += c.lines;
   }
   // Text without a dictionary: the sorted names of every chunk.
   std::vector<std::string> names;
@@ -562,27 +725,53 @@ absl::StatusOr<Dataset> Join(std::vector<Chunk> chunks, const std::vector<int64_
       }
     }
   }
-  Dataset d = std::move(chunks[0].data);
   const bool any_multi = std::any_of(chunks.begin(), chunks.end(), [](const Chunk& c) { return c.data.multi_label(); });
+  // A chunk without multi-label records gets label_offsets/label_sets of one
+  // label each, so that all chunks can be joined the same way.
   auto ensure_multi = [](Dataset& x) {
-    if (x.multi_label() || (x.labels.empty() && x.count > 0)) return;
+    if (x.multi_label()) return;
     x.label_offsets.resize(x.count + 1);
     for (int64_t r = 0; r <= x.count; ++r) x.label_offsets[r] = r;
     x.label_sets = x.labels;
   };
-  if (!remap[0].empty()) {
-    for (int32_t& l : d.labels) l = remap[0][l];
-    for (int32_t& l : d.label_sets) l = remap[0][l];
-  }
-  if (any_multi) ensure_multi(d);
-  for (size_t c = 1; c < chunks.size(); ++c) {
+  for (size_t c = 0; c < chunks.size(); ++c) {
     Dataset& x = chunks[c].data;
     if (!remap[c].empty()) {
       for (int32_t& l : x.labels) l = remap[c][l];
       for (int32_t& l : x.label_sets) l = remap[c][l];
     }
+    if (any_multi) ensure_multi(x);
+  }
+  // The totals, to reserve them once: no reallocation while appending.
+  int64_t count = 0, label_sets = 0;
+  std::vector<int64_t> ids(chunks[0].data.fields.size(), 0);
+  for (const Chunk& c : chunks) {
+    count += c.data.count;
+    label_sets += static_cast<int64_t>(c.data.label_sets.size());
+    for (size_t f = 0; f < ids.size(); ++f) ids[f] += static_cast<int64_t>(c.data.fields[f].ids.size());
+  }
+  Dataset d = std::move(chunks[0].data);
+  if (chunks.size() > 1) {
+    d.dense.reserve(count * d.dense_dim);
+    if (o.labels == LabelKind::kRegression) {
+      d.targets.reserve(count);
+    } else {
+      d.labels.reserve(count);
+    }
     if (any_multi) {
-      ensure_multi(x);
+      d.label_offsets.reserve(count + 1);
+      d.label_sets.reserve(label_sets);
+    }
+    for (size_t f = 0; f < ids.size(); ++f) {
+      SparseField& to = d.fields[f];
+      to.offsets.reserve(count + 1);
+      to.ids.reserve(ids[f]);
+      if (o.format == DataFormat::kLibsvm) to.weights.reserve(ids[f]);
+    }
+  }
+  for (size_t c = 1; c < chunks.size(); ++c) {
+    Dataset& x = chunks[c].data;
+    if (any_multi) {
       const int64_t base = static_cast<int64_t>(d.label_sets.size());
       for (int64_t r = 1; r <= x.count; ++r) d.label_offsets.push_back(base + x.label_offsets[r]);
       d.label_sets.insert(d.label_sets.end(), x.label_sets.begin(), x.label_sets.end());
@@ -592,15 +781,17 @@ absl::StatusOr<Dataset> Join(std::vector<Chunk> chunks, const std::vector<int64_
     d.targets.insert(d.targets.end(), x.targets.begin(), x.targets.end());
     for (size_t f = 0; f < d.fields.size(); ++f) {
       SparseField& to = d.fields[f];
-      const SparseField& from = x.fields[f];
+      SparseField& from = x.fields[f];
       const int64_t base = static_cast<int64_t>(to.ids.size());
       for (int64_t r = 1; r <= x.count; ++r) to.offsets.push_back(base + from.offsets[r]);
       to.ids.insert(to.ids.end(), from.ids.begin(), from.ids.end());
       to.weights.insert(to.weights.end(), from.weights.begin(), from.weights.end());
+      from = SparseField();  // give the chunk's memory back as we go
     }
     d.count += x.count;
     d.tokens += x.tokens;
     d.skipped.Add(x.skipped);
+    x = Dataset();
   }
   // max_records: the first N good records.
   if (o.max_records > 0 && d.count > o.max_records) {
@@ -619,6 +810,15 @@ absl::StatusOr<Dataset> Join(std::vector<Chunk> chunks, const std::vector<int64_
     }
     d.count = n;
   }
+  // Multi-label only when some kept record has several labels.
+  if (d.multi_label()) {
+    bool several = false;
+    for (int64_t r = 0; r < d.count && !several; ++r) several = d.label_offsets[r + 1] - d.label_offsets[r] > 1;
+    if (!several) {
+      d.label_offsets.clear();
+      d.label_sets.clear();
+    }
+  }
   switch (o.labels) {
     case LabelKind::kBinary: d.num_classes = 2; break;
     case LabelKind::kRegression: d.num_classes = 0; break;
@@ -636,12 +836,17 @@ absl::StatusOr<Dataset> Join(std::vector<Chunk> chunks, const std::vector<int64_
   return d;
 }
 
-// Where chunk boundaries go: about `parts` equal pieces, each ending after a '\n'.
+// Chunks are at least this big: smaller ones are not worth a thread.
+constexpr size_t kMinChunkBytes = 64 << 10;
+
+// Where chunk boundaries go: up to `parts` pieces of about equal size (and at
+// least kMinChunkBytes), each but the last ending just after a '\n'.
 std::vector<size_t> ChunkBounds(std::string_view bytes, int parts) {
+  parts = static_cast<int>(std::clamp<size_t>(bytes.size() / kMinChunkBytes, 1, static_cast<size_t>(std::max(parts, 1))));
   std::vector<size_t> bounds = {0};
   for (int p = 1; p < parts; ++p) {
-    size_t at = bytes.size() * static_cast<size_t>(p) / static_cast<size_t>(parts);
-    if (at <= bounds.back()) continue;
+    const size_t at = bytes.size() / static_cast<size_t>(parts) * static_cast<size_t>(p);
+    if (at < bounds.back()) continue;
     const size_t nl = bytes.find('\n', at);
     if (nl == std::string_view::npos) break;
     if (nl + 1 > bounds.back() && nl + 1 < bytes.size()) bounds.push_back(nl + 1);
@@ -650,45 +855,53 @@ std::vector<size_t> ChunkBounds(std::string_view bytes, int parts) {
   return bounds;
 }
 
-absl::StatusOr<Dataset> ParseParallel(std::string_view bytes, std::string_view file, const ReadOptions& o, int threads,
-                                      int* chunks_out) {
+// Parses `bytes` in up to `threads` chunks. `first_line` is the 1-based file
+// line of bytes' first line (for messages).
+absl::StatusOr<Dataset> ParseParallel(std::string_view bytes, std::string_view file, int64_t first_line,
+                                      const ReadOptions& o, int threads, int* chunks_out) {
   SW_RETURN_IF_ERROR(CheckOptions(o));
   CsvLayout csv;
   int64_t header_lines = 0;
   if (o.format == DataFormat::kCsv) {
     size_t consumed = 0;
-    SW_ASSIGN_OR_RETURN(csv, ParseCsvHeader(bytes, file, o.csv, &consumed, &header_lines));
+    SW_ASSIGN_OR_RETURN(csv, ParseCsvHeader(bytes, file, first_line, o.csv, &consumed, &header_lines));
     bytes.remove_prefix(consumed);
   }
-  // Small inputs are not worth a thread.
-  const int parts = bytes.size() < (1u << 20) ? 1 : std::max(1, threads);
-  const std::vector<size_t> bounds = ChunkBounds(bytes, parts);
+  const std::vector<size_t> bounds = ChunkBounds(bytes, threads);
   const size_t n = bounds.size() - 1;
   std::vector<Chunk> chunks(n);
+  std::atomic<size_t> first_bad{n};
+  // Each thread writes only chunks[c]; nothing else is shared but `o`, `csv`
+  // and `bytes`, which are read-only here.
   auto parse = [&](size_t c) {
-    ChunkParser p(o, &csv);
-    chunks[c] = p.ParseAll(bytes.substr(bounds[c], bounds[c + 1] - bounds[c]));
+    try {
+      ChunkParser p(o, &csv, c, &first_bad);
+      chunks[c] = p.ParseAll(bytes.substr(bounds[c], bounds[c + 1] - bounds[c]), c == 0 ? bytes.size() : 0);
+    } catch (const std::bad_alloc&) {
+      chunks[c] = Chunk();
+      chunks[c].error = absl::ResourceExhaustedError(absl::StrCat(AV(file), ": out of memory while parsing"));
+    }
   };
   if (n == 1) {
     parse(0);
   } else {
     // Plain threads, joined here: the joins order every chunk's writes before
-    // Join reads them (and ThreadSanitizer can see it).
+    // Join reads them (and ThreadSanitizer can see it). A thread that can't
+    // be started leaves its chunk to this one.
     std::vector<std::thread> pool;
-    for (size_t c = 1; c < n; ++c) pool.emplace_back(parse, c);
-    parse(0);
+    std::vector<size_t> here = {0};
+    for (size_t c = 1; c < n; ++c) {
+      try {
+        pool.emplace_back(parse, c);
+      } catch (const std::system_error&) {
+        here.push_back(c);
+      }
+    }
+    for (size_t c : here) parse(c);
     for (std::thread& t : pool) t.join();
   }
   if (chunks_out) *chunks_out = static_cast<int>(n);
-  // Each chunk ends with a '\n' (but maybe the last): its line count is the
-  // number of lines it consumed, unless it stopped at a bad row.
-  std::vector<int64_t> first_lines(n);
-  int64_t line = header_lines;
-  for (size_t c = 0; c < n; ++c) {
-    first_lines[c] = line;
-    line += std::count(bytes.begin() + bounds[c], bytes.begin() + bounds[c + 1], '\n');
-  }
-  return Join(std::move(chunks), first_lines, file, o);
+  return Join(std::move(chunks), first_line - 1 + header_lines, file, o);
 }
 
 // ---------------------------------------------------------------------------
@@ -835,12 +1048,34 @@ std::optional<Dataset> Deserialize(std::string_view bytes) {
     d.skipped.by_reason[reason] = k;
   }
   if (!r.Pod(&d.tokens) || !r.done()) return std::nullopt;
-  // The shapes must agree, so a damaged cache never reaches a model.
-  if (d.count < 0 || d.dense_dim < 0 || d.dense.size() != static_cast<size_t>(d.count * d.dense_dim)) return std::nullopt;
+  // The shapes must agree, so a damaged cache never reaches a model (the
+  // CRC catches accidents; this catches a file written by something else).
+  const auto count = static_cast<uint64_t>(d.count);
+  if (d.count < 0 || d.count > (int64_t{1} << 48) || d.dense_dim < 0) return std::nullopt;
+  if (d.dense_dim == 0 ? !d.dense.empty()
+                       : (d.dense.size() % static_cast<uint64_t>(d.dense_dim) != 0 ||
+                          d.dense.size() / static_cast<uint64_t>(d.dense_dim) != count)) {
+    return std::nullopt;
+  }
+  if (!d.dense_names.empty() && d.dense_names.size() != static_cast<uint64_t>(d.dense_dim)) return std::nullopt;
+  if (!(d.labels.empty() || d.labels.size() == count) || !(d.targets.empty() || d.targets.size() == count)) {
+    return std::nullopt;
+  }
+  for (int32_t l : d.labels) {
+    if (l < 0 || l >= d.num_classes) return std::nullopt;
+  }
+  auto good_offsets = [&](const std::vector<int64_t>& offsets, size_t values) {
+    return offsets.size() == count + 1 && offsets.front() == 0 && offsets.back() == static_cast<int64_t>(values) &&
+           std::is_sorted(offsets.begin(), offsets.end());
+  };
+  if (!d.label_offsets.empty() || !d.label_sets.empty()) {
+    if (!good_offsets(d.label_offsets, d.label_sets.size())) return std::nullopt;
+    for (int32_t l : d.label_sets) {
+      if (l < 0 || l >= d.num_classes) return std::nullopt;
+    }
+  }
   for (const SparseField& f : d.fields) {
-    if (f.offsets.size() != static_cast<size_t>(d.count + 1) || f.offsets.front() != 0 ||
-        f.offsets.back() != static_cast<int64_t>(f.ids.size()) || (!f.weights.empty() && f.weights.size() != f.ids.size()) ||
-        !std::is_sorted(f.offsets.begin(), f.offsets.end())) {
+    if (!good_offsets(f.offsets, f.ids.size()) || (!f.weights.empty() && f.weights.size() != f.ids.size())) {
       return std::nullopt;
     }
   }
@@ -875,7 +1110,9 @@ absl::Status WriteCache(const std::string& cache, CacheHeader h, const Dataset& 
   const std::string payload = Serialize(d);
   h.payload_size = payload.size();
   h.payload_crc = Crc32c(payload.data(), payload.size());
-  const std::string tmp = absl::StrCat(cache, ".tmp.", ::getpid());
+  // Unique per process and call: two reads of one file may race to write it.
+  static std::atomic<uint64_t> sequence{0};
+  const std::string tmp = absl::StrCat(cache, ".tmp.", ::getpid(), ".", sequence.fetch_add(1, std::memory_order_relaxed));
   SW_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, WritableFile::Open(tmp));
   absl::Status s = f->Append(absl::string_view(reinterpret_cast<const char*>(&h), sizeof h));
   if (s.ok()) s = f->Append(absl::string_view(payload));
@@ -913,8 +1150,9 @@ ReadOptions MakeReadOptions(const DataOptions& data, LabelKind labels) {
   return o;
 }
 
-absl::StatusOr<Dataset> ParseBuffer(std::string_view bytes, std::string_view file_name, const ReadOptions& options) {
-  return ParseParallel(bytes, file_name, options, 1, nullptr);
+absl::StatusOr<Dataset> ParseBuffer(std::string_view bytes, std::string_view file_name, int64_t first_line_number,
+                                    const ReadOptions& options) {
+  return ParseParallel(bytes, file_name, first_line_number, options, 1, nullptr);
 }
 
 absl::StatusOr<Dataset> ReadDataset(const std::string& path, const ReadOptions& options, ReadStats* stats) {
@@ -962,7 +1200,7 @@ absl::StatusOr<Dataset> ReadDataset(const std::string& path, const ReadOptions& 
   const int threads = options.threads > 0 ? options.threads
                                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   absl::StatusOr<Dataset> d =
-      ParseParallel(std::string_view(static_cast<const char*>(map), size), path, options, threads, &st.chunks);
+      ParseParallel(std::string_view(static_cast<const char*>(map), size), path, 1, options, threads, &st.chunks);
   if (map != nullptr) ::munmap(map, size);
   if (!d.ok()) return d.status();
   if (options.cache) {

@@ -1,32 +1,45 @@
 // Readers for the text formats of the field: Criteo TSV, libsvm/svmlight,
 // fastText-style text and CSV, into a Dataset (core/dataset.h).
 //
-// A file is parsed in parallel: it is split into chunks at line boundaries,
-// each chunk is parsed by its own thread into flat arrays, and the chunks are
-// joined in file order, so the result does not depend on the thread count.
-// With `cache` the parsed data set is also written to a binary cache file,
-// which later reads use while the source file and every parse option are
-// unchanged (the second epoch of a job never re-parses anyway: the data set
-// stays in memory).
+// A file is mapped and parsed in parallel: it is split into chunks (of at
+// least 64 KiB) at line boundaries, each chunk is parsed by its own thread
+// into flat arrays, and the chunks are joined in file order, so the result
+// does not depend on the thread count. With `cache` the parsed data set is
+// also written to a binary cache file, "<cache_dir or the file's
+// directory>/<file name>.swcache" (written to a temporary name, fsynced,
+// renamed), which later reads use while the source file (size, mtime) and
+// every option that affects the result are unchanged; a damaged cache (its
+// CRC32C or shapes) is ignored and rewritten. (The second epoch of a job never
+// re-parses anyway: the data set stays in memory.)
 //
 // Layouts (what the model reads):
-//   criteo  `label \t I1..I13 \t C1..C26`: dense I1..I13 (transformed; empty
-//           = 0 before the transform); fields C1..C26, one id each, the 32-bit
-//           hex value (empty = no id).
+//   criteo  `label \t I1..I13 \t C1..C26`: dense I1..I13 (integers,
+//           transformed; empty = 0 before the transform); fields C1..C26,
+//           one id each, the hex value (1..8 digits, either case; empty = no
+//           id). No weights.
 //   libsvm  `label idx[:val] ...` (1-based, strictly increasing indices; `#`
 //           starts a comment): field "features", ids idx - 1, weights val (1
 //           when absent).
-//   text    `__label__A [__label__B ...] tok tok ...`: field "tokens" with the
-//           64-bit FNV-1a hash of each token; with word_ngrams 2 also
-//           FNV-1a(t_i + '\x01' + t_{i+1}) for each adjacent pair, in "tokens"
-//           or in a field "ngrams" (text.ngrams_field). Class names from the
-//           training file, sorted; several labels make a multi-label record.
+//   text    `__label__A [__label__B ...] tok tok ...` (labels multiclass
+//           only): field "tokens" with Fnv1a64(token) of each token, in
+//           order; with word_ngrams 2 also, for each adjacent pair,
+//           Fnv1a64(t_i + '\x01' + t_{i+1}) (the bytes of t_i, one 0x01 byte,
+//           the bytes of t_{i+1}): in "tokens" right after t_{i+1}'s id, or
+//           in a field "ngrams" (text.ngrams_field). Class names: the given
+//           dictionary, or the file's names sorted. A record with several
+//           (distinct) labels makes the data set multi-label; repeats of a
+//           label in a record count once. Dataset::tokens counts the words
+//           of the records kept.
 //   csv     a header line, then rows; csv.dense columns (transformed, empty =
 //           0) and one field per csv.categorical column (FNV-1a of the value;
 //           empty = no id). Double quotes with "" escapes; no newlines inside
 //           a field.
+// Labels (libsvm, csv, criteo) by LabelKind: binary 0/1 or -1/+1 (and "+1"),
+// multiclass integers 0..2^24 (num_classes = the largest + 1), regression
+// any real within float range (targets). Numbers are strict: no spaces, no
+// "+-1", no inf/nan/hex floats, and a value must fit a float.
 // Every format accepts CRLF line ends and a missing final newline, and
-// skips empty lines.
+// skips empty lines (which are not bad rows but count as file lines).
 //
 // Bad rows (wrong field count, non-numeric value, bad hex, index 0,
 // unsorted indices, no label, unknown label, bad quoting, bad label) follow
@@ -76,17 +89,28 @@ struct ReadStats {
   int chunks = 0;               // chunks parsed in parallel (0 from cache)
 };
 
-// Reads the file at `path`. NotFound when it does not exist, InvalidArgument
-// for a bad row (kFail) or bad options, and the I/O error otherwise. A cache
-// that can't be written is a warning on stderr, not an error.
+// Reads the file at `path`: from its cache when `cache` is set and a valid
+// one exists, else parsed in parallel (options.threads plain std::threads,
+// started and joined inside the call; the calling thread parses the first
+// chunk). The result does not depend on the thread count. Returns NotFound
+// when the file does not exist, InvalidArgument for a bad row under kFail
+// (the first in file order) or bad options, ResourceExhausted when memory
+// runs out, and the I/O error otherwise. A cache that can't be written is a
+// warning on stderr, not an error. `stats` (may be null) gets what the read
+// did. Blocks until done.
 absl::StatusOr<Dataset> ReadDataset(const std::string& path, const ReadOptions& options, ReadStats* stats = nullptr);
 
-// Parses `bytes`, the whole content of a file, on the calling thread;
-// messages name `file_name` and lines from 1. (ReadDataset's parser; the
-// fuzzers call it directly.)
-absl::StatusOr<Dataset> ParseBuffer(std::string_view bytes, std::string_view file_name, const ReadOptions& options);
+// Parses `bytes` on the calling thread (ReadDataset's parser, and the
+// fuzzers'). `bytes` is whole lines of a file, starting at its line
+// `first_line_number` (1-based; 1 for a whole file); a CSV buffer starts with
+// the header. Messages name `file_name` and file lines. options.threads,
+// cache and cache_dir are ignored.
+absl::StatusOr<Dataset> ParseBuffer(std::string_view bytes, std::string_view file_name, int64_t first_line_number,
+                                    const ReadOptions& options);
 
-// 64-bit FNV-1a, the hash of text tokens and CSV categorical values.
+// 64-bit FNV-1a, the hash of text tokens and CSV categorical values: h =
+// 0xcbf29ce484222325, then for each byte b: h = (h ^ b) * 0x100000001b3
+// (mod 2^64).
 uint64_t Fnv1a64(std::string_view bytes);
 
 }  // namespace shardwild

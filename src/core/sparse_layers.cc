@@ -9,9 +9,26 @@
 namespace shardwild {
 namespace {
 
-
 // log(1 + exp(x)) without overflow.
 inline double Softplus(double x) { return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x)); }
+
+// a . b over d floats. Eight partial sums (a fixed order, so the result is
+// deterministic) let the compiler vectorise the reduction without
+// -ffast-math.
+inline float Dot(const float* __restrict a, const float* __restrict b, int64_t d) {
+  constexpr int kLanes = 8;
+  float acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= d; j += kLanes) {
+    for (int t = 0; t < kLanes; ++t) acc[t] += a[j + t] * b[j + t];
+  }
+  float s = 0;
+  for (; j < d; ++j) s += a[j] * b[j];
+  if (d >= kLanes) {
+    for (int t = 0; t < kLanes; ++t) s += acc[t];
+  }
+  return s;
+}
 
 }  // namespace
 
@@ -66,40 +83,50 @@ void DotInteractionForward(const float* z, int64_t batch, int64_t n, int64_t d, 
     }
     for (int64_t k = 1; k < n; ++k) {
       const float* zk = zb + k * d;
-      for (int64_t l = 0; l < k; ++l) {
-        const float* zl = zb + l * d;
-        float s = 0;
-        for (int64_t j = 0; j < d; ++j) s += zk[j] * zl[j];
-        *o++ = s;
-      }
+      for (int64_t l = 0; l < k; ++l) *o++ = Dot(zk, zb + l * d, d);
     }
   }
 }
 
 void DotInteractionBackward(const float* z, const float* dout, int64_t out_stride, int64_t batch, int64_t n, int64_t d,
                             bool with_first, float* dz) {
+  // dz_k = sum over l != k (in order) of g_kl z_l, g symmetric, with g_kl for
+  // k > l at k(k-1)/2 + l; then dz_0 += the copied part's gradient. Each dz_k
+  // is built in blocks of kBlock columns held in registers while the other
+  // vectors stream past; the remaining columns one at a time.
+  constexpr int kBlock = 16;
   for (int64_t b = 0; b < batch; ++b) {
     const float* zb = z + b * n * d;
     float* dzb = dz + b * n * d;
-    const float* g = dout + b * out_stride;
-    std::fill(dzb, dzb + n * d, 0.0f);
-    if (with_first) {
-      for (int64_t j = 0; j < d; ++j) dzb[j] = g[j];
-      g += d;
-    }
-    for (int64_t k = 1; k < n; ++k) {
-      const float* zk = zb + k * d;
+    const float* first = with_first ? dout + b * out_stride : nullptr;
+    const float* g = dout + b * out_stride + (with_first ? d : 0);
+    for (int64_t k = 0; k < n; ++k) {
       float* dzk = dzb + k * d;
-      for (int64_t l = 0; l < k; ++l) {
-        const float gkl = *g++;
-        if (gkl == 0.0f) continue;
-        const float* zl = zb + l * d;
-        float* dzl = dzb + l * d;
-        for (int64_t j = 0; j < d; ++j) {
-          dzk[j] += gkl * zl[j];
-          dzl[j] += gkl * zk[j];
+      const float* gk = g + k * (k - 1) / 2;  // g_kl for l < k
+      int64_t j0 = 0;
+      for (; j0 + kBlock <= d; j0 += kBlock) {
+        float acc[kBlock] = {};
+        for (int64_t l = 0; l < k; ++l) {
+          const float gkl = gk[l];
+          const float* zl = zb + l * d + j0;
+          for (int t = 0; t < kBlock; ++t) acc[t] += gkl * zl[t];
         }
+        for (int64_t l = k + 1; l < n; ++l) {
+          const float glk = g[l * (l - 1) / 2 + k];
+          const float* zl = zb + l * d + j0;
+          for (int t = 0; t < kBlock; ++t) acc[t] += glk * zl[t];
+        }
+        std::memcpy(dzk + j0, acc, sizeof(acc));
       }
+      for (int64_t j = j0; j < d; ++j) {
+        float s = 0;
+        for (int64_t l = 0; l < k; ++l) s += gk[l] * zb[l * d + j];
+        for (int64_t l = k + 1; l < n; ++l) s += g[l * (l - 1) / 2 + k] * zb[l * d + j];
+        dzk[j] = s;
+      }
+    }
+    if (first != nullptr) {
+      for (int64_t j = 0; j < d; ++j) dzb[j] += first[j];
     }
   }
 }
@@ -180,7 +207,10 @@ LossResult SoftmaxCrossEntropyMultiLabel(const float* logits, const int64_t* lab
       hit = hit || c == arg;
     }
     r.correct += hit;
-    if (dlogits) {
+    if (dlogits && end == begin) {
+      // No target: the row's loss is 0 whatever the logits, and so is its gradient.
+      std::fill(dlogits + i * k, dlogits + (i + 1) * k, 0.0f);
+    } else if (dlogits) {
       float* d = dlogits + i * k;
       for (int64_t c = 0; c < k; ++c) d[c] = static_cast<float>(std::exp(z[c] - m - log_sum) * inv);
       for (int64_t j = begin; j < end; ++j) d[label_sets[j]] -= static_cast<float>(t * inv);

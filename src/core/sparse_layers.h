@@ -43,8 +43,9 @@ void DotInteractionBackward(const float* z, const float* dout, int64_t out_strid
 int64_t DotInteractionWidth(int64_t n, int64_t d, bool with_first);
 
 // Inverted dropout: mask[i] = 1/(1-rate) with probability 1-rate, else 0,
-// drawn from *rng_state (a SplitMix64 stream; deterministic), and y *= mask.
-// rate 0 leaves y as it is and sets the mask to 1.
+// drawn from *rng_state (a SplitMix64 stream, core/random.h; the same state
+// gives the same mask, and the state moves on), and y *= mask. rate must be
+// in [0, 1); rate 0 leaves y as it is and sets the mask to 1 (drawing nothing).
 void DropoutForward(float* y, float* mask, int64_t n, float rate, uint64_t* rng_state);
 // dy *= mask.
 void DropoutBackward(float* dy, const float* mask, int64_t n);
@@ -65,7 +66,10 @@ LossResult MeanSquaredError(const float* predictions, const float* targets, int6
 // fastText data): row r's labels are label_sets[label_offsets[r] ..
 // label_offsets[r+1]) (label_offsets[0] == 0). loss = -sum_c t_c log
 // softmax(z)_c; dz = (softmax - t) / valid; correct = the arg-max is among
-// the row's labels. With one label per row it is SoftmaxCrossEntropy.
+// the row's labels. A row without labels has no target: it adds no loss, is
+// not correct and gets zero gradient. Labels must be in [0, k); a label
+// repeated in a row counts as often as it appears. With one label per row
+// it is SoftmaxCrossEntropy.
 LossResult SoftmaxCrossEntropyMultiLabel(const float* logits, const int64_t* label_offsets, const int32_t* label_sets,
                                          int64_t valid, int64_t batch, int64_t k, float* dlogits);
 

@@ -7,10 +7,12 @@
 #include <fstream>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "core/options.h"
 #include "gtest/gtest.h"
 
@@ -749,6 +751,207 @@ TEST(ConfigEarlyStoppingTest, ErrorsNameTheKey) {
   absl::StatusOr<Config> c =
       LoadConfigFromString(std::string(kMinimal) + "early_stopping: {monitor: test_loss}\n", "x.yaml");
   EXPECT_TRUE(MessageContains(c.status(), {"early_stopping.monitor", "'test_loss' needs a test set (data.test)"}));
+}
+
+}  // namespace
+}  // namespace shardwild
+
+namespace shardwild {
+namespace {
+
+
+// ------------------------------------------------------------- data.* (the text readers)
+
+// kMinimal with `lines` appended: its data: section goes on at line 6.
+std::string WithDataLines(const std::string& lines) { return std::string(kMinimal) + lines; }
+
+// The message of loading `yaml` (named "d.yaml"), or "OK".
+std::string LoadError(const std::string& yaml, std::initializer_list<std::string> sets = {}) {
+  absl::StatusOr<Config> c = LoadConfigFromString(yaml, "d.yaml", Sets(sets));
+  if (c.ok()) return "OK";
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+  return std::string(c.status().message());
+}
+
+TEST(ConfigDataTest, ReaderKeysInBlockStyleAndATabDelimiter) {
+  absl::StatusOr<Config> c = LoadConfigFromString(WithDataLines("  format: text\n"
+                                                                "  on_error: skip\n"
+                                                                "  dense_transform: log3\n"
+                                                                "  cache: true\n"
+                                                                "  cache_dir: /var/cache/sw\n"
+                                                                "  reader_threads: 3\n"
+                                                                "  text:\n"
+                                                                "    word_ngrams: 2\n"
+                                                                "    ngrams_field: yes\n"),
+                                                  "d.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->data.format, DataFormat::kText);
+  EXPECT_EQ(c->data.on_error, OnBadRow::kSkip);
+  EXPECT_EQ(c->data.dense_transform, DenseTransform::kLog3);
+  EXPECT_TRUE(c->data.cache);
+  EXPECT_EQ(c->data.cache_dir, "/var/cache/sw");
+  EXPECT_EQ(c->data.reader_threads, 3);
+  EXPECT_EQ(c->data.text.word_ngrams, 2);
+  EXPECT_TRUE(c->data.text.ngrams_field);
+
+  c = LoadConfigFromString(WithDataLines("  format: csv\n"
+                                         "  on_error: fail\n"
+                                         "  dense_transform: none\n"
+                                         "  csv:\n"
+                                         "    label: clicked\n"
+                                         "    dense: [age, price]\n"
+                                         "    categorical: city\n"  // one name: a list of one
+                                         "    delimiter: ';'\n"),
+                           "d.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->data.format, DataFormat::kCsv);
+  EXPECT_EQ(c->data.on_error, OnBadRow::kFail);
+  EXPECT_EQ(c->data.dense_transform, DenseTransform::kNone);
+  EXPECT_EQ(c->data.csv.label, "clicked");
+  EXPECT_EQ(c->data.csv.dense, (std::vector<std::string>{"age", "price"}));
+  EXPECT_EQ(c->data.csv.categorical, (std::vector<std::string>{"city"}));
+  EXPECT_EQ(c->data.csv.delimiter, ';');
+
+  // A tab, and dense_transform log1p spelled out.
+  c = LoadConfigFromString(WithDataLines("  format: csv\n"
+                                         "  dense_transform: log1p\n"
+                                         "  csv: {label: y, delimiter: \"\\t\", categorical: [a, b]}\n"),
+                           "d.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->data.csv.delimiter, '\t');
+  EXPECT_EQ(c->data.dense_transform, DenseTransform::kLog1p);
+  EXPECT_EQ(c->data.csv.categorical, (std::vector<std::string>{"a", "b"}));
+}
+
+TEST(ConfigDataTest, OverridesReachTheReaderKeys) {
+  absl::StatusOr<Config> c = LoadConfigFromString(
+      kMinimal, "d.yaml",
+      // A bare | would be a YAML block scalar (the empty string): quoted.
+      Sets({"data.format=csv", "data.csv.label=y", "data.csv.delimiter='|'", "data.csv.dense=[a, b]",
+            "data.on_error=skip", "data.reader_threads=2", "data.cache=on", "data.text.word_ngrams=2"}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->data.format, DataFormat::kCsv);
+  EXPECT_EQ(c->data.csv.label, "y");
+  EXPECT_EQ(c->data.csv.delimiter, '|');
+  EXPECT_EQ(c->data.csv.dense, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(c->data.on_error, OnBadRow::kSkip);
+  EXPECT_EQ(c->data.reader_threads, 2);
+  EXPECT_TRUE(c->data.cache);
+  EXPECT_EQ(c->data.text.word_ngrams, 2);
+  EXPECT_EQ(LoadError(kMinimal, {"data.on_error=ignore"}),
+            "--set data.on_error=ignore: data.on_error: expected one of fail, skip; got 'ignore'");
+  EXPECT_EQ(LoadError(kMinimal, {"data.format=csv", "data.csv.label=y", "data.csv.delimiter=ab"}),
+            "--set data.csv.delimiter=ab: data.csv.delimiter: expected one character, got 'ab'");
+}
+
+// Type and name errors are found while parsing: they name the key and the
+// line and column of the value.
+TEST(ConfigDataTest, ParseErrorsNameTheKeyAndLine) {
+  EXPECT_EQ(LoadError(WithDataLines("  format: parquet\n")),
+            "d.yaml:6:11: data.format: expected one of idx, criteo, libsvm, text, csv; got 'parquet'");
+  EXPECT_EQ(LoadError(WithDataLines("  on_error: ignore\n")),
+            "d.yaml:6:13: data.on_error: expected one of fail, skip; got 'ignore'");
+  EXPECT_EQ(LoadError(WithDataLines("  dense_transform: log\n")),
+            "d.yaml:6:20: data.dense_transform: expected one of log1p, log3, none; got 'log'");
+  EXPECT_EQ(LoadError(WithDataLines("  cache: maybe\n")), "d.yaml:6:10: data.cache: expected true or false, got 'maybe'");
+  EXPECT_EQ(LoadError(WithDataLines("  cache_dir: [a]\n")), "d.yaml:6:14: data.cache_dir: expected a string, got a list");
+  EXPECT_EQ(LoadError(WithDataLines("  reader_threads: two\n")),
+            "d.yaml:6:19: data.reader_threads: expected an integer, got 'two'");
+  EXPECT_EQ(LoadError(WithDataLines("  reader_threads: 1.5\n")),
+            "d.yaml:6:19: data.reader_threads: expected an integer, got '1.5'");
+  EXPECT_EQ(LoadError(WithDataLines("  text:\n    word_ngrams: bi\n")),
+            "d.yaml:7:18: data.text.word_ngrams: expected an integer, got 'bi'");
+  EXPECT_EQ(LoadError(WithDataLines("  text:\n    ngrams_field: 2\n")),
+            "d.yaml:7:19: data.text.ngrams_field: expected true or false, got '2'");
+  EXPECT_EQ(LoadError(WithDataLines("  text:\n    ngrams: 2\n")),
+            "d.yaml:7:5: unknown key 'data.text.ngrams' (expected one of: ngrams_field, word_ngrams)");
+  EXPECT_EQ(LoadError(WithDataLines("  text: 2\n")), "d.yaml:6:9: data.text: expected a mapping, got '2'");
+  const std::string csv = "  format: csv\n  csv:\n    label: y\n";  // csv.* from line 8 on
+  EXPECT_EQ(LoadError(WithDataLines(csv + "    delimiter: ab\n")),
+            "d.yaml:9:16: data.csv.delimiter: expected one character, got 'ab'");
+  EXPECT_EQ(LoadError(WithDataLines(csv + "    delimiter: ''\n")),
+            "d.yaml:9:16: data.csv.delimiter: expected one character, got ''");
+  EXPECT_EQ(LoadError(WithDataLines(csv + "    dense: {a: 1}\n")),
+            "d.yaml:9:12: data.csv.dense: expected a list of names, got a mapping");
+  EXPECT_EQ(LoadError(WithDataLines(csv + "    categorical: [a, [b]]\n")),
+            "d.yaml:9:22: data.csv.categorical[1]: expected a name, got a list");
+  EXPECT_EQ(LoadError(WithDataLines(csv + "    label: [y]\n")), "d.yaml:9:12: data.csv.label: expected a string, got a list");
+  EXPECT_EQ(LoadError(WithDataLines(csv + "    lable: y\n")),
+            "d.yaml:9:5: unknown key 'data.csv.lable' (expected one of: delimiter, label, categorical, dense)");
+}
+
+// Value errors are found by DataOptions::Validate, after parsing: they name
+// the file and the key (the validator has no line numbers).
+TEST(ConfigDataTest, ValidationErrorsNameTheKey) {
+  EXPECT_EQ(LoadError(WithDataLines("  text: {word_ngrams: 3}\n")), "d.yaml: data.text.word_ngrams: must be 1 or 2, got 3");
+  EXPECT_EQ(LoadError(WithDataLines("  text: {word_ngrams: 0}\n")), "d.yaml: data.text.word_ngrams: must be 1 or 2, got 0");
+  EXPECT_EQ(LoadError(WithDataLines("  reader_threads: -1\n")),
+            "d.yaml: data.reader_threads: must be >= 0 (0 = auto), got -1");
+  EXPECT_EQ(LoadError(WithDataLines("  format: csv\n")), "d.yaml: data.csv.label: is required with data.format csv");
+  EXPECT_EQ(LoadError(WithDataLines("  format: csv\n  csv: {dense: [a]}\n")),
+            "d.yaml: data.csv.label: is required with data.format csv");
+  EXPECT_EQ(LoadError(WithDataLines("  format: criteo\n  csv: {label: y}\n")),
+            "d.yaml: data.csv: applies to data.format csv only");
+  EXPECT_EQ(LoadError(WithDataLines("  format: csv\n  csv: {label: y, delimiter: '\"'}\n")),
+            "d.yaml: data.csv.delimiter: must not be a quote or a line end");
+  EXPECT_EQ(LoadError(WithDataLines("  format: csv\n  csv: {label: y, delimiter: \"\\n\"}\n")),
+            "d.yaml: data.csv.delimiter: must not be a quote or a line end");
+  EXPECT_EQ(LoadError(WithDataLines("  format: csv\n  csv: {label: y, delimiter: \"\\t\"}\n")), "OK");
+}
+
+}  // namespace
+}  // namespace shardwild
+
+namespace shardwild {
+namespace {
+
+// data.* reader keys in flow style, their defaults, and every format name.
+TEST(ConfigReaderKeysTest, DefaultsFlowStyleAndFormatNames) {
+  absl::StatusOr<Config> c = LoadConfigFromString(kMinimal, "m.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->data.format, DataFormat::kIdx);
+  EXPECT_EQ(c->data.on_error, OnBadRow::kFail);
+  EXPECT_EQ(c->data.dense_transform, DenseTransform::kLog1p);
+  EXPECT_FALSE(c->data.cache);
+  EXPECT_TRUE(c->data.cache_dir.empty());
+  EXPECT_EQ(c->data.reader_threads, 0);
+  EXPECT_EQ(c->data.text.word_ngrams, 1);
+  EXPECT_FALSE(c->data.text.ngrams_field);
+  EXPECT_TRUE(c->data.csv.label.empty());
+  EXPECT_EQ(c->data.csv.delimiter, ',');
+
+  c = LoadConfigFromString(
+      "model: {layers: [{units: 10}]}\n"
+      "data: {format: csv, train: tr.csv, on_error: skip, dense_transform: none, cache: true, cache_dir: /tmp/swc,\n"
+      "       reader_threads: 3, text: {word_ngrams: 2, ngrams_field: true},\n"
+      "       csv: {label: y, dense: [a, b], categorical: [c], delimiter: ';'}}\n",
+      "f.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->data.format, DataFormat::kCsv);
+  EXPECT_EQ(c->data.on_error, OnBadRow::kSkip);
+  EXPECT_EQ(c->data.dense_transform, DenseTransform::kNone);
+  EXPECT_TRUE(c->data.cache);
+  EXPECT_EQ(c->data.cache_dir, "/tmp/swc");
+  EXPECT_EQ(c->data.reader_threads, 3);
+  EXPECT_EQ(c->data.text.word_ngrams, 2);
+  EXPECT_TRUE(c->data.text.ngrams_field);
+  EXPECT_EQ(c->data.csv.label, "y");
+  EXPECT_EQ(c->data.csv.dense, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(c->data.csv.categorical, (std::vector<std::string>{"c"}));
+  EXPECT_EQ(c->data.csv.delimiter, ';');
+
+  const std::pair<const char*, DataFormat> formats[] = {{"idx", DataFormat::kIdx},
+                                                        {"criteo", DataFormat::kCriteo},
+                                                        {"libsvm", DataFormat::kLibsvm},
+                                                        {"text", DataFormat::kText},
+                                                        {"csv", DataFormat::kCsv}};
+  for (const auto& [name, format] : formats) {
+    SCOPED_TRACE(name);
+    const std::string extra = format == DataFormat::kCsv ? "  csv: {label: y}\n" : "";
+    c = LoadConfigFromString(absl::StrCat(kMinimal, "  format: ", name, "\n", extra), "n.yaml");
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->data.format, format);
+  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
-// Tests for DenseLayer, SoftmaxCrossEntropy and the dense-only Model (an MLP): forward values against a
-// double-precision reference, and gradients against central finite
-// differences of a scalar loss.
+// Tests for DenseLayer (every activation), SoftmaxCrossEntropy and the
+// dense-only Model (an MLP): forward values against a double-precision
+// reference, and gradients against central finite differences of a scalar
+// loss.
 #include "core/layers.h"
 
 #include <algorithm>
@@ -112,6 +113,32 @@ struct DenseData {
   }
 };
 
+// The activation and its derivative at the pre-activation z, in double.
+double RefActivation(Activation act, double z) {
+  switch (act) {
+    case Activation::kNone: return z;
+    case Activation::kRelu: return std::max(z, 0.0);
+    case Activation::kSigmoid: return 1.0 / (1.0 + std::exp(-z));
+    case Activation::kTanh: return std::tanh(z);
+  }
+  return std::numeric_limits<double>::quiet_NaN();
+}
+double RefActivationDerivative(Activation act, double z) {
+  switch (act) {
+    case Activation::kNone: return 1.0;
+    case Activation::kRelu: return z > 0 ? 1.0 : 0.0;
+    case Activation::kSigmoid: {
+      const double s = RefActivation(act, z);
+      return s * (1 - s);
+    }
+    case Activation::kTanh: {
+      const double t = std::tanh(z);
+      return 1 - t * t;
+    }
+  }
+  return std::numeric_limits<double>::quiet_NaN();
+}
+
 // Random data whose pre-activations all lie at least `margin` away from the
 // ReLU kink, so that a finite-difference step of 1e-2 never crosses it.
 DenseData MakeDenseData(int64_t batch, int64_t in, int64_t out, double margin) {
@@ -152,7 +179,7 @@ TEST_P(DenseLayerTest, ForwardMatchesReference) {
   (*layer)->Forward(stream_);
   const std::vector<double> z = d.RefPreActivation();
   for (size_t i = 0; i < z.size(); ++i) {
-    const double want = act == Activation::kRelu ? std::max(z[i], 0.0) : z[i];
+    const double want = RefActivation(act, z[i]);
     EXPECT_NEAR(d.y[i], want, 1e-5 * (1 + std::abs(want))) << "y[" << i << "]";
   }
 }
@@ -195,7 +222,7 @@ TEST_P(DenseLayerTest, GradientsMatchFiniteDifferences) {
   // The same gradients from the closed form in double, to a tight tolerance.
   const std::vector<double> z = d.RefPreActivation();
   std::vector<double> g(z.size());
-  for (size_t i = 0; i < z.size(); ++i) g[i] = (act == Activation::kRelu && z[i] <= 0) ? 0.0 : d.r[i];
+  for (size_t i = 0; i < z.size(); ++i) g[i] = RefActivationDerivative(act, z[i]) * d.r[i];
   std::vector<double> ref_dw(d.in * d.out, 0.0), ref_db(d.out, 0.0), ref_dx(d.batch * d.in, 0.0);
   for (int64_t r = 0; r < d.batch; ++r) {
     for (int64_t o = 0; o < d.out; ++o) {
@@ -235,7 +262,9 @@ TEST_P(DenseLayerTest, BackwardOverwritesGradients) {
   EXPECT_EQ(d.dx, dx1);
 }
 
-INSTANTIATE_TEST_SUITE_P(Activations, DenseLayerTest, ::testing::Values(Activation::kNone, Activation::kRelu),
+INSTANTIATE_TEST_SUITE_P(Activations, DenseLayerTest,
+                         ::testing::Values(Activation::kNone, Activation::kRelu, Activation::kSigmoid,
+                                           Activation::kTanh),
                          [](const ::testing::TestParamInfo<Activation>& info) {
                            return std::string(ActivationName(info.param));
                          });
@@ -268,6 +297,50 @@ TEST(DenseLayerReluTest, BackwardZerosGradientWhereOutputIsZero) {
   EXPECT_GT(positives, 0);
   // db is the column sum of the masked gradient.
   for (int64_t o = 0; o < d.out; ++o) EXPECT_NEAR(d.db[o], col_sum[o], 1e-5) << "db[" << o << "]";
+}
+
+// Sigmoid and tanh: the fused post-op's output lies in the activation's range,
+// and Backward scales dL/dy by the derivative taken from y.
+TEST(DenseLayerSmoothActivationTest, BackwardScalesByTheDerivativeFromY) {
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  for (const Activation act : {Activation::kSigmoid, Activation::kTanh}) {
+    SCOPED_TRACE(ActivationName(act));
+    DenseData d = MakeDenseData(8, 4, 6, 0.0);
+    for (float& v : d.x) v *= 3;  // pre-activations up to ~|13|: the tails too
+    auto layer = DenseLayer::Create(engine, d.batch, d.in, d.out, act, d.Buffers(true));
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    (*layer)->Forward(stream);
+    const std::vector<double> z = d.RefPreActivation();
+    std::mt19937 rng(7);
+    const std::vector<float> upstream = Uniform(&rng, d.dy.size(), 0.5, 1.5);
+    d.SetDy(upstream);
+    (*layer)->Backward(stream);
+    std::vector<double> col_sum(d.out, 0.0);
+    for (size_t i = 0; i < d.y.size(); ++i) {
+      const double y = d.y[i];
+      if (act == Activation::kSigmoid) {
+        ASSERT_GE(y, 0.0);
+        ASSERT_LE(y, 1.0);
+        EXPECT_NEAR(y, 1.0 / (1.0 + std::exp(-z[i])), 1e-6) << i;
+        EXPECT_NEAR(d.dy[i], upstream[i] * y * (1 - y), 1e-6) << i;
+      } else {
+        ASSERT_GE(y, -1.0);
+        ASSERT_LE(y, 1.0);
+        EXPECT_NEAR(y, std::tanh(z[i]), 1e-6) << i;
+        EXPECT_NEAR(d.dy[i], upstream[i] * (1 - y * y), 1e-6) << i;
+      }
+      col_sum[i % d.out] += d.dy[i];
+    }
+    for (int64_t o = 0; o < d.out; ++o) EXPECT_NEAR(d.db[o], col_sum[o], 1e-5) << "db[" << o << "]";
+  }
+}
+
+TEST(ActivationNameTest, NamesEveryValue) {
+  EXPECT_STREQ(ActivationName(Activation::kNone), "none");
+  EXPECT_STREQ(ActivationName(Activation::kRelu), "relu");
+  EXPECT_STREQ(ActivationName(Activation::kSigmoid), "sigmoid");
+  EXPECT_STREQ(ActivationName(Activation::kTanh), "tanh");
 }
 
 TEST(DenseLayerCreateTest, WithoutDxSkipsBackwardData) {

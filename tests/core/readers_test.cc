@@ -5,10 +5,14 @@
 // parsing against one thread, and the binary cache.
 #include "core/readers.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -262,7 +266,7 @@ TEST(TextReaderTest, EachBadRowKindUnderBothPolicies) {
   o.class_names = &names;
   absl::StatusOr<Dataset> d = ReadDataset(path, o);
   ASSERT_FALSE(d.ok());
-  EXPECT_NE(d.status().message().find(path + ":2:1: a class of the training data, got '__label__zz'"), std::string::npos)
+  EXPECT_NE(d.status().message().find(path + ":2:1: label: expected a class of the training data, got '__label__zz'"), std::string::npos)
       << d.status();
   o.on_error = OnBadRow::kSkip;
   d = ReadDataset(path, o);
@@ -416,6 +420,221 @@ TEST(ReaderParallelTest, ChunksGiveTheSameDatasetAndTheFirstBadRow) {
   EXPECT_EQ(s->skipped.by_reason.at("no label"), 2);
 }
 
+// A Criteo file of `rows` records with every kind of line: missing I and C
+// values, -1/+1 labels, negative integers, upper-case hex, CRLF line ends and
+// empty lines, and no final newline. Records listed in `bad` get a bad hex in C3.
+std::string CriteoFile(int rows, const std::vector<int>& bad = {}) {
+  std::string s;
+  uint64_t x = 12345;
+  auto next = [&] {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    return x >> 33;
+  };
+  for (int r = 0; r < rows; ++r) {
+    std::vector<std::string> ints, cats;
+    for (int j = 0; j < 13; ++j) ints.push_back(next() % 5 == 0 ? "" : std::to_string(static_cast<int>(next() % 3000) - 3));
+    for (int j = 0; j < 26; ++j) {
+      const uint64_t v = next();
+      cats.push_back(v % 7 == 0 ? "" : absl::StrCat(absl::Hex(v & 0xffffffff)));
+    }
+    if (r % 11 == 0) cats[4] = "ABCDEF12";
+    if (std::find(bad.begin(), bad.end(), r) != bad.end()) cats[2] = "zz12";
+    const char* labels[] = {"0", "1", "-1", "+1"};
+    s += CriteoLine(labels[next() % 4], ints, cats);
+    if (r + 1 < rows) s += r % 13 == 0 ? "\r\n" : "\n";
+    if (r % 101 == 0) s += "\n";
+  }
+  return s;
+}
+
+// The 1-based file line of record `record` of CriteoFile (empty lines counted).
+int64_t CriteoFileLine(int record) {
+  int64_t line = 1;
+  for (int r = 0; r < record; ++r) line += r % 101 == 0 ? 2 : 1;
+  return line;
+}
+
+TEST(ReaderParallelTest, CriteoChunksGiveTheSameDatasetAsOneThread) {
+  TempDir dir;
+  const std::string text = CriteoFile(4000);
+  const std::string path = Write(dir, "c.tsv", text);
+  ReadOptions o = Opts(DataFormat::kCriteo, LabelKind::kBinary);
+  ReadStats st1, st4;
+  absl::StatusOr<Dataset> a = ReadDataset(path, o, &st1);
+  o.threads = 4;
+  absl::StatusOr<Dataset> b = ReadDataset(path, o, &st4);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(st1.chunks, 1);
+  EXPECT_EQ(st4.chunks, 4) << text.size() << " bytes";
+  EXPECT_EQ(a->count, 4000);
+  EXPECT_EQ(a->skipped.total(), 0);  // empty lines are not bad rows
+  ExpectSameDataset(*a, *b);
+  // ParseBuffer parses the same on one thread.
+  absl::StatusOr<Dataset> c = ParseBuffer(text, "c.tsv", 1, Opts(DataFormat::kCriteo, LabelKind::kBinary));
+  ASSERT_TRUE(c.ok()) << c.status();
+  ExpectSameDataset(*a, *c);
+}
+
+TEST(ReaderParallelTest, CriteoFirstBadRowInFileOrder) {
+  TempDir dir;
+  ReadOptions o = Opts(DataFormat::kCriteo, LabelKind::kBinary);
+  o.threads = 4;
+  const std::string got = "field C3: expected a hex value of at most 8 digits, got 'zz12'";
+  // Only a late chunk has a bad row.
+  {
+    const std::string path = Write(dir, "late.tsv", CriteoFile(4000, {3500}));
+    ReadStats st;
+    absl::StatusOr<Dataset> d = ReadDataset(path, o, &st);
+    ASSERT_FALSE(d.ok());
+    EXPECT_EQ(st.chunks, 4);
+    const std::string text = CriteoFile(4000, {3500});
+    // The column of C3: after the label and 15 tabs-separated fields.
+    size_t line_start = 0;
+    for (int64_t l = 1; l < CriteoFileLine(3500); ++l) line_start = text.find('\n', line_start) + 1;
+    const size_t col = text.find("zz12", line_start) - line_start + 1;
+    EXPECT_EQ(d.status().message(), absl::StrCat(path, ":", CriteoFileLine(3500), ":", col, ": ", got));
+  }
+  // Two chunks with bad rows: the earlier one wins, whatever the threads.
+  const std::string path = Write(dir, "two.tsv", CriteoFile(4000, {1500, 3900}));
+  for (int threads : {1, 2, 4}) {
+    o.threads = threads;
+    o.on_error = OnBadRow::kFail;
+    absl::StatusOr<Dataset> d = ReadDataset(path, o);
+    ASSERT_FALSE(d.ok());
+    EXPECT_EQ(std::string(d.status().message()).rfind(absl::StrCat(path, ":", CriteoFileLine(1500), ":"), 0), 0u)
+        << d.status();
+    EXPECT_NE(d.status().message().find(got), std::string::npos) << d.status();
+    o.on_error = OnBadRow::kSkip;
+    d = ReadDataset(path, o);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ(d->count, 3998);
+    EXPECT_EQ(d->skipped.by_reason, (std::map<std::string, int64_t>{{"bad hex", 2}}));
+  }
+  // max_records counts good records only.
+  o.max_records = 1600;
+  absl::StatusOr<Dataset> d = ReadDataset(path, o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->count, 1600);
+  for (const SparseField& f : d->fields) EXPECT_EQ(f.offsets.size(), 1601u);
+  EXPECT_EQ(d->dense.size(), 1600u * 13);
+}
+
+TEST(ParseBufferTest, LinesCountFromTheGivenFirstLine) {
+  ReadOptions o = Opts(DataFormat::kLibsvm, LabelKind::kBinary);
+  absl::StatusOr<Dataset> d = ParseBuffer("1 1:1\n\n1 0:1\n", "part.txt", 41, o);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().message(), "part.txt:43:3: feature indices start at 1, got '0:1'");
+  o = Opts(DataFormat::kCsv, LabelKind::kBinary);
+  o.csv.label = "y";
+  d = ParseBuffer("\ny\n1\n2\n", "p.csv", 10, o);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().message(), "p.csv:13:1: label: expected 0/1 or -1/+1, got '2'");
+  // kIdx is not a text format.
+  o.format = DataFormat::kIdx;
+  EXPECT_EQ(ParseBuffer("", "x", 1, o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ReaderNumbersTest, NothingIsSilentlyCoerced) {
+  // A sign after '+', values beyond float, inf/nan and hex floats are bad rows.
+  ReadOptions o = Opts(DataFormat::kLibsvm, LabelKind::kRegression, OnBadRow::kSkip);
+  absl::StatusOr<Dataset> d =
+      ParseBuffer("1 1:+-2\n1 1:1e39\n1e39 1:1\n+-1 1:1\n1 1:inf\nnan 1:1\n1 1:0x10\n1 +-1:1\n1 1: 2\n"
+                  "+2.5 1:-1e38 2:+3 3:1e-3\n",
+                  "n.txt", 1, o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->count, 1);
+  EXPECT_EQ(d->targets, (std::vector<float>{2.5f}));
+  EXPECT_EQ(d->fields[0].weights, (std::vector<float>{-1e38f, 3.0f, 1e-3f}));
+  EXPECT_EQ(d->skipped.total(), 9);
+  EXPECT_EQ(d->skipped.by_reason.at("bad label"), 3);
+  // Criteo integers: no fractions, no "+-".
+  o = Opts(DataFormat::kCriteo, LabelKind::kBinary, OnBadRow::kSkip);
+  d = ParseBuffer(CriteoLine("1", {"1.5"}, {}) + "\n" + CriteoLine("1", {"+-3"}, {}) + "\n" +
+                      CriteoLine("1", {"+3", "-3"}, {"0x12"}) + "\n" + CriteoLine("1", {"+3", "-3"}, {"-12"}) + "\n",
+                  "c.tsv", 1, o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->count, 0);
+  EXPECT_EQ(d->skipped.by_reason, (std::map<std::string, int64_t>{{"bad hex", 2}, {"non-numeric value", 2}}));
+  // CSV dense values beyond float are bad; with a log transform they are fine.
+  o = Opts(DataFormat::kCsv, LabelKind::kRegression, OnBadRow::kSkip);
+  o.csv.label = "y";
+  o.csv.dense = {"a"};
+  o.dense_transform = DenseTransform::kNone;
+  d = ParseBuffer("y,a\n1,1e300\n2,3\n", "a.csv", 1, o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->dense, (std::vector<float>{3.0f}));
+  EXPECT_EQ(d->skipped.by_reason.at("non-numeric value"), 1);
+  o.dense_transform = DenseTransform::kLog1p;
+  d = ParseBuffer("y,a\n1,1e300\n", "a.csv", 1, o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_FLOAT_EQ(d->dense[0], static_cast<float>(std::log1p(1e300)));
+}
+
+TEST(CsvReaderTest, DelimiterQuotedHeaderLabelKindsAndWhitespaceLines) {
+  ReadOptions o = Opts(DataFormat::kCsv, LabelKind::kMultiClass);
+  o.csv.label = "the label";
+  o.csv.dense = {"x"};
+  o.csv.categorical = {"c;d", "e"};
+  o.csv.delimiter = ';';
+  o.dense_transform = DenseTransform::kLog3;
+  absl::StatusOr<Dataset> d = ParseBuffer(
+      "\"the label\";x;\"c;d\";e\r\n"
+      "3;-5;\"a;b\";\"\"\r\n"
+      "\r\n"
+      "0;;\"\";q\r\n"
+      "2;1;\"\"\"\";q",
+      "s.csv", 1, o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->count, 3);
+  EXPECT_EQ(d->labels, (std::vector<int32_t>{3, 0, 2}));
+  EXPECT_EQ(d->num_classes, 4);
+  EXPECT_EQ(d->dense_names, (std::vector<std::string>{"x"}));
+  EXPECT_FLOAT_EQ(d->dense[0], std::log(1.0f));  // -5 clamped to -2
+  EXPECT_FLOAT_EQ(d->dense[1], std::log(3.0f));  // missing = 0
+  EXPECT_FLOAT_EQ(d->dense[2], std::log(4.0f));
+  ASSERT_EQ(d->fields.size(), 2u);
+  EXPECT_EQ(d->fields[0].name, "c;d");
+  EXPECT_EQ(d->fields[0].offsets, (std::vector<int64_t>{0, 1, 1, 2}));  // "" = no id
+  EXPECT_EQ(d->fields[0].ids, (std::vector<uint64_t>{Fnv1a64("a;b"), Fnv1a64("\"")}));
+  EXPECT_EQ(d->fields[1].offsets, (std::vector<int64_t>{0, 0, 1, 2}));
+  EXPECT_EQ(d->fields[1].ids, (std::vector<uint64_t>{Fnv1a64("q"), Fnv1a64("q")}));
+  EXPECT_TRUE(d->fields[0].weights.empty());
+
+  // Regression labels, and a header that names a missing label column.
+  o = Opts(DataFormat::kCsv, LabelKind::kRegression);
+  o.csv.label = "t";
+  d = ParseBuffer("t,u\n-1.5,1\n", "r.csv", 1, o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->targets, (std::vector<float>{-1.5f}));
+  EXPECT_TRUE(d->labels.empty());
+  o.csv.label = "nope";
+  d = ParseBuffer("t,u\n-1.5,1\n", "r.csv", 1, o);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("data.csv.label: the header has no column 'nope'"), std::string::npos)
+      << d.status();
+}
+
+TEST(TextReaderTest, SingleLabelAfterMaxRecordsAndTokensCount) {
+  // Multi-label arrays only when a kept record has several labels.
+  ReadOptions o = Opts(DataFormat::kText, LabelKind::kMultiClass);
+  o.max_records = 2;
+  absl::StatusOr<Dataset> d = ParseBuffer("__label__x a b c\n__label__y d\n__label__x __label__y e\n", "t", 1, o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->count, 2);
+  EXPECT_FALSE(d->multi_label());
+  EXPECT_EQ(d->class_names, (std::vector<std::string>{"x", "y"}));
+  EXPECT_EQ(d->labels, (std::vector<int32_t>{0, 1}));
+  // Skipped rows' tokens are not counted.
+  o = Opts(DataFormat::kText, LabelKind::kMultiClass, OnBadRow::kSkip);
+  d = ParseBuffer("__label__x a b c\nno label\n__label__x\n", "t", 1, o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->count, 2);
+  EXPECT_EQ(d->tokens, 3);
+  EXPECT_EQ(d->fields[0].offsets, (std::vector<int64_t>{0, 3, 3}));  // a record with no tokens
+  EXPECT_EQ(d->skipped.by_reason.at("no label"), 1);
+}
+
 TEST(ReaderCacheTest, UsedWhileValidRewrittenOtherwise) {
   TempDir dir;
   const std::string path = Write(dir, "a.tsv", CriteoLine("1", {"4"}, {"ff"}) + "\n" + CriteoLine("0", {}, {"1"}) + "\n");
@@ -477,6 +696,64 @@ TEST(ReaderCacheTest, UsedWhileValidRewrittenOtherwise) {
   EXPECT_TRUE(fs::exists(st.cache_path));
 }
 
+TEST(ReaderCacheTest, MtimeAndEveryResultOptionInvalidate) {
+  TempDir dir;
+  const std::string path = Write(dir, "t.txt", "__label__a x y\n__label__b y z\n");
+  ReadOptions o = Opts(DataFormat::kText, LabelKind::kMultiClass);
+  o.cache = true;
+  ReadStats st;
+  ASSERT_TRUE(ReadDataset(path, o, &st).ok());
+  ASSERT_TRUE(st.cache_written);
+  ASSERT_TRUE(ReadDataset(path, o, &st).ok());
+  EXPECT_TRUE(st.from_cache);
+  // Touched (same size and bytes, new mtime): parsed again, then cached again.
+  fs::last_write_time(path, fs::last_write_time(path) + std::chrono::seconds(5));
+  ASSERT_TRUE(ReadDataset(path, o, &st).ok());
+  EXPECT_FALSE(st.from_cache);
+  ASSERT_TRUE(ReadDataset(path, o, &st).ok());
+  EXPECT_TRUE(st.from_cache);
+  // Each option that changes the result misses the cache; threads don't.
+  const std::vector<std::string> names = {"a", "b", "c"};
+  std::vector<std::function<void(ReadOptions*)>> changes = {
+      [](ReadOptions* x) { x->text.word_ngrams = 2; },
+      [](ReadOptions* x) { x->text.word_ngrams = 2, x->text.ngrams_field = true; },
+      [](ReadOptions* x) { x->max_records = 1; },
+      [](ReadOptions* x) { x->on_error = OnBadRow::kSkip; },
+      [&](ReadOptions* x) { x->class_names = &names; },
+  };
+  for (size_t i = 0; i < changes.size(); ++i) {
+    SCOPED_TRACE(i);
+    ReadOptions changed = o;
+    changes[i](&changed);
+    absl::StatusOr<Dataset> d = ReadDataset(path, changed, &st);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_FALSE(st.from_cache);
+    d = ReadDataset(path, changed, &st);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_TRUE(st.from_cache);
+  }
+  // One cache file per source: the last options' data set is in it.
+  absl::StatusOr<Dataset> d = ReadDataset(path, o, &st);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_FALSE(st.from_cache);
+  ReadOptions threads = o;
+  threads.threads = 3;
+  d = ReadDataset(path, threads, &st);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(st.from_cache);
+  EXPECT_EQ(d->class_names, (std::vector<std::string>{"a", "b"}));
+  // A cache that can't be written is not an error.
+  o.cache_dir = dir.path() + "/missing";
+  d = ReadDataset(path, o, &st);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_FALSE(st.cache_written);
+  // A failed parse writes no cache.
+  const std::string bad = Write(dir, "bad.txt", "nolabel\n");
+  o.cache_dir.clear();
+  EXPECT_FALSE(ReadDataset(bad, o, &st).ok());
+  EXPECT_FALSE(fs::exists(bad + ".swcache"));
+}
+
 TEST(ReaderErrorsTest, MissingFileAndBadOptions) {
   absl::StatusOr<Dataset> d = ReadDataset("/nonexistent/x.tsv", Opts(DataFormat::kCriteo, LabelKind::kBinary));
   EXPECT_EQ(d.status().code(), absl::StatusCode::kNotFound);
@@ -496,6 +773,47 @@ TEST(ReaderErrorsTest, MissingFileAndBadOptions) {
   d = ReadDataset(Write(dir, "e.tsv", ""), Opts(DataFormat::kCriteo, LabelKind::kBinary));
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->count, 0);
+}
+
+// A class named only on rows that are skipped is no class: no record has it.
+TEST(TextReaderTest, ASkippedRowNamesNoClass) {
+  ReadOptions o = Opts(DataFormat::kText, LabelKind::kMultiClass, OnBadRow::kSkip);
+  // Line 2 names zz, then has an empty label: skipped.
+  absl::StatusOr<Dataset> d =
+      ParseBuffer("__label__b x\n__label__zz __label__ y\n__label__a __label__b z\n", "t.txt", 1, o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->count, 2);
+  EXPECT_EQ(d->class_names, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(d->num_classes, 2);
+  EXPECT_EQ(d->labels, (std::vector<int32_t>{1, 0}));
+  EXPECT_EQ(d->label_offsets, (std::vector<int64_t>{0, 1, 3}));
+  EXPECT_EQ(d->label_sets, (std::vector<int32_t>{1, 0, 1}));
+  EXPECT_EQ(d->skipped.by_reason, (std::map<std::string, int64_t>{{"bad label", 1}}));
+  // Named again on a kept row, it is a class.
+  d = ParseBuffer("__label__b x\n__label__zz __label__ y\n__label__zz w\n", "t.txt", 1, o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->class_names, (std::vector<std::string>{"b", "zz"}));
+  EXPECT_EQ(d->labels, (std::vector<int32_t>{0, 1}));
+  EXPECT_FALSE(d->multi_label());
+}
+
+// svmlight files may have comment lines; like blank lines they are empty
+// lines, not rows without a label (scikit-learn reads them so too).
+TEST(LibsvmReaderTest, CommentAndBlankLinesAreEmptyLines) {
+  ReadOptions o = Opts(DataFormat::kLibsvm, LabelKind::kBinary);
+  absl::StatusOr<Dataset> d =
+      ParseBuffer("# written by hand\n1 1:1 # note\n \t \n  # indented\r\n0 2:0.5\n#", "a.svm", 1, o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->count, 2);
+  EXPECT_EQ(d->labels, (std::vector<int32_t>{1, 0}));
+  EXPECT_EQ(d->fields[0].offsets, (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(d->fields[0].ids, (std::vector<uint64_t>{0, 1}));
+  EXPECT_EQ(d->fields[0].weights, (std::vector<float>{1.0f, 0.5f}));
+  EXPECT_EQ(d->skipped.total(), 0);
+  // They still count as lines.
+  d = ParseBuffer("# c\n \n1 0:1\n", "a.svm", 1, o);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().message(), "a.svm:3:3: feature indices start at 1, got '0:1'");
 }
 
 }  // namespace

@@ -1,16 +1,18 @@
 // Tests for the sparse layers: EmbeddingBag (sum, mean, weighted) and the dot
-// interaction against naive formulas and central finite differences,
-// dropout, and the binary, regression and multi-label softmax losses.
+// interaction against hand-computed values, naive formulas and central
+// finite differences; dropout; and the binary, regression and multi-label
+// softmax losses against hand-computed values and finite differences.
 #include "core/sparse_layers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "core/layers.h"
 #include "gtest/gtest.h"
 
@@ -51,7 +53,8 @@ struct Bags {
 class EmbeddingBagTest : public ::testing::TestWithParam<std::tuple<Pooling, bool>> {};
 
 TEST_P(EmbeddingBagTest, ForwardMatchesNaivePooling) {
-  const auto [pooling, weighted] = GetParam();
+  const Pooling pooling = std::get<0>(GetParam());
+  const bool weighted = std::get<1>(GetParam());
   const Bags bags;
   constexpr int64_t kDim = 3, kStride = 5;  // out_stride > dim: the gaps stay untouched
   const std::vector<float> rows = Random(bags.ids() * kDim, 1);
@@ -63,7 +66,9 @@ TEST_P(EmbeddingBagTest, ForwardMatchesNaivePooling) {
     const int64_t n = bags.offsets[b + 1] - bags.offsets[b];
     for (int64_t j = 0; j < kDim; ++j) {
       double want = 0;
-      for (int64_t i = bags.offsets[b]; i < bags.offsets[b + 1]; ++i) want += (weighted ? weights[i] : 1.0) * rows[i * kDim + j];
+      for (int64_t i = bags.offsets[b]; i < bags.offsets[b + 1]; ++i) {
+        want += (weighted ? weights[i] : 1.0) * rows[i * kDim + j];
+      }
       if (pooling == Pooling::kMean && n > 0) want /= n;
       EXPECT_NEAR(out[b * kStride + j], want, 1e-6) << b << "," << j;
     }
@@ -75,7 +80,8 @@ TEST_P(EmbeddingBagTest, ForwardMatchesNaivePooling) {
 }
 
 TEST_P(EmbeddingBagTest, BackwardMatchesFiniteDifferences) {
-  const auto [pooling, weighted] = GetParam();
+  const Pooling pooling = std::get<0>(GetParam());
+  const bool weighted = std::get<1>(GetParam());
   const Bags bags;
   constexpr int64_t kDim = 3, kStride = 4, kValid = 4;  // bag 4 is padding
   std::vector<float> rows = Random(bags.ids() * kDim, 3);
@@ -101,56 +107,116 @@ TEST_P(EmbeddingBagTest, BackwardMatchesFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(All, EmbeddingBagTest,
                          ::testing::Combine(::testing::Values(Pooling::kSum, Pooling::kMean), ::testing::Bool()));
 
-class DotInteractionTest : public ::testing::TestWithParam<bool> {};
+// Hand-computed values: a bag of one, a bag pulling the same row twice (a
+// repeated id), an empty bag, and a weighted bag.
+TEST(EmbeddingBagHandTest, SumMeanAndWeightedValues) {
+  const std::vector<float> rows = {1, 2,     // bag 0: one id
+                                   3, -1,    // bag 1: the same id twice
+                                   3, -1,    //
+                                   10, 20,   // bag 3 (bag 2 is empty): two ids
+                                   -2, 4};
+  const std::vector<int64_t> offsets = {0, 1, 3, 3, 5};
+  const std::vector<float> weights = {2, 0.5f, 0.5f, 1, 0.25f};
+  std::vector<float> out(8, 99.0f);
+  EmbeddingBagForward(rows.data(), 2, offsets.data(), nullptr, 4, Pooling::kSum, out.data(), 2);
+  EXPECT_EQ(out, (std::vector<float>{1, 2, 6, -2, 0, 0, 8, 24}));
+  EmbeddingBagForward(rows.data(), 2, offsets.data(), nullptr, 4, Pooling::kMean, out.data(), 2);
+  EXPECT_EQ(out, (std::vector<float>{1, 2, 3, -1, 0, 0, 4, 12}));
+  EmbeddingBagForward(rows.data(), 2, offsets.data(), weights.data(), 4, Pooling::kSum, out.data(), 2);
+  EXPECT_EQ(out, (std::vector<float>{2, 4, 3, -1, 0, 0, 9.5f, 21}));
+  // Mean divides by the number of ids, not by the weights' sum.
+  EmbeddingBagForward(rows.data(), 2, offsets.data(), weights.data(), 4, Pooling::kMean, out.data(), 2);
+  EXPECT_EQ(out, (std::vector<float>{2, 4, 1.5f, -0.5f, 0, 0, 4.75f, 10.5f}));
+
+  // Backward: each pulled row (repeats included) gets its own share.
+  const std::vector<float> g = {1, -1, 2, 4, 7, 7, 8, 16};
+  std::vector<float> drows(10, 99.0f);
+  EmbeddingBagBackward(g.data(), 2, 2, offsets.data(), nullptr, 4, 4, Pooling::kSum, drows.data());
+  EXPECT_EQ(drows, (std::vector<float>{1, -1, 2, 4, 2, 4, 8, 16, 8, 16}));
+  EmbeddingBagBackward(g.data(), 2, 2, offsets.data(), weights.data(), 4, 4, Pooling::kMean, drows.data());
+  EXPECT_EQ(drows, (std::vector<float>{2, -2, 0.5f, 1, 0.5f, 1, 4, 8, 1, 2}));
+  // valid 2: bags 2 and 3 are padding; bag 3's rows get zeros.
+  EmbeddingBagBackward(g.data(), 2, 2, offsets.data(), nullptr, 4, 2, Pooling::kSum, drows.data());
+  EXPECT_EQ(drows, (std::vector<float>{1, -1, 2, 4, 2, 4, 0, 0, 0, 0}));
+}
+
+// (with_first, d): d 3 takes the kernels' scalar paths, 8 one vector step of
+// the forward pass, 35 two 16-wide blocks of the backward pass and a tail.
+class DotInteractionTest : public ::testing::TestWithParam<std::tuple<bool, int64_t>> {};
+
+TEST(DotInteractionHandTest, ValuesAndGradient) {
+  // One sample, n = 3 vectors of d = 2: a = (1, 2), b = (3, -1), c = (0.5, 4).
+  const std::vector<float> z = {1, 2, 3, -1, 0.5f, 4};
+  EXPECT_EQ(DotInteractionWidth(3, 2, false), 3);
+  EXPECT_EQ(DotInteractionWidth(3, 2, true), 5);
+  EXPECT_EQ(DotInteractionWidth(27, 16, true), 16 + 351);
+  std::vector<float> out(5, 99.0f);
+  DotInteractionForward(z.data(), 1, 3, 2, /*with_first=*/true, out.data(), 5);
+  // a, then b.a, c.a, c.b.
+  EXPECT_EQ(out, (std::vector<float>{1, 2, 1, 8.5f, -2.5f}));
+  std::fill(out.begin(), out.end(), 99.0f);
+  DotInteractionForward(z.data(), 1, 3, 2, /*with_first=*/false, out.data(), 5);
+  EXPECT_EQ(out, (std::vector<float>{1, 8.5f, -2.5f, 99.0f, 99.0f}));
+  // dout = (10, 20 | 1, 2, 3): da = (10, 20) + 1 b + 2 c, db = 1 a + 3 c, dc = 2 a + 3 b.
+  const std::vector<float> g = {10, 20, 1, 2, 3};
+  std::vector<float> dz(6, 99.0f);
+  DotInteractionBackward(z.data(), g.data(), 5, 1, 3, 2, /*with_first=*/true, dz.data());
+  EXPECT_EQ(dz, (std::vector<float>{14, 27, 2.5f, 14, 11, 1}));
+  DotInteractionBackward(z.data(), g.data() + 2, 3, 1, 3, 2, /*with_first=*/false, dz.data());
+  EXPECT_EQ(dz, (std::vector<float>{4, 7, 2.5f, 14, 11, 1}));
+}
 
 TEST_P(DotInteractionTest, ForwardMatchesNaiveDots) {
-  const bool with_first = GetParam();
-  constexpr int64_t kBatch = 3, kN = 4, kD = 5;
-  const int64_t width = DotInteractionWidth(kN, kD, with_first);
-  EXPECT_EQ(width, (with_first ? kD : 0) + 6);
-  const std::vector<float> z = Random(kBatch * kN * kD, 6);
-  constexpr int64_t kStride = 13;
-  std::vector<float> out(kBatch * kStride, -1.0f);
-  DotInteractionForward(z.data(), kBatch, kN, kD, with_first, out.data(), kStride);
+  const bool with_first = std::get<0>(GetParam());
+  const int64_t d = std::get<1>(GetParam());
+  constexpr int64_t kBatch = 3, kN = 4;
+  const int64_t width = DotInteractionWidth(kN, d, with_first);
+  EXPECT_EQ(width, (with_first ? d : 0) + 6);
+  const std::vector<float> z = Random(kBatch * kN * d, 6);
+  const int64_t stride = width + 2;
+  std::vector<float> out(kBatch * stride, -1.0f);
+  DotInteractionForward(z.data(), kBatch, kN, d, with_first, out.data(), stride);
   for (int64_t b = 0; b < kBatch; ++b) {
     int64_t at = 0;
     if (with_first) {
-      for (int64_t j = 0; j < kD; ++j) EXPECT_EQ(out[b * kStride + at++], z[b * kN * kD + j]);
+      for (int64_t j = 0; j < d; ++j) EXPECT_EQ(out[b * stride + at++], z[b * kN * d + j]);
     }
     for (int64_t k = 1; k < kN; ++k) {
       for (int64_t l = 0; l < k; ++l) {
         double want = 0;
-        for (int64_t j = 0; j < kD; ++j) want += z[(b * kN + k) * kD + j] * z[(b * kN + l) * kD + j];
-        EXPECT_NEAR(out[b * kStride + at++], want, 1e-5) << b << ": " << k << "." << l;
+        for (int64_t j = 0; j < d; ++j) want += z[(b * kN + k) * d + j] * z[(b * kN + l) * d + j];
+        EXPECT_NEAR(out[b * stride + at++], want, 1e-5) << b << ": " << k << "." << l;
       }
     }
     EXPECT_EQ(at, width);
-    EXPECT_EQ(out[b * kStride + width], -1.0f);  // beyond the width: untouched
+    EXPECT_EQ(out[b * stride + width], -1.0f);  // beyond the width: untouched
   }
 }
 
 TEST_P(DotInteractionTest, BackwardMatchesFiniteDifferences) {
-  const bool with_first = GetParam();
-  constexpr int64_t kBatch = 2, kN = 4, kD = 3;
-  const int64_t width = DotInteractionWidth(kN, kD, with_first);
-  std::vector<float> z = Random(kBatch * kN * kD, 7);
+  const bool with_first = std::get<0>(GetParam());
+  const int64_t d = std::get<1>(GetParam());
+  constexpr int64_t kBatch = 2, kN = 4;
+  const int64_t width = DotInteractionWidth(kN, d, with_first);
+  std::vector<float> z = Random(kBatch * kN * d, 7);
   const std::vector<float> g = Random(kBatch * width, 8);
   std::vector<float> out(kBatch * width);
   auto loss = [&] {
-    DotInteractionForward(z.data(), kBatch, kN, kD, with_first, out.data(), width);
+    DotInteractionForward(z.data(), kBatch, kN, d, with_first, out.data(), width);
     double l = 0;
     for (size_t i = 0; i < out.size(); ++i) l += g[i] * out[i];
     return l;
   };
   std::vector<float> dz(z.size(), 9.0f);
-  DotInteractionBackward(z.data(), g.data(), width, kBatch, kN, kD, with_first, dz.data());
+  DotInteractionBackward(z.data(), g.data(), width, kBatch, kN, d, with_first, dz.data());
   ExpectGradient(z, dz, loss, "z");
 }
 
-INSTANTIATE_TEST_SUITE_P(WithAndWithoutDense, DotInteractionTest, ::testing::Bool());
+INSTANTIATE_TEST_SUITE_P(WithAndWithoutDense, DotInteractionTest,
+                         ::testing::Combine(::testing::Bool(), ::testing::Values<int64_t>(3, 8, 35)));
 
 TEST(DropoutTest, MaskKeepsTheExpectedShareAndScales) {
-  constexpr int64_t kN = 100000;
+  constexpr int64_t kN = 100001;  // odd: the last draw is half used
   std::vector<float> y(kN, 1.0f), mask(kN);
   uint64_t state = 42;
   DropoutForward(y.data(), mask.data(), kN, 0.25f, &state);
@@ -217,6 +283,62 @@ TEST(LossTest, MeanSquaredErrorValuesAndGradient) {
   EXPECT_FLOAT_EQ(d[0], 2 * 0.5f / 3);
   EXPECT_FLOAT_EQ(d[2], 2 * -2.0f / 3);
   EXPECT_EQ(d[3], 0.0f);
+}
+
+TEST(LossTest, SigmoidBinaryCrossEntropyIsStableAndCountsHits) {
+  // Huge logits: finite loss and gradient; a confident miss costs |z|.
+  const std::vector<float> logits = {1000.0f, -1000.0f, 1000.0f, -1000.0f, 0.0f, 0.0f};
+  const std::vector<int32_t> labels = {1, 0, 0, 1, 0, 1};
+  std::vector<float> d(6);
+  const LossResult r = SigmoidBinaryCrossEntropy(logits.data(), labels.data(), 6, 6, d.data());
+  EXPECT_NEAR(r.loss_sum, 2000.0 + 2 * std::log(2.0), 1e-9);
+  EXPECT_EQ(r.correct, 3);  // rows 0, 1 and 4 (logit 0 predicts 0)
+  EXPECT_EQ(d, (std::vector<float>{0, 0, 1.0f / 6, -1.0f / 6, 0.5f / 6, -0.5f / 6}));
+  // nullptr gradient (evaluation): the same loss.
+  EXPECT_EQ(SigmoidBinaryCrossEntropy(logits.data(), labels.data(), 6, 6, nullptr).loss_sum, r.loss_sum);
+  // valid 0: nothing counted, every gradient zero.
+  std::fill(d.begin(), d.end(), 5.0f);
+  const LossResult none = SigmoidBinaryCrossEntropy(logits.data(), labels.data(), 0, 6, d.data());
+  EXPECT_EQ(none.loss_sum, 0.0);
+  EXPECT_EQ(none.correct, 0);
+  EXPECT_EQ(d, std::vector<float>(6, 0.0f));
+}
+
+TEST(LossTest, MeanSquaredErrorMatchesFiniteDifferences) {
+  std::vector<float> p = Random(5, 11, -3, 3);
+  const std::vector<float> t = Random(5, 12, -3, 3);
+  std::vector<float> d(5);
+  MeanSquaredError(p.data(), t.data(), 5, 5, d.data());
+  ExpectGradient(p, d, [&] { return MeanSquaredError(p.data(), t.data(), 5, 5, nullptr).loss_sum / 5; }, "p", 1e-3);
+}
+
+TEST(LossTest, MultiLabelSoftmaxHandValuesPaddingAndEmptyRows) {
+  // k = 3. Row 0: logits (0, 0, 0), labels {0, 1}: loss = -(1/2 log 1/3 + 1/2 log 1/3) = log 3,
+  // gradient (1/3 - 1/2, 1/3 - 1/2, 1/3) / valid. Row 1: no labels. Row 2: padding.
+  const std::vector<float> logits = {0, 0, 0, 5, 1, 2, 9, 9, 9};
+  const std::vector<int64_t> offsets = {0, 2, 2, 3};
+  const std::vector<int32_t> sets = {0, 1, 2};
+  std::vector<float> d(9, 99.0f);
+  const LossResult r = SoftmaxCrossEntropyMultiLabel(logits.data(), offsets.data(), sets.data(), 2, 3, 3, d.data());
+  EXPECT_NEAR(r.loss_sum, std::log(3.0), 1e-6);
+  EXPECT_EQ(r.correct, 1);  // row 0: arg-max 0 (the first of equal logits) is a label
+  const float third = 1.0f / 3;
+  EXPECT_NEAR(d[0], (third - 0.5f) / 2, 1e-7);
+  EXPECT_NEAR(d[1], (third - 0.5f) / 2, 1e-7);
+  EXPECT_NEAR(d[2], third / 2, 1e-7);
+  for (int i = 3; i < 9; ++i) EXPECT_EQ(d[i], 0.0f) << i;  // the empty row and the padding row
+  // The arg-max among several labels; one miss.
+  const std::vector<float> z2 = {0, 1, 3, 2, 1, 0};
+  const std::vector<int64_t> o2 = {0, 2, 3};
+  EXPECT_EQ(SoftmaxCrossEntropyMultiLabel(z2.data(), o2.data(), std::vector<int32_t>{1, 2, 1}.data(), 2, 2, 3, nullptr)
+                .correct,
+            1);
+  EXPECT_EQ(SoftmaxCrossEntropyMultiLabel(z2.data(), o2.data(), std::vector<int32_t>{0, 1, 0}.data(), 2, 2, 3, nullptr)
+                .correct,
+            1);
+  EXPECT_EQ(SoftmaxCrossEntropyMultiLabel(z2.data(), o2.data(), std::vector<int32_t>{2, 0, 0}.data(), 2, 2, 3, nullptr)
+                .correct,
+            2);
 }
 
 TEST(LossTest, MultiLabelSoftmaxSpreadsTheTarget) {
