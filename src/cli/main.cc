@@ -40,7 +40,7 @@
 #include "workers/evaluator.h"
 #include "workers/store_bench.h"
 #include "workers/job.h"
-#include "workers/process_trainer.h"
+#include "workers/task_trainer.h"
 #include "workers/trainer.h"
 
 #ifndef SHARDWILD_VERSION
@@ -133,7 +133,8 @@ json HugePagesJson(const HugePageStatus& h) {
           {"granted_bytes", h.granted_bytes ? json(*h.granted_bytes) : json(nullptr)}};
 }
 
-int Train(const std::string& path, const std::vector<std::string>& sets, bool as_json, bool fresh) {
+int Train(const std::string& path, const std::vector<std::string>& sets, bool as_json, bool fresh,
+          const std::vector<std::string>& worker_args) {
   absl::StatusOr<Config> config = LoadWithOverrides(path, sets);
   if (!config.ok()) return Fail(config.status());
   absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(*config);
@@ -155,6 +156,7 @@ int Train(const std::string& path, const std::vector<std::string>& sets, bool as
   run.fresh = fresh;
   run.worker_command = {"/proc/self/exe", "worker", path};  // train.worker_processes
   for (const std::string& set : sets) run.worker_command.insert(run.worker_command.end(), {"--set", set});
+  run.worker_command.insert(run.worker_command.end(), worker_args.begin(), worker_args.end());
   absl::StatusOr<TrainSummary> s = RunTraining(**job, progress, run);
   if (!s.ok()) return Fail(s.status());
   if (s->test_accuracy) {
@@ -512,6 +514,10 @@ int main(int argc, char** argv) {
   train->add_flag("--json", as_json, "End with one line of JSON summarising the run");
   bool fresh = false;
   train->add_flag("--fresh", fresh, "Start from the initial values even if checkpoint.dir holds checkpoints");
+  // Hidden, for tests: extra arguments for each worker process's command
+  // line (`shardwild worker`'s test hooks).
+  std::vector<std::string> worker_extra;
+  train->add_option("--worker-arg", worker_extra)->group("")->allow_extra_args(false);
 
   std::string checkpoint, watch, input, out;
   double idle_timeout = 0;
@@ -611,7 +617,7 @@ int main(int argc, char** argv) {
   data_gen->add_flag("--json", as_json, "End with one line of JSON");
 
   // Hidden: one worker process of train.worker_processes, started by `train`
-  // (workers/process_trainer.h).
+  // (workers/task_trainer.h).
   WorkerProcessArgs worker_args;
   CLI::App* worker = app.add_subcommand("worker", "")->group("");
   worker->add_option("config", config_path)->required();
@@ -620,6 +626,8 @@ int main(int argc, char** argv) {
   worker->add_option("--index", worker_args.index)->required();
   worker->add_option("--fd", worker_args.fd)->required();
   worker->add_option("--parent", worker_args.parent);
+  worker->add_option("--die-at-eval-task", worker_args.die_at_eval_task);  // test hooks (task_trainer.h)
+  worker->add_option("--die-marker", worker_args.die_marker);
 
   try {
     app.parse(argc, argv);
@@ -629,7 +637,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "shardwild: error: %s (run with --help for usage)\n", e.what());
     return e.get_exit_code();
   }
-  if (train->parsed()) return Train(config_path, sets, as_json, fresh);
+  if (train->parsed()) return Train(config_path, sets, as_json, fresh, worker_extra);
   if (worker->parsed()) return RunWorkerProcess(LoadWithOverrides(config_path, sets), worker_args);
   if (eval->parsed()) return Eval(config_path, sets, checkpoint, watch, idle_timeout, as_json);
   if (predict->parsed()) return Predict(config_path, sets, checkpoint, input, out);

@@ -170,6 +170,75 @@ void EvalMetrics::Merge(const EvalMetrics& other) {
   labels_.insert(labels_.end(), other.labels_.begin(), other.labels_.end());
 }
 
+namespace {
+
+constexpr uint32_t kMetricsMagic = 0x53574d31;  // "SWM1"
+
+// The fixed part of a serialized EvalMetrics.
+struct MetricsHeader {
+  uint32_t magic;
+  int32_t head;
+  int32_t num_classes;
+  int32_t top_k;
+  int64_t count;
+  double loss_sum;
+  double logloss_sum;
+  double sq_err_sum;
+  int64_t correct;
+  int64_t top_k_hits;
+  int64_t pairs;  // scores and labels that follow
+};
+
+}  // namespace
+
+std::string EvalMetrics::Serialize() const {
+  MetricsHeader h{kMetricsMagic, static_cast<int32_t>(head_), num_classes_, top_k_, count_, loss_sum_,
+                  logloss_sum_, sq_err_sum_, correct_, top_k_hits_, static_cast<int64_t>(scores_.size())};
+  std::string out(sizeof h + scores_.size() * (sizeof(float) + sizeof(int8_t)), '\0');
+  std::memcpy(out.data(), &h, sizeof h);
+  if (!scores_.empty()) {
+    std::memcpy(out.data() + sizeof h, scores_.data(), scores_.size() * sizeof(float));
+    std::memcpy(out.data() + sizeof h + scores_.size() * sizeof(float), labels_.data(), labels_.size());
+  }
+  return out;
+}
+
+absl::StatusOr<EvalMetrics> EvalMetrics::Deserialize(std::string_view bytes) {
+  MetricsHeader h;
+  if (bytes.size() < sizeof h) {
+    return absl::InvalidArgumentError(absl::StrCat("eval metrics: ", bytes.size(), " bytes, less than a header"));
+  }
+  std::memcpy(&h, bytes.data(), sizeof h);
+  if (h.magic != kMetricsMagic) return absl::InvalidArgumentError("eval metrics: bad magic");
+  if (h.head < static_cast<int32_t>(HeadType::kSoftmax) || h.head > static_cast<int32_t>(HeadType::kRegression) ||
+      h.num_classes < 1 || h.top_k < 1 || h.count < 0 || h.pairs < 0 ||
+      (h.pairs > 0 && h.head != static_cast<int32_t>(HeadType::kBinary))) {
+    return absl::InvalidArgumentError("eval metrics: bad header");
+  }
+  const uint64_t want = sizeof h + static_cast<uint64_t>(h.pairs) * (sizeof(float) + sizeof(int8_t));
+  if (static_cast<uint64_t>(h.pairs) > bytes.size() || bytes.size() != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("eval metrics: ", bytes.size(), " bytes for ", h.pairs, " scores, expected ", want));
+  }
+  EvalMetrics m(static_cast<HeadType>(h.head), h.num_classes, h.top_k);
+  if (m.num_classes_ != h.num_classes || m.top_k_ != h.top_k) {
+    return absl::InvalidArgumentError("eval metrics: classes and top_k do not fit the head");
+  }
+  m.count_ = h.count;
+  m.loss_sum_ = h.loss_sum;
+  m.logloss_sum_ = h.logloss_sum;
+  m.sq_err_sum_ = h.sq_err_sum;
+  m.correct_ = h.correct;
+  m.top_k_hits_ = h.top_k_hits;
+  m.scores_.resize(h.pairs);
+  m.labels_.resize(h.pairs);
+  if (h.pairs > 0) {
+    std::memcpy(m.scores_.data(), bytes.data() + sizeof h, h.pairs * sizeof(float));
+    std::memcpy(m.labels_.data(), bytes.data() + sizeof h + h.pairs * sizeof(float), h.pairs);
+  }
+  return m;
+}
+
 double EvalMetrics::loss() const { return count_ > 0 ? loss_sum_ / static_cast<double>(count_) : kNaN; }
 
 double EvalMetrics::auc() const {

@@ -15,9 +15,11 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "core/options.h"
 
 namespace shardwild {
@@ -82,6 +84,15 @@ class EvalMetrics {
   //   softmax:    "accuracy", "loss", and "precision_at_<k>" when k > 1
   //   regression: "rmse", "loss"
   std::vector<std::pair<std::string, double>> Values() const;
+
+  // The whole state as bytes and back, so that a worker process can hand its
+  // part of an evaluation to the process that merges them. The bytes are in
+  // host byte order (for processes on one machine): a fixed header (magic,
+  // head, classes, top_k, the sums) followed by the binary head's scores and
+  // labels. Deserialize gives an EvalMetrics equal to the one serialized, or
+  // InvalidArgument when `bytes` is not one (wrong magic, head, size).
+  std::string Serialize() const;
+  static absl::StatusOr<EvalMetrics> Deserialize(std::string_view bytes);
 
  private:
   // Constant after construction.

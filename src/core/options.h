@@ -164,7 +164,7 @@ struct DataOptions {
   int64_t max_train_records = 0;
   int64_t max_test_records = 0;
   // The most records one dispatcher task holds (train.worker_processes:
-  // workers take tasks of this size; workers/process_trainer.h). >= 1.
+  // workers take tasks of this size; workers/task_trainer.h). >= 1.
   int64_t records_per_task = 1024;
   OnBadRow on_error = OnBadRow::kFail;
   DenseTransform dense_transform = DenseTransform::kLog1p;
@@ -194,7 +194,7 @@ struct TrainOptions {
   // (every step pulls) with ps.update sync.
   int pull_every = 1;
   // Run each worker as its own process attached to the shared-memory store,
-  // with the dispatcher in this one (workers/process_trainer.h). Needs
+  // with the dispatcher in this one (workers/task_trainer.h). Needs
   // ps.update hogwild or row_lock and one copy of the parameters.
   bool worker_processes = false;
   // With worker_processes: start a replacement when a worker process dies

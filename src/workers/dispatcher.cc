@@ -338,10 +338,12 @@ bool Dispatcher::TakeLeaseLocked(int worker, uint64_t lease, Pending* task) {
   return true;
 }
 
-Assignment Dispatcher::NextLocked(int worker) {
+Assignment Dispatcher::NextLocked(int worker, bool evaluation_only) {
   std::deque<Pending>* queue = nullptr;
   if (!eval_todo_.empty()) {
     queue = &eval_todo_;
+  } else if (evaluation_only) {
+    return Assignment{};  // kWait
   } else if (!train_todo_.empty()) {
     queue = &train_todo_;
   } else if (!predict_todo_.empty()) {
@@ -381,6 +383,16 @@ absl::StatusOr<Assignment> Dispatcher::GetTask(int worker) {
   if (!job_error_.ok()) return job_error_;
   AdvanceLocked();
   return NextLocked(worker);
+}
+
+absl::StatusOr<Assignment> Dispatcher::GetEvaluationTask(int worker) {
+  if (worker < 0) return absl::InvalidArgumentError(absl::StrCat("dispatcher: worker ", worker, " is negative"));
+  MutexLock lock(&mu_);
+  TouchLocked(worker);
+  CheckTimeoutsLocked();
+  if (!job_error_.ok()) return job_error_;
+  AdvanceLocked();
+  return NextLocked(worker, /*evaluation_only=*/true);
 }
 
 absl::StatusOr<Assignment> Dispatcher::WaitForTask(int worker, std::chrono::steady_clock::time_point deadline) {
@@ -477,7 +489,6 @@ absl::StatusOr<int> Dispatcher::StartEvaluation(int64_t model_version) {
     return absl::FailedPreconditionError(
         absl::StrCat("evaluation: round ", round_, " (model version ", round_version_, ") is still open"));
   }
-  if (FinishedLocked()) return absl::FailedPreconditionError("evaluation: the job has ended");
   ++round_;
   round_open_ = true;
   round_version_ = model_version;

@@ -192,6 +192,12 @@ class Dispatcher {
   // blocks.
   absl::StatusOr<Assignment> GetTask(int worker);
 
+  // As GetTask, but hands out only evaluation tasks of the open round: kTask
+  // with one of them, else kWait (also when no round is open or training
+  // tasks are free: those stay queued). For running an evaluation round
+  // between training tasks without starting any. Never blocks.
+  absl::StatusOr<Assignment> GetEvaluationTask(int worker);
+
   // As GetTask, but while the answer is kWait blocks until tasks are
   // re-queued, an epoch or round starts, the job ends or fails, or
   // `deadline` (real time, not the injected clock) passes; then kWait.
@@ -224,9 +230,10 @@ class Dispatcher {
   int CheckTimeouts();
 
   // Opens an evaluation round over the eval files, tagged with
-  // `model_version`; returns its 1-based round number. FailedPrecondition if
-  // there are no eval records, a round is still open, or the job has ended
-  // or failed.
+  // `model_version`; returns its 1-based round number. Also after every
+  // training task is done (the final evaluation): the job is unfinished
+  // again until the round completes. FailedPrecondition if there are no
+  // eval records, a round is still open, or the job has failed.
   absl::StatusOr<int> StartEvaluation(int64_t model_version);
   // Whether round `round` has been started and every one of its tasks is done.
   bool EvaluationDone(int round) const;
@@ -279,8 +286,9 @@ class Dispatcher {
 
   // `worker` made contact: clears its dead mark.
   void TouchLocked(int worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // GetTask without the argument check and the lock.
-  Assignment NextLocked(int worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // GetTask without the argument check and the lock; only evaluation tasks
+  // when `evaluation_only`.
+  Assignment NextLocked(int worker, bool evaluation_only = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Shuffles epoch_'s tasks from rng_ (epoch_rng_ keeps the start state)
   // into train_todo_, leaving out `done`.
   void StartEpochLocked(const std::vector<char>& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

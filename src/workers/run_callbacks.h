@@ -1,6 +1,6 @@
 // RunCallbacks: what a training run does around its steps, the same for the
 // in-process trainer (trainer.cc) and the worker-process trainer
-// (process_trainer.cc), after Keras' callbacks: metrics as JSON lines and
+// (task_trainer.cc), after Keras' callbacks: metrics as JSON lines and
 // TensorBoard scalars (config.metrics), early stopping (config.early_stopping,
 // its state restored from and saved to checkpoints), the epoch's summary
 // line, and the latest evaluation's result for the run summary.

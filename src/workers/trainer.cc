@@ -10,7 +10,7 @@
 #include "core/random.h"
 #include "workers/checkpoint.h"
 #include "workers/run_callbacks.h"
-#include "workers/process_trainer.h"
+#include "workers/task_trainer.h"
 #include "core/partitioner.h"
 #include "core/status.h"
 
@@ -51,10 +51,15 @@ std::vector<int32_t> EpochOrder(int64_t n, uint64_t seed, int epoch) {
 }
 
 absl::StatusOr<EvalResult> EvaluateAll(Job& job, const Dataset& data) {
-  const std::vector<RowRange> parts = FixedShardsDiv(data.count, job.num_workers());
-  std::vector<EvalResult> results(job.num_workers());
+  // The chunks of inline evaluation's tasks (data.records_per_task records,
+  // merged in order), so both give the same sums bit for bit.
+  const int64_t chunk = job.config().data.records_per_task;
+  const int64_t chunks = (data.count + chunk - 1) / chunk;
+  std::vector<EvalResult> results(chunks);
   SW_RETURN_IF_ERROR(job.pool().RunAll([&](int i) -> absl::Status {
-    SW_ASSIGN_OR_RETURN(results[i], job.worker(i).Evaluate(data, parts[i].begin, parts[i].end));
+    for (int64_t c = i; c < chunks; c += job.num_workers()) {
+      SW_ASSIGN_OR_RETURN(results[c], job.worker(i).Evaluate(data, c * chunk, std::min(data.count, (c + 1) * chunk)));
+    }
     return absl::OkStatus();
   }));
   EvalResult total;
@@ -175,7 +180,11 @@ std::string TrainingConfigHash(const Config& c) {
 }
 
 absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, const TrainRunOptions& options) {
-  if (job.config().train.worker_processes) return RunProcessTraining(job, progress, options);
+  // Hogwild and row_lock train in dispatcher tasks (on worker processes or
+  // on the job's threads); sync trains in lockstep rounds below.
+  if (job.config().train.worker_processes || job.config().ps.update != UpdateMode::kSync) {
+    return RunTaskTraining(job, progress, options);
+  }
   const Config& cfg = job.config();
   const int workers = job.num_workers();
   const int64_t n = job.train().count;
@@ -226,6 +235,13 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
           base_records -= cur.value("epoch_records", int64_t{0});
           first_round = 0;
         }
+      } else if (first_round == 0 && cur.value("epoch_records", int64_t{0}) > 0) {
+        // Written in the middle of an epoch by task training (a dispatcher
+        // cursor, not a round): these rounds cannot continue it task by
+        // task, so the epoch restarts and its records done count once.
+        progress.Line(absl::StrCat("warning: ", found->path, " was written between tasks of epoch ", first_epoch,
+                                   "; lockstep (ps.update sync) training restarts that epoch"));
+        base_records -= cur.value("epoch_records", int64_t{0});
       }
       summary.resumed_from_step = found->step;
       progress.Line(absl::StrCat("resumed from ", found->path, ": epoch ", first_epoch, ", step ", first_round, " of ",

@@ -68,7 +68,7 @@ struct TrainRunOptions {
   // this run writes, as if the process had been killed then; 0 = never.
   int64_t stop_after_checkpoints = 0;
   // train.worker_processes: the program and leading arguments that start one
-  // worker process (workers/process_trainer.h appends --store, --index, --fd
+  // worker process (workers/task_trainer.h appends --store, --index, --fd
   // and --parent). The CLI passes {"/proc/self/exe", "worker", CONFIG,
   // "--set", ...}; unused otherwise.
   std::vector<std::string> worker_command;
@@ -82,14 +82,22 @@ std::string TrainingConfigHash(const Config& config);
 // Deterministic permutation of [0, n) for (seed, epoch).
 std::vector<int32_t> EpochOrder(int64_t n, uint64_t seed, int epoch);
 
-// Trains `job` for config.train.epochs epochs. Each epoch every record is
-// seen exactly once: the shuffled order is split into one contiguous part per
-// worker (div rule). With several replicas (ps.replication) they are
-// averaged at the end of each epoch, besides every ps.sync_every steps.
-// Evaluates data.test after each epoch. With train.worker_processes the
-// workers are processes fed by the dispatcher instead (RunProcessTraining,
-// workers/process_trainer.h: tasks, re-queued when a worker dies, and
-// epoch-granular checkpoints).
+// Trains `job` for config.train.epochs epochs; each epoch sees every record
+// exactly once.
+//
+// ps.update hogwild and row_lock (and every train.worker_processes run)
+// train in the dispatcher's tasks: RunTaskTraining (workers/task_trainer.h),
+// on the job's worker threads through a Coordinator, or on worker processes;
+// checkpoints and evaluations due every N steps land on task boundaries,
+// evaluation runs as exactly-once evaluation tasks, and a checkpoint's data
+// cursor is the dispatcher's.
+//
+// ps.update sync trains in lockstep rounds (described from here on): the
+// shuffled order is split into one contiguous part per worker (div rule) and
+// the workers step together, so a run is bit-for-bit reproducible. With
+// several replicas (ps.replication) they are averaged at the end of each
+// epoch, besides every ps.sync_every steps. Evaluates data.test after each
+// epoch.
 //
 // Checkpoints (config.checkpoint, workers/checkpoint.h): with a directory,
 // the run first resumes from the newest checkpoint there that verifies
@@ -105,7 +113,9 @@ std::vector<int32_t> EpochOrder(int64_t n, uint64_t seed, int epoch);
 // checkpoint first averages them and saves the mean.
 absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, const TrainRunOptions& options = {});
 
-// Evaluates the store's current parameters on `data`, split over the workers.
+// Evaluates the store's current parameters on `data`, split over the workers
+// in chunks of data.records_per_task records whose results are merged in
+// order, as inline evaluation's tasks are (so both agree bit for bit).
 absl::StatusOr<EvalResult> EvaluateAll(Job& job, const Dataset& data);
 
 // Class probabilities of every record of `data` (record-major, in input

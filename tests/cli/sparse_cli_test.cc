@@ -60,14 +60,17 @@ TEST_F(SparseCliTest, TrainEvalPredict) {
   EXPECT_TRUE(s["history"][1]["test_auc"].is_number());
   EXPECT_NE(t.out.find(" auc 0."), std::string::npos) << t.out;  // on the epoch line too
 
-  // The checkpoint evaluates to the same metrics.
+  // The checkpoint evaluates to the same metrics, bit for bit (`eval` merges
+  // the same data.records_per_task chunks in the same order as inline
+  // evaluation's tasks).
   const Result e = RunCli(Cmd({"eval", kDlrm, "--checkpoint", ckpt, "--json"}));
   ASSERT_EQ(e.code(), 0) << e.err;
   const json ej = LastLineJson(e.out);
   ASSERT_TRUE(ej.is_object()) << e.out;
   EXPECT_EQ(ej["records"], 1000);
-  EXPECT_DOUBLE_EQ(ej["test_auc"].get<double>(), s["test_auc"].get<double>());
-  EXPECT_DOUBLE_EQ(ej["test_logloss"].get<double>(), s["test_logloss"].get<double>());
+  EXPECT_EQ(ej["test_auc"].get<double>(), s["test_auc"].get<double>());
+  EXPECT_EQ(ej["test_logloss"].get<double>(), s["test_logloss"].get<double>());
+  EXPECT_EQ(ej["test_loss"].get<double>(), s["test_loss"].get<double>());
 
   // predict: one line per record of a Criteo file, in order, with P(label 1).
   const std::string out = Path("pred.csv");
@@ -117,16 +120,30 @@ TEST_F(SparseCliTest, BadRowsFailWithFileLineColumnOrAreSkippedAndCounted) {
 }
 
 // Worker processes attach to the store's tables and read the data themselves.
+// Worker processes train the tables and evaluate the binary head in
+// evaluation tasks: each task's AUC pairs travel to the main process, and
+// the merged metrics equal `eval` of the final checkpoint exactly.
 TEST_F(SparseCliTest, WorkerProcessesTrainTablesToo) {
-  const Result t = RunCli(Cmd({"train", kDlrm, "--json"}, {"--set", "train.worker_processes=true", "--set",
-                                                          "data.records_per_task=500"}));
+  const std::string ckpt = Path("ckpt-processes");
+  const std::vector<std::string> sets = {"--set", "data.records_per_task=300"};
+  std::vector<std::string> train_sets = {"--set", "train.worker_processes=true", "--set", "checkpoint.dir=" + ckpt};
+  train_sets.insert(train_sets.end(), sets.begin(), sets.end());
+  const Result t = RunCli(Cmd({"train", kDlrm, "--json"}, train_sets));
   ASSERT_EQ(t.code(), 0) << t.err;
   const json s = LastLineJson(t.out);
   ASSERT_TRUE(s.is_object()) << t.out;
   EXPECT_EQ(s["records_seen"], 2 * 4000);
+  EXPECT_EQ(s["eval_records_seen"], 2 * 1000);
   EXPECT_EQ(s["worker_failures"], 0);
   ASSERT_TRUE(s["test_auc"].is_number()) << t.out;
   EXPECT_GT(s["test_auc"].get<double>(), 0.55);
+  const Result e = RunCli(Cmd({"eval", kDlrm, "--checkpoint", ckpt, "--json"}, sets));
+  ASSERT_EQ(e.code(), 0) << e.err;
+  const json ej = LastLineJson(e.out);
+  ASSERT_TRUE(ej.is_object()) << e.out;
+  EXPECT_EQ(ej["test_auc"].get<double>(), s["test_auc"].get<double>());
+  EXPECT_EQ(ej["test_logloss"].get<double>(), s["test_logloss"].get<double>());
+  EXPECT_EQ(ej["test_loss"].get<double>(), s["test_loss"].get<double>());
 }
 
 }  // namespace

@@ -134,7 +134,10 @@ void KillInTheMiddleOfATask(pid_t pid) {
 TEST(WorkerProcessTest, SigkilledWorkerIsReplacedAndRecordsAreExact) {
   SKIP_WITHOUT_DATA();
   const std::string job_name = "wptest" + std::to_string(getpid()) + "a";
-  Child child(TrainArgs(job_name, {}));
+  // Long enough (about 2 s) that both workers are ready, evaluation data
+  // loaded, well before it ends, even on a loaded machine.
+  constexpr int kEpochs = 4;
+  Child child(TrainArgs(job_name, {"--set", "train.epochs=" + std::to_string(kEpochs)}));
   ASSERT_TRUE(child.started());
   ASSERT_TRUE(WaitForTraining(child, 2, std::chrono::seconds(60))) << "stdout:\n" << child.out() << "\nstderr:\n"
                                                                    << child.err();
@@ -151,20 +154,19 @@ TEST(WorkerProcessTest, SigkilledWorkerIsReplacedAndRecordsAreExact) {
                                                              << "\nstderr:\n" << child.err();
   const json j = LastLineJson(out);
   ASSERT_TRUE(j.is_object()) << out;
-  ASSERT_EQ(j["history"].size(), 2u) << "the run ended before the kill? " << j.dump();
-  EXPECT_EQ(j["records_seen"], 2 * 12000) << j.dump();
-  EXPECT_EQ(j["history"][0]["records"], 12000) << j.dump();
-  EXPECT_EQ(j["history"][1]["records"], 12000) << j.dump();
+  ASSERT_EQ(j["history"].size(), static_cast<size_t>(kEpochs)) << j.dump();
+  EXPECT_EQ(j["records_seen"], kEpochs * 12000) << j.dump();
+  for (const json& e : j["history"]) EXPECT_EQ(e["records"], 12000) << j.dump();
   EXPECT_GE(j["worker_failures"].get<int64_t>(), 1) << j.dump();
   EXPECT_GE(j["tasks_requeued"].get<int64_t>(), 1) << j.dump();
   EXPECT_EQ(j["workers"], 2);
   // Every done task's steps, no more: ceil(500 / 32) = 16 per task, 24 tasks per epoch.
-  EXPECT_EQ(j["steps"], 2 * 24 * 16) << j.dump();
+  EXPECT_EQ(j["steps"], kEpochs * 24 * 16) << j.dump();
   // A killed task's pushes may have reached the store before it died.
   EXPECT_GE(j["model_version"].get<int64_t>(), j["steps"].get<int64_t>()) << j.dump();
   ASSERT_TRUE(j["test_accuracy"].is_number()) << j.dump();
   EXPECT_GT(j["test_accuracy"].get<double>(), 0.75) << j.dump();
-  EXPECT_EQ(j["eval_records_seen"], 2 * 2000);
+  EXPECT_EQ(j["eval_records_seen"], kEpochs * 2000);
   // The death is reported and a replacement started in the same slot.
   EXPECT_NE(out.find("worker 1 (pid " + std::to_string(victim) + ") died: killed by signal 9"), std::string::npos)
       << out;
@@ -184,7 +186,7 @@ TEST(WorkerProcessTest, WithoutRestartsTheJobGoesOnWithFewerWorkers) {
   SKIP_WITHOUT_DATA();
   const std::string job_name = "wptest" + std::to_string(getpid()) + "b";
   {
-    Child child(TrainArgs(job_name, {"--set", "train.restart_workers=false"}));
+    Child child(TrainArgs(job_name, {"--set", "train.restart_workers=false", "--set", "train.epochs=4"}));
     ASSERT_TRUE(child.started());
     ASSERT_TRUE(WaitForTraining(child, 2, std::chrono::seconds(60))) << child.out() << child.err();
     const pid_t victim = WorkerPids(child.out()).at(0);
@@ -194,7 +196,7 @@ TEST(WorkerProcessTest, WithoutRestartsTheJobGoesOnWithFewerWorkers) {
     ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out << child.err();
     const json j = LastLineJson(out);
     ASSERT_TRUE(j.is_object()) << out;
-    EXPECT_EQ(j["records_seen"], 2 * 12000) << j.dump();
+    EXPECT_EQ(j["records_seen"], 4 * 12000) << j.dump();
     EXPECT_EQ(j["worker_failures"], 1) << j.dump();
     EXPECT_GE(j["tasks_requeued"].get<int64_t>(), 1) << j.dump();
     EXPECT_GT(j["test_accuracy"].get<double>(), 0.75) << j.dump();
@@ -453,6 +455,55 @@ TEST(WorkerProcessTest, EveryStepsEvaluationsWithMetricsAndEarlyStopping) {
     EXPECT_EQ(j["history"][0]["records"], 8 * 500) << j.dump();
     EXPECT_NE(r.out.find("early stopping: test_loss"), std::string::npos) << r.out;
   }
+  EXPECT_EQ(ShmEntriesContaining(job_name + "-"), std::vector<std::string>{});
+}
+
+// A worker process SIGKILLed in the middle of an evaluation round (the test
+// hook: the first process to reach its third evaluation task kills itself
+// as it arrives): its evaluation task is re-queued and run by another
+// worker, so every evaluation still sees each test record exactly once.
+// The final evaluation equals, bit for bit, `shardwild eval` of the final
+// checkpoint over the whole test set.
+TEST(WorkerProcessTest, WorkerKilledDuringEvaluationLeavesEvaluationExact) {
+  SKIP_WITHOUT_DATA();
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string ckpt = (dir.path() / "ckpt").string();
+  const std::string marker = (dir.path() / "died").string();
+  const std::string job_name = "wptest" + std::to_string(getpid()) + "g";
+  // 2000 test records in evaluation tasks of 200: 10 per round, 2 rounds.
+  const std::vector<std::string> data = {"--set", "data.max_test_records=2000", "--set", "data.records_per_task=200"};
+  std::vector<std::string> args = TrainArgs(job_name, {"--set", "checkpoint.dir=" + ckpt, "--worker-arg=--die-at-eval-task",
+                                                       "--worker-arg=3", "--worker-arg=--die-marker",
+                                                       "--worker-arg=" + marker});
+  args.insert(args.end(), data.begin(), data.end());
+  const Result r = RunCli(args);
+  ASSERT_EQ(r.code(), 0) << "stdout:\n" << r.out << "\nstderr:\n" << r.err;
+  EXPECT_TRUE(fs::exists(marker)) << "a worker process claimed the death";
+  const json j = LastLineJson(r.out);
+  ASSERT_TRUE(j.is_object()) << r.out;
+  EXPECT_EQ(j["worker_failures"], 1) << j.dump();
+  EXPECT_GE(j["tasks_requeued"].get<int64_t>(), 1) << j.dump();
+  EXPECT_NE(r.out.find(") died: killed by signal 9"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(": pid "), std::string::npos);
+  EXPECT_EQ(j["records_seen"], 2 * 12000) << j.dump();
+  EXPECT_EQ(j["eval_records_seen"], 2 * 2000) << "each evaluation saw each test record once: " << j.dump();
+  ASSERT_EQ(j["history"].size(), 2u) << j.dump();
+  for (const json& e : j["history"]) EXPECT_TRUE(e["test_loss"].is_number()) << j.dump();
+
+  // Evaluated as training evaluates: the same batches and threads.
+  std::vector<std::string> eval_args = {"eval",  kConfig, "--checkpoint", ckpt, "--json", "--set",
+                                        "data.max_train_records=12000", "--set", "train.batch_size=32",
+                                        "--set", "train.workers=2", "--set", "train.intra_op_threads=1"};
+  eval_args.insert(eval_args.end(), data.begin(), data.end());
+  const Result e = RunCli(eval_args);
+  ASSERT_EQ(e.code(), 0) << e.out << e.err;
+  const json ej = LastLineJson(e.out);
+  ASSERT_TRUE(ej.is_object()) << e.out;
+  EXPECT_EQ(ej["final"], true);
+  EXPECT_EQ(ej["records"], 2000);
+  EXPECT_EQ(ej["test_loss"].get<double>(), j["test_loss"].get<double>()) << "the merged parts are the whole set's";
+  EXPECT_EQ(ej["test_accuracy"].get<double>(), j["test_accuracy"].get<double>());
   EXPECT_EQ(ShmEntriesContaining(job_name + "-"), std::vector<std::string>{});
 }
 

@@ -1,6 +1,7 @@
 #include "core/metrics.h"
 
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -159,6 +160,62 @@ TEST(EvalMetricsTest, MergingHalvesEqualsAddingAll) {
   rb.AddRegression(logits.data() + 400, targets.data() + 400, n - 400);
   ra.Merge(rb);
   EXPECT_NEAR(ra.rmse(), rall.rmse(), 1e-12);
+}
+
+// Serialize/Deserialize carry every sum and every AUC pair: the copy's
+// values are bit-equal for each head, it merges like the original, and
+// damaged bytes are refused.
+TEST(EvalMetricsTest, SerializeRoundTripsEveryHeadAndRefusesDamage) {
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  const int n = 301, k = 5;
+  std::vector<float> logits(n * k), targets(n);
+  std::vector<int32_t> labels(n), classes(n);
+  for (float& v : logits) v = std::round(u(rng) * 4) / 4;
+  for (float& v : targets) v = u(rng);
+  for (int i = 0; i < n; ++i) {
+    labels[i] = u(rng) + logits[i] > 0 ? 1 : 0;
+    classes[i] = i % k;
+  }
+  EvalMetrics binary(HeadType::kBinary, 2), softmax(HeadType::kSoftmax, k, 3), regression(HeadType::kRegression, 0);
+  binary.AddBinary(logits.data(), labels.data(), n);
+  softmax.AddSoftmax(logits.data(), classes.data(), nullptr, nullptr, 0, n);
+  regression.AddRegression(logits.data(), targets.data(), n);
+  for (const EvalMetrics* m : {&binary, &softmax, &regression}) {
+    absl::StatusOr<EvalMetrics> copy = EvalMetrics::Deserialize(m->Serialize());
+    ASSERT_TRUE(copy.ok()) << copy.status();
+    EXPECT_EQ(copy->head(), m->head());
+    EXPECT_EQ(copy->top_k(), m->top_k());
+    EXPECT_EQ(copy->count(), m->count());
+    const auto want = m->Values(), got = copy->Values();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[i].first, want[i].first);
+      EXPECT_EQ(std::memcmp(&got[i].second, &want[i].second, sizeof(double)), 0) << want[i].first;
+    }
+  }
+  // A deserialized part merges as the part itself would: the AUC over both.
+  EvalMetrics a(HeadType::kBinary, 2), b(HeadType::kBinary, 2);
+  a.AddBinary(logits.data(), labels.data(), 100);
+  b.AddBinary(logits.data() + 100, labels.data() + 100, n - 100);
+  absl::StatusOr<EvalMetrics> b2 = EvalMetrics::Deserialize(b.Serialize());
+  ASSERT_TRUE(b2.ok());
+  a.Merge(*b2);
+  EvalMetrics all(HeadType::kBinary, 2);
+  all.AddBinary(logits.data(), labels.data(), n);
+  EXPECT_DOUBLE_EQ(a.auc(), all.auc());
+  EXPECT_EQ(a.count(), n);
+
+  const std::string bytes = binary.Serialize();
+  EXPECT_FALSE(EvalMetrics::Deserialize("").ok());
+  EXPECT_FALSE(EvalMetrics::Deserialize(bytes.substr(0, bytes.size() - 1)).ok()) << "truncated";
+  EXPECT_FALSE(EvalMetrics::Deserialize(bytes + "x").ok()) << "trailing bytes";
+  std::string bad_magic = bytes;
+  bad_magic[0] ^= 1;
+  EXPECT_FALSE(EvalMetrics::Deserialize(bad_magic).ok());
+  std::string bad_head = bytes;
+  bad_head[4] = 7;
+  EXPECT_FALSE(EvalMetrics::Deserialize(bad_head).ok());
 }
 
 TEST(EvalMetricsTest, SoftmaxSingleLabel) {

@@ -525,6 +525,42 @@ TEST(DispatcherTest, EvaluationSeesEveryRecordOnceWhenAWorkerDiesMidRound) {
   EXPECT_EQ(*d->StartEvaluation(50), 2);
 }
 
+// GetEvaluationTask hands out the open round's tasks only: training tasks
+// stay queued (kWait) before, during and after the round, and a re-queued
+// evaluation task is handed out again.
+TEST(DispatcherTest, GetEvaluationTaskLeavesTrainingTasksQueued) {
+  auto d = Make(Opts(10), {{"train", 30}}, {{"e", 20}});  // 3 training, 2 eval tasks
+  absl::StatusOr<Assignment> a = d->GetEvaluationTask(0);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->kind, Kind::kWait) << "no round is open";
+  ASSERT_TRUE(d->StartEvaluation(3).ok());
+  a = d->GetEvaluationTask(0);
+  ASSERT_TRUE(a.ok() && a->kind == Kind::kTask);
+  const Task e0 = a->task;
+  a = d->GetEvaluationTask(1);
+  ASSERT_TRUE(a.ok() && a->kind == Kind::kTask);
+  const Task e1 = a->task;
+  EXPECT_EQ(e0.type, TaskType::kEvaluation);
+  EXPECT_EQ(e1.type, TaskType::kEvaluation);
+  a = d->GetEvaluationTask(2);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->kind, Kind::kWait) << "the round's tasks are out; training tasks are not handed out";
+  d->WorkerDied(1);
+  a = d->GetEvaluationTask(2);
+  ASSERT_TRUE(a.ok() && a->kind == Kind::kTask);
+  EXPECT_EQ(a->task.index, e1.index);
+  EXPECT_EQ(a->task.attempt, 1);
+  EXPECT_EQ(d->ReportDone(0, e0.lease), ReportResult::kAccepted);
+  EXPECT_EQ(d->ReportDone(2, a->task.lease), ReportResult::kAccepted);
+  EXPECT_TRUE(d->EvaluationDone(1));
+  EXPECT_EQ(d->counters().eval_records_seen, 20);
+  EXPECT_EQ(d->counters().records_seen, 0);
+  a = d->GetEvaluationTask(0);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->kind, Kind::kWait);
+  EXPECT_EQ(Take(*d, 0).type, TaskType::kTraining) << "GetTask still hands out training";
+}
+
 TEST(DispatcherTest, OpenEvaluationRoundKeepsTheJobFromEnding) {
   auto d = Make(Opts(10), {{"train", 10}}, {{"e", 10}});
   const Task t = Take(*d, 0);
@@ -536,7 +572,17 @@ TEST(DispatcherTest, OpenEvaluationRoundKeepsTheJobFromEnding) {
   EXPECT_EQ(KindOf(*d, 1), Kind::kWait);
   EXPECT_EQ(d->ReportDone(0, e.lease), ReportResult::kAccepted);
   EXPECT_EQ(KindOf(*d, 1), Kind::kEnd);
-  EXPECT_EQ(d->StartEvaluation(8).status().code(), absl::StatusCode::kFailedPrecondition);
+  // A final round after training: the job is unfinished until it is done.
+  ASSERT_TRUE(d->StartEvaluation(8).ok());
+  EXPECT_FALSE(d->finished());
+  const Task last = Take(*d, 1);
+  EXPECT_EQ(last.type, TaskType::kEvaluation);
+  EXPECT_EQ(last.model_version, 8);
+  EXPECT_EQ(d->StartEvaluation(9).status().code(), absl::StatusCode::kFailedPrecondition) << "a round is open";
+  EXPECT_EQ(d->ReportDone(1, last.lease), ReportResult::kAccepted);
+  EXPECT_TRUE(d->finished());
+  EXPECT_EQ(KindOf(*d, 0), Kind::kEnd);
+  EXPECT_EQ(d->counters().eval_records_seen, 20);
 }
 
 TEST(DispatcherTest, PredictionTasksCarryTheirInputIndex) {

@@ -450,12 +450,6 @@ TEST(ReplicatedStoreTest, ConcurrentStepsAndAveragesRowLock) { ConcurrentStepsAn
 
 // ---- Training ----------------------------------------------------------------
 
-int64_t StepsPerEpoch(int64_t records, int workers, int64_t batch) {
-  int64_t steps = 0;
-  for (const RowRange& r : FixedShardsDiv(records, workers)) steps += (r.size() + batch - 1) / batch;
-  return steps;
-}
-
 // 6000 records, 2 epochs, 2 workers, each on its own replica. Measured: a
 // correct averaging gets 0.746-0.750 test accuracy and test loss 0.69 (one
 // copy, trainer_test: 0.78). Broken on purpose, the same runs got: dividing
@@ -487,7 +481,7 @@ void TrainReplicated(const std::vector<std::string>& extra, ReplicationPolicy ex
   ProgressReporter silent = ProgressReporter::Silent();
   absl::StatusOr<TrainSummary> s = RunTraining(j, silent);
   ASSERT_TRUE(s.ok()) << s.status();
-  const int64_t steps = kEpochs * StepsPerEpoch(kRecords, 2, config->train.batch_size);
+  const int64_t steps = kEpochs * testdata::TaskStepsPerEpoch(kRecords, config->data.records_per_task, config->train.batch_size);
   EXPECT_EQ(s->records_seen, kEpochs * kRecords);
   EXPECT_EQ(s->steps, steps);
   EXPECT_EQ(s->model_version, static_cast<uint64_t>(steps)) << "one push per step, summed over the replicas";

@@ -8,11 +8,13 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 #include "gtest/gtest.h"
 #include "tests/workers/test_config.h"
 #include "workers/checkpoint.h"
@@ -162,6 +164,55 @@ TEST(ResumeTest, HogwildRunResumesWithExactRecordCounts) {
   EXPECT_EQ(last.summary.records_seen, 3 * 3000);
   ASSERT_TRUE(last.summary.test_accuracy.has_value());
   EXPECT_GT(*last.summary.test_accuracy, 0.6);
+}
+
+// In-process task training (hogwild, tasks of 500 records: 6 tasks of 4
+// steps per epoch): checkpoint.every_steps 5 of each worker is every 10
+// steps over both, at the first task boundary at or after it, so the first
+// checkpoint falls after 3 of epoch 1's tasks (12 steps, 1500 records). A
+// run stopped there resumes in epoch 1 with only the 3 tasks not done, and
+// counts every record once. Lockstep (sync) training cannot continue an
+// epoch task by task: resuming from the same checkpoint restarts epoch 1 and
+// still counts every record once.
+TEST(ResumeTest, TaskTrainingResumesMidEpochWithTheTasksNotDone) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not under /usr/share/datasets/fashion-mnist";
+  TempDir dir, copy;
+  std::vector<std::string> sets = Sets(dir.path(), "hogwild");
+  sets.push_back("data.records_per_task=500");
+  TrainRunOptions stop;
+  stop.stop_after_checkpoints = 1;
+  ASSERT_EQ(TrainOnce(sets, stop).status.code(), absl::StatusCode::kAborted);
+  absl::StatusOr<std::optional<CheckpointInfo>> found = FindLatestCheckpoint(dir.path(), nullptr);
+  ASSERT_TRUE(found.ok()) << found.status();
+  ASSERT_TRUE(found->has_value());
+  const nlohmann::json& cur = (*found)->state.data_cursor;
+  EXPECT_EQ((*found)->step, 12);
+  EXPECT_EQ(cur["epoch"], 1);
+  EXPECT_EQ(cur["epoch_records"], 1500);
+  ASSERT_TRUE(cur.contains("dispatcher")) << cur.dump();
+  EXPECT_EQ(cur["dispatcher"]["done"].size(), 3u) << cur.dump();
+  EXPECT_EQ((*found)->state.extra["records_seen"], 1500);
+  fs::copy(dir.path(), copy.path(), fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+
+  const RunOutcome rest = TrainOnce(sets);
+  ASSERT_TRUE(rest.status.ok()) << rest.status;
+  ASSERT_TRUE(rest.summary.resumed_from_step.has_value());
+  EXPECT_EQ(*rest.summary.resumed_from_step, 12);
+  EXPECT_EQ(rest.summary.records_seen, 3 * 3000);
+  EXPECT_EQ(rest.summary.steps, 3 * 24);
+  ASSERT_EQ(rest.summary.history.size(), 3u);
+  EXPECT_EQ(rest.summary.history[0].records, 1500) << "only the tasks not done are trained again";
+  EXPECT_EQ(rest.summary.history[1].records, 3000);
+  EXPECT_EQ(rest.summary.tasks_requeued, 0);
+  EXPECT_EQ(rest.summary.eval_records_seen, 3 * 500);
+
+  std::vector<std::string> sync_sets = Sets(copy.path(), "sync");
+  const RunOutcome lockstep = TrainOnce(sync_sets);
+  ASSERT_TRUE(lockstep.status.ok()) << lockstep.status;
+  ASSERT_TRUE(lockstep.summary.resumed_from_step.has_value());
+  EXPECT_EQ(lockstep.summary.records_seen, 3 * 3000) << "the restarted epoch's records count once";
+  ASSERT_EQ(lockstep.summary.history.size(), 3u);
+  EXPECT_EQ(lockstep.summary.history[0].records, 3000);
 }
 
 }  // namespace

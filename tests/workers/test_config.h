@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -58,5 +59,14 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// Steps one epoch of task training takes (ps.update hogwild and row_lock,
+// workers/task_trainer.h): the dispatcher's tasks of `records_per_task`
+// records (the last one shorter), each in ceil(task records / batch) steps,
+// whatever the number of workers.
+inline int64_t TaskStepsPerEpoch(int64_t records, int64_t records_per_task, int64_t batch) {
+  const int64_t full = records / records_per_task, rest = records % records_per_task;
+  return full * ((records_per_task + batch - 1) / batch) + (rest + batch - 1) / batch;
+}
 
 }  // namespace shardwild::testdata

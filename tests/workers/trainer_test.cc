@@ -68,14 +68,6 @@ TEST(EpochOrderTest, DiffersBetweenEpochsAndSeeds) {
   EXPECT_LT(fixed, 50);
 }
 
-// Steps one epoch takes: each worker's contiguous part in ceil(part / batch)
-// steps.
-int64_t StepsPerEpoch(int64_t records, int workers, int64_t batch) {
-  int64_t steps = 0;
-  for (const RowRange& r : FixedShardsDiv(records, workers)) steps += (r.size() + batch - 1) / batch;
-  return steps;
-}
-
 // 6000 records, 2 epochs, 2 workers, 3 shards (more shards than NUMA nodes,
 // so each variable is split three ways).
 TEST(TrainerTest, ShortRealRun) {
@@ -102,8 +94,8 @@ TEST(TrainerTest, ShortRealRun) {
   ASSERT_TRUE(s.ok()) << s.status();
 
   const int64_t batch = config->train.batch_size;
-  const int64_t steps_per_epoch = StepsPerEpoch(kRecords, 2, batch);
-  EXPECT_EQ(steps_per_epoch, 2 * 24);  // 3000 records per worker, batch 128
+  const int64_t steps_per_epoch = testdata::TaskStepsPerEpoch(kRecords, config->data.records_per_task, batch);
+  EXPECT_EQ(steps_per_epoch, 5 * 8 + 7);  // tasks of 1024 records (the last 880), batch 128
   EXPECT_EQ(s->epochs, kEpochs);
   EXPECT_EQ(s->workers, 2);
   EXPECT_EQ(s->shards, 3);
@@ -168,7 +160,7 @@ TEST(TrainerTest, RunsOnSyntheticTwoNodeTopology) {
   absl::StatusOr<TrainSummary> s = RunTraining(j, silent);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->records_seen, 1000);
-  EXPECT_EQ(s->steps, StepsPerEpoch(1000, 2, config->train.batch_size));
+  EXPECT_EQ(s->steps, testdata::TaskStepsPerEpoch(1000, config->data.records_per_task, config->train.batch_size));
   EXPECT_EQ(s->model_version, static_cast<uint64_t>(s->steps));
   ASSERT_TRUE(s->test_accuracy.has_value());
   EXPECT_GT(*s->test_accuracy, 0.3);
@@ -280,17 +272,31 @@ absl::StatusOr<TrainSummary> TrainWith(const std::vector<std::string>& sets) {
   return RunTraining(*job, silent);
 }
 
-// eval.every_steps evaluates between steps, besides the epoch ends; every
+// eval.every_steps evaluates between tasks, besides the epoch ends; every
 // evaluation sees every test record once. eval.sidecar leaves it all out.
 TEST(TrainerTest, InlineEvaluationEveryStepsAndSidecar) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not under /usr/share/datasets/fashion-mnist";
-  // 3000 records / 2 workers / batch 128 = 12 steps per worker and epoch:
-  // evaluations at steps 5, 10, 15, 20 and at the ends of both epochs.
+  // 3000 records in tasks of 1024, 1024 and 952 (8 steps of batch 128 each),
+  // 2 workers: every 5 steps of each worker is every 10 steps over both, at
+  // the first task boundary at or after each multiple. Epoch 1: both first
+  // tasks end at 16 (evaluate), the third at 24 (the epoch's end, due at
+  // 20: one evaluation); epoch 2: 32, 40 and the end at 48. Five in all.
+  TempDir metrics_dir;
+  const std::string metrics = metrics_dir.path() + "/m.jsonl";
   absl::StatusOr<TrainSummary> s =
       TrainWith({"data.max_train_records=3000", "data.max_test_records=700", "train.epochs=2", "train.workers=2",
-                 "eval.every_steps=5"});
+                 "eval.every_steps=5", "metrics.jsonl=" + metrics});
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_EQ(s->eval_records_seen, 6 * 700);
+  EXPECT_EQ(s->eval_records_seen, 5 * 700);
+  std::vector<int64_t> eval_steps;
+  {
+    std::ifstream in(metrics);
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.value("kind", "") == "eval" && j.contains("test_loss")) eval_steps.push_back(j["step"].get<int64_t>());
+    }
+  }
+  EXPECT_EQ(eval_steps, (std::vector<int64_t>{16, 24, 32, 40, 48}));
   EXPECT_EQ(s->records_seen, 2 * 3000);
   ASSERT_TRUE(s->test_accuracy.has_value());
 

@@ -75,6 +75,52 @@ TEST(WorkerPoolTest, EachIndexRunsOnItsOwnThread) {
   EXPECT_EQ(distinct.count(std::this_thread::get_id()), 0u);
 }
 
+// RunOn(i) runs on thread i (the thread RunAll uses for i), from several
+// callers at once for different threads, and returns that call's status;
+// an init failure and a bad index are reported.
+TEST(WorkerPoolTest, RunOnRunsOnThatThreadConcurrentlyPerThread) {
+  constexpr int kThreads = 3;
+  WorkerPool pool(kThreads, [](int i) -> absl::Status {
+    if (i == 2) return absl::PermissionDeniedError("cannot pin worker 2");
+    return absl::OkStatus();
+  });
+  std::vector<std::thread::id> all(kThreads);
+  (void)pool.RunAll([&](int i) {
+    all[i] = std::this_thread::get_id();
+    return absl::OkStatus();
+  });
+  constexpr int kCalls = 200;
+  std::vector<int> count(2, 0);
+  std::vector<bool> same_thread(2, true);
+  std::vector<std::thread> callers;
+  for (int i = 0; i < 2; ++i) {
+    callers.emplace_back([&, i] {
+      for (int k = 0; k < kCalls; ++k) {
+        const absl::Status s = pool.RunOn(i, [&](int index) {
+          if (index != i || std::this_thread::get_id() != all[i]) same_thread[i] = false;
+          ++count[i];  // only thread i touches count[i]; RunOn orders it with the caller
+          return k == 7 ? absl::DataLossError("seventh") : absl::OkStatus();
+        });
+        if (k == 7 ? s.code() != absl::StatusCode::kDataLoss : !s.ok()) same_thread[i] = false;
+      }
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(count[i], kCalls) << i;
+    EXPECT_TRUE(same_thread[i]) << "thread " << i << ": wrong thread, index or status";
+  }
+  bool ran = false;
+  const absl::Status init = pool.RunOn(2, [&](int) {
+    ran = true;
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(init.code(), absl::StatusCode::kPermissionDenied) << init;
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(pool.RunOn(3, [](int) { return absl::OkStatus(); }).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool.RunOn(-1, [](int) { return absl::OkStatus(); }).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(WorkerPoolTest, ReturnsFirstErrorInWorkerOrder) {
   WorkerPool pool(4, NoInit);
   std::atomic<int> ran{0};

@@ -1,10 +1,25 @@
-// Worker processes (train.worker_processes): each worker is its own process,
-// attached by name to the job's shared-memory store; the dispatcher
-// (workers/dispatcher.h) runs in the main process and hands out tasks. A
-// worker can really die (SIGKILL, a crash): its task is re-queued and the job
-// goes on, with a replacement (train.restart_workers) or with fewer workers.
+// Task training: the dispatcher (workers/dispatcher.h, ElasticDL's master)
+// runs in the main process and hands out training and evaluation tasks to
+// the workers, which run them and report back. RunTraining uses it for
+// ps.update hogwild and row_lock (sync trains in lockstep rounds, trainer.h).
+// The workers are one of two kinds, behind the same loop and line protocol:
 //
-// Processes. RunProcessTraining starts one worker process per worker with
+//   * In-process (the default): the Job's own pinned worker threads, driven
+//     through a Coordinator (workers/coordinator.h, TF's ClusterCoordinator)
+//     whose worker i runs its functions on the Job's thread i
+//     (WorkerPool::RunOn). A task sent to a slot is a scheduled function
+//     that runs the task line on the worker's TaskRunner and posts the reply
+//     to the slot's inbox (a pipe wakes the loop's poll). Threads cannot
+//     die; a slot silent past train.task_timeout_s is given up on like a
+//     dead process (its task re-queued, a fresh slot started), but the
+//     function still running keeps its thread until it returns.
+//   * Worker processes (train.worker_processes): each worker is its own
+//     process, attached by name to the job's shared-memory store. A worker
+//     can really die (SIGKILL, a crash): its task is re-queued and the job
+//     goes on, with a replacement (train.restart_workers) or with fewer
+//     workers.
+//
+// Processes. RunTaskTraining starts one worker process per worker with
 // posix_spawn of TrainRunOptions::worker_command (the CLI passes
 // {"/proc/self/exe", "worker", CONFIG, "--set", k=v, ...}) followed by
 //   --store NAME --index I --fd 3 --parent PID
@@ -14,7 +29,8 @@
 // main process (the death signal follows the thread that spawned it: call
 // RunTraining on a thread that lives until it returns, as the CLI's main
 // thread does). It loads the training data (the same data.train and
-// data.max_train_records), attaches to the store with
+// data.max_train_records) and, when evaluation runs inline (data.test set,
+// eval.sidecar false), the test data, attaches to the store with
 // ShmParamStore::Attach(NAME, optimizer), pins itself as the in-process
 // worker I would be (train.pin_threads, intra_op_threads), builds one Worker
 // and serves tasks. Its stdout stays unused; warnings go to stderr.
@@ -22,16 +38,20 @@
 // Protocol: text lines over the stream socket, one message per line, numbers
 // in decimal (floating point with 17 significant digits, so they round-trip).
 //   child -> parent
-//     ready <pid> <records>            set up; <records> = training records it loaded
+//     ready <pid> <records> <test>     set up; the training and test records it loaded
 //     hb                               heartbeat, at most once a second while a task runs
 //     done <lease> <records> <steps> <loss_sum> <correct>
-//     fail <lease> <message>           the task failed (Worker::TrainRange's error)
+//     evaldone <lease> <count> <correct> <loss_sum> <metrics>
+//         an evaluation task's EvalResult; <metrics> is EvalMetrics::Serialize
+//         in base64 ("-" when the head has none)
+//     fail <lease> <message>           the task failed (Worker::TrainRange's or Evaluate's error)
 //     fatal <message>                  setup failed; the child exits 1
 //   parent -> child
 //     task <lease> <epoch> <first> <count> <progress_begin> <progress_per_step>
 //         train positions [first, first + count) of EpochOrder(records,
 //         train.seed, epoch); step k uses optimizer.LrAt(progress_begin +
 //         k * progress_per_step)
+//     eval <lease> <first> <count>     evaluate test records [first, first + count)
 //     exit                             (or EOF) the child exits 0
 // A child runs a task in pieces of train.pull_every steps (Worker::TrainRange
 // pulls at the start of each call and every pull_every steps, so the pieces
@@ -69,14 +89,24 @@
 // Epochs, evaluation, checkpoints. Tasks are the dispatcher's (records per
 // task: data.records_per_task), shuffled per epoch; epochs never overlap.
 // At each epoch's end every worker is idle: the parent evaluates data.test
-// with the Job's in-process workers (eval.every_epochs and the last epoch),
-// writes metrics, applies early_stopping and writes checkpoints
-// (checkpoint.every_epochs and the end).
+// (eval.every_epochs and the last epoch), writes metrics, applies
+// early_stopping and writes checkpoints (checkpoint.every_epochs and the
+// end). With several replicas (in-process ps.replication per_node /
+// per_core) they are averaged first, so evaluation and checkpoints see one
+// model.
 //
-// Every N steps (checkpoint.every_steps, eval.every_steps). In-process, N
-// steps of each worker (a global round); here the equivalent is N x workers
-// (the job's worker count, also after a worker is lost without restart)
-// steps over all worker processes, where a step counts when its task is
+// Evaluation is one evaluation round of the dispatcher over data.test, in
+// tasks of data.records_per_task records, run by the workers while no
+// training task is out (Dispatcher::GetEvaluationTask). A worker that dies
+// during it has its evaluation task re-queued; each task's result counts
+// once (the first accepted report; a stale one is dropped), and the parts
+// are merged in task order, so every evaluation sees every test record
+// exactly once (eval_records_seen == evaluations x test records).
+//
+// Every N steps (checkpoint.every_steps, eval.every_steps): N steps of each
+// worker, that is N x workers (the job's worker count, also after a worker
+// is lost without restart) steps over all workers, where a step counts when
+// its task is
 // reported done, over the whole training (resumes included: the count is
 // TrainSummary::steps, which checkpoints carry). When the steps done plus
 // those of the tasks out reach the next multiple, the parent stops handing
@@ -100,24 +130,28 @@
 // Resuming from a checkpoint written in the middle of an epoch re-runs only
 // the epoch's tasks not done, so records_seen stays exact (== epochs x
 // records); the epoch's history entry then counts the records of this run
-// only. data_cursor["round"] is always 0 and ["epoch_records"] the records
-// of the epoch's done tasks, so an in-process run resuming from a mid-epoch
-// checkpoint of this mode restarts the epoch (and, as trainer.cc stands,
-// counts the records of those done tasks twice in records_seen). The other
-// way, a mid-epoch checkpoint of an in-process run (no dispatcher cursor)
-// restarts that epoch here, with records_seen exact.
+// only. The cursor does not depend on the kind of workers: a checkpoint of
+// in-process task training resumes with worker processes and the other way.
+// data_cursor["round"] is always 0 and ["epoch_records"] the records of the
+// epoch's done tasks, so lockstep (sync) training resuming from a mid-epoch
+// checkpoint of task training restarts the epoch, counting its records once.
+// The other way, a mid-epoch checkpoint of lockstep training (a round, no
+// dispatcher cursor) restarts that epoch here, with records_seen exact.
 //
 // Metrics. Every train.log_every_s, from the tasks reported done so far in
 // the epoch, a progress line and a `kind: train` metrics record
 // (RunCallbacks::OnProgress: the epoch's mean train loss and its samples/s,
 // at the global step).
 //
-// Requirements (Config::Validate and RunProcessTraining): ps.update hogwild or
-// row_lock (sync is a barrier inside one process) and one copy of the
-// parameters (ps.replication per_machine, or auto resolving to it).
+// Requirements (Config::Validate and RunTaskTraining): ps.update hogwild or
+// row_lock (sync steps all workers together, trainer.h); worker processes
+// also need one copy of the parameters (ps.replication per_machine, or auto
+// resolving to it).
 //
-// Thread safety: RunProcessTraining runs on the calling thread (the Job's
-// worker threads evaluate); RunWorkerProcess is a process's main loop.
+// Thread safety: RunTaskTraining runs its loop on the calling thread (and,
+// in-process, the task functions on the Job's worker threads; the Job must
+// not be used otherwise meanwhile); RunWorkerProcess is a process's main
+// loop.
 #pragma once
 
 #include <sys/types.h>
@@ -133,14 +167,16 @@
 
 namespace shardwild {
 
-// Trains `job` with one worker process per worker (see above). Called by
-// RunTraining when config.train.worker_processes is set; options as for
-// RunTraining, and options.worker_command must name the worker program.
-// Errors: InvalidArgument for an unusable config or command; the
-// dispatcher's error when a task is out of retries; FailedPrecondition when
-// no worker is left or a worker fails to start (its message). Worker
-// processes still running are killed and reaped on every return.
-absl::StatusOr<TrainSummary> RunProcessTraining(Job& job, ProgressReporter& progress, const TrainRunOptions& options);
+// Trains `job` in dispatcher tasks (see above): on worker processes when
+// config.train.worker_processes is set (options.worker_command must name the
+// worker program), else on the job's worker threads. Called by RunTraining
+// for ps.update hogwild and row_lock; options as for RunTraining. Errors:
+// InvalidArgument for an unusable config or command (ps.update sync
+// included); the dispatcher's error when a task is out of retries;
+// FailedPrecondition when no worker is left or a worker fails to start (its
+// message). Worker processes still running are killed and reaped on every
+// return.
+absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progress, const TrainRunOptions& options);
 
 // The arguments the parent appends to worker_command.
 struct WorkerProcessArgs {
@@ -148,6 +184,11 @@ struct WorkerProcessArgs {
   int index = 0;      // --index: which worker (placement, Worker index)
   int fd = -1;        // --fd: the socket to the parent
   pid_t parent = 0;   // --parent: the main process
+  // Test hooks (--die-at-eval-task K --die-marker FILE): the first worker
+  // process to create FILE (exclusively) kills itself with SIGKILL when its
+  // K-th evaluation task arrives, before running it; 0 = never.
+  int die_at_eval_task = 0;
+  std::string die_marker;
 };
 
 // The worker process's main loop (the CLI's `shardwild worker`): returns

@@ -1,0 +1,1202 @@
+#include "workers/task_trainer.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <omp.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/match.h"
+#include "core/status.h"
+#include "ps_shm/shm_store.h"
+#include "workers/checkpoint.h"
+#include "workers/coordinator.h"
+#include "workers/dispatcher.h"
+#include "workers/run_callbacks.h"
+#include "workers/worker.h"
+
+extern char** environ;
+
+namespace shardwild {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// A message on one line: newlines become spaces.
+std::string OneLine(absl::string_view text) {
+  std::string s(text);
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  std::replace(s.begin(), s.end(), '\r', ' ');
+  return s;
+}
+
+// One slot's line channel (see the protocol in task_trainer.h): whole lines
+// out, lines in, buffered. A worker process's is its socket (LineChannel);
+// an in-process slot's is an inbox filled by Coordinator functions
+// (InProcessChannel).
+class SlotChannel {
+ public:
+  virtual ~SlotChannel() = default;
+  // Sends `line` (and '\n'). False when the worker is gone.
+  virtual bool Send(const std::string& line) = 0;
+  // Moves what has arrived into the buffer: a socket blocks until something
+  // arrives (call it when poll() says fd() is readable); an inbox never
+  // blocks. False on EOF or an error.
+  virtual bool Fill() = 0;
+  // Readable when a message may have arrived (for poll()).
+  virtual int fd() const = 0;
+  // The next complete line in the buffer, without its '\n'.
+  bool NextLine(std::string* line) {
+    const size_t nl = buf_.find('\n');
+    if (nl == std::string::npos) return false;
+    line->assign(buf_, 0, nl);
+    buf_.erase(0, nl + 1);
+    return true;
+  }
+
+ protected:
+  std::string buf_;
+};
+
+// One end of the socket between the main process and a worker process.
+class LineChannel final : public SlotChannel {
+ public:
+  explicit LineChannel(int fd) : fd_(fd) {}
+
+  // Writes `line` and '\n'. False when the peer is gone (no SIGPIPE).
+  bool Send(const std::string& line) override {
+    const std::string msg = line + "\n";
+    size_t off = 0;
+    while (off < msg.size()) {
+      const ssize_t n = ::send(fd_, msg.data() + off, msg.size() - off, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      off += static_cast<size_t>(n);
+    }
+    return true;
+  }
+  // Reads once (blocking until something arrives) into the buffer. False on
+  // EOF or an error.
+  bool Fill() override {
+    char chunk[4096];
+    while (true) {
+      const ssize_t n = ::read(fd_, chunk, sizeof chunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      buf_.append(chunk, static_cast<size_t>(n));
+      return true;
+    }
+  }
+  // Blocks until a whole line arrives; nullopt on EOF or an error.
+  std::optional<std::string> ReadLine() {
+    std::string line;
+    while (!NextLine(&line)) {
+      if (!Fill()) return std::nullopt;
+    }
+    return line;
+  }
+  int fd() const override { return fd_; }
+
+ private:
+  int fd_;
+};
+
+std::string Real(double v) { return absl::StrFormat("%.17g", v); }
+
+// ---- Running tasks (worker processes and in-process slots) -----------------
+
+// Encodes an evaluation task's result for `evaldone`: count, correct,
+// loss_sum (17 digits) and the metrics' bytes in base64 ("-" when absent).
+std::string EncodeEvalResult(const EvalResult& r) {
+  return absl::StrCat(r.count, " ", r.correct, " ", Real(r.loss_sum), " ",
+                      r.metrics ? absl::Base64Escape(r.metrics->Serialize()) : std::string("-"));
+}
+
+absl::StatusOr<EvalResult> DecodeEvalResult(const std::vector<std::string>& f, size_t at) {
+  EvalResult r;
+  if (f.size() != at + 4 || !absl::SimpleAtoi(f[at], &r.count) || !absl::SimpleAtoi(f[at + 1], &r.correct) ||
+      !absl::SimpleAtod(f[at + 2], &r.loss_sum) || r.count < 0) {
+    return absl::InvalidArgumentError("malformed evaluation result");
+  }
+  if (f[at + 3] != "-") {
+    std::string bytes;
+    if (!absl::Base64Unescape(f[at + 3], &bytes)) return absl::InvalidArgumentError("malformed metrics (base64)");
+    SW_ASSIGN_OR_RETURN(EvalMetrics m, EvalMetrics::Deserialize(bytes));
+    r.metrics = std::move(m);
+  }
+  return r;
+}
+
+// Runs the parent's `task` and `eval` messages on one Worker. The worker
+// process's loop and the in-process slots share it, so a task computes the
+// same wherever it runs. Not thread-safe: one thread (the worker's) at a
+// time.
+class TaskRunner {
+ public:
+  // `test` may be null (no evaluation tasks then).
+  TaskRunner(const Config& config, Worker& worker, const Dataset& train, const Dataset* test)
+      : config_(config), worker_(worker), train_(train), test_(test) {}
+
+  // The reply to `line` (`done`, `evaldone` or `fail`), or nullopt when the
+  // line is no task (unknown messages are ignored, for forward
+  // compatibility) or `heartbeat` returned false (the parent is gone).
+  // Between pieces of a training task, heartbeat() is called when a second
+  // has passed since the last message this runner knows of.
+  std::optional<std::string> Run(const std::string& line, const std::function<bool()>& heartbeat) {
+    const std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (f.empty()) return std::nullopt;
+    std::optional<std::string> reply;
+    if (f[0] == "task") reply = Train(f, line, heartbeat);
+    if (f[0] == "eval") reply = Evaluate(f, line);
+    last_sent_ = Clock::now();
+    return reply;
+  }
+
+ private:
+  std::optional<std::string> Train(const std::vector<std::string>& f, const std::string& line,
+                                   const std::function<bool()>& heartbeat) {
+    uint64_t lease = 0;
+    int epoch = 0;
+    int64_t first = 0, count = 0;
+    double progress_begin = 0, per_step = 0;
+    if (f.size() != 7 || !absl::SimpleAtoi(f[1], &lease) || !absl::SimpleAtoi(f[2], &epoch) ||
+        !absl::SimpleAtoi(f[3], &first) || !absl::SimpleAtoi(f[4], &count) ||
+        !absl::SimpleAtod(f[5], &progress_begin) || !absl::SimpleAtod(f[6], &per_step) || epoch < 1 || first < 0 ||
+        count < 0 || first + count > train_.count) {
+      return absl::StrCat("fail ", lease, " malformed task: ", OneLine(line));
+    }
+    if (epoch != order_epoch_) {
+      order_ = EpochOrder(train_.count, config_.train.seed, epoch);
+      order_epoch_ = epoch;
+    }
+    const int64_t batch = config_.train.batch_size;
+    const int64_t piece = batch * config_.train.pull_every;  // records per TrainRange call
+    WorkerCounters& c = worker_.counters();
+    const int64_t steps0 = c.steps.load(std::memory_order_relaxed);
+    const int64_t samples0 = c.samples.load(std::memory_order_relaxed);
+    const int64_t correct0 = c.correct.load(std::memory_order_relaxed);
+    const double loss0 = c.loss_sum.load(std::memory_order_relaxed);
+    absl::Status trained;
+    // In pieces of pull_every steps (Worker::TrainRange pulls at the start of
+    // each call and every pull_every steps, so the pieces compute exactly
+    // what one call would), with a heartbeat between them.
+    for (int64_t off = 0; off < count && trained.ok(); off += piece) {
+      trained = worker_.TrainRange(order_.data() + first + off, std::min(piece, count - off), config_.optimizer,
+                                   progress_begin, per_step, off / batch, nullptr);
+      if (SecondsSince(last_sent_) >= 1.0 && off + piece < count) {
+        if (!heartbeat()) return std::nullopt;
+        last_sent_ = Clock::now();
+      }
+    }
+    if (!trained.ok()) return absl::StrCat("fail ", lease, " ", OneLine(trained.message()));
+    return absl::StrCat("done ", lease, " ", c.samples.load(std::memory_order_relaxed) - samples0, " ",
+                        c.steps.load(std::memory_order_relaxed) - steps0, " ",
+                        Real(c.loss_sum.load(std::memory_order_relaxed) - loss0), " ",
+                        c.correct.load(std::memory_order_relaxed) - correct0);
+  }
+
+  std::string Evaluate(const std::vector<std::string>& f, const std::string& line) {
+    uint64_t lease = 0;
+    int64_t first = 0, count = 0;
+    if (f.size() != 4 || !absl::SimpleAtoi(f[1], &lease) || !absl::SimpleAtoi(f[2], &first) ||
+        !absl::SimpleAtoi(f[3], &count) || test_ == nullptr || first < 0 || count < 0 ||
+        first + count > test_->count) {
+      return absl::StrCat("fail ", lease, " malformed evaluation task", test_ == nullptr ? " (no test data)" : "",
+                          ": ", OneLine(line));
+    }
+    absl::StatusOr<EvalResult> r = worker_.Evaluate(*test_, first, first + count);
+    if (!r.ok()) return absl::StrCat("fail ", lease, " ", OneLine(r.status().message()));
+    return absl::StrCat("evaldone ", lease, " ", EncodeEvalResult(*r));
+  }
+
+  const Config& config_;
+  Worker& worker_;
+  const Dataset& train_;
+  const Dataset* const test_;
+  std::vector<int32_t> order_;  // EpochOrder of order_epoch_
+  int order_epoch_ = -1;
+  Clock::time_point last_sent_ = Clock::now();
+};
+
+// ---- The worker process --------------------------------------------------
+
+// Whether evaluation runs inline, as tasks (the main process and its worker
+// processes decide it alike).
+bool InlineEvaluation(const Config& config) { return !config.data.test.empty() && !config.eval.sidecar; }
+
+// The test hook of WorkerProcessArgs: whether this process is the one to
+// die, claiming `marker` (created exclusively: only the first process does).
+bool ClaimDeath(const std::string& marker) {
+  const int fd = open(marker.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  close(fd);
+  return true;
+}
+
+// Sets up, says ready, then serves tasks until `exit` or EOF. Errors are
+// setup errors (task errors are sent as `fail`).
+absl::Status ServeTasks(const Config& config, const WorkerProcessArgs& args, LineChannel& channel) {
+  SW_RETURN_IF_ERROR(config.Validate());
+  // Placement as the in-process worker `index` would have it (Job::Create).
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<Topology> topo, MakeTopology(config.topology));
+  const int workers = topo->ResolveWorkers(config.train.workers);
+  const int threads = topo->ResolveThreadsPerWorker(config.train.intra_op_threads, workers);
+  if (args.index < 0 || args.index >= workers) {
+    return absl::InvalidArgumentError(absl::StrCat("worker index ", args.index, " is not in [0, ", workers, ")"));
+  }
+  const Placement placement = topo->Plan(workers, topo->ResolveShards(config.ps.shards), threads);
+  omp_set_dynamic(0);
+  omp_set_num_threads(threads);
+  if (config.train.pin_threads) SW_RETURN_IF_ERROR(topo->PinCurrentThread(placement.workers[args.index].cores));
+
+  SW_ASSIGN_OR_RETURN(Dataset train, LoadDataset(config, config.data.train, config.data.max_train_records, nullptr));
+  std::optional<Dataset> test;
+  if (InlineEvaluation(config)) {
+    SW_ASSIGN_OR_RETURN(test, LoadDataset(config, config.data.test, config.data.max_test_records, &train));
+    SW_RETURN_IF_ERROR(CheckTestData(train, *test));
+  }
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<ShmParamStore> store,
+                      ShmParamStore::Attach(args.store, config.optimizer, config.sparse_optimizer));
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, Worker::Create(args.index, config.model,
+                                                                     config.train.batch_size, train, store.get(),
+                                                                     engine, config.train.seed));
+  WorkerUpdateOptions update;
+  update.pull_every = config.train.pull_every;
+  update.max_staleness = config.ps.max_staleness;
+  if (config.sparse_optimizer) update.sparse_optimizer = &*config.sparse_optimizer;
+  worker->set_update_options(update);
+  if (!channel.Send(absl::StrCat("ready ", getpid(), " ", train.count, " ", test ? test->count : 0))) {
+    return absl::OkStatus();  // parent gone
+  }
+
+  TaskRunner runner(config, *worker, train, test ? &*test : nullptr);
+  int eval_tasks = 0;
+  while (std::optional<std::string> line = channel.ReadLine()) {
+    if (*line == "exit") break;
+    if (absl::StartsWith(*line, "eval ") && args.die_at_eval_task > 0 && ++eval_tasks == args.die_at_eval_task &&
+        ClaimDeath(args.die_marker)) {
+      raise(SIGKILL);  // the test hook: killed in the middle of an evaluation task
+    }
+    const std::optional<std::string> reply = runner.Run(*line, [&channel] { return channel.Send("hb"); });
+    if (reply && !channel.Send(*reply)) break;
+  }
+  return absl::OkStatus();
+}
+
+// ---- The main process ----------------------------------------------------
+
+// One worker slot: the process (or in-process worker) now serving worker
+// `index`.
+struct Slot {
+  int index = 0;
+  pid_t pid = -1;      // -1: no worker (given up, restart_workers false); in-process: this process's pid
+  int fd = -1;         // the channel's fd (for poll)
+  int id = -1;         // the dispatcher's worker id of this process
+  bool ready = false;  // said `ready`
+  bool busy = false;   // a task is out
+  uint64_t lease = 0;
+  TaskType task_type = TaskType::kTraining;  // of the task out (while busy)
+  int64_t task_index = 0;                    // Task::index of the task out
+  int64_t task_steps = 0;  // the steps of the task out (while busy; 0 for evaluation)
+  int starts_failed = 0;  // consecutive deaths before `ready`
+  Clock::time_point contact;  // spawn or last message
+  std::string fatal;          // its `fatal` message, if any
+  std::unique_ptr<SlotChannel> channel;
+};
+
+// The workers the task loop hands tasks to, one Slot each: processes
+// (WorkerProcesses) or the Job's own worker threads (InProcessWorkers).
+// Used by the loop's thread only.
+class TaskWorkers {
+ public:
+  explicit TaskWorkers(int workers) : slots_(workers) {
+    for (int i = 0; i < workers; ++i) slots_[i].index = i;
+  }
+  virtual ~TaskWorkers() = default;
+  TaskWorkers(const TaskWorkers&) = delete;
+  TaskWorkers& operator=(const TaskWorkers&) = delete;
+
+  std::vector<Slot>& slots() { return slots_; }
+  int live() const {
+    return static_cast<int>(std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.pid > 0; }));
+  }
+  // Starts a worker in `slot` (its previous one must be reaped), under a
+  // fresh dispatcher worker id; it says `ready` once set up.
+  virtual absl::Status Spawn(Slot& slot) = 0;
+  // Ends the worker of `slot` (killing it first if asked) and returns its
+  // wait status; the slot has no worker afterwards.
+  virtual int Reap(Slot& slot, bool kill_first) = 0;
+  // Asks every worker to exit and waits for them (killing after `grace_s`).
+  virtual void ExitAll(double grace_s) = 0;
+  // Whether the workers are processes (what progress lines say).
+  virtual bool processes() const = 0;
+
+ protected:
+  // Fills in a newly started slot.
+  void Started(Slot& slot, pid_t pid, int fd, std::unique_ptr<SlotChannel> channel) {
+    slot.pid = pid;
+    slot.fd = fd;
+    slot.id = next_id_++;
+    slot.ready = false;
+    slot.busy = false;
+    slot.lease = 0;
+    slot.fatal.clear();
+    slot.contact = Clock::now();
+    slot.channel = std::move(channel);
+  }
+  static void Cleared(Slot& slot) {
+    slot.fd = -1;
+    slot.channel.reset();
+    slot.pid = -1;
+    slot.busy = false;
+    slot.ready = false;
+  }
+
+ private:
+  std::vector<Slot> slots_;
+  int next_id_ = 0;
+};
+
+std::string DescribeWaitStatus(int status) {
+  if (WIFSIGNALED(status)) return absl::StrCat("killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
+  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
+  return absl::StrCat("wait status ", status);
+}
+
+// The worker processes; the destructor kills and reaps whatever still runs.
+class WorkerProcesses final : public TaskWorkers {
+ public:
+  WorkerProcesses(std::vector<std::string> command, std::string store, int workers)
+      : TaskWorkers(workers), command_(std::move(command)), store_(std::move(store)) {}
+  ~WorkerProcesses() override {
+    for (Slot& s : slots()) {
+      if (s.pid > 0) Reap(s, /*kill_first=*/true);
+    }
+  }
+  bool processes() const override { return true; }
+
+  // Starts a process for `slot` (its previous one must be reaped).
+  absl::Status Spawn(Slot& slot) override {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+      return absl::InternalError(absl::StrCat("socketpair: ", std::strerror(errno)));
+    }
+    // The child's end goes to fd 3; keep it above 3 here so dup2 really copies
+    // (and so clears close-on-exec).
+    const int child_end = fcntl(sv[1], F_DUPFD_CLOEXEC, 10);
+    close(sv[1]);
+    if (child_end < 0) {
+      close(sv[0]);
+      return absl::InternalError(absl::StrCat("fcntl: ", std::strerror(errno)));
+    }
+    std::vector<std::string> args = command_;
+    for (const std::string& a : {std::string("--store"), store_, std::string("--index"), std::to_string(slot.index),
+                                 std::string("--fd"), std::string("3"), std::string("--parent"),
+                                 std::to_string(getpid())}) {
+      args.push_back(a);
+    }
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, child_end, 3);
+    pid_t pid = -1;
+    const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    close(child_end);
+    if (rc != 0) {
+      close(sv[0]);
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot start worker process '", command_[0], "': ", std::strerror(rc)));
+    }
+    Started(slot, pid, sv[0], std::make_unique<LineChannel>(sv[0]));
+    return absl::OkStatus();
+  }
+
+  // Closes the socket and waits for the process (killing it first if
+  // asked); returns its wait status. The slot has no process afterwards.
+  int Reap(Slot& slot, bool kill_first) override {
+    if (slot.fd >= 0) close(slot.fd);
+    int status = 0;
+    if (slot.pid > 0) {
+      if (kill_first) kill(slot.pid, SIGKILL);
+      while (waitpid(slot.pid, &status, 0) < 0 && errno == EINTR) {
+      }
+    }
+    Cleared(slot);
+    return status;
+  }
+
+  // Asks every process to exit and reaps them (SIGKILL after `grace`).
+  void ExitAll(double grace_s) override {
+    for (Slot& s : slots()) {
+      if (s.pid > 0 && s.channel) s.channel->Send("exit");
+    }
+    const auto deadline = Clock::now() + std::chrono::duration<double>(grace_s);
+    for (Slot& s : slots()) {
+      if (s.pid <= 0) continue;
+      if (s.fd >= 0) close(s.fd);
+      s.fd = -1;
+      s.channel.reset();
+      int status = 0;
+      while (true) {
+        const pid_t r = waitpid(s.pid, &status, WNOHANG);
+        if (r == s.pid || (r < 0 && errno != EINTR)) break;
+        if (Clock::now() >= deadline) {
+          kill(s.pid, SIGKILL);
+          while (waitpid(s.pid, &status, 0) < 0 && errno == EINTR) {
+          }
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      s.pid = -1;
+    }
+  }
+
+ private:
+  const std::vector<std::string> command_;
+  const std::string store_;
+};
+
+// Runs a Coordinator function on the Job's pinned worker thread `index`
+// (WorkerPool::RunOn), where its Worker was built and its OpenMP thread
+// count and pinning are set. The coordinator's dispatch thread `index` is
+// the only caller for that index, as RunOn requires.
+class PoolThreadExecutor final : public WorkerExecutor {
+ public:
+  PoolThreadExecutor(WorkerPool* pool, int index) : pool_(pool), index_(index) {}
+  absl::Status Run(absl::FunctionRef<absl::Status()> fn) override {
+    return pool_->RunOn(index_, [&fn](int) { return fn(); });
+  }
+
+ private:
+  WorkerPool* const pool_;  // the Job's; outlives the coordinator
+  const int index_;
+};
+
+// An in-process slot's incoming lines, shared by the slot's channel and the
+// Coordinator functions that post the replies (which may outlive the slot:
+// a slot given up on is closed, and what its functions post later is
+// dropped). A byte on the pipe says that lines are waiting.
+class Inbox {
+ public:
+  static absl::StatusOr<std::shared_ptr<Inbox>> Create() {
+    int p[2];
+    if (pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) {
+      return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+    }
+    return std::shared_ptr<Inbox>(new Inbox(p[0], p[1]));
+  }
+  ~Inbox() {
+    close(read_fd_);
+    close(write_fd_);
+  }
+  Inbox(const Inbox&) = delete;
+  Inbox& operator=(const Inbox&) = delete;
+
+  // Any thread: queues `line` and wakes the reader (unless closed).
+  void Post(std::string line) {
+    MutexLock lock(&mu_);
+    if (closed_) return;
+    lines_.push_back(std::move(line));
+    // A full pipe already wakes the reader, so EAGAIN is fine.
+    [[maybe_unused]] const ssize_t n = ::write(write_fd_, "x", 1);
+  }
+  // The reader: appends every queued line (with '\n') to `out`, emptying
+  // the pipe first (a line posted after that leaves a byte for the next poll).
+  void Drain(std::string* out) {
+    char chunk[256];
+    while (::read(read_fd_, chunk, sizeof chunk) > 0) {
+    }
+    MutexLock lock(&mu_);
+    for (std::string& line : lines_) absl::StrAppend(out, line, "\n");
+    lines_.clear();
+  }
+  void Close() {
+    MutexLock lock(&mu_);
+    closed_ = true;
+    lines_.clear();
+  }
+  int read_fd() const { return read_fd_; }
+
+ private:
+  Inbox(int read_fd, int write_fd) : read_fd_(read_fd), write_fd_(write_fd) {}
+
+  // Constant after construction.
+  const int read_fd_;
+  const int write_fd_;
+
+  Mutex mu_;
+  std::deque<std::string> lines_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// An in-process slot's channel: Send schedules the task line as a
+// Coordinator function, which runs it on some idle worker's TaskRunner (the
+// slot is bookkeeping for the dispatcher; any worker can run any task) and
+// posts the reply, and the heartbeats, to the inbox.
+class InProcessChannel final : public SlotChannel {
+ public:
+  InProcessChannel(std::shared_ptr<Inbox> inbox, Coordinator* coordinator,
+                   std::vector<std::unique_ptr<TaskRunner>>* runners)
+      : inbox_(std::move(inbox)), coordinator_(coordinator), runners_(runners) {}
+  ~InProcessChannel() override { inbox_->Close(); }
+
+  bool Send(const std::string& line) override {
+    if (line == "exit") return true;
+    // The function's status is OK even when the task failed (the reply says
+    // so); it has no RemoteValue to fetch.
+    coordinator_->Schedule([inbox = inbox_, runners = runners_, line](const WorkerContext& ctx) {
+      const std::optional<std::string> reply = (*runners)[ctx.worker_index()]->Run(line, [&inbox] {
+        inbox->Post("hb");
+        return true;
+      });
+      if (reply) inbox->Post(*reply);
+    });
+    return true;
+  }
+  bool Fill() override {
+    inbox_->Drain(&buf_);
+    return true;
+  }
+  int fd() const override { return inbox_->read_fd(); }
+
+ private:
+  const std::shared_ptr<Inbox> inbox_;
+  Coordinator* const coordinator_;
+  std::vector<std::unique_ptr<TaskRunner>>* const runners_;
+};
+
+// The Job's worker threads as task workers, through a Coordinator whose
+// worker i runs on the Job's thread i. They cannot die as processes can: a
+// slot given up on (silent past train.task_timeout_s) is closed, its task
+// re-queued, and a function still running for it keeps its worker until it
+// returns (threads cannot be killed).
+class InProcessWorkers final : public TaskWorkers {
+ public:
+  static absl::StatusOr<std::unique_ptr<InProcessWorkers>> Create(Job& job) {
+    std::unique_ptr<InProcessWorkers> w(new InProcessWorkers(job.num_workers()));
+    const Dataset* test = InlineEvaluation(job.config()) ? job.test() : nullptr;
+    std::vector<std::unique_ptr<WorkerExecutor>> executors;
+    for (int i = 0; i < job.num_workers(); ++i) {
+      w->runners_.push_back(std::make_unique<TaskRunner>(job.config(), job.worker(i), job.train(), test));
+      executors.push_back(std::make_unique<PoolThreadExecutor>(&job.pool(), i));
+    }
+    SW_ASSIGN_OR_RETURN(w->coordinator_, Coordinator::Create(std::move(executors)));
+    w->ready_line_ = absl::StrCat("ready ", getpid(), " ", job.train().count, " ", test ? test->count : 0);
+    return w;
+  }
+  ~InProcessWorkers() override { ExitAll(0); }
+  bool processes() const override { return false; }
+
+  absl::Status Spawn(Slot& slot) override {
+    SW_ASSIGN_OR_RETURN(std::shared_ptr<Inbox> inbox, Inbox::Create());
+    const int fd = inbox->read_fd();
+    inbox->Post(ready_line_);
+    Started(slot, getpid(), fd, std::make_unique<InProcessChannel>(std::move(inbox), coordinator_.get(), &runners_));
+    return absl::OkStatus();
+  }
+  int Reap(Slot& slot, bool /*kill_first*/) override {
+    Cleared(slot);  // closes the inbox: replies still to come are dropped
+    return 0;
+  }
+  // Waits for the functions still running (the slots' tasks are done or
+  // dropped by then).
+  void ExitAll(double /*grace_s*/) override {
+    for (Slot& s : slots()) {
+      if (s.pid > 0) Cleared(s);
+    }
+    if (coordinator_) (void)coordinator_->Join();
+  }
+
+ private:
+  explicit InProcessWorkers(int workers) : TaskWorkers(workers) {}
+
+  std::string ready_line_;
+  std::vector<std::unique_ptr<TaskRunner>> runners_;  // [worker]; each used by its worker's thread only
+  std::unique_ptr<Coordinator> coordinator_;          // after runners_: its threads stop first
+};
+
+struct EpochTotals {
+  int64_t records = 0, steps = 0, correct = 0;
+  double loss = 0;
+};
+
+constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+
+// The first multiple of `period` (> 0) above `steps`; kNever when period is 0.
+int64_t NextMultiple(int64_t steps, int64_t period) { return period > 0 ? (steps / period + 1) * period : kNever; }
+
+}  // namespace
+
+int RunWorkerProcess(const absl::StatusOr<Config>& config, const WorkerProcessArgs& args) {
+  // Never outlive the main process: killed when it dies, and if it died
+  // before this line, leave at once.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (args.parent > 0 && getppid() != args.parent) return 1;
+  if (args.fd < 0) return 1;
+  LineChannel channel(args.fd);
+  const absl::Status s = config.ok() ? ServeTasks(*config, args, channel) : config.status();
+  if (!s.ok()) {
+    channel.Send(absl::StrCat("fatal ", OneLine(s.message())));
+    return 1;
+  }
+  return 0;
+}
+
+absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progress, const TrainRunOptions& options) {
+  const Config& cfg = job.config();
+  const bool processes = cfg.train.worker_processes;
+  if (processes && options.worker_command.empty()) {
+    return absl::InvalidArgumentError(
+        "train.worker_processes: no worker command to start (run training through the shardwild command line)");
+  }
+  if (cfg.ps.update == UpdateMode::kSync) {
+    return absl::InvalidArgumentError("ps.update: sync trains in lockstep rounds, not in dispatcher tasks");
+  }
+  if (processes && job.replicas().num_replicas() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ps.replication: resolved to ", ReplicationPolicyName(job.replicas().plan().policy), " (",
+        job.replicas().num_replicas(), " replicas), but train.worker_processes needs one copy; set ps.replication "
+        "per_machine"));
+  }
+  const int workers = job.num_workers();
+  const int64_t n = job.train().count;
+  const int64_t batch = cfg.train.batch_size;
+  const int epochs = cfg.train.epochs;
+  const CheckpointOptions& ck = cfg.checkpoint;
+  const bool checkpointing = !ck.dir.empty();
+  const std::string config_hash = TrainingConfigHash(cfg);
+
+  TrainSummary summary;
+  summary.epochs = epochs;
+  summary.workers = workers;
+  summary.intra_op_threads = job.placement().threads_per_worker;
+  summary.shards = job.store().layout().num_shards;
+  summary.store_name = job.store().name();
+  summary.store_bytes = job.replicas().total_bytes();
+
+  DispatcherOptions dopts;
+  dopts.records_per_task = cfg.data.records_per_task;
+  dopts.task_timeout_s = cfg.train.task_timeout_s;
+  dopts.max_task_retries = cfg.train.max_task_retries;
+  dopts.epochs = epochs;
+  dopts.seed = cfg.train.seed;
+  // Inline evaluation runs as the dispatcher's evaluation rounds over the
+  // test set, in the same tasks' size.
+  const bool inline_eval = job.test() != nullptr && InlineEvaluation(cfg);
+  const int64_t test_n = inline_eval ? job.test()->count : 0;
+  std::vector<DataFile> eval_files;
+  if (inline_eval) eval_files.push_back(DataFile{cfg.data.test, test_n});
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<Dispatcher> dispatcher,
+                      Dispatcher::Create(dopts, {DataFile{cfg.data.train, n}}, std::move(eval_files)));
+
+  // Resume: parameters from the newest checkpoint, the dispatcher from its
+  // cursor (or the saved epoch from its beginning).
+  int first_epoch = 1;
+  int64_t base_steps = 0;
+  int64_t restored_records = 0;
+  nlohmann::json restored_extra;
+  {
+    SW_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> found,
+                        ResumeJob(job, options.fresh, progress, &summary.skipped_checkpoints));
+    if (found) {
+      const nlohmann::json& cur = found->state.data_cursor;
+      restored_extra = found->state.extra;
+      first_epoch = cur.value("epoch", 1);
+      base_steps = restored_extra.value("steps", int64_t{0});
+      restored_records = restored_extra.value("records_seen", int64_t{0});
+      if (first_epoch <= epochs) {
+        DataCursor dc = dispatcher->Cursor();  // the right task count; epoch 1, nothing done
+        absl::Status restored = absl::UnknownError("no dispatcher cursor");
+        if (cur.contains("dispatcher") && cur.value("records", int64_t{0}) == n) {
+          absl::StatusOr<DataCursor> saved = DataCursor::FromJson(cur["dispatcher"].dump());
+          restored = saved.ok() ? dispatcher->Restore(*saved) : saved.status();
+        }
+        if (!restored.ok()) {
+          // An in-process checkpoint, or one of other data: the saved epoch
+          // from its beginning, with an order of its own.
+          if (cur.value("round", int64_t{0}) > 0 || cur.contains("dispatcher")) {
+            progress.Line(absl::StrCat("warning: ", found->path, " cannot be continued task by task (",
+                                       restored.message(), "); epoch ", first_epoch, " restarts from its beginning"));
+          }
+          dc.epoch = first_epoch;
+          dc.rng_state = cfg.train.seed ^ (0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(first_epoch));
+          dc.done.clear();
+          SW_RETURN_IF_ERROR(dispatcher->Restore(dc));
+        }
+      }
+      summary.resumed_from_step = found->step;
+      const DataCursor now = dispatcher->Cursor();
+      progress.Line(absl::StrCat("resumed from ", found->path, ": epoch ", first_epoch,
+                                 first_epoch <= epochs ? absl::StrCat(", ", now.done.size(), " of ", now.num_tasks,
+                                                                      " tasks done")
+                                                       : std::string(" (training was complete)")));
+    }
+  }
+
+  // Metrics, early stopping (its state travels in checkpoints), epoch lines.
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<RunCallbacks> callbacks,
+                      RunCallbacks::Create(cfg, summary.resumed_from_step.has_value(), restored_extra, &progress));
+  int64_t run_steps = 0;  // steps of done tasks, this run
+
+  // Averages the replicas (in-process ps.replication per_node / per_core),
+  // so that evaluations, checkpoints and the next epoch see one model; a
+  // no-op when no task has been done since the last call (or with one copy).
+  int64_t averaged_at = -1;
+  auto average = [&]() -> absl::Status {
+    if (base_steps + run_steps == averaged_at) return absl::OkStatus();
+    averaged_at = base_steps + run_steps;
+    return job.replicas().Average();
+  };
+
+  // "Every N steps" (checkpoint.every_steps, eval.every_steps): in-process,
+  // N steps of each worker; here, N x workers steps of done tasks over all
+  // worker processes, counted over the whole training (base_steps +
+  // run_steps, which a checkpoint carries). Once the steps done plus those
+  // of the tasks out reach the next multiple, no task is handed out; when
+  // the last one out has reported, the checkpoint or evaluation runs with
+  // every worker idle, and hand-outs resume. So each falls on the first task
+  // boundary at or after its multiple (at the epoch's end if that comes
+  // first, as part of the epoch's end).
+  const int64_t ckpt_period = checkpointing && ck.every_steps > 0 ? ck.every_steps * workers : 0;
+  const int64_t eval_period = inline_eval && cfg.eval.every_steps > 0 ? cfg.eval.every_steps * workers : 0;
+  int64_t next_ckpt = NextMultiple(base_steps, ckpt_period);
+  int64_t next_eval = NextMultiple(base_steps, eval_period);
+
+  // Checkpoint of the quiescent job (no task out): training goes on in
+  // `next_epoch`, with the tasks the dispatcher's cursor counts as done
+  // (holding `epoch_records` records) left out of it; epochs + 1 when
+  // training is over. The in-process trainer's "round" stays 0: it cannot
+  // continue an epoch task by task, and restarts it.
+  auto write_checkpoint = [&](int next_epoch, int64_t epoch_records) -> absl::Status {
+    SW_RETURN_IF_ERROR(average());  // several replicas (in-process): save their mean
+    const DispatcherCounters dc = dispatcher->counters();
+    CheckpointState state;
+    state.step = base_steps + run_steps;
+    state.epoch = next_epoch - 1;
+    state.config_hash = config_hash;
+    state.data_cursor = {{"epoch", next_epoch}, {"round", 0},          {"workers", workers},
+                         {"batch", batch},      {"records", n},        {"epoch_records", epoch_records},
+                         {"seed", cfg.train.seed},
+                         {"dispatcher", json::parse(dispatcher->Cursor().ToJson())}};
+    state.rng = {{"shuffle_seed", cfg.train.seed}, {"epoch", next_epoch}};
+    state.extra = {{"records_seen", dc.records_seen},
+                   {"steps", base_steps + run_steps},
+                   {"final", next_epoch > epochs || callbacks->stopped()},
+                   {"worker_processes", processes}};
+    if (nlohmann::json es = callbacks->early_stopping_state(); !es.is_null()) state.extra["early_stopping"] = es;
+    state.extra["data"] = DataPreprocessingJson(cfg);
+    CheckpointWriteOptions wo;
+    wo.keep = ck.keep;
+    SW_ASSIGN_OR_RETURN(summary.last_checkpoint, WriteCheckpoint(ck.dir, job.store(), state, wo));
+    ++summary.checkpoints_written;
+    if (options.stop_after_checkpoints > 0 && summary.checkpoints_written >= options.stop_after_checkpoints) {
+      return absl::AbortedError(absl::StrCat("stopped after checkpoint ", summary.last_checkpoint, " (test hook)"));
+    }
+    return absl::OkStatus();
+  };
+
+  // Steps in one epoch over all tasks (for the progress line).
+  const int64_t per_task = cfg.data.records_per_task;
+  const int64_t steps_per_epoch = (n / per_task) * ((per_task + batch - 1) / batch) + ((n % per_task) + batch - 1) / batch;
+
+  const auto run_start = Clock::now();
+  double train_seconds = 0;
+  int64_t run_records = 0;
+  if (first_epoch <= epochs) {
+    std::unique_ptr<TaskWorkers> procs_owner;
+    if (processes) {
+      procs_owner = std::make_unique<WorkerProcesses>(options.worker_command, job.store().name(), workers);
+    } else {
+      SW_ASSIGN_OR_RETURN(procs_owner, InProcessWorkers::Create(job));
+    }
+    TaskWorkers& procs = *procs_owner;
+    auto start = [&](Slot& slot, const char* why) -> absl::Status {
+      SW_RETURN_IF_ERROR(procs.Spawn(slot));
+      if (processes) progress.Line(absl::StrCat("worker ", slot.index, ": pid ", slot.pid, why));
+      return absl::OkStatus();
+    };
+    for (Slot& s : procs.slots()) SW_RETURN_IF_ERROR(start(s, ""));
+
+    int epoch = dispatcher->counters().epoch;
+    int completed = dispatcher->counters().epochs_completed;
+    EpochTotals totals;
+    auto epoch_start = Clock::now();
+    bool epoch_started = false;
+    auto last_tick = Clock::now();
+    std::string last_death;
+    std::vector<std::optional<EvalResult>> eval_parts;  // [evaluation task] of the open round, once each
+
+    // A process is gone (or given up on): re-queue its task, restart it or
+    // go on without it.
+    auto died = [&](Slot& slot, bool kill_first, const std::string& why) -> absl::Status {
+      const pid_t pid = slot.pid;
+      const bool was_ready = slot.ready;
+      const std::string fatal = slot.fatal;
+      const int status = procs.Reap(slot, kill_first);
+      const std::string how = why.empty() ? DescribeWaitStatus(status) : why;
+      if (!fatal.empty() || (!was_ready && WIFEXITED(status) && why.empty())) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "worker process ", slot.index, " (pid ", pid, ") failed to start: ",
+            fatal.empty() ? how : fatal));
+      }
+      dispatcher->WorkerDied(slot.id);
+      const std::string who =
+          processes ? absl::StrCat("worker ", slot.index, " (pid ", pid, ")") : absl::StrCat("worker ", slot.index);
+      last_death = absl::StrCat(who, " ", how);
+      progress.Line(absl::StrCat(who, processes ? " died: " : " given up on: ", how,
+                                 "; its task goes back to the queue"));
+      slot.starts_failed = was_ready ? 0 : slot.starts_failed + 1;
+      if (slot.starts_failed > 3) {
+        return absl::FailedPreconditionError(absl::StrCat("worker process ", slot.index, " died ",
+                                                          slot.starts_failed, " times before it was ready; last: ",
+                                                          how));
+      }
+      if (cfg.train.restart_workers) return start(slot, " (replacement)");
+      if (procs.live() == 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "no worker process is left (train.restart_workers is false); the last one: ", last_death));
+      }
+      return absl::OkStatus();
+    };
+
+    // One message from `slot`.
+    auto handle = [&](Slot& slot, const std::string& line) -> absl::Status {
+      slot.contact = Clock::now();
+      const std::vector<std::string> f = absl::StrSplit(line, absl::MaxSplits(' ', 5));
+      if (f[0] == "hb") {
+        dispatcher->Heartbeat(slot.id);
+      } else if (f[0] == "ready" && f.size() >= 4) {
+        int64_t records = -1, test_records = -1;
+        if (!absl::SimpleAtoi(f[2], &records) || records != n || !absl::SimpleAtoi(f[3], &test_records) ||
+            test_records != test_n) {
+          return absl::FailedPreconditionError(absl::StrCat("worker process ", slot.index, " loaded ", f[2],
+                                                            " training and ", f[3], " test records, this process ",
+                                                            n, " and ", test_n));
+        }
+        slot.ready = true;
+        if (processes) progress.Line(absl::StrCat("worker ", slot.index, ": pid ", slot.pid, " ready"));
+      } else if (f[0] == "evaldone" && slot.busy) {
+        uint64_t lease = 0;
+        const std::vector<std::string> g = absl::StrSplit(line, ' ');
+        absl::StatusOr<EvalResult> r = DecodeEvalResult(g, 2);
+        if (g.size() < 2 || !absl::SimpleAtoi(g[1], &lease) || !r.ok()) {
+          return absl::InternalError(absl::StrCat("worker ", slot.index, ": malformed reply '", line.substr(0, 200),
+                                                  "' (", r.status().message(), ")"));
+        }
+        slot.busy = false;
+        const int64_t index = slot.task_index;
+        if (dispatcher->ReportDone(slot.id, lease) == ReportResult::kAccepted) {
+          if (slot.task_type != TaskType::kEvaluation || index < 0 ||
+              index >= static_cast<int64_t>(eval_parts.size()) || eval_parts[index].has_value()) {
+            return absl::InternalError(absl::StrCat("worker ", slot.index, ": evaluation result for task ", index,
+                                                    " that is not out"));
+          }
+          eval_parts[index] = *std::move(r);
+        }
+      } else if (f[0] == "done" && f.size() == 6 && slot.busy) {
+        EpochTotals t;
+        uint64_t lease = 0;
+        if (!absl::SimpleAtoi(f[1], &lease) || !absl::SimpleAtoi(f[2], &t.records) ||
+            !absl::SimpleAtoi(f[3], &t.steps) || !absl::SimpleAtod(f[4], &t.loss) ||
+            !absl::SimpleAtoi(f[5], &t.correct)) {
+          return absl::InternalError(absl::StrCat("worker process ", slot.index, ": malformed reply '", line, "'"));
+        }
+        slot.busy = false;
+        if (dispatcher->ReportDone(slot.id, lease) == ReportResult::kAccepted) {
+          totals.records += t.records;
+          totals.steps += t.steps;
+          totals.loss += t.loss;
+          totals.correct += t.correct;
+          run_steps += t.steps;
+          run_records += t.records;
+        }
+      } else if (f[0] == "fail" && f.size() >= 2 && slot.busy) {
+        uint64_t lease = 0;
+        (void)absl::SimpleAtoi(f[1], &lease);
+        slot.busy = false;
+        const std::string msg = line.size() > 5 + f[1].size() + 1 ? line.substr(5 + f[1].size() + 1) : "";
+        dispatcher->ReportFailed(slot.id, lease,
+                                 absl::InternalError(absl::StrCat("worker ", slot.index, ": ", msg)));
+      } else if (f[0] == "fatal") {
+        slot.fatal = line.size() > 6 ? line.substr(6) : "unknown error";
+      }
+      return absl::OkStatus();
+    };
+
+    // The steps of the tasks out.
+    auto steps_out = [&]() {
+      int64_t steps = 0;
+      for (const Slot& slot : procs.slots()) {
+        if (slot.pid > 0 && slot.busy) steps += slot.task_steps;
+      }
+      return steps;
+    };
+
+    const double timeout_s = cfg.train.task_timeout_s;
+    bool finished = false;  // the dispatcher said kEnd: every training task is done
+
+    // One turn of the loop: hands tasks to the idle workers, waits up to 50
+    // ms for messages and handles them, and gives up on silent workers.
+    // Training hands out training tasks (the next ones of the dispatcher)
+    // unless enough steps are out to reach a checkpoint or evaluation due by
+    // steps (then it drains); `evaluation` hands out only the open
+    // evaluation round's tasks.
+    auto pump = [&](bool evaluation) -> absl::Status {
+      int64_t out = steps_out();
+      for (Slot& slot : procs.slots()) {
+        if (slot.pid <= 0 || !slot.ready || slot.busy) continue;
+        if (!evaluation && base_steps + run_steps + out >= std::min(next_ckpt, next_eval)) break;
+        SW_ASSIGN_OR_RETURN(Assignment a,
+                            evaluation ? dispatcher->GetEvaluationTask(slot.id) : dispatcher->GetTask(slot.id));
+        if (a.kind == Assignment::Kind::kEnd) {
+          finished = true;
+          break;
+        }
+        if (a.kind == Assignment::Kind::kWait) break;
+        const Task& t = a.task;
+        std::string message;
+        slot.task_type = t.type;
+        slot.task_index = t.index;
+        if (t.type == TaskType::kEvaluation) {
+          slot.task_steps = 0;
+          message = absl::StrCat("eval ", t.lease, " ", t.first_record, " ", t.records);
+        } else {
+          if (!epoch_started) {  // the epoch's time runs from its first task (not the workers' start-up)
+            epoch_started = true;
+            epoch_start = Clock::now();
+          }
+          const int64_t done_in_epoch = dispatcher->counters().records_seen - static_cast<int64_t>(t.epoch - 1) * n;
+          const double progress_begin =
+              (static_cast<double>(t.epoch - 1) + static_cast<double>(std::clamp<int64_t>(done_in_epoch, 0, n)) / n) /
+              epochs;
+          const double per_step = static_cast<double>(batch) / (static_cast<double>(n) * epochs);
+          slot.task_steps = (t.records + batch - 1) / batch;
+          out += slot.task_steps;
+          message = absl::StrCat("task ", t.lease, " ", t.epoch, " ", t.first_record, " ", t.records, " ",
+                                 Real(progress_begin), " ", Real(per_step));
+        }
+        slot.busy = true;
+        slot.lease = t.lease;
+        slot.contact = Clock::now();
+        if (!slot.channel->Send(message)) SW_RETURN_IF_ERROR(died(slot, /*kill_first=*/true, ""));
+      }
+      if (finished) return absl::OkStatus();
+
+      // Wait for messages.
+      std::vector<pollfd> fds;
+      std::vector<Slot*> polled;
+      for (Slot& slot : procs.slots()) {
+        if (slot.pid <= 0) continue;
+        fds.push_back(pollfd{slot.fd, POLLIN, 0});
+        polled.push_back(&slot);
+      }
+      if (fds.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat("no worker process is left; the last one: ", last_death));
+      }
+      const int ready = poll(fds.data(), fds.size(), 50);
+      if (ready < 0 && errno != EINTR) return absl::InternalError(absl::StrCat("poll: ", std::strerror(errno)));
+      for (size_t i = 0; i < fds.size() && ready > 0; ++i) {
+        Slot& slot = *polled[i];
+        if (fds[i].revents == 0 || slot.pid <= 0) continue;
+        if (!slot.channel->Fill()) {
+          // Whatever it said last still counts (a `done` before dying).
+          std::string line;
+          while (slot.channel->NextLine(&line)) SW_RETURN_IF_ERROR(handle(slot, line));
+          SW_RETURN_IF_ERROR(died(slot, /*kill_first=*/false, ""));
+          continue;
+        }
+        std::string line;
+        while (slot.channel && slot.channel->NextLine(&line)) SW_RETURN_IF_ERROR(handle(slot, line));
+      }
+
+      // Silent workers: a task (or the start) out for too long.
+      for (Slot& slot : procs.slots()) {
+        if (slot.pid <= 0 || (slot.ready && !slot.busy)) continue;
+        if (SecondsSince(slot.contact) > timeout_s) {
+          SW_RETURN_IF_ERROR(died(slot, /*kill_first=*/true,
+                                  absl::StrFormat("was silent for more than %g s (train.task_timeout_s); killed",
+                                                  timeout_s)));
+        }
+      }
+      return absl::OkStatus();
+    };
+
+    // Evaluates data.test with every worker idle: one evaluation round of
+    // the dispatcher, its tasks run by the workers (a worker that dies has
+    // its task re-queued), the parts merged in task order once each.
+    auto evaluate = [&]() -> absl::StatusOr<RunCallbacks::Evaluation> {
+      SW_RETURN_IF_ERROR(average());  // several replicas (in-process): evaluate their mean
+      EvalResult ev;
+      if (test_n > 0) {
+        SW_ASSIGN_OR_RETURN(const int round,
+                            dispatcher->StartEvaluation(static_cast<int64_t>(job.replicas().version())));
+        eval_parts.assign(static_cast<size_t>((test_n + cfg.data.records_per_task - 1) / cfg.data.records_per_task),
+                          std::nullopt);
+        while (!dispatcher->EvaluationDone(round)) {
+          SW_RETURN_IF_ERROR(pump(/*evaluation=*/true));
+          SW_RETURN_IF_ERROR(dispatcher->status());
+        }
+        for (size_t i = 0; i < eval_parts.size(); ++i) {
+          if (!eval_parts[i]) {
+            return absl::InternalError(absl::StrCat("evaluation round ", round, " ended without task ", i));
+          }
+          ev.Add(*eval_parts[i]);
+        }
+      }
+      summary.eval_records_seen += ev.count;
+      return RunCallbacks::Evaluation{ev.count ? ev.loss_sum / ev.count : 0.0,
+                                      ev.count ? static_cast<double>(ev.correct) / ev.count : 0.0,
+                                      ExtraTestMetrics(ev)};
+    };
+
+    // End of an epoch (every worker idle): statistics, evaluation, metrics,
+    // early stopping, checkpoint; a checkpoint or evaluation due by steps
+    // happens here too. `stopped_before`: early stopping asked to stop in
+    // the middle of the epoch (an evaluation between tasks), so it ends
+    // partial, without evaluating, and training ends.
+    auto end_epoch = [&](bool stopped_before) -> absl::Status {
+      // With several replicas (in-process), end the epoch on one model.
+      SW_RETURN_IF_ERROR(average());
+      const int64_t steps_now = base_steps + run_steps;
+      const bool eval_due = steps_now >= next_eval;
+      const bool ckpt_due = steps_now >= next_ckpt;
+      if (eval_due) next_eval = NextMultiple(steps_now, eval_period);
+      if (ckpt_due) next_ckpt = NextMultiple(steps_now, ckpt_period);
+      const double seconds = SecondsSince(epoch_start);
+      train_seconds += seconds;
+      EpochResult er;
+      er.epoch = epoch;
+      er.records = totals.records;
+      er.train_loss = er.records > 0 ? totals.loss / er.records : 0;
+      er.train_accuracy = er.records > 0 ? static_cast<double>(totals.correct) / er.records : 0;
+      er.seconds = seconds;
+      er.samples_per_s = seconds > 0 ? er.records / seconds : 0;
+      const bool last_epoch = epoch == epochs;
+      if (inline_eval && !stopped_before &&
+          (last_epoch || eval_due || (cfg.eval.every_epochs > 0 && epoch % cfg.eval.every_epochs == 0))) {
+        SW_ASSIGN_OR_RETURN(const RunCallbacks::Evaluation ev, evaluate());
+        er.test_loss = ev.loss;
+        er.test_accuracy = ev.accuracy;
+        er.test_metrics = ev.extra;
+      }
+      summary.history.push_back(er);
+      SW_ASSIGN_OR_RETURN(const bool stop, callbacks->OnEpochEnd(er, epochs, steps_now));
+      if (stopped_before || stop) {
+        summary.stopped_early_at_epoch = epoch;
+        if (checkpointing) SW_RETURN_IF_ERROR(write_checkpoint(epochs + 1, 0));
+        return absl::OkStatus();
+      }
+      if (checkpointing && (last_epoch || ckpt_due || (ck.every_epochs > 0 && epoch % ck.every_epochs == 0))) {
+        SW_RETURN_IF_ERROR(write_checkpoint(epoch + 1, 0));
+      }
+      ++epoch;
+      totals = EpochTotals();
+      epoch_started = false;
+      return absl::OkStatus();
+    };
+
+    // Every worker idle in the middle of the epoch with an evaluation or a
+    // checkpoint due by steps: the evaluation first (early stopping may end
+    // the epoch and training here, as in-process), then the checkpoint.
+    auto between_tasks = [&]() -> absl::Status {
+      const int64_t steps_now = base_steps + run_steps;
+      if (steps_now >= next_eval) {
+        next_eval = NextMultiple(steps_now, eval_period);
+        SW_ASSIGN_OR_RETURN(const RunCallbacks::Evaluation ev, evaluate());
+        SW_ASSIGN_OR_RETURN(const bool stop, callbacks->OnEvaluation(epoch, totals.steps, steps_per_epoch, steps_now,
+                                                                     ev.loss, ev.accuracy, ev.extra));
+        if (stop) return end_epoch(/*stopped_before=*/true);
+      }
+      if (steps_now >= next_ckpt) {
+        next_ckpt = NextMultiple(steps_now, ckpt_period);
+        const int64_t epoch_records = dispatcher->counters().records_seen - static_cast<int64_t>(epoch - 1) * n;
+        SW_RETURN_IF_ERROR(write_checkpoint(epoch, epoch_records));
+      }
+      return absl::OkStatus();
+    };
+    while (!finished && !callbacks->stopped()) {
+      SW_RETURN_IF_ERROR(pump(/*evaluation=*/false));
+      if (finished) break;
+
+      // An epoch ended: nothing is out, so every worker is idle.
+      const DispatcherCounters dc = dispatcher->counters();
+      if (dc.epochs_completed > completed) {
+        completed = dc.epochs_completed;
+        SW_RETURN_IF_ERROR(end_epoch(/*stopped_before=*/false));
+        last_tick = Clock::now();
+      } else if (base_steps + run_steps >= std::min(next_ckpt, next_eval) && steps_out() == 0 &&
+                 !callbacks->stopped()) {
+        SW_RETURN_IF_ERROR(between_tasks());
+        last_tick = Clock::now();
+      }
+      if (!callbacks->stopped() && SecondsSince(last_tick) >= cfg.train.log_every_s && totals.records > 0) {
+        last_tick = Clock::now();
+        const double elapsed = SecondsSince(epoch_start);
+        ProgressState s;
+        s.epoch = epoch;
+        s.epochs = epochs;
+        s.step = totals.steps;
+        s.steps = steps_per_epoch;
+        s.samples_per_s = elapsed > 0 ? totals.records / elapsed : 0;
+        s.loss = totals.loss / totals.records;
+        const double per_step = s.step > 0 ? elapsed / s.step : 0;
+        s.eta_s = per_step * ((steps_per_epoch - s.step) + steps_per_epoch * (epochs - epoch));
+        progress.Update(s);
+        SW_RETURN_IF_ERROR(callbacks->OnProgress(epoch, base_steps + run_steps, s.loss, s.samples_per_s));
+      }
+    }
+    SW_RETURN_IF_ERROR(dispatcher->status());
+    procs.ExitAll(/*grace_s=*/5);
+  }
+
+  const DispatcherCounters dc = dispatcher->counters();
+  summary.steps = base_steps + run_steps;
+  summary.records_seen = first_epoch <= epochs ? dc.records_seen : restored_records;
+  summary.tasks_requeued = dc.tasks_requeued;
+  summary.worker_failures = dc.worker_failures;
+  summary.samples_per_s = train_seconds > 0 ? run_records / train_seconds : 0;
+  if (!summary.history.empty()) summary.train_loss = summary.history.back().train_loss;
+  if (const auto& last = callbacks->last_evaluation()) {
+    summary.test_loss = last->loss;
+    summary.test_accuracy = last->accuracy;
+    summary.test_metrics = last->extra;
+  }
+  summary.model_version = job.replicas().version();
+  summary.wall_s = SecondsSince(run_start);
+  return summary;
+}
+
+}  // namespace shardwild
