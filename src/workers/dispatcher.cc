@@ -375,25 +375,19 @@ Assignment Dispatcher::NextLocked(int worker, bool evaluation_only) {
   return a;
 }
 
-absl::StatusOr<Assignment> Dispatcher::GetTask(int worker) {
+absl::StatusOr<Assignment> Dispatcher::Take(int worker, bool evaluation_only) {
   if (worker < 0) return absl::InvalidArgumentError(absl::StrCat("dispatcher: worker ", worker, " is negative"));
   MutexLock lock(&mu_);
   TouchLocked(worker);
   CheckTimeoutsLocked();
   if (!job_error_.ok()) return job_error_;
   AdvanceLocked();
-  return NextLocked(worker);
+  return NextLocked(worker, evaluation_only);
 }
 
-absl::StatusOr<Assignment> Dispatcher::GetEvaluationTask(int worker) {
-  if (worker < 0) return absl::InvalidArgumentError(absl::StrCat("dispatcher: worker ", worker, " is negative"));
-  MutexLock lock(&mu_);
-  TouchLocked(worker);
-  CheckTimeoutsLocked();
-  if (!job_error_.ok()) return job_error_;
-  AdvanceLocked();
-  return NextLocked(worker, /*evaluation_only=*/true);
-}
+absl::StatusOr<Assignment> Dispatcher::GetTask(int worker) { return Take(worker, /*evaluation_only=*/false); }
+
+absl::StatusOr<Assignment> Dispatcher::GetEvaluationTask(int worker) { return Take(worker, /*evaluation_only=*/true); }
 
 absl::StatusOr<Assignment> Dispatcher::WaitForTask(int worker, std::chrono::steady_clock::time_point deadline) {
   if (worker < 0) return absl::InvalidArgumentError(absl::StrCat("dispatcher: worker ", worker, " is negative"));

@@ -284,6 +284,8 @@ class Dispatcher {
   Dispatcher(const DispatcherOptions& options, std::vector<DataFile> training, std::vector<DataFile> evaluation,
              std::vector<DataFile> prediction, Clock clock);
 
+  // GetTask (evaluation_only false) and GetEvaluationTask (true).
+  absl::StatusOr<Assignment> Take(int worker, bool evaluation_only);
   // `worker` made contact: clears its dead mark.
   void TouchLocked(int worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // GetTask without the argument check and the lock; only evaluation tasks

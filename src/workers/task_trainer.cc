@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -165,17 +166,22 @@ class TaskRunner {
   TaskRunner(const Config& config, Worker& worker, const Dataset& train, const Dataset* test)
       : config_(config), worker_(worker), train_(train), test_(test) {}
 
-  // The reply to `line` (`done`, `evaldone` or `fail`), or nullopt when the
-  // line is no task (unknown messages are ignored, for forward
-  // compatibility) or `heartbeat` returned false (the parent is gone).
+  // The reply to `line` (`done`, `evaldone` or `fail`; an exception becomes
+  // `fail`), or nullopt when the line is no task (unknown messages are
+  // ignored, for forward compatibility) or `heartbeat` returned false (the
+  // parent is gone).
   // Between pieces of a training task, heartbeat() is called when a second
   // has passed since the last message this runner knows of.
   std::optional<std::string> Run(const std::string& line, const std::function<bool()>& heartbeat) {
     const std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
     if (f.empty()) return std::nullopt;
     std::optional<std::string> reply;
-    if (f[0] == "task") reply = Train(f, line, heartbeat);
-    if (f[0] == "eval") reply = Evaluate(f, line);
+    try {
+      if (f[0] == "task") reply = Train(f, line, heartbeat);
+      if (f[0] == "eval") reply = Evaluate(f, line);
+    } catch (const std::exception& e) {  // out of memory, say: the task failed, the worker goes on
+      reply = absl::StrCat("fail ", f.size() > 1 ? f[1] : "0", " ", f[0], " threw: ", OneLine(e.what()));
+    }
     last_sent_ = Clock::now();
     return reply;
   }
@@ -816,16 +822,7 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
                    {"steps", base_steps + run_steps},
                    {"final", next_epoch > epochs || callbacks->stopped()},
                    {"worker_processes", processes}};
-    if (nlohmann::json es = callbacks->early_stopping_state(); !es.is_null()) state.extra["early_stopping"] = es;
-    state.extra["data"] = DataPreprocessingJson(cfg);
-    CheckpointWriteOptions wo;
-    wo.keep = ck.keep;
-    SW_ASSIGN_OR_RETURN(summary.last_checkpoint, WriteCheckpoint(ck.dir, job.store(), state, wo));
-    ++summary.checkpoints_written;
-    if (options.stop_after_checkpoints > 0 && summary.checkpoints_written >= options.stop_after_checkpoints) {
-      return absl::AbortedError(absl::StrCat("stopped after checkpoint ", summary.last_checkpoint, " (test hook)"));
-    }
-    return absl::OkStatus();
+    return WriteTrainingCheckpoint(job, std::move(state), *callbacks, options, &summary);
   };
 
   // Steps in one epoch over all tasks (for the progress line).
@@ -843,6 +840,7 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
       SW_ASSIGN_OR_RETURN(procs_owner, InProcessWorkers::Create(job));
     }
     TaskWorkers& procs = *procs_owner;
+    const char* const kWorkers = processes ? "worker process" : "worker";  // for messages
     auto start = [&](Slot& slot, const char* why) -> absl::Status {
       SW_RETURN_IF_ERROR(procs.Spawn(slot));
       if (processes) progress.Line(absl::StrCat("worker ", slot.index, ": pid ", slot.pid, why));
@@ -887,7 +885,7 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
       if (cfg.train.restart_workers) return start(slot, " (replacement)");
       if (procs.live() == 0) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "no worker process is left (train.restart_workers is false); the last one: ", last_death));
+            "no ", kWorkers, " is left (train.restart_workers is false); the last one: ", last_death));
       }
       return absl::OkStatus();
     };
@@ -932,7 +930,7 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
         if (!absl::SimpleAtoi(f[1], &lease) || !absl::SimpleAtoi(f[2], &t.records) ||
             !absl::SimpleAtoi(f[3], &t.steps) || !absl::SimpleAtod(f[4], &t.loss) ||
             !absl::SimpleAtoi(f[5], &t.correct)) {
-          return absl::InternalError(absl::StrCat("worker process ", slot.index, ": malformed reply '", line, "'"));
+          return absl::InternalError(absl::StrCat("worker ", slot.index, ": malformed reply '", line, "'"));
         }
         slot.busy = false;
         if (dispatcher->ReportDone(slot.id, lease) == ReportResult::kAccepted) {
@@ -1024,7 +1022,7 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
         polled.push_back(&slot);
       }
       if (fds.empty()) {
-        return absl::FailedPreconditionError(absl::StrCat("no worker process is left; the last one: ", last_death));
+        return absl::FailedPreconditionError(absl::StrCat("no ", kWorkers, " is left; the last one: ", last_death));
       }
       const int ready = poll(fds.data(), fds.size(), 50);
       if (ready < 0 && errno != EINTR) return absl::InternalError(absl::StrCat("poll: ", std::strerror(errno)));

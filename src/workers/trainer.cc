@@ -135,6 +135,20 @@ absl::StatusOr<std::optional<CheckpointInfo>> ResumeJob(Job& job, bool fresh, Pr
   return found;
 }
 
+absl::Status WriteTrainingCheckpoint(Job& job, CheckpointState state, const RunCallbacks& callbacks,
+                                     const TrainRunOptions& options, TrainSummary* summary) {
+  if (nlohmann::json es = callbacks.early_stopping_state(); !es.is_null()) state.extra["early_stopping"] = es;
+  state.extra["data"] = DataPreprocessingJson(job.config());
+  CheckpointWriteOptions wo;
+  wo.keep = job.config().checkpoint.keep;
+  SW_ASSIGN_OR_RETURN(summary->last_checkpoint, WriteCheckpoint(job.config().checkpoint.dir, job.store(), state, wo));
+  ++summary->checkpoints_written;
+  if (options.stop_after_checkpoints > 0 && summary->checkpoints_written >= options.stop_after_checkpoints) {
+    return absl::AbortedError(absl::StrCat("stopped after checkpoint ", summary->last_checkpoint, " (test hook)"));
+  }
+  return absl::OkStatus();
+}
+
 std::string TrainingConfigHash(const Config& c) {
   std::string key = absl::StrCat("input:", c.model.input_dim, ";loss:", static_cast<int>(c.model.loss));
   for (const LayerOptions& l : c.model.layers) {
@@ -270,16 +284,7 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
     state.extra = {{"records_seen", base_records + t.samples},
                    {"steps", base_steps + t.steps},
                    {"final", epoch > cfg.train.epochs || callbacks->stopped()}};
-    if (nlohmann::json es = callbacks->early_stopping_state(); !es.is_null()) state.extra["early_stopping"] = es;
-    state.extra["data"] = DataPreprocessingJson(cfg);
-    CheckpointWriteOptions wo;
-    wo.keep = ck.keep;
-    SW_ASSIGN_OR_RETURN(summary.last_checkpoint, WriteCheckpoint(ck.dir, job.store(), state, wo));
-    ++summary.checkpoints_written;
-    if (options.stop_after_checkpoints > 0 && summary.checkpoints_written >= options.stop_after_checkpoints) {
-      return absl::AbortedError(absl::StrCat("stopped after checkpoint ", summary.last_checkpoint, " (test hook)"));
-    }
-    return absl::OkStatus();
+    return WriteTrainingCheckpoint(job, std::move(state), *callbacks, options, &summary);
   };
 
   absl::Status metrics_status;  // the first error of a write from the progress callback

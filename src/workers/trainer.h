@@ -14,6 +14,8 @@
 
 namespace shardwild {
 
+class RunCallbacks;
+
 struct EpochResult {
   int epoch = 0;                       // 1-based
   int64_t records = 0;                 // training records seen this epoch
@@ -130,6 +132,15 @@ absl::Status RestoreJob(Job& job, const CheckpointInfo& checkpoint);
 // How the config reads its data (format, dense transform, text and CSV
 // options), as recorded in every checkpoint's manifest (extra.data).
 nlohmann::json DataPreprocessingJson(const Config& config);
+
+// The checkpoint step of a training run, with every worker idle: adds the
+// early-stopping state (callbacks) and the data record
+// (DataPreprocessingJson) to state.extra, writes the checkpoint of the job's
+// first replica (WriteCheckpoint, checkpoint.keep), and counts it in
+// `summary` (checkpoints_written, last_checkpoint). Aborted, after writing,
+// once options.stop_after_checkpoints are written (the test hook).
+absl::Status WriteTrainingCheckpoint(Job& job, CheckpointState state, const RunCallbacks& callbacks,
+                                     const TrainRunOptions& options, TrainSummary* summary);
 
 // The resume step of a training run: unless `fresh`, finds the newest good
 // checkpoint in config.checkpoint.dir (each skipped one is appended to
