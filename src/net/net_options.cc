@@ -22,9 +22,9 @@ absl::Status Bad(const std::string& field, const std::string& what) {
 
 // host:port where the port may be 0.
 absl::StatusOr<HostPort> ParseBindAddress(const std::string& address) {
-  if (address.size() > 2 && address.compare(address.size() - 2, 2, ":0") == 0 &&
-      (address.size() < 3 || !absl::ascii_isdigit(static_cast<unsigned char>(address[address.size() - 3])))) {
-    SW_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(address.substr(0, address.size() - 1) + "1"));
+  const size_t colon = address.rfind(':');
+  if (colon != std::string::npos && address.substr(colon + 1) == "0") {
+    SW_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(address.substr(0, colon + 1) + "1"));
     hp.port = 0;
     return hp;
   }
