@@ -22,7 +22,7 @@ namespace {
 
 using nlohmann::json;
 
-constexpr TaskType kAllTypes[] = {TaskType::kChief, TaskType::kPs, TaskType::kWorker, TaskType::kEvaluator};
+constexpr Role kAllTypes[] = {Role::kChief, Role::kPs, Role::kWorker, Role::kEvaluator};
 constexpr char kRoleList[] = "chief, ps, worker or evaluator";
 
 absl::Status Bad(const std::string& source, const std::string& key, const std::string& what) {
@@ -144,19 +144,19 @@ absl::Status CheckTask(const ClusterSpec& spec, const TaskId& id, const std::str
                        const std::string& index_where) {
   const int n = spec.num_tasks(id.type);
   if (n == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(type_where, ": '", TaskTypeName(id.type), "' but ", spec.source,
-                                                   " has no ", TaskTypeName(id.type), " tasks"));
+    return absl::InvalidArgumentError(absl::StrCat(type_where, ": '", RoleName(id.type), "' but ", spec.source,
+                                                   " has no ", RoleName(id.type), " tasks"));
   }
   if (id.index < 0 || id.index >= n) {
     return absl::InvalidArgumentError(absl::StrCat(index_where, ": ", id.index, " is out of range: cluster.",
-                                                   TaskTypeName(id.type), " in ", spec.source, " has ", n,
+                                                   RoleName(id.type), " in ", spec.source, " has ", n,
                                                    n == 1 ? " task (index 0)" : absl::StrCat(" tasks (0..", n - 1, ")")));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<TaskType> ParseRoleName(const std::string& name, const std::string& where) {
-  std::optional<TaskType> t = TaskTypeFromName(name);
+absl::StatusOr<Role> ParseRoleName(const std::string& name, const std::string& where) {
+  std::optional<Role> t = RoleFromName(name);
   if (!t) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": unknown role '", name, "' (expected ", kRoleList, ")"));
   }
@@ -165,23 +165,23 @@ absl::StatusOr<TaskType> ParseRoleName(const std::string& name, const std::strin
 
 }  // namespace
 
-const char* TaskTypeName(TaskType t) {
+const char* RoleName(Role t) {
   switch (t) {
-    case TaskType::kChief:
+    case Role::kChief:
       return "chief";
-    case TaskType::kPs:
+    case Role::kPs:
       return "ps";
-    case TaskType::kWorker:
+    case Role::kWorker:
       return "worker";
-    case TaskType::kEvaluator:
+    case Role::kEvaluator:
       return "evaluator";
   }
   return "?";
 }
 
-std::optional<TaskType> TaskTypeFromName(std::string_view name) {
-  for (TaskType t : kAllTypes) {
-    if (name == TaskTypeName(t)) return t;
+std::optional<Role> RoleFromName(std::string_view name) {
+  for (Role t : kAllTypes) {
+    if (name == RoleName(t)) return t;
   }
   return std::nullopt;
 }
@@ -244,7 +244,7 @@ absl::StatusOr<HostPort> ParseHostPort(std::string_view text) {
   return hp;
 }
 
-std::string TaskId::ToString() const { return absl::StrCat(TaskTypeName(type), ":", index); }
+std::string TaskId::ToString() const { return absl::StrCat(RoleName(type), ":", index); }
 
 absl::StatusOr<ClusterSpec> ParseClusterSpec(std::string_view text, const std::string& source) {
   DuplicateKeyFinder dups;
@@ -274,29 +274,29 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(std::string_view text, const std::s
     return Bad(source, "cluster", absl::StrCat("expected an object of roles, got ", Describe(*cluster)));
   }
   for (auto it = cluster->begin(); it != cluster->end(); ++it) {
-    SW_ASSIGN_OR_RETURN(const TaskType type, ParseRoleName(it.key(), absl::StrCat(source, ": cluster.", it.key())));
+    SW_ASSIGN_OR_RETURN(const Role type, ParseRoleName(it.key(), absl::StrCat(source, ": cluster.", it.key())));
     SW_RETURN_IF_ERROR(ParseRole(source, it.key(), it.value(), &spec.tasks[static_cast<int>(type)]));
   }
   // No address twice, over all roles.
   std::map<std::string, std::string> seen;  // address -> key
-  for (TaskType t : kAllTypes) {
+  for (Role t : kAllTypes) {
     const std::vector<HostPort>& list = spec.tasks[static_cast<int>(t)];
     for (size_t i = 0; i < list.size(); ++i) {
-      const std::string key = absl::StrCat("cluster.", TaskTypeName(t), "[", i, "]");
+      const std::string key = absl::StrCat("cluster.", RoleName(t), "[", i, "]");
       auto [it, fresh] = seen.emplace(list[i].ToString(), key);
       if (!fresh) {
         return Bad(source, key, absl::StrCat("address ", list[i].ToString(), " is already used by ", it->second));
       }
     }
   }
-  if (spec.num_tasks(TaskType::kChief) == 0) {
+  if (spec.num_tasks(Role::kChief) == 0) {
     return Bad(source, "cluster.chief", "missing (a cluster needs exactly one chief)");
   }
-  if (spec.num_tasks(TaskType::kChief) > 1) {
+  if (spec.num_tasks(Role::kChief) > 1) {
     return Bad(source, "cluster.chief",
-               absl::StrCat("expected exactly one chief, got ", spec.num_tasks(TaskType::kChief)));
+               absl::StrCat("expected exactly one chief, got ", spec.num_tasks(Role::kChief)));
   }
-  if (spec.num_tasks(TaskType::kPs) == 0) {
+  if (spec.num_tasks(Role::kPs) == 0) {
     return Bad(source, "cluster.ps", "missing (a cluster needs at least one ps task to hold the shards)");
   }
   auto task = root.find("task");

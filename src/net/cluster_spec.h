@@ -35,13 +35,15 @@
 
 namespace shardwild {
 
-enum class TaskType { kChief, kPs, kWorker, kEvaluator };
-inline constexpr int kNumTaskTypes = 4;
+// A task's role in the cluster (TF_CONFIG's task "type"; not the dispatcher's
+// workers/dispatcher.h TaskType, which says what a data task is for).
+enum class Role { kChief, kPs, kWorker, kEvaluator };
+inline constexpr int kNumRoles = 4;
 
 // "chief", "ps", "worker", "evaluator".
-const char* TaskTypeName(TaskType t);
-// The inverse of TaskTypeName; nullopt for anything else.
-std::optional<TaskType> TaskTypeFromName(std::string_view name);
+const char* RoleName(Role t);
+// The inverse of RoleName; nullopt for anything else.
+std::optional<Role> RoleFromName(std::string_view name);
 
 // A task's network address.
 struct HostPort {
@@ -64,7 +66,7 @@ absl::StatusOr<HostPort> ParseHostPort(std::string_view text);
 bool IsLoopbackHost(std::string_view host);
 
 struct TaskId {
-  TaskType type = TaskType::kChief;
+  Role type = Role::kChief;
   int index = 0;
   // "ps:1", as TF names tasks ("/job:ps/task:1").
   std::string ToString() const;
@@ -73,14 +75,14 @@ struct TaskId {
 
 struct ClusterSpec {
   // tasks[type][i]: the address of task i of that role.
-  std::array<std::vector<HostPort>, kNumTaskTypes> tasks;
+  std::array<std::vector<HostPort>, kNumRoles> tasks;
   // This process's task; nullopt when the spec gives none (cluster-info can
   // still print the cluster).
   std::optional<TaskId> task;
   // Where the spec came from, for messages: a file path or "TF_CONFIG".
   std::string source;
 
-  int num_tasks(TaskType t) const { return static_cast<int>(tasks[static_cast<int>(t)].size()); }
+  int num_tasks(Role t) const { return static_cast<int>(tasks[static_cast<int>(t)].size()); }
   // The address of `id`, which must be in range.
   const HostPort& address(const TaskId& id) const { return tasks[static_cast<int>(id.type)][id.index]; }
 };

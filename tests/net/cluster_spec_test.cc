@@ -36,15 +36,15 @@ std::string ParseError(const std::string& text) {
 TEST(ClusterSpecTest, ParsesTfConfigAndIgnoresUnknownKeys) {
   absl::StatusOr<ClusterSpec> s = ParseClusterSpec(kSpec, "TF_CONFIG");
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_EQ(s->num_tasks(TaskType::kChief), 1);
-  EXPECT_EQ(s->num_tasks(TaskType::kPs), 2);
-  EXPECT_EQ(s->num_tasks(TaskType::kWorker), 2);
-  EXPECT_EQ(s->num_tasks(TaskType::kEvaluator), 1);
+  EXPECT_EQ(s->num_tasks(Role::kChief), 1);
+  EXPECT_EQ(s->num_tasks(Role::kPs), 2);
+  EXPECT_EQ(s->num_tasks(Role::kWorker), 2);
+  EXPECT_EQ(s->num_tasks(Role::kEvaluator), 1);
   ASSERT_TRUE(s->task.has_value());
   EXPECT_EQ(s->task->ToString(), "worker:1");
   EXPECT_EQ(s->address(*s->task).ToString(), "host4:2222");
-  EXPECT_EQ(s->address({TaskType::kPs, 0}).host, "host1");
-  EXPECT_EQ(s->address({TaskType::kPs, 0}).port, 2222);
+  EXPECT_EQ(s->address({Role::kPs, 0}).host, "host1");
+  EXPECT_EQ(s->address({Role::kPs, 0}).port, 2222);
   EXPECT_EQ(s->source, "TF_CONFIG");
 }
 
@@ -52,10 +52,10 @@ TEST(ClusterSpecTest, IndexObjectsAndIpv6) {
   absl::StatusOr<ClusterSpec> s = ParseClusterSpec(
       R"({"cluster": {"chief": {"0": "[::1]:1000"}, "ps": {"1": "127.0.0.1:1002", "0": "127.0.0.1:1001"}}})", "x");
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_EQ(s->address({TaskType::kChief, 0}).host, "::1");
-  EXPECT_EQ(s->address({TaskType::kChief, 0}).ToString(), "[::1]:1000");
-  EXPECT_EQ(s->address({TaskType::kPs, 0}).port, 1001);
-  EXPECT_EQ(s->address({TaskType::kPs, 1}).port, 1002);
+  EXPECT_EQ(s->address({Role::kChief, 0}).host, "::1");
+  EXPECT_EQ(s->address({Role::kChief, 0}).ToString(), "[::1]:1000");
+  EXPECT_EQ(s->address({Role::kPs, 0}).port, 1001);
+  EXPECT_EQ(s->address({Role::kPs, 1}).port, 1002);
   EXPECT_FALSE(s->task.has_value());
 }
 
