@@ -143,9 +143,27 @@ absl::StatusOr<RemoteLayout> PsClient::GetLayout() {
   }));
   RemoteLayout l;
   l.store_name = r.store_name();
-  l.num_shards = r.num_shards();
-  for (const net::VariableInfo& v : r.variables()) l.variables.push_back({v.name(), v.rows(), v.cols()});
-  for (const net::TableInfo& t : r.tables()) l.tables.push_back({t.name(), t.dim(), t.capacity(), t.dynamic()});
+  l.layout.num_shards = r.num_shards();
+  for (const net::VariableInfo& v : r.variables()) {
+    VariableSpec spec;
+    spec.name = v.name();
+    spec.rows = v.rows();
+    spec.cols = v.cols();
+    l.layout.variables.push_back(spec);
+    std::vector<RowRange> parts;
+    for (const net::RowRangeInfo& p : v.parts()) parts.push_back({p.row_begin(), p.row_end()});
+    l.layout.parts.push_back(std::move(parts));
+  }
+  l.layout.shard_nodes.assign(r.shard_nodes().begin(), r.shard_nodes().end());
+  for (const net::TableInfo& t : r.tables()) {
+    TableSpec spec;
+    spec.name = t.name();
+    spec.kind = t.dynamic() ? EmbeddingKind::kDynamic : EmbeddingKind::kStatic;
+    spec.dim = t.dim();
+    spec.capacity = t.capacity();
+    spec.on_full = t.evict_lru() ? CapacityPolicy::kEvictLru : CapacityPolicy::kError;
+    l.layout.tables.push_back(spec);
+  }
   l.optimizer = r.optimizer();
   l.sparse_optimizer = r.sparse_optimizer();
   l.update_mode = r.update_mode();

@@ -29,24 +29,18 @@
 #include "absl/types/span.h"
 #include "net/net_options.h"
 #include "ps_shm/embedding_table.h"
+#include "ps_shm/param_store.h"
 
 namespace shardwild {
 
 // What GetLayout says about the served store.
 struct RemoteLayout {
-  struct Variable {
-    std::string name;
-    int64_t rows = 0, cols = 0;
-  };
-  struct Table {
-    std::string name;
-    int64_t dim = 0, capacity = 0;
-    bool dynamic = false;
-  };
   std::string store_name;
-  int num_shards = 0;
-  std::vector<Variable> variables;
-  std::vector<Table> tables;
+  // Variables (name, rows, cols; `init` is not sent and reads kZeros), the
+  // shard count, each variable's rows per shard, the shards' NUMA nodes on
+  // the server, and the tables (name, kind, dim, capacity, on_full; `init`
+  // is not sent).
+  StoreLayout layout;
   std::string optimizer, sparse_optimizer, update_mode;
   uint64_t version = 0;
 };

@@ -21,18 +21,25 @@ void PsService::GetLayout(net::LayoutResponse* out) const {
   const StoreLayout& l = store_->layout();
   out->set_store_name(store_->name());
   out->set_num_shards(l.num_shards);
-  for (const VariableSpec& v : l.variables) {
+  for (size_t v = 0; v < l.variables.size(); ++v) {
     net::VariableInfo* info = out->add_variables();
-    info->set_name(v.name);
-    info->set_rows(v.rows);
-    info->set_cols(v.cols);
+    info->set_name(l.variables[v].name);
+    info->set_rows(l.variables[v].rows);
+    info->set_cols(l.variables[v].cols);
+    for (const RowRange& r : l.parts[v]) {
+      net::RowRangeInfo* part = info->add_parts();
+      part->set_row_begin(r.begin);
+      part->set_row_end(r.end);
+    }
   }
+  for (int node : l.shard_nodes) out->add_shard_nodes(node);
   for (const TableSpec& t : l.tables) {
     net::TableInfo* info = out->add_tables();
     info->set_name(t.name);
     info->set_dim(t.dim);
     info->set_capacity(t.capacity);
     info->set_dynamic(t.kind == EmbeddingKind::kDynamic);
+    info->set_evict_lru(t.on_full == CapacityPolicy::kEvictLru);
   }
   out->set_optimizer(OptimizerTypeName(store_->optimizer().type));
   out->set_sparse_optimizer(OptimizerTypeName(store_->sparse_optimizer().type));

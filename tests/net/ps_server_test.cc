@@ -152,15 +152,28 @@ TEST(PsServerTest, RoundTripEqualsLocalStore) {
 
   absl::StatusOr<RemoteLayout> layout = client->GetLayout();
   ASSERT_TRUE(layout.ok()) << layout.status();
-  ASSERT_EQ(layout->variables.size(), 2u);
-  EXPECT_EQ(layout->variables[0].name, "w");
-  EXPECT_EQ(layout->variables[0].rows, 37);
-  EXPECT_EQ(layout->variables[0].cols, 5);
-  ASSERT_EQ(layout->tables.size(), 2u);
-  EXPECT_EQ(layout->tables[1].name, "dyn");
-  EXPECT_TRUE(layout->tables[1].dynamic);
+  const StoreLayout& want_layout = served->layout();
+  ASSERT_EQ(layout->layout.variables.size(), 2u);
+  EXPECT_EQ(layout->layout.variables[0].name, "w");
+  EXPECT_EQ(layout->layout.variables[0].rows, 37);
+  EXPECT_EQ(layout->layout.variables[0].cols, 5);
+  ASSERT_EQ(layout->layout.parts.size(), 2u);
+  for (int v = 0; v < 2; ++v) {
+    ASSERT_EQ(layout->layout.parts[v].size(), want_layout.parts[v].size());
+    for (size_t p = 0; p < want_layout.parts[v].size(); ++p) {
+      EXPECT_EQ(layout->layout.parts[v][p].begin, want_layout.parts[v][p].begin);
+      EXPECT_EQ(layout->layout.parts[v][p].end, want_layout.parts[v][p].end);
+    }
+  }
+  EXPECT_EQ(layout->layout.shard_nodes, want_layout.shard_nodes);
+  ASSERT_EQ(layout->layout.tables.size(), 2u);
+  EXPECT_EQ(layout->layout.tables[1].name, "dyn");
+  EXPECT_EQ(layout->layout.tables[1].kind, EmbeddingKind::kDynamic);
+  EXPECT_EQ(layout->layout.tables[1].dim, kDynamicDim);
   EXPECT_EQ(layout->optimizer, "adagrad");
-  EXPECT_EQ(layout->num_shards, 2);
+  EXPECT_EQ(layout->update_mode, "hogwild");
+  EXPECT_EQ(layout->store_name, served->name());
+  EXPECT_EQ(layout->layout.num_shards, 2);
 
   for (int step = 0; step < 3; ++step) {
     // Dense: pull a slice and whole variables, then push.
