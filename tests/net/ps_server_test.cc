@@ -511,6 +511,17 @@ TEST(PsServerTest, OversizePullIsChunked) {
   ASSERT_TRUE(client->PullDense(0, 0, kRows, absl::MakeSpan(whole)).ok());
   ASSERT_TRUE(local->PullVariable(0, want.data()).ok());
   EXPECT_EQ(whole, want);
+  // A request over the server's limit is refused by gRPC itself, and the server stays up.
+  {
+    RawStub big(*server);  // this channel would send up to 64 MiB
+    net::PullRowsRequest huge;
+    huge.set_table(kStatic);
+    for (int i = 0; i < 5000; ++i) huge.add_ids(i % 100);
+    ASSERT_GT(static_cast<int64_t>(huge.ByteSizeLong()), kLimit);
+    EXPECT_EQ(big.PullRows(huge).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    std::vector<float> one(5);
+    EXPECT_TRUE(client->PullDense(1, 0, 1, absl::MakeSpan(one)).ok());
+  }
   std::vector<uint64_t> ids(3000);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = (i * 7919) % 100;
   std::vector<float> rows(ids.size() * kStaticDim), want_rows(rows.size());
