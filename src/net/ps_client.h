@@ -15,6 +15,9 @@
 // Large tensors: requests are split and answers reassembled so that no
 // message exceeds options.max_message_bytes (set on the channel too).
 //
+// Every call blocks until it is answered or has failed (at most about
+// max_attempts * deadline_s plus the backoffs).
+//
 // Thread safety: every method may be called concurrently; the client holds
 // one channel (HTTP/2 connection) that the calls share.
 #pragma once
