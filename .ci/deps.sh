@@ -7,7 +7,8 @@ pkgs=(build-essential cmake pkg-config ninja-build g++
       libdnnl-dev libtbb-dev libhwloc-dev hwloc libeigen3-dev libabsl-dev
       libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev zlib1g-dev
       libgtest-dev libgmock-dev googletest libbenchmark-dev nlohmann-json3-dev
-      opencl-headers ocl-icd-opencl-dev dataset-fashion-mnist)
+      opencl-headers ocl-icd-opencl-dev dataset-fashion-mnist
+      libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler)
 # (libdnnl-dev is built with the OpenCL GPU runtime; its CMake config needs the OpenCL headers.)
 
 for arg in "$@"; do

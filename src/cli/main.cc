@@ -8,6 +8,7 @@
 //                         [--threads N] [--kind static|dynamic] [--shards N] [--batch N] [--seconds S] [--json]
 //   shardwild topology [--synthetic DESC | --xml FILE] [--workers N] [--shards N] [--threads N] [--json]
 //   shardwild data gen --kind criteo|libsvm|text --rows N --out FILE [--seed S] [--classes K] [--json]
+//   shardwild cluster-info CONFIG [--cluster FILE] [--task-type T] [--task-index N] [--set key=value]... [--json]
 //   shardwild --version
 //
 // Every error is one line on stderr ("shardwild: error: ...") and a non-zero
@@ -17,6 +18,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <cstdio>
 #include <iostream>
@@ -32,9 +34,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "core/status.h"
 #include "core/config.h"
 #include "core/data_gen.h"
+#include "net/cluster_spec.h"
 #include "ps_shm/shm_segment.h"
 #include "workers/bench.h"
 #include "workers/evaluator.h"
@@ -491,6 +495,112 @@ int GenerateDataCommand(const DataGenOptions& options, bool as_json) {
   return 0;
 }
 
+// `cluster-info`: the resolved cluster spec, this task's role, the shard
+// map over the ps tasks, and the security settings a ps task would serve with.
+int ClusterInfo(const std::string& path, const std::vector<std::string>& sets, const ClusterSpecSources& sources,
+                bool as_json) {
+  absl::StatusOr<Config> config = LoadWithOverrides(path, sets);
+  if (!config.ok()) return Fail(config.status());
+  absl::StatusOr<ClusterSpec> spec = ResolveClusterSpec(sources);
+  if (!spec.ok()) return Fail(spec.status());
+  const ClusterOptions& net = config->cluster;
+  if (!IsLoopbackHost(net.bind_host) && net.token_file.empty()) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        path, ": cluster.bind_host: ", net.bind_host,
+        " is not a loopback address, so ps servers would be reachable from other machines: set cluster.token_file")));
+  }
+  const int num_ps = spec->num_tasks(Role::kPs);
+  // ps.shards auto = one shard per ps task.
+  const int num_shards = config->ps.shards > 0 ? config->ps.shards : num_ps;
+  absl::StatusOr<ShardMap> map = ShardMap::Make(num_shards, num_ps);
+  if (!map.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat(path, ": ", map.status().message())));
+  auto shard_list = [&](int ps) {
+    std::vector<int> v;
+    for (int s = map->first_shard(ps); s < map->first_shard(ps) + map->num_shards_of(ps); ++s) v.push_back(s);
+    return v;
+  };
+  auto shard_range = [&](int ps) {
+    const int first = map->first_shard(ps), n = map->num_shards_of(ps);
+    return n == 1 ? absl::StrCat("shard ", first) : absl::StrCat("shards ", first, "-", first + n - 1);
+  };
+  bool remote_ps = false;
+  for (const HostPort& hp : spec->tasks[static_cast<int>(Role::kPs)]) remote_ps |= !hp.IsLoopback();
+  const bool bind_loopback = IsLoopbackHost(net.bind_host);
+  if (as_json) {
+    json cluster = json::object();
+    for (int t = 0; t < kNumRoles; ++t) {
+      json list = json::array();
+      for (const HostPort& hp : spec->tasks[t]) list.push_back(hp.ToString());
+      cluster[RoleName(static_cast<Role>(t))] = list;
+    }
+    json task = nullptr;
+    if (spec->task) {
+      task = {{"type", RoleName(spec->task->type)},
+              {"index", spec->task->index},
+              {"name", spec->task->ToString()},
+              {"address", spec->address(*spec->task).ToString()}};
+      if (spec->task->type == Role::kPs) {
+        task["shards"] = shard_list(spec->task->index);
+        task["bind_address"] = HostPort{net.bind_host, spec->address(*spec->task).port}.ToString();
+      }
+    }
+    json shard_map = json::array();
+    for (int p = 0; p < num_ps; ++p) {
+      shard_map.push_back({{"task", TaskId{Role::kPs, p}.ToString()},
+                           {"address", spec->address({Role::kPs, p}).ToString()},
+                           {"shards", shard_list(p)}});
+    }
+    json j = {{"source", spec->source},
+              {"cluster", cluster},
+              {"task", task},
+              {"shards", num_shards},
+              {"shard_rule", "div"},
+              {"shard_map", shard_map},
+              {"security",
+               {{"bind_host", net.bind_host},
+                {"bind_loopback", bind_loopback},
+                {"token", !net.token_file.empty()},
+                {"tls", !net.tls_cert_file.empty()}}}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("cluster (from %s):\n", spec->source.c_str());
+  for (int t = 0; t < kNumRoles; ++t) {
+    std::vector<std::string> addrs;
+    for (const HostPort& hp : spec->tasks[t]) addrs.push_back(hp.ToString());
+    std::printf("  %-10s %s\n", absl::StrCat(RoleName(static_cast<Role>(t)), ":").c_str(),
+                addrs.empty() ? "-" : absl::StrJoin(addrs, ", ").c_str());
+  }
+  if (spec->task) {
+    std::printf("this task: %s (%s)", spec->task->ToString().c_str(), spec->address(*spec->task).ToString().c_str());
+    if (spec->task->type == Role::kPs) {
+      std::printf(", serves %s, listens on %s", shard_range(spec->task->index).c_str(),
+                  HostPort{net.bind_host, spec->address(*spec->task).port}.ToString().c_str());
+    }
+    std::printf("\n");
+  } else {
+    std::printf("this task: none given (TF_CONFIG task, or --task-type and --task-index)\n");
+  }
+  const int base = num_shards / num_ps, extra = num_shards % num_ps;
+  std::printf("shard map: %d shard%s over %d ps task%s (div rule: %s)\n", num_shards, num_shards == 1 ? "" : "s",
+              num_ps, num_ps == 1 ? "" : "s",
+              extra == 0 ? absl::StrCat(base, " each").c_str()
+                         : absl::StrCat("the first ", extra, " get ", base + 1, ", the rest ", base).c_str());
+  for (int p = 0; p < num_ps; ++p) {
+    std::printf("  %-6s %-24s %s\n", TaskId{Role::kPs, p}.ToString().c_str(),
+                spec->address({Role::kPs, p}).ToString().c_str(), shard_range(p).c_str());
+  }
+  std::printf("security: bind %s (%s), token %s, TLS %s\n", net.bind_host.c_str(),
+              bind_loopback ? "loopback" : "all listed interfaces",
+              net.token_file.empty() ? "none" : absl::StrCat("from ", net.token_file).c_str(),
+              net.tls_cert_file.empty() ? "off" : "on");
+  if (remote_ps && bind_loopback) {
+    std::printf("note: ps tasks on other hosts listen on loopback (cluster.bind_host) and cannot be reached from "
+                "other machines; set cluster.bind_host and cluster.token_file\n");
+  }
+  return 0;
+}
+
 }  // namespace
 }  // namespace shardwild
 
@@ -616,6 +726,23 @@ int main(int argc, char** argv) {
   data_gen->add_option("--classes", data_gen_options.text_classes, "text: classes")->capture_default_str();
   data_gen->add_flag("--json", as_json, "End with one line of JSON");
 
+  ClusterSpecSources cluster_sources;
+  std::string task_type;
+  int task_index = 0;
+  CLI::App* cluster_info = app.add_subcommand(
+      "cluster-info", "Show the cluster spec (TF_CONFIG, --cluster or flags), this task's role and the shard map");
+  cluster_info->add_option("config", config_path, "YAML config file")->required();
+  cluster_info->add_option("--set", sets, "Override a config key by its dotted path");
+  cluster_info->add_option("--cluster", cluster_sources.cluster_file,
+                           "TF_CONFIG-style JSON file (default: the TF_CONFIG environment variable)");
+  CLI::Option* task_type_opt =
+      cluster_info->add_option("--task-type", task_type,
+                               "This task's role: chief, ps, worker or evaluator (overrides the spec's task.type)");
+  CLI::Option* task_index_opt =
+      cluster_info->add_option("--task-index", task_index, "This task's index (overrides the spec's task.index)")
+          ->check(CLI::NonNegativeNumber);
+  cluster_info->add_flag("--json", as_json, "Print JSON");
+
   // Hidden: one worker process of train.worker_processes, started by `train`
   // (workers/task_trainer.h).
   WorkerProcessArgs worker_args;
@@ -659,5 +786,15 @@ int main(int argc, char** argv) {
   }
   if (topo->parsed()) return ShowTopology(synthetic, xml, workers, shards, threads, as_json);
   if (data_gen->parsed()) return GenerateDataCommand(data_gen_options, as_json);
+  if (cluster_info->parsed()) {
+    // TF_CONFIG is read here, at the edge, and passed down as a string.
+    if (const char* tf_config = std::getenv("TF_CONFIG"); tf_config != nullptr && *tf_config != '\0') {
+      cluster_sources.tf_config = tf_config;
+    }
+    if (task_type_opt->count() > 0) cluster_sources.task_type = task_type;
+    if (task_index_opt->count() > 0) cluster_sources.task_index = task_index;
+    return ClusterInfo(config_path, sets, cluster_sources, as_json);
+  }
+
   return 1;
 }

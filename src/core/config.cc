@@ -545,6 +545,18 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
   topo.leaves["synthetic"] = String(&c->topology.synthetic);
   topo.leaves["xml"] = String(&c->topology.xml);
 
+  Section cluster;
+  cluster.leaves["bind_host"] = String(&c->cluster.bind_host);
+  cluster.leaves["token_file"] = String(&c->cluster.token_file);
+  cluster.leaves["tls_cert_file"] = String(&c->cluster.tls_cert_file);
+  cluster.leaves["tls_key_file"] = String(&c->cluster.tls_key_file);
+  cluster.leaves["tls_ca_file"] = String(&c->cluster.tls_ca_file);
+  cluster.leaves["deadline_s"] = Real(&c->cluster.deadline_s);
+  cluster.leaves["max_attempts"] = Int(&c->cluster.max_attempts);
+  cluster.leaves["initial_backoff_s"] = Real(&c->cluster.initial_backoff_s);
+  cluster.leaves["max_backoff_s"] = Real(&c->cluster.max_backoff_s);
+  cluster.leaves["max_message_bytes"] = Int64(&c->cluster.max_message_bytes);
+
   Section top;
   auto sub = [](const Section& s) {
     return [&s](const std::string& k, const YAML::Node& n, const Locator& l) { return s.Parse(k, n, l); };
@@ -560,6 +572,7 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
   top.custom["metrics"] = sub(metrics);
   top.custom["eval"] = sub(eval);
   top.custom["early_stopping"] = sub(early);
+  top.custom["cluster"] = sub(cluster);
   SW_RETURN_IF_ERROR(top.Parse("", root, loc));
   return epoch_keys.Resolve(c->train.epochs, loc);
 }

@@ -358,10 +358,34 @@ absl::Status EvalOptions::Validate() const {
   return absl::OkStatus();
 }
 
+absl::Status ClusterOptions::Validate() const {
+  if (bind_host.empty()) return Bad("cluster.bind_host", "must not be empty (the default is 127.0.0.1)");
+  if (tls_cert_file.empty() != tls_key_file.empty()) {
+    return Bad(tls_cert_file.empty() ? "cluster.tls_cert_file" : "cluster.tls_key_file",
+               "TLS needs both cluster.tls_cert_file and cluster.tls_key_file");
+  }
+  if (!tls_ca_file.empty() && tls_cert_file.empty()) {
+    return Bad("cluster.tls_ca_file", "only meaningful with cluster.tls_cert_file and cluster.tls_key_file");
+  }
+  if (!(deadline_s > 0)) return Bad("cluster.deadline_s", absl::StrCat("must be > 0, got ", deadline_s));
+  if (max_attempts < 1) return Bad("cluster.max_attempts", absl::StrCat("must be >= 1, got ", max_attempts));
+  if (!(initial_backoff_s > 0)) {
+    return Bad("cluster.initial_backoff_s", absl::StrCat("must be > 0, got ", initial_backoff_s));
+  }
+  if (!(max_backoff_s >= initial_backoff_s)) {
+    return Bad("cluster.max_backoff_s",
+               absl::StrCat("must be >= cluster.initial_backoff_s (", initial_backoff_s, "), got ", max_backoff_s));
+  }
+  if (max_message_bytes < 4096 || max_message_bytes > (int64_t{1} << 30)) {
+    return Bad("cluster.max_message_bytes", absl::StrCat("must be in [4096, 1073741824], got ", max_message_bytes));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Config::Validate() const {
   for (absl::Status s : {model.Validate(), data.Validate(), train.Validate(), optimizer.Validate(),
                          ps.Validate(), bench.Validate(), topology.Validate(), checkpoint.Validate(),
-                         early_stopping.Validate(), eval.Validate()}) {
+                         early_stopping.Validate(), eval.Validate(), cluster.Validate()}) {
     if (!s.ok()) return s;
   }
   if (train.worker_processes && ps.update == UpdateMode::kSync) {

@@ -365,6 +365,39 @@ struct TopologyOptions {
   absl::Status Validate() const;
 };
 
+// cluster.*: the networking of a job spread over several machines (src/net).
+// Which machines and roles there are comes from the cluster spec
+// (net/cluster_spec.h: TF_CONFIG, --cluster FILE or flags), not from here.
+struct ClusterOptions {
+  // The host a ps task's server binds, with the port its cluster-spec
+  // address gives. Loopback (127.0.0.1, ::1, localhost) by default; any other
+  // host needs token_file, so no unauthenticated server is ever reachable
+  // from another machine.
+  std::string bind_host = "127.0.0.1";
+  // A file holding the shared secret every request carries (its first line,
+  // surrounding whitespace removed; at least 16 bytes). It must not be
+  // readable by group or others. Empty = no token (loopback only).
+  std::string token_file;
+  // TLS: the server's certificate chain and private key (PEM). Both or
+  // neither; with them every connection is TLS. tls_ca_file is the root
+  // clients verify servers against; empty = tls_cert_file itself (one
+  // self-signed certificate shared by the cluster).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_ca_file;
+  // Every remote call's deadline, per attempt; > 0.
+  double deadline_s = 10.0;
+  // Attempts of one call before it fails (1 = no retry); >= 1. Retries
+  // wait initial_backoff_s, doubling up to max_backoff_s (0 < initial <= max).
+  int max_attempts = 3;
+  double initial_backoff_s = 0.1;
+  double max_backoff_s = 2.0;
+  // The largest gRPC message either side sends or accepts, set explicitly on
+  // both; larger tensors travel in chunks that fit. In [4096, 1 GiB].
+  int64_t max_message_bytes = 4 << 20;
+  absl::Status Validate() const;
+};
+
 struct Config {
   ModelOptions model;
   DataOptions data;
@@ -380,6 +413,7 @@ struct Config {
   MetricsOptions metrics;
   EarlyStoppingOptions early_stopping;
   EvalOptions eval;
+  ClusterOptions cluster;
   std::string source;          // where it came from (file path), for messages
   absl::Status Validate() const;
 };

@@ -956,3 +956,52 @@ TEST(ConfigReaderKeysTest, DefaultsFlowStyleAndFormatNames) {
 
 }  // namespace
 }  // namespace shardwild
+
+namespace shardwild {
+namespace {
+
+TEST(ConfigClusterTest, DefaultsAndEveryKeyIsRead) {
+  absl::StatusOr<Config> c = LoadConfigFromString(kMinimal, "c.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->cluster.bind_host, "127.0.0.1");
+  EXPECT_TRUE(c->cluster.token_file.empty());
+  EXPECT_EQ(c->cluster.max_attempts, 3);
+  EXPECT_EQ(c->cluster.max_message_bytes, 4 << 20);
+  c = LoadConfigFromString(std::string(kMinimal) +
+                               "cluster: {bind_host: 10.0.0.5, token_file: /run/tok, tls_cert_file: c.pem, "
+                               "tls_key_file: k.pem, tls_ca_file: ca.pem, deadline_s: 2.5, max_attempts: 5, "
+                               "initial_backoff_s: 0.2, max_backoff_s: 4, max_message_bytes: 65536}\n",
+                           "c.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->cluster.bind_host, "10.0.0.5");
+  EXPECT_EQ(c->cluster.token_file, "/run/tok");
+  EXPECT_EQ(c->cluster.tls_cert_file, "c.pem");
+  EXPECT_EQ(c->cluster.tls_key_file, "k.pem");
+  EXPECT_EQ(c->cluster.tls_ca_file, "ca.pem");
+  EXPECT_EQ(c->cluster.deadline_s, 2.5);
+  EXPECT_EQ(c->cluster.max_attempts, 5);
+  EXPECT_EQ(c->cluster.initial_backoff_s, 0.2);
+  EXPECT_EQ(c->cluster.max_backoff_s, 4.0);
+  EXPECT_EQ(c->cluster.max_message_bytes, 65536);
+}
+
+TEST(ConfigClusterTest, ValidateNamesTheKey) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"{tls_cert_file: c.pem}", "cluster.tls_key_file: TLS needs both"},
+      {"{tls_key_file: k.pem}", "cluster.tls_cert_file: TLS needs both"},
+      {"{tls_ca_file: ca.pem}", "cluster.tls_ca_file: only meaningful with"},
+      {"{deadline_s: 0}", "cluster.deadline_s: must be > 0, got 0"},
+      {"{max_attempts: 0}", "cluster.max_attempts: must be >= 1, got 0"},
+      {"{initial_backoff_s: 3}", "cluster.max_backoff_s: must be >= cluster.initial_backoff_s (3), got 2"},
+      {"{max_message_bytes: 100}", "cluster.max_message_bytes: must be in [4096, 1073741824], got 100"},
+      {"{bind_host: ''}", "cluster.bind_host: must not be empty"},
+      {"{token: x}", "unknown key 'cluster.token'"},
+  };
+  for (const auto& [yaml, message] : cases) {
+    absl::StatusOr<Config> c = LoadConfigFromString(std::string(kMinimal) + "cluster: " + yaml + "\n", "c.yaml");
+    EXPECT_TRUE(MessageContains(c.status(), {"c.yaml", message})) << yaml;
+  }
+}
+
+}  // namespace
+}  // namespace shardwild

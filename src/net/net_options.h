@@ -1,0 +1,88 @@
+// Options of the PS server and client, and how they are made from the
+// config's cluster.* section (core/options.h ClusterOptions) and the
+// cluster spec (net/cluster_spec.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/options.h"
+#include "net/cluster_spec.h"
+
+namespace shardwild {
+
+// The metadata key every request's token travels in, as "Bearer <token>".
+inline constexpr char kTokenMetadataKey[] = "authorization";
+// The shortest token accepted.
+inline constexpr size_t kMinTokenBytes = 16;
+
+struct PsServerOptions {
+  // host:port to listen on ("[::1]:0" for IPv6); port 0 = any free port
+  // (PsServer::port() says which). A host that is not loopback needs a token.
+  std::string bind_address = "127.0.0.1:0";
+  // The shared secret every request must carry; empty = none, allowed only
+  // on a loopback bind address.
+  std::string token;
+  // TLS: PEM certificate chain and private key, both or neither.
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
+  // The largest message the server sends or accepts (set explicitly on the
+  // server); pulls answer in chunks that fit. In [4096, 1 GiB].
+  int64_t max_message_bytes = 4 << 20;
+  // The most bytes of gradients (plus ids) one push stream may carry; a
+  // larger push is INVALID_ARGUMENT. >= 1.
+  int64_t max_push_bytes = int64_t{1} << 30;
+  // Where SaveShard writes checkpoints and RestoreShard reads them; empty =
+  // both answer FAILED_PRECONDITION. Requests name steps, never paths.
+  std::string checkpoint_dir;
+  // This task's name for messages ("ps:0").
+  std::string task_name = "ps";
+  // InvalidArgument naming the field: a bind address that is not
+  // host:port, a non-loopback bind without a token, a short token, TLS
+  // half given, sizes out of range.
+  absl::Status Validate() const;
+};
+
+struct PsClientOptions {
+  // The server's host:port, and its task name for messages ("ps:1").
+  std::string address;
+  std::string task_name = "ps";
+  std::string token;  // sent with every request when non-empty
+  // TLS: connect with TLS, verifying the server against tls_root_pem; empty
+  // root = the system's roots. tls_server_name overrides the name checked
+  // against the certificate (empty = the host of `address`).
+  bool tls = false;
+  std::string tls_root_pem;
+  std::string tls_server_name;
+  // Per attempt; > 0.
+  double deadline_s = 10.0;
+  // Attempts of one call (1 = no retry). A call is retried when it fails
+  // with UNAVAILABLE or DEADLINE_EXCEEDED, after initial_backoff_s, doubling
+  // up to max_backoff_s.
+  int max_attempts = 3;
+  double initial_backoff_s = 0.1;
+  double max_backoff_s = 2.0;
+  // The largest message the client sends or accepts; requests are split to
+  // fit. In [4096, 1 GiB].
+  int64_t max_message_bytes = 4 << 20;
+  absl::Status Validate() const;
+};
+
+// Reads a token file: its first line without surrounding whitespace. The
+// file must not be readable or writable by group or others (like ssh keys),
+// and the token must be at least kMinTokenBytes long. Errors name the file.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
+
+// The server options of ps task `task` (its port from the spec) under
+// `cluster` (bind host, token file, TLS files, message size). Reads the
+// token and TLS files; errors name the config key and the file.
+absl::StatusOr<PsServerOptions> MakePsServerOptions(const ClusterOptions& cluster, const ClusterSpec& spec,
+                                                    const TaskId& task);
+
+// The client options for calling task `task` of `spec` under `cluster`.
+absl::StatusOr<PsClientOptions> MakePsClientOptions(const ClusterOptions& cluster, const ClusterSpec& spec,
+                                                    const TaskId& task);
+
+}  // namespace shardwild

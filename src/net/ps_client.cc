@@ -1,0 +1,382 @@
+#include "net/ps_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <random>
+#include <thread>
+#include <unordered_map>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/status.h"
+#include "net/health.grpc.pb.h"
+#include "net/ps.grpc.pb.h"
+
+namespace shardwild {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const char* CodeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::UNAVAILABLE:
+      return "UNAVAILABLE";
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    default:
+      return "error";
+  }
+}
+
+uint64_t RandomClientId() {
+  std::random_device rd;
+  uint64_t id = 0;
+  while (id == 0) id = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return id;
+}
+
+}  // namespace
+
+class PsClient::Impl {
+ public:
+  explicit Impl(const PsClientOptions& options)
+      : options_(options),
+        chunk_floats_((options.max_message_bytes - 1024) / int64_t{sizeof(float)}),
+        client_id_(RandomClientId()) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+    args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+    // Reconnect about as fast as the call retries, so a restarted server is
+    // found by the next attempt rather than after gRPC's own (long) backoff.
+    const int initial_ms = std::max(1, static_cast<int>(options.initial_backoff_s * 1000));
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, initial_ms);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, initial_ms);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, std::max(initial_ms, static_cast<int>(options.max_backoff_s * 1000)));
+    std::shared_ptr<grpc::ChannelCredentials> creds;
+    if (options.tls) {
+      grpc::SslCredentialsOptions ssl;
+      ssl.pem_root_certs = options.tls_root_pem;
+      creds = grpc::SslCredentials(ssl);
+      if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+    } else {
+      creds = grpc::InsecureChannelCredentials();
+    }
+    channel_ = grpc::CreateCustomChannel(options.address, creds, args);
+    stub_ = net::ParameterServer::NewStub(channel_);
+    health_ = grpc::health::v1::Health::NewStub(channel_);
+  }
+
+  // Runs `attempt` with a fresh context (deadline, token) until it succeeds,
+  // fails with a code that is not retried, or max_attempts are spent.
+  absl::Status Call(const std::function<grpc::Status(grpc::ClientContext*)>& attempt) {
+    const Clock::time_point start = Clock::now();
+    double backoff = options_.initial_backoff_s;
+    grpc::Status last;
+    int attempts = 0;
+    while (true) {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::microseconds(static_cast<int64_t>(options_.deadline_s * 1e6)));
+      if (!options_.token.empty()) context.AddMetadata(kTokenMetadataKey, absl::StrCat("Bearer ", options_.token));
+      last = attempt(&context);
+      ++attempts;
+      if (last.ok()) return absl::OkStatus();
+      const bool retry = last.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                         last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+      if (!retry) return Convert(last);
+      if (attempts >= options_.max_attempts) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(backoff * 1e6)));
+      backoff = std::min(2 * backoff, options_.max_backoff_s);
+    }
+    const double spent = std::chrono::duration<double>(Clock::now() - start).count();
+    return absl::UnavailableError(absl::StrFormat("%s (%s) is unavailable: %d attempt%s in %.1f s, last: %s: %s",
+                                                  options_.task_name, options_.address, attempts,
+                                                  attempts == 1 ? "" : "s", spent, CodeName(last.error_code()),
+                                                  last.error_message()));
+  }
+
+  // A non-retried error, with the task's name in front unless the server
+  // already put it there.
+  absl::Status Convert(const grpc::Status& s) const {
+    std::string message = s.error_message();
+    if (!absl::StartsWith(message, absl::StrCat(options_.task_name, ":"))) {
+      message = absl::StrCat(options_.task_name, " (", options_.address, "): ", message);
+    }
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), message);
+  }
+
+  // An answer that does not fit what was asked (not retried).
+  grpc::Status Mismatch(grpc::ClientContext* context, const std::string& what) {
+    context->TryCancel();
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat(options_.task_name, ": ", what));
+  }
+
+  const PsClientOptions options_;
+  const int64_t chunk_floats_;
+  const uint64_t client_id_;
+  std::atomic<uint64_t> next_sequence_{1};
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<net::ParameterServer::Stub> stub_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+};
+
+absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(const PsClientOptions& options) {
+  SW_RETURN_IF_ERROR(options.Validate());
+  return std::unique_ptr<PsClient>(new PsClient(std::make_unique<Impl>(options)));
+}
+
+PsClient::PsClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+PsClient::~PsClient() = default;
+
+const PsClientOptions& PsClient::options() const { return impl_->options_; }
+
+absl::StatusOr<RemoteLayout> PsClient::GetLayout() {
+  net::LayoutResponse r;
+  SW_RETURN_IF_ERROR(impl_->Call([&](grpc::ClientContext* c) {
+    r.Clear();
+    return impl_->stub_->GetLayout(c, net::LayoutRequest(), &r);
+  }));
+  RemoteLayout l;
+  l.store_name = r.store_name();
+  l.layout.num_shards = r.num_shards();
+  for (const net::VariableInfo& v : r.variables()) {
+    VariableSpec spec;
+    spec.name = v.name();
+    spec.rows = v.rows();
+    spec.cols = v.cols();
+    l.layout.variables.push_back(spec);
+    std::vector<RowRange> parts;
+    for (const net::RowRangeInfo& p : v.parts()) parts.push_back({p.row_begin(), p.row_end()});
+    l.layout.parts.push_back(std::move(parts));
+  }
+  l.layout.shard_nodes.assign(r.shard_nodes().begin(), r.shard_nodes().end());
+  for (const net::TableInfo& t : r.tables()) {
+    TableSpec spec;
+    spec.name = t.name();
+    spec.kind = t.dynamic() ? EmbeddingKind::kDynamic : EmbeddingKind::kStatic;
+    spec.dim = t.dim();
+    spec.capacity = t.capacity();
+    spec.on_full = t.evict_lru() ? CapacityPolicy::kEvictLru : CapacityPolicy::kError;
+    l.layout.tables.push_back(spec);
+  }
+  l.optimizer = r.optimizer();
+  l.sparse_optimizer = r.sparse_optimizer();
+  l.update_mode = r.update_mode();
+  l.version = r.version();
+  return l;
+}
+
+absl::Status PsClient::PullDense(int var, int64_t row_begin, int64_t row_end, absl::Span<float> out,
+                                 uint64_t* version) {
+  net::PullDenseRequest request;
+  request.set_variable(var);
+  request.set_row_begin(row_begin);
+  request.set_row_end(row_end);
+  return impl_->Call([&](grpc::ClientContext* c) {
+    std::unique_ptr<grpc::ClientReader<net::DenseChunk>> reader = impl_->stub_->PullDense(c, request);
+    net::DenseChunk chunk;
+    int64_t received = 0;
+    while (reader->Read(&chunk)) {
+      if (chunk.offset() != received || chunk.values_size() > static_cast<int64_t>(out.size()) - received) {
+        grpc::Status s = impl_->Mismatch(
+            c, absl::StrCat("pull of variable ", var, " rows [", row_begin, ", ", row_end, "): the answer has floats ",
+                            chunk.offset(), "..", chunk.offset() + chunk.values_size(), " but `out` holds ",
+                            out.size()));
+        reader->Finish();
+        return s;
+      }
+      std::copy(chunk.values().begin(), chunk.values().end(), out.begin() + received);
+      received += chunk.values_size();
+      if (version != nullptr) *version = chunk.version();
+    }
+    grpc::Status s = reader->Finish();
+    if (s.ok() && received != static_cast<int64_t>(out.size())) {
+      return impl_->Mismatch(c, absl::StrCat("pull of variable ", var, " rows [", row_begin, ", ", row_end,
+                                             "): the answer has ", received, " floats but `out` holds ", out.size()));
+    }
+    return s;
+  });
+}
+
+absl::StatusOr<uint64_t> PsClient::PushDense(absl::Span<const RemoteDenseGrad> grads, float lr) {
+  const uint64_t sequence = impl_->next_sequence_.fetch_add(1, std::memory_order_relaxed);
+  net::PushResponse response;
+  SW_RETURN_IF_ERROR(impl_->Call([&](grpc::ClientContext* c) {
+    response.Clear();
+    std::unique_ptr<grpc::ClientWriter<net::PushDenseRequest>> writer = impl_->stub_->PushDense(c, &response);
+    net::PushDenseRequest msg;
+    bool first = true;
+    bool open = true;
+    for (const RemoteDenseGrad& g : grads) {
+      const int64_t n = static_cast<int64_t>(g.grad.size());
+      for (int64_t i = 0; open && (i < n || (n == 0 && i == 0)); i += std::max<int64_t>(1, impl_->chunk_floats_)) {
+        msg.Clear();
+        if (first) {
+          msg.set_client_id(impl_->client_id_);
+          msg.set_sequence(sequence);
+          msg.set_lr(lr);
+          first = false;
+        }
+        const int64_t m = std::min(impl_->chunk_floats_, n - i);
+        msg.mutable_grad()->set_variable(g.var);
+        msg.mutable_grad()->set_offset(i);
+        msg.mutable_grad()->mutable_values()->Assign(g.grad.data() + i, g.grad.data() + i + m);
+        open = writer->Write(msg);
+      }
+    }
+    if (open) writer->WritesDone();
+    return writer->Finish();
+  }));
+  return response.version();
+}
+
+absl::Status PsClient::PullRows(int table, absl::Span<const uint64_t> ids, absl::Span<float> out, PullMode mode) {
+  if (ids.empty()) {
+    if (!out.empty()) return absl::InvalidArgumentError(absl::StrCat(impl_->options_.task_name, ": pull rows: no ids but `out` holds ", out.size(), " floats"));
+    return absl::OkStatus();
+  }
+  if (out.size() % ids.size() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(impl_->options_.task_name, ": pull rows: `out` holds ",
+                                                   out.size(), " floats, not a multiple of the ", ids.size(), " ids"));
+  }
+  const int64_t dim = static_cast<int64_t>(out.size() / ids.size());
+  // An id takes at most 10 bytes on the wire.
+  const int64_t per_request = std::max<int64_t>(1, (impl_->options_.max_message_bytes - 1024) / 10);
+  for (int64_t begin = 0; begin < static_cast<int64_t>(ids.size()); begin += per_request) {
+    const int64_t n = std::min<int64_t>(per_request, ids.size() - begin);
+    net::PullRowsRequest request;
+    request.set_table(table);
+    request.set_mode(mode == PullMode::kInsert ? net::PULL_MODE_INSERT : net::PULL_MODE_READ_ONLY);
+    request.mutable_ids()->Assign(ids.begin() + begin, ids.begin() + begin + n);
+    absl::Span<float> part = out.subspan(begin * dim, n * dim);
+    SW_RETURN_IF_ERROR(impl_->Call([&](grpc::ClientContext* c) {
+      std::unique_ptr<grpc::ClientReader<net::RowsChunk>> reader = impl_->stub_->PullRows(c, request);
+      net::RowsChunk chunk;
+      int64_t received = 0;
+      while (reader->Read(&chunk)) {
+        if (chunk.offset() != received || chunk.values_size() > static_cast<int64_t>(part.size()) - received) {
+          grpc::Status s = impl_->Mismatch(c, absl::StrCat("pull rows of table ", table, ": the answer has floats ",
+                                                           chunk.offset(), "..", chunk.offset() + chunk.values_size(),
+                                                           ", expected ", part.size(), " (", n, " ids x ", dim, ")"));
+          reader->Finish();
+          return s;
+        }
+        std::copy(chunk.values().begin(), chunk.values().end(), part.begin() + received);
+        received += chunk.values_size();
+      }
+      grpc::Status s = reader->Finish();
+      if (s.ok() && received != static_cast<int64_t>(part.size())) {
+        return impl_->Mismatch(c, absl::StrCat("pull rows of table ", table, ": the answer has ", received,
+                                               " floats, expected ", part.size(), " (", n, " ids x ", dim,
+                                               "; is dim right?)"));
+      }
+      return s;
+    }));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> PsClient::PushRows(int table, absl::Span<const uint64_t> ids, absl::Span<const float> grads,
+                                            float lr) {
+  const std::string& task = impl_->options_.task_name;
+  int64_t dim = 0;
+  if (!ids.empty()) {
+    if (grads.size() % ids.size() != 0 || grads.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(task, ": push rows: ", grads.size(),
+                                                     " gradient floats are not a whole row for each of ", ids.size(),
+                                                     " ids"));
+    }
+    dim = static_cast<int64_t>(grads.size() / ids.size());
+  } else if (!grads.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(task, ": push rows: gradients without ids"));
+  }
+  // Sum repeated ids in batch order; each row goes over the wire once.
+  std::vector<uint64_t> unique;
+  std::vector<float> summed;
+  std::unordered_map<uint64_t, size_t> slot;
+  slot.reserve(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto [it, fresh] = slot.emplace(ids[i], unique.size());
+    const float* g = grads.data() + i * dim;
+    if (fresh) {
+      unique.push_back(ids[i]);
+      summed.insert(summed.end(), g, g + dim);
+    } else {
+      float* row = summed.data() + it->second * dim;
+      for (int64_t k = 0; k < dim; ++k) row[k] += g[k];
+    }
+  }
+  const int64_t row_bytes = 10 + 4 * dim;
+  const int64_t rows_per_message = (impl_->options_.max_message_bytes - 1024) / std::max<int64_t>(1, row_bytes);
+  if (!unique.empty() && rows_per_message < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(task, ": push rows: a row of ", dim,
+                                                   " floats does not fit in cluster.max_message_bytes = ",
+                                                   impl_->options_.max_message_bytes));
+  }
+  const uint64_t sequence = impl_->next_sequence_.fetch_add(1, std::memory_order_relaxed);
+  net::PushResponse response;
+  SW_RETURN_IF_ERROR(impl_->Call([&](grpc::ClientContext* c) {
+    response.Clear();
+    std::unique_ptr<grpc::ClientWriter<net::PushRowsRequest>> writer = impl_->stub_->PushRows(c, &response);
+    net::PushRowsRequest msg;
+    bool open = true;
+    int64_t begin = 0;
+    do {
+      const int64_t n = std::min<int64_t>(std::max<int64_t>(1, rows_per_message), unique.size() - begin);
+      msg.Clear();
+      if (begin == 0) {
+        msg.set_client_id(impl_->client_id_);
+        msg.set_sequence(sequence);
+        msg.set_lr(lr);
+        msg.set_table(table);
+      }
+      msg.mutable_ids()->Assign(unique.begin() + begin, unique.begin() + begin + n);
+      msg.mutable_grads()->Assign(summed.begin() + begin * dim, summed.begin() + (begin + n) * dim);
+      open = writer->Write(msg);
+      begin += n;
+    } while (open && begin < static_cast<int64_t>(unique.size()));
+    if (open) writer->WritesDone();
+    return writer->Finish();
+  }));
+  return response.version();
+}
+
+absl::StatusOr<uint64_t> PsClient::Version() {
+  net::VersionResponse r;
+  SW_RETURN_IF_ERROR(impl_->Call(
+      [&](grpc::ClientContext* c) { return impl_->stub_->Version(c, net::VersionRequest(), &r); }));
+  return r.version();
+}
+
+absl::StatusOr<std::string> PsClient::SaveShard(int64_t step) {
+  net::SaveShardRequest request;
+  request.set_step(step);
+  net::SaveShardResponse r;
+  SW_RETURN_IF_ERROR(impl_->Call([&](grpc::ClientContext* c) { return impl_->stub_->SaveShard(c, request, &r); }));
+  return r.path();
+}
+
+absl::StatusOr<int64_t> PsClient::RestoreShard(std::optional<int64_t> step) {
+  net::RestoreShardRequest request;
+  request.set_latest(!step.has_value());
+  request.set_step(step.value_or(0));
+  net::RestoreShardResponse r;
+  SW_RETURN_IF_ERROR(
+      impl_->Call([&](grpc::ClientContext* c) { return impl_->stub_->RestoreShard(c, request, &r); }));
+  return r.step();
+}
+
+absl::StatusOr<bool> PsClient::Healthy(const std::string& service) {
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse r;
+  SW_RETURN_IF_ERROR(impl_->Call([&](grpc::ClientContext* c) { return impl_->health_->Check(c, request, &r); }));
+  return r.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+}
+
+}  // namespace shardwild

@@ -1,0 +1,104 @@
+// PsClient: calls one ps task's PsServer (ps.proto).
+//
+// Every call has a deadline (options.deadline_s per attempt) and is retried
+// when an attempt fails with UNAVAILABLE or DEADLINE_EXCEEDED, at most
+// options.max_attempts times in all, waiting initial_backoff_s, then twice
+// that, up to max_backoff_s. Pushes are safe to retry: each carries this
+// client's id and a fresh sequence number, and the server applies a
+// (client, sequence) once. When every attempt has failed that way the call
+// returns Unavailable naming the task, its address, the attempts and the
+// time spent, e.g.
+//   ps:1 (127.0.0.1:40411) is unavailable: 3 attempts in 0.4 s, last: failed to connect to all addresses
+// Other errors keep their code (PermissionDenied, InvalidArgument, ...) with
+// the task's name in front of the server's message.
+//
+// Large tensors: requests are split and answers reassembled so that no
+// message exceeds options.max_message_bytes (set on the channel too).
+//
+// Every call blocks until it is answered or has failed (at most about
+// max_attempts * deadline_s plus the backoffs).
+//
+// Thread safety: every method may be called concurrently; the client holds
+// one channel (HTTP/2 connection) that the calls share.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "net/net_options.h"
+#include "ps_shm/embedding_table.h"
+#include "ps_shm/param_store.h"
+
+namespace shardwild {
+
+// What GetLayout says about the served store.
+struct RemoteLayout {
+  std::string store_name;
+  // Variables (name, rows, cols; `init` is not sent and reads kZeros), the
+  // shard count, each variable's rows per shard, the shards' NUMA nodes on
+  // the server, and the tables (name, kind, dim, capacity, on_full; `init`
+  // is not sent).
+  StoreLayout layout;
+  std::string optimizer, sparse_optimizer, update_mode;
+  uint64_t version = 0;
+};
+
+// A gradient for a whole variable: rows * cols floats.
+struct RemoteDenseGrad {
+  int var = 0;
+  absl::Span<const float> grad;
+};
+
+class PsClient {
+ public:
+  // Makes the channel; connects lazily, on the first call. InvalidArgument
+  // for bad options (PsClientOptions::Validate).
+  static absl::StatusOr<std::unique_ptr<PsClient>> Create(const PsClientOptions& options);
+  ~PsClient();
+  PsClient(const PsClient&) = delete;
+  PsClient& operator=(const PsClient&) = delete;
+
+  const PsClientOptions& options() const;
+
+  absl::StatusOr<RemoteLayout> GetLayout();
+  // Rows [row_begin, row_end) of variable `var` into `out`, which must hold
+  // exactly (row_end - row_begin) * cols floats: a server answering another
+  // length is an Internal error. `version`, if not null, gets the model
+  // version when the pull began.
+  absl::Status PullDense(int var, int64_t row_begin, int64_t row_end, absl::Span<float> out,
+                         uint64_t* version = nullptr);
+  // Applies one optimizer step with `lr` to each variable with its whole
+  // gradient (ParamStore::Push); returns the model version after it.
+  absl::StatusOr<uint64_t> PushDense(absl::Span<const RemoteDenseGrad> grads, float lr);
+  // Rows of `ids` of table `table` into `out` (ids.size() * dim floats).
+  // Ids may repeat.
+  absl::Status PullRows(int table, absl::Span<const uint64_t> ids, absl::Span<float> out,
+                        PullMode mode = PullMode::kInsert);
+  // One step of the table's optimizer with `lr` on the rows of `ids`
+  // (gradients ids.size() * dim floats; dim = grads.size() / ids.size()).
+  // Repeated ids are summed here first (in batch order), so each row goes
+  // over the wire once; the server sums again across its stream.
+  absl::StatusOr<uint64_t> PushRows(int table, absl::Span<const uint64_t> ids, absl::Span<const float> grads,
+                                    float lr);
+  absl::StatusOr<uint64_t> Version();
+  // The server writes ckpt-<step> into its checkpoint directory; returns its path.
+  absl::StatusOr<std::string> SaveShard(int64_t step);
+  // The server loads ckpt-<step> (nullopt: its newest good checkpoint);
+  // returns the step loaded.
+  absl::StatusOr<int64_t> RestoreShard(std::optional<int64_t> step);
+  // grpc.health.v1 Check of `service` ("" = the server): true for SERVING.
+  absl::StatusOr<bool> Healthy(const std::string& service = "");
+
+  class Impl;
+
+ private:
+  explicit PsClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace shardwild

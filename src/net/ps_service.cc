@@ -1,0 +1,381 @@
+#include "net/ps_service.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "workers/checkpoint.h"
+
+namespace shardwild {
+
+PsService::PsService(ShmParamStore* store, Options options) : store_(store), options_(std::move(options)) {}
+
+absl::Status PsService::Invalid(const std::string& what) const {
+  return absl::InvalidArgumentError(absl::StrCat(options_.task_name, ": ", what));
+}
+
+void PsService::GetLayout(net::LayoutResponse* out) const {
+  const StoreLayout& l = store_->layout();
+  out->set_store_name(store_->name());
+  out->set_num_shards(l.num_shards);
+  for (size_t v = 0; v < l.variables.size(); ++v) {
+    net::VariableInfo* info = out->add_variables();
+    info->set_name(l.variables[v].name);
+    info->set_rows(l.variables[v].rows);
+    info->set_cols(l.variables[v].cols);
+    for (const RowRange& r : l.parts[v]) {
+      net::RowRangeInfo* part = info->add_parts();
+      part->set_row_begin(r.begin);
+      part->set_row_end(r.end);
+    }
+  }
+  for (int node : l.shard_nodes) out->add_shard_nodes(node);
+  for (const TableSpec& t : l.tables) {
+    net::TableInfo* info = out->add_tables();
+    info->set_name(t.name);
+    info->set_dim(t.dim);
+    info->set_capacity(t.capacity);
+    info->set_dynamic(t.kind == EmbeddingKind::kDynamic);
+    info->set_evict_lru(t.on_full == CapacityPolicy::kEvictLru);
+  }
+  out->set_optimizer(OptimizerTypeName(store_->optimizer().type));
+  out->set_sparse_optimizer(OptimizerTypeName(store_->sparse_optimizer().type));
+  out->set_update_mode(UpdateModeName(store_->update_mode()));
+  out->set_version(store_->version());
+}
+
+absl::Status PsService::PullDense(const net::PullDenseRequest& request, const Writer<net::DenseChunk>& write) const {
+  const StoreLayout& l = store_->layout();
+  const int var = request.variable();
+  if (var < 0 || var >= static_cast<int>(l.variables.size())) {
+    return Invalid(absl::StrCat("pull: unknown variable ", var, " (the store has ", l.variables.size(), ")"));
+  }
+  const VariableSpec& spec = l.variables[var];
+  if (request.row_begin() < 0 || request.row_begin() > request.row_end() || request.row_end() > spec.rows) {
+    return Invalid(absl::StrCat("pull: rows [", request.row_begin(), ", ", request.row_end(), ") of ", spec.name,
+                   " are not within [0, ", spec.rows, ")"));
+  }
+  const uint64_t version = store_->version();
+  const int64_t chunk = std::max<int64_t>(1, options_.max_chunk_floats);
+  // Pull a block of whole rows at a time (at least one row), then send it in
+  // chunks; memory stays at about one chunk whatever the slice's size.
+  const int64_t rows_per_block = std::max<int64_t>(1, chunk / spec.cols);
+  std::vector<float> block;
+  net::DenseChunk msg;
+  msg.set_variable(var);
+  msg.set_version(version);
+  int64_t offset = 0;
+  bool sent = false;
+  for (int64_t r = request.row_begin(); r < request.row_end(); r += rows_per_block) {
+    const int64_t n = std::min(rows_per_block, request.row_end() - r);
+    block.resize(n * spec.cols);
+    const PullSlice slice{var, r, r + n, block.data()};
+    SW_RETURN_IF_ERROR(store_->Pull({&slice, 1}));
+    for (int64_t i = 0; i < static_cast<int64_t>(block.size()); i += chunk) {
+      const int64_t m = std::min<int64_t>(chunk, block.size() - i);
+      msg.set_offset(offset);
+      msg.mutable_values()->Assign(block.data() + i, block.data() + i + m);
+      if (!write(msg)) return absl::CancelledError(absl::StrCat(options_.task_name, ": pull: the client went away"));
+      offset += m;
+      sent = true;
+    }
+  }
+  if (!sent) {  // an empty slice: one empty chunk carrying the version
+    msg.set_offset(0);
+    msg.clear_values();
+    if (!write(msg)) return absl::CancelledError(absl::StrCat(options_.task_name, ": pull: the client went away"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsService::PushDense(const Reader<net::PushDenseRequest>& read, net::PushResponse* out) {
+  const StoreLayout& l = store_->layout();
+  net::PushDenseRequest msg;
+  uint64_t client = 0, sequence = 0;
+  float lr = 0;
+  // One buffer per variable named, filled in order.
+  std::map<int, std::vector<float>> grads;
+  std::map<int, int64_t> received;
+  int64_t budget = options_.max_push_bytes;
+  int64_t count = 0;
+  while (read(&msg)) {
+    if (count++ == 0) {
+      client = msg.client_id();
+      sequence = msg.sequence();
+      lr = msg.lr();
+      if (!std::isfinite(lr)) return Invalid(absl::StrCat("push: the learning rate is ", lr));
+    }
+    const net::DenseChunk& g = msg.grad();
+    const int var = g.variable();
+    if (var < 0 || var >= static_cast<int>(l.variables.size())) {
+      return Invalid(absl::StrCat("push: unknown variable ", var, " (the store has ", l.variables.size(), ")"));
+    }
+    const VariableSpec& spec = l.variables[var];
+    auto it = grads.find(var);
+    if (it == grads.end()) {
+      budget -= spec.size() * static_cast<int64_t>(sizeof(float));
+      if (budget < 0) {
+        return Invalid(absl::StrCat("push: more than ", options_.max_push_bytes, " bytes of gradients"));
+      }
+      it = grads.emplace(var, std::vector<float>(spec.size())).first;
+    }
+    int64_t& done = received[var];
+    if (g.offset() != done) {
+      return Invalid(absl::StrCat("push: the gradient of ", spec.name, " continues at float ", g.offset(),
+                                  ", expected ", done, " (chunks of a variable go in order)"));
+    }
+    if (g.values_size() > spec.size() - done) {
+      return Invalid(absl::StrCat("push: the gradient of ", spec.name, " has more than its ", spec.size(),
+                                  " floats (", spec.rows, " x ", spec.cols, ")"));
+    }
+    std::copy(g.values().begin(), g.values().end(), it->second.begin() + done);
+    done += g.values_size();
+  }
+  if (count == 0) return Invalid("push: the request carries no gradient");
+  std::vector<DenseGrad> dense;
+  for (const auto& [var, values] : grads) {
+    const VariableSpec& spec = l.variables[var];
+    if (received[var] != spec.size()) {
+      return Invalid(absl::StrCat("push: the gradient of ", spec.name, " has ", received[var], " floats, expected ",
+                                  spec.size(), " (", spec.rows, " x ", spec.cols, ")"));
+    }
+    dense.push_back({var, values.data()});
+  }
+  SW_ASSIGN_OR_RETURN(const bool fresh, BeginPush(client, sequence));
+  if (!fresh) {
+    out->set_version(store_->version());
+    out->set_duplicate(true);
+    return absl::OkStatus();
+  }
+  if (absl::Status s = store_->Push(dense, lr); !s.ok()) {
+    AbortPush(client, sequence);
+    return s;
+  }
+  out->set_version(store_->version());
+  out->set_duplicate(false);
+  return absl::OkStatus();
+}
+
+absl::Status PsService::PullRows(const net::PullRowsRequest& request, const Writer<net::RowsChunk>& write) const {
+  const StoreLayout& l = store_->layout();
+  const int t = request.table();
+  if (t < 0 || t >= static_cast<int>(l.tables.size())) {
+    return Invalid(absl::StrCat("pull rows: unknown table ", t, " (the store has ", l.tables.size(), ")"));
+  }
+  const TableSpec& table = l.tables[t];
+  PullMode mode;
+  switch (request.mode()) {
+    case net::PULL_MODE_INSERT:
+      mode = PullMode::kInsert;
+      break;
+    case net::PULL_MODE_READ_ONLY:
+      mode = PullMode::kReadOnly;
+      break;
+    default:
+      return Invalid(absl::StrCat("pull rows: unknown mode ", static_cast<int>(request.mode())));
+  }
+  const auto& ids = request.ids();
+  // Every id first, so a bad one anywhere sends nothing.
+  for (int i = 0; i < ids.size(); ++i) {
+    const uint64_t id = ids[i];
+    if (table.kind == EmbeddingKind::kStatic ? id >= static_cast<uint64_t>(table.capacity)
+                                             : id == std::numeric_limits<uint64_t>::max()) {
+      return Invalid(absl::StrCat("pull rows: id ", id, " (item ", i, ") is not a row of table ", table.name,
+                                  table.kind == EmbeddingKind::kStatic
+                                      ? absl::StrCat(" (ids are in [0, ", table.capacity, "))")
+                                      : std::string(" (2^64-1 is reserved)")));
+    }
+  }
+  const uint64_t version = store_->version();
+  const int64_t chunk = std::max<int64_t>(1, options_.max_chunk_floats);
+  const int64_t ids_per_block = std::max<int64_t>(1, chunk / table.dim);
+  RowScratch scratch;
+  std::vector<float> block;
+  net::RowsChunk msg;
+  msg.set_version(version);
+  int64_t offset = 0;
+  bool sent = false;
+  for (int64_t i = 0; i < ids.size(); i += ids_per_block) {
+    const int64_t n = std::min<int64_t>(ids_per_block, ids.size() - i);
+    block.resize(n * table.dim);
+    SW_RETURN_IF_ERROR(store_->PullRows(t, {ids.data() + i, static_cast<size_t>(n)}, block.data(), mode, &scratch));
+    for (int64_t j = 0; j < static_cast<int64_t>(block.size()); j += chunk) {
+      const int64_t m = std::min<int64_t>(chunk, block.size() - j);
+      msg.set_offset(offset);
+      msg.mutable_values()->Assign(block.data() + j, block.data() + j + m);
+      if (!write(msg)) return absl::CancelledError(absl::StrCat(options_.task_name, ": pull rows: the client went away"));
+      offset += m;
+      sent = true;
+    }
+  }
+  if (!sent) {
+    msg.set_offset(0);
+    msg.clear_values();
+    if (!write(msg)) return absl::CancelledError(absl::StrCat(options_.task_name, ": pull rows: the client went away"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsService::PushRows(const Reader<net::PushRowsRequest>& read, net::PushResponse* out) {
+  const StoreLayout& l = store_->layout();
+  net::PushRowsRequest msg;
+  uint64_t client = 0, sequence = 0;
+  float lr = 0;
+  int t = -1;
+  const TableSpec* table = nullptr;
+  std::vector<uint64_t> ids;
+  std::vector<float> grads;
+  int64_t bytes = 0;
+  int64_t count = 0;
+  while (read(&msg)) {
+    if (count == 0) {
+      client = msg.client_id();
+      sequence = msg.sequence();
+      lr = msg.lr();
+      t = msg.table();
+      if (!std::isfinite(lr)) return Invalid(absl::StrCat("push rows: the learning rate is ", lr));
+      if (t < 0 || t >= static_cast<int>(l.tables.size())) {
+        return Invalid(absl::StrCat("push rows: unknown table ", t, " (the store has ", l.tables.size(), ")"));
+      }
+      table = &l.tables[t];
+    }
+    const int64_t n = msg.ids_size();
+    if (msg.grads_size() != n * table->dim) {
+      return Invalid(absl::StrCat("push rows: message ", count, ": ", n, " ids of table ", table->name, " need ", n,
+                                  " x ", table->dim, " = ", n * table->dim, " gradient floats, got ",
+                                  msg.grads_size()));
+    }
+    bytes += n * static_cast<int64_t>(sizeof(uint64_t) + table->dim * sizeof(float));
+    if (bytes > options_.max_push_bytes) {
+      return Invalid(absl::StrCat("push rows: more than ", options_.max_push_bytes, " bytes of ids and gradients"));
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t id = msg.ids(i);
+      if (table->kind == EmbeddingKind::kStatic ? id >= static_cast<uint64_t>(table->capacity)
+                                                : id == std::numeric_limits<uint64_t>::max()) {
+        return Invalid(absl::StrCat("push rows: id ", id, " (message ", count, ", item ", i,
+                                    ") is not a row of table ", table->name,
+                                    table->kind == EmbeddingKind::kStatic
+                                        ? absl::StrCat(" (ids are in [0, ", table->capacity, "))")
+                                        : std::string(" (2^64-1 is reserved)")));
+      }
+    }
+    ids.insert(ids.end(), msg.ids().begin(), msg.ids().end());
+    grads.insert(grads.end(), msg.grads().begin(), msg.grads().end());
+    ++count;
+  }
+  if (count == 0) return Invalid("push rows: the request carries no message");
+  SW_ASSIGN_OR_RETURN(const bool fresh, BeginPush(client, sequence));
+  if (!fresh) {
+    out->set_version(store_->version());
+    out->set_duplicate(true);
+    return absl::OkStatus();
+  }
+  if (!ids.empty()) {
+    RowScratch scratch;
+    if (absl::Status s = store_->PushRows(t, ids, grads.data(), lr, &scratch); !s.ok()) {
+      AbortPush(client, sequence);
+      return s;
+    }
+  }
+  out->set_version(store_->version());
+  out->set_duplicate(false);
+  return absl::OkStatus();
+}
+
+absl::Status PsService::SaveShard(const net::SaveShardRequest& request, net::SaveShardResponse* out) {
+  if (options_.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(options_.task_name, ": save: this server has no checkpoint directory"));
+  }
+  if (request.step() < 0) return Invalid(absl::StrCat("save: step must be >= 0, got ", request.step()));
+  MutexLock lock(&checkpoint_mu_);
+  CheckpointState state;
+  state.step = request.step();
+  SW_ASSIGN_OR_RETURN(const std::string path, WriteCheckpoint(options_.checkpoint_dir, *store_, state));
+  out->set_path(path);
+  out->set_version(store_->version());
+  return absl::OkStatus();
+}
+
+absl::Status PsService::RestoreShard(const net::RestoreShardRequest& request, net::RestoreShardResponse* out) {
+  if (options_.checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(options_.task_name, ": restore: this server has no checkpoint directory"));
+  }
+  if (!request.latest() && request.step() < 0) {
+    return Invalid(absl::StrCat("restore: step must be >= 0, got ", request.step()));
+  }
+  MutexLock lock(&checkpoint_mu_);
+  CheckpointInfo info;
+  if (request.latest()) {
+    SW_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> latest, FindLatestCheckpoint(options_.checkpoint_dir));
+    if (!latest) {
+      return absl::NotFoundError(
+          absl::StrCat(options_.task_name, ": restore: no checkpoint in ", options_.checkpoint_dir));
+    }
+    info = std::move(*latest);
+  } else {
+    SW_ASSIGN_OR_RETURN(info, VerifyCheckpoint(absl::StrCat(options_.checkpoint_dir, "/ckpt-", request.step())));
+  }
+  SW_RETURN_IF_ERROR(RestoreCheckpoint(info, *store_));
+  out->set_path(info.path);
+  out->set_step(info.step);
+  out->set_version(store_->version());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> PsService::BeginPush(uint64_t client, uint64_t sequence) {
+  MutexLock lock(&mu_);
+  if (client == 0) {
+    ++pushes_applied_;
+    return true;
+  }
+  auto it = clients_.find(client);
+  if (it == clients_.end()) {
+    if (clients_.size() >= kMaxClients) {
+      auto idle = std::min_element(clients_.begin(), clients_.end(), [](const auto& a, const auto& b) {
+        return a.second.last_use < b.second.last_use;
+      });
+      clients_.erase(idle);
+    }
+    it = clients_.emplace(client, ClientPushes{}).first;
+  }
+  ClientPushes& c = it->second;
+  c.last_use = ++tick_;
+  if (c.sequences.count(sequence)) {
+    ++pushes_deduplicated_;
+    return false;
+  }
+  if (c.sequences.size() >= kSequencesPerClient && sequence < *c.sequences.begin()) {
+    return absl::FailedPreconditionError(absl::StrCat(options_.task_name, ": push sequence ", sequence,
+                                                      " of this client is too old to tell whether it was applied"));
+  }
+  c.sequences.insert(sequence);
+  if (c.sequences.size() > kSequencesPerClient) c.sequences.erase(c.sequences.begin());
+  ++pushes_applied_;
+  return true;
+}
+
+void PsService::AbortPush(uint64_t client, uint64_t sequence) {
+  MutexLock lock(&mu_);
+  --pushes_applied_;
+  if (client == 0) return;
+  auto it = clients_.find(client);
+  if (it != clients_.end()) it->second.sequences.erase(sequence);
+}
+
+uint64_t PsService::pushes_applied() const {
+  MutexLock lock(&mu_);
+  return pushes_applied_;
+}
+
+uint64_t PsService::pushes_deduplicated() const {
+  MutexLock lock(&mu_);
+  return pushes_deduplicated_;
+}
+
+}  // namespace shardwild

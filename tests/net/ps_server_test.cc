@@ -1,0 +1,737 @@
+// Real PsServers on loopback (port 0: the kernel picks a free port, read
+// back with port()), started and stopped by each test, called by PsClient
+// and by the raw generated stub (to send what PsClient never would).
+#include "net/ps_server.h"
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "net/health.grpc.pb.h"
+#include "net/ps.grpc.pb.h"
+#include "net/ps_client.h"
+#include "net/ps_service.h"
+
+namespace shardwild {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kToken[] = "test-token-0123456789abcdef";
+constexpr int kStatic = 0, kDynamic = 1;  // table indices
+constexpr int64_t kStaticDim = 4, kDynamicDim = 3;
+
+#define EXPECT_HAS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack) << "\nlacks: " << (needle)
+
+OpenStoreOptions StoreOptions() {
+  OpenStoreOptions o;
+  o.store.job_name = "swtest-net";
+  o.store.huge_pages = HugePagePolicy::kOff;
+  o.optimizer.type = OptimizerType::kAdagrad;
+  o.optimizer.lr = 0.1f;
+  o.seed = 7;
+  o.num_shards = 2;
+  TableSpec s;
+  s.name = "emb";
+  s.kind = EmbeddingKind::kStatic;
+  s.dim = kStaticDim;
+  s.capacity = 100;
+  TableSpec d;
+  d.name = "dyn";
+  d.kind = EmbeddingKind::kDynamic;
+  d.dim = kDynamicDim;
+  d.capacity = 1000;
+  o.tables = {s, d};
+  return o;
+}
+
+std::vector<VariableSpec> Variables(int64_t big_rows = 37) {
+  return {VariableSpec{"w", big_rows, 5, InitKind::kGlorotUniform, 5, 5}, VariableSpec{"b", 1, 5, InitKind::kZeros}};
+}
+
+std::unique_ptr<ShmParamStore> MakeStore(int64_t big_rows = 37) {
+  absl::StatusOr<std::unique_ptr<ShmParamStore>> s = ShmParamStore::Create(StoreOptions(), Variables(big_rows));
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+// Everything a client could observe: every variable, rows 0..99 of the
+// static table, and the version. (Read-only pulls: they insert nothing.)
+struct Snapshot {
+  std::vector<std::vector<float>> vars;
+  std::vector<float> rows;
+  std::vector<float> dyn_rows;
+  uint64_t version = 0;
+  bool operator==(const Snapshot& o) const {
+    return vars == o.vars && rows == o.rows && dyn_rows == o.dyn_rows && version == o.version;
+  }
+};
+
+std::vector<uint64_t> StaticIds() {
+  std::vector<uint64_t> ids(100);
+  for (int i = 0; i < 100; ++i) ids[i] = i;
+  return ids;
+}
+const std::vector<uint64_t> kDynIds = {5, 1u << 31, 77777777777ull, 9};
+
+Snapshot Take(ShmParamStore& store) {
+  Snapshot s;
+  for (size_t v = 0; v < store.layout().variables.size(); ++v) {
+    s.vars.emplace_back(store.layout().variables[v].size());
+    EXPECT_TRUE(store.PullVariable(static_cast<int>(v), s.vars.back().data()).ok());
+  }
+  RowScratch scratch;
+  const std::vector<uint64_t> ids = StaticIds();
+  s.rows.resize(ids.size() * kStaticDim);
+  EXPECT_TRUE(store.PullRows(kStatic, ids, s.rows.data(), PullMode::kReadOnly, &scratch).ok());
+  s.dyn_rows.resize(kDynIds.size() * kDynamicDim);
+  EXPECT_TRUE(store.PullRows(kDynamic, kDynIds, s.dyn_rows.data(), PullMode::kReadOnly, &scratch).ok());
+  s.version = store.version();
+  return s;
+}
+
+std::unique_ptr<PsServer> Serve(ShmParamStore* store, const std::string& token = kToken,
+                                int64_t max_message_bytes = 4 << 20, const std::string& checkpoint_dir = "") {
+  PsServerOptions o;
+  o.token = token;
+  o.task_name = "ps:0";
+  o.max_message_bytes = max_message_bytes;
+  o.checkpoint_dir = checkpoint_dir;
+  absl::StatusOr<std::unique_ptr<PsServer>> s = PsServer::Start(o, store);
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (!s.ok()) return nullptr;
+  EXPECT_GT((*s)->port(), 0);
+  return std::move(*s);
+}
+
+PsClientOptions ClientOptions(const PsServer& server, const std::string& token = kToken) {
+  PsClientOptions o;
+  o.address = server.address();
+  o.task_name = "ps:0";
+  o.token = token;
+  o.deadline_s = 5;
+  o.max_message_bytes = 4 << 20;
+  return o;
+}
+
+std::unique_ptr<PsClient> Connect(const PsClientOptions& o) {
+  absl::StatusOr<std::unique_ptr<PsClient>> c = PsClient::Create(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+std::vector<float> Ramp(size_t n, float scale) {
+  std::vector<float> g(n);
+  for (size_t i = 0; i < n; ++i) g[i] = scale * std::sin(0.37f * static_cast<float>(i) + scale);
+  return g;
+}
+
+// The same pulls and pushes on a served store (through the client) and on a
+// local twin give the same bits.
+TEST(PsServerTest, RoundTripEqualsLocalStore) {
+  std::unique_ptr<ShmParamStore> served = MakeStore(), local = MakeStore();
+  ASSERT_TRUE(served && local);
+  std::unique_ptr<PsServer> server = Serve(served.get());
+  ASSERT_TRUE(server);
+  std::unique_ptr<PsClient> client = Connect(ClientOptions(*server));
+  ASSERT_TRUE(client);
+
+  absl::StatusOr<RemoteLayout> layout = client->GetLayout();
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  const StoreLayout& want_layout = served->layout();
+  ASSERT_EQ(layout->layout.variables.size(), 2u);
+  EXPECT_EQ(layout->layout.variables[0].name, "w");
+  EXPECT_EQ(layout->layout.variables[0].rows, 37);
+  EXPECT_EQ(layout->layout.variables[0].cols, 5);
+  ASSERT_EQ(layout->layout.parts.size(), 2u);
+  for (int v = 0; v < 2; ++v) {
+    ASSERT_EQ(layout->layout.parts[v].size(), want_layout.parts[v].size());
+    for (size_t p = 0; p < want_layout.parts[v].size(); ++p) {
+      EXPECT_EQ(layout->layout.parts[v][p].begin, want_layout.parts[v][p].begin);
+      EXPECT_EQ(layout->layout.parts[v][p].end, want_layout.parts[v][p].end);
+    }
+  }
+  EXPECT_EQ(layout->layout.shard_nodes, want_layout.shard_nodes);
+  ASSERT_EQ(layout->layout.tables.size(), 2u);
+  EXPECT_EQ(layout->layout.tables[1].name, "dyn");
+  EXPECT_EQ(layout->layout.tables[1].kind, EmbeddingKind::kDynamic);
+  EXPECT_EQ(layout->layout.tables[1].dim, kDynamicDim);
+  EXPECT_EQ(layout->optimizer, "adagrad");
+  EXPECT_EQ(layout->update_mode, "hogwild");
+  EXPECT_EQ(layout->store_name, served->name());
+  EXPECT_EQ(layout->layout.num_shards, 2);
+
+  for (int step = 0; step < 3; ++step) {
+    // Dense: pull a slice and whole variables, then push.
+    std::vector<float> remote(10 * 5), want(10 * 5);
+    uint64_t version = 99;
+    ASSERT_TRUE(client->PullDense(0, 12, 22, absl::MakeSpan(remote), &version).ok());
+    const PullSlice slice{0, 12, 22, want.data()};
+    ASSERT_TRUE(local->Pull({&slice, 1}).ok());
+    EXPECT_EQ(remote, want);
+    EXPECT_EQ(version, local->version());
+    const std::vector<float> gw = Ramp(37 * 5, 1.0f + step), gb = Ramp(5, 0.5f);
+    const RemoteDenseGrad rg[] = {{0, gw}, {1, gb}};
+    absl::StatusOr<uint64_t> v = client->PushDense(rg, 0.05f);
+    ASSERT_TRUE(v.ok()) << v.status();
+    const DenseGrad lg[] = {{0, gw.data()}, {1, gb.data()}};
+    ASSERT_TRUE(local->Push(lg, 0.05f).ok());
+    EXPECT_EQ(*v, local->version());
+
+    // Rows, with repeats: the client sums them before sending, the local
+    // store sums them itself; both in batch order.
+    const std::vector<uint64_t> ids = {3, 99, 3, 0, 42, 3};
+    const std::vector<float> g = Ramp(ids.size() * kStaticDim, 2.0f + step);
+    ASSERT_TRUE(client->PushRows(kStatic, ids, g, 0.1f).ok());
+    RowScratch scratch;
+    ASSERT_TRUE(local->PushRows(kStatic, ids, g.data(), 0.1f, &scratch).ok());
+    const std::vector<uint64_t> dyn = {kDynIds[0], kDynIds[1], kDynIds[0]};
+    const std::vector<float> gd = Ramp(dyn.size() * kDynamicDim, 3.0f);
+    ASSERT_TRUE(client->PushRows(kDynamic, dyn, gd, 0.1f).ok());
+    ASSERT_TRUE(local->PushRows(kDynamic, dyn, gd.data(), 0.1f, &scratch).ok());
+
+    std::vector<float> rows(ids.size() * kStaticDim), want_rows(rows.size());
+    ASSERT_TRUE(client->PullRows(kStatic, ids, absl::MakeSpan(rows)).ok());
+    ASSERT_TRUE(local->PullRows(kStatic, ids, want_rows.data(), PullMode::kInsert, &scratch).ok());
+    EXPECT_EQ(rows, want_rows);
+  }
+  EXPECT_EQ(Take(*served), Take(*local));
+  absl::StatusOr<uint64_t> version = client->Version();
+  ASSERT_TRUE(version.ok());
+  EXPECT_EQ(*version, 3u);
+  // A read-only pull of a missing dynamic id inserts nothing; an insert does.
+  std::vector<float> row(kDynamicDim), want(kDynamicDim);
+  const uint64_t fresh_id = 123456789;
+  ASSERT_TRUE(client->PullRows(kDynamic, {&fresh_id, 1}, absl::MakeSpan(row), PullMode::kReadOnly).ok());
+  RowScratch scratch;
+  ASSERT_TRUE(local->PullRows(kDynamic, {&fresh_id, 1}, want.data(), PullMode::kReadOnly, &scratch).ok());
+  EXPECT_EQ(row, want);
+  std::vector<float> params(kDynamicDim), slot(kDynamicDim);
+  float* slots[] = {slot.data()};
+  EXPECT_EQ(served->ReadTableRow(kDynamic, fresh_id, params.data(), slots).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(client->PullRows(kDynamic, {&fresh_id, 1}, absl::MakeSpan(row), PullMode::kInsert).ok());
+  EXPECT_TRUE(served->ReadTableRow(kDynamic, fresh_id, params.data(), slots).ok());
+  EXPECT_EQ(server->stats().pushes_applied, 9u);
+}
+
+// A stub that adds `token` (if any) to each call it is given a context for.
+struct RawStub {
+  explicit RawStub(const PsServer& server, int64_t max_message_bytes = 64 << 20) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(static_cast<int>(max_message_bytes));
+    args.SetMaxSendMessageSize(static_cast<int>(max_message_bytes));
+    channel = grpc::CreateCustomChannel(server.address(), grpc::InsecureChannelCredentials(), args);
+    stub = net::ParameterServer::NewStub(channel);
+    health = grpc::health::v1::Health::NewStub(channel);
+  }
+  void Prepare(grpc::ClientContext* c, const std::string& token) {
+    c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    if (!token.empty()) c->AddMetadata("authorization", "Bearer " + token);
+  }
+  grpc::Status PullDense(const net::PullDenseRequest& r, const std::string& token = kToken,
+                         std::vector<net::DenseChunk>* chunks = nullptr) {
+    grpc::ClientContext c;
+    Prepare(&c, token);
+    auto reader = stub->PullDense(&c, r);
+    net::DenseChunk chunk;
+    while (reader->Read(&chunk)) {
+      if (chunks) chunks->push_back(chunk);
+    }
+    return reader->Finish();
+  }
+  grpc::Status PushDense(const std::vector<net::PushDenseRequest>& msgs, const std::string& token = kToken) {
+    grpc::ClientContext c;
+    Prepare(&c, token);
+    net::PushResponse resp;
+    auto writer = stub->PushDense(&c, &resp);
+    for (const auto& m : msgs) {
+      if (!writer->Write(m)) break;
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  }
+  grpc::Status PullRows(const net::PullRowsRequest& r, const std::string& token = kToken) {
+    grpc::ClientContext c;
+    Prepare(&c, token);
+    auto reader = stub->PullRows(&c, r);
+    net::RowsChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    return reader->Finish();
+  }
+  grpc::Status PushRows(const std::vector<net::PushRowsRequest>& msgs, const std::string& token = kToken) {
+    grpc::ClientContext c;
+    Prepare(&c, token);
+    net::PushResponse resp;
+    auto writer = stub->PushRows(&c, &resp);
+    for (const auto& m : msgs) {
+      if (!writer->Write(m)) break;
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  }
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<net::ParameterServer::Stub> stub;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health;
+};
+
+net::PushDenseRequest DenseMsg(int var, int64_t offset, std::vector<float> values, float lr = 0.1f) {
+  net::PushDenseRequest m;
+  m.set_lr(lr);
+  m.mutable_grad()->set_variable(var);
+  m.mutable_grad()->set_offset(offset);
+  m.mutable_grad()->mutable_values()->Assign(values.begin(), values.end());
+  return m;
+}
+
+net::PushRowsRequest RowsMsg(int table, std::vector<uint64_t> ids, std::vector<float> grads, float lr = 0.1f) {
+  net::PushRowsRequest m;
+  m.set_lr(lr);
+  m.set_table(table);
+  m.mutable_ids()->Assign(ids.begin(), ids.end());
+  m.mutable_grads()->Assign(grads.begin(), grads.end());
+  return m;
+}
+
+TEST(PsServerTest, MissingOrWrongTokenIsRejectedAndTheShardIsUnchanged) {
+  std::unique_ptr<ShmParamStore> store = MakeStore();
+  ASSERT_TRUE(store);
+  std::unique_ptr<PsServer> server = Serve(store.get());
+  ASSERT_TRUE(server);
+  const Snapshot before = Take(*store);
+  RawStub raw(*server);
+  for (const std::string token : {std::string(), std::string("wrong-token-0123456789abcdef"),
+                                  std::string(kToken) + "x", std::string(kToken).substr(1)}) {
+    SCOPED_TRACE("token '" + token + "'");
+    grpc::Status s = raw.PushDense({DenseMsg(0, 0, Ramp(37 * 5, 1)), DenseMsg(1, 0, Ramp(5, 1))}, token);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_HAS(s.error_message(), token.empty() ? "carries no token" : "token is wrong");
+    s = raw.PushRows({RowsMsg(kStatic, {1, 2}, Ramp(2 * kStaticDim, 1))}, token);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    net::PullRowsRequest pr;
+    pr.set_table(kDynamic);
+    pr.add_ids(424242);  // would insert a row
+    EXPECT_EQ(raw.PullRows(pr, token).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    net::PullDenseRequest pd;
+    pd.set_row_end(1);
+    EXPECT_EQ(raw.PullDense(pd, token).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+
+    // Through the client too, on every kind of call (health included).
+    PsClientOptions o = ClientOptions(*server, token);
+    std::unique_ptr<PsClient> client = Connect(o);
+    ASSERT_TRUE(client);
+    EXPECT_EQ(client->Version().status().code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_EQ(client->Healthy().status().code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_EQ(client->GetLayout().status().code(), absl::StatusCode::kPermissionDenied);
+    const std::vector<float> gb = Ramp(5, 1);
+    const RemoteDenseGrad g[] = {{1, gb}};
+    absl::StatusOr<uint64_t> v = client->PushDense(g, 0.1f);
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_HAS(v.status().message(), "ps:0: the request");
+    EXPECT_EQ(client->SaveShard(1).status().code(), absl::StatusCode::kPermissionDenied);
+  }
+  EXPECT_EQ(Take(*store), before);
+  EXPECT_EQ(server->stats().pushes_applied, 0u);
+  EXPECT_EQ(server->stats().permission_denied, 4u * 9u);
+  // The right token works.
+  std::unique_ptr<PsClient> good = Connect(ClientOptions(*server));
+  ASSERT_TRUE(good);
+  EXPECT_TRUE(good->Version().ok());
+}
+
+TEST(PsServerTest, MalformedRequestsAreInvalidArgumentAndTheServerStaysUp) {
+  std::unique_ptr<ShmParamStore> store = MakeStore();
+  ASSERT_TRUE(store);
+  std::unique_ptr<PsServer> server = Serve(store.get());
+  ASSERT_TRUE(server);
+  const Snapshot before = Take(*store);
+  RawStub raw(*server);
+  struct Case {
+    std::string name;
+    std::function<grpc::Status()> call;
+    std::string message;
+  };
+  auto pull = [&](int var, int64_t b, int64_t e) {
+    net::PullDenseRequest r;
+    r.set_variable(var);
+    r.set_row_begin(b);
+    r.set_row_end(e);
+    return raw.PullDense(r);
+  };
+  auto pull_rows = [&](int table, std::vector<uint64_t> ids, int mode = 0) {
+    net::PullRowsRequest r;
+    r.set_table(table);
+    r.mutable_ids()->Assign(ids.begin(), ids.end());
+    r.set_mode(static_cast<net::PullMode>(mode));
+    return raw.PullRows(r);
+  };
+  const std::vector<float> w = Ramp(37 * 5, 1);
+  const std::vector<float> w_head(w.begin(), w.begin() + 100), w_tail(w.begin() + 100, w.end());
+  std::vector<Case> cases = {
+      {"pull: unknown variable", [&] { return pull(2, 0, 1); }, "unknown variable 2 (the store has 2)"},
+      {"pull: negative variable", [&] { return pull(-1, 0, 1); }, "unknown variable -1"},
+      {"pull: rows past the end", [&] { return pull(0, 30, 38); }, "rows [30, 38) of w are not within [0, 37)"},
+      {"pull: negative rows", [&] { return pull(0, -1, 3); }, "are not within"},
+      {"pull: reversed rows", [&] { return pull(0, 5, 4); }, "are not within"},
+      {"push: unknown variable", [&] { return raw.PushDense({DenseMsg(9, 0, {1})}); }, "unknown variable 9"},
+      {"push: gradient too long", [&] { return raw.PushDense({DenseMsg(1, 0, Ramp(6, 1))}); },
+       "has more than its 5 floats"},
+      {"push: gradient too short", [&] { return raw.PushDense({DenseMsg(1, 0, Ramp(4, 1))}); },
+       "the gradient of b has 4 floats, expected 5"},
+      {"push: chunk out of order",
+       [&] { return raw.PushDense({DenseMsg(0, 100, w_tail), DenseMsg(0, 0, w_head)}); },
+       "continues at float 100, expected 0"},
+      {"push: one good variable, one short",
+       [&] { return raw.PushDense({DenseMsg(0, 0, w), DenseMsg(1, 0, {1, 2})}); }, "the gradient of b has 2"},
+      {"push: NaN learning rate", [&] { return raw.PushDense({DenseMsg(1, 0, Ramp(5, 1), NAN)}); },
+       "the learning rate is nan"},
+      {"push: empty stream", [&] { return raw.PushDense({}); }, "carries no gradient"},
+      {"pull rows: unknown table", [&] { return pull_rows(2, {1}); }, "unknown table 2 (the store has 2)"},
+      {"pull rows: static id out of range", [&] { return pull_rows(kStatic, {1, 100}); },
+       "id 100 (item 1) is not a row of table emb (ids are in [0, 100))"},
+      {"pull rows: reserved dynamic id", [&] { return pull_rows(kDynamic, {~uint64_t{0}}); }, "2^64-1 is reserved"},
+      {"pull rows: unknown mode", [&] { return pull_rows(kStatic, {1}, 7); }, "unknown mode 7"},
+      {"push rows: unknown table", [&] { return raw.PushRows({RowsMsg(-3, {1}, Ramp(4, 1))}); }, "unknown table -3"},
+      {"push rows: gradient length", [&] { return raw.PushRows({RowsMsg(kStatic, {1, 2}, Ramp(7, 1))}); },
+       "2 ids of table emb need 2 x 4 = 8 gradient floats, got 7"},
+      {"push rows: bad id in the second message",
+       [&] {
+         return raw.PushRows({RowsMsg(kStatic, {1, 2}, Ramp(8, 1)), RowsMsg(kStatic, {3, 500}, Ramp(8, 1))});
+       },
+       "id 500 (message 1, item 1) is not a row of table emb"},
+      {"push rows: reserved dynamic id", [&] { return raw.PushRows({RowsMsg(kDynamic, {~uint64_t{0}}, Ramp(3, 1))}); },
+       "2^64-1 is reserved"},
+      {"push rows: infinite learning rate",
+       [&] { return raw.PushRows({RowsMsg(kStatic, {1}, Ramp(4, 1), INFINITY)}); }, "the learning rate is inf"},
+      {"push rows: empty stream", [&] { return raw.PushRows({}); }, "carries no message"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const grpc::Status s = c.call();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    EXPECT_HAS(s.error_message(), "ps:0: ");
+    EXPECT_HAS(s.error_message(), c.message);
+    // Still serving, and nothing was written.
+    grpc::ClientContext ctx;
+    raw.Prepare(&ctx, kToken);
+    grpc::health::v1::HealthCheckResponse health;
+    ASSERT_TRUE(raw.health->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &health).ok());
+    EXPECT_EQ(health.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  }
+  EXPECT_EQ(Take(*store), before);
+  EXPECT_EQ(server->stats().invalid_argument, cases.size());
+  EXPECT_EQ(server->stats().pushes_applied, 0u);
+  // A garbled message (not a valid protobuf) does not bring it down either.
+  {
+    grpc::GenericStub generic(raw.channel);
+    grpc::ClientContext ctx;
+    raw.Prepare(&ctx, kToken);
+    const char junk[] = "\xff\xff\xff\xff\x0f not a protobuf";
+    grpc::Slice slice(junk, sizeof(junk) - 1);
+    grpc::ByteBuffer request(&slice, 1), response;
+    grpc::Status status;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    generic.UnaryCall(&ctx, "/shardwild.net.ParameterServer/Version", grpc::StubOptions(), &request, &response,
+                      [&](grpc::Status s) {
+                        std::lock_guard<std::mutex> lock(mu);
+                        status = s;
+                        done = true;
+                        cv.notify_all();
+                      });
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+    EXPECT_FALSE(status.ok());
+  }
+  std::unique_ptr<PsClient> client = Connect(ClientOptions(*server));
+  ASSERT_TRUE(client);
+  std::vector<float> out(5);
+  EXPECT_TRUE(client->PullDense(1, 0, 1, absl::MakeSpan(out)).ok());
+  EXPECT_EQ(Take(*store), before);
+}
+
+// With a 4 KiB message limit on both sides, a 200 KB variable is pulled and
+// pushed in chunks that each fit.
+TEST(PsServerTest, OversizePullIsChunked) {
+  constexpr int64_t kRows = 10000;  // x 5 floats = 200 000 bytes
+  constexpr int64_t kLimit = 4096;
+  std::unique_ptr<ShmParamStore> served = MakeStore(kRows), local = MakeStore(kRows);
+  ASSERT_TRUE(served && local);
+  std::unique_ptr<PsServer> server = Serve(served.get(), kToken, kLimit);
+  ASSERT_TRUE(server);
+  RawStub raw(*server, kLimit);
+  net::PullDenseRequest r;
+  r.set_variable(0);
+  r.set_row_end(kRows);
+  std::vector<net::DenseChunk> chunks;
+  grpc::Status s = raw.PullDense(r, kToken, &chunks);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_GT(chunks.size(), 40u);
+  std::vector<float> whole(kRows * 5), want(kRows * 5);
+  int64_t offset = 0;
+  for (const net::DenseChunk& c : chunks) {
+    EXPECT_LE(static_cast<int64_t>(c.ByteSizeLong()), kLimit);
+    EXPECT_EQ(c.offset(), offset);
+    std::copy(c.values().begin(), c.values().end(), whole.begin() + offset);
+    offset += c.values_size();
+  }
+  ASSERT_TRUE(local->PullVariable(0, want.data()).ok());
+  EXPECT_EQ(whole, want);
+
+  // Without chunking the same answer could not pass: one message of it is over the limit.
+  net::DenseChunk all;
+  all.mutable_values()->Assign(want.begin(), want.end());
+  EXPECT_GT(static_cast<int64_t>(all.ByteSizeLong()), kLimit);
+
+  // The client: a chunked push and a chunked pull of many rows.
+  PsClientOptions o = ClientOptions(*server);
+  o.max_message_bytes = kLimit;
+  std::unique_ptr<PsClient> client = Connect(o);
+  ASSERT_TRUE(client);
+  const std::vector<float> g = Ramp(kRows * 5, 1.5f), gb = Ramp(5, 1);
+  const RemoteDenseGrad rg[] = {{0, g}, {1, gb}};
+  ASSERT_TRUE(client->PushDense(rg, 0.01f).ok());
+  const DenseGrad lg[] = {{0, g.data()}, {1, gb.data()}};
+  ASSERT_TRUE(local->Push(lg, 0.01f).ok());
+  ASSERT_TRUE(client->PullDense(0, 0, kRows, absl::MakeSpan(whole)).ok());
+  ASSERT_TRUE(local->PullVariable(0, want.data()).ok());
+  EXPECT_EQ(whole, want);
+  // A request over the server's limit is refused by gRPC itself, and the server stays up.
+  {
+    RawStub big(*server);  // this channel would send up to 64 MiB
+    net::PullRowsRequest huge;
+    huge.set_table(kStatic);
+    for (int i = 0; i < 5000; ++i) huge.add_ids(i % 100);
+    ASSERT_GT(static_cast<int64_t>(huge.ByteSizeLong()), kLimit);
+    EXPECT_EQ(big.PullRows(huge).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    std::vector<float> one(5);
+    EXPECT_TRUE(client->PullDense(1, 0, 1, absl::MakeSpan(one)).ok());
+  }
+  std::vector<uint64_t> ids(3000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = (i * 7919) % 100;
+  std::vector<float> rows(ids.size() * kStaticDim), want_rows(rows.size());
+  ASSERT_TRUE(client->PullRows(kStatic, ids, absl::MakeSpan(rows)).ok());
+  RowScratch scratch;
+  ASSERT_TRUE(local->PullRows(kStatic, ids, want_rows.data(), PullMode::kInsert, &scratch).ok());
+  EXPECT_EQ(rows, want_rows);
+}
+
+TEST(PsServerTest, DeadServerIsUnavailableNamingTheTask) {
+  std::unique_ptr<ShmParamStore> store = MakeStore();
+  ASSERT_TRUE(store);
+  std::unique_ptr<PsServer> server = Serve(store.get());
+  ASSERT_TRUE(server);
+  PsClientOptions o = ClientOptions(*server);
+  o.task_name = "ps:3";
+  o.deadline_s = 0.5;
+  o.max_attempts = 3;
+  o.initial_backoff_s = 0.05;
+  o.max_backoff_s = 0.1;
+  std::unique_ptr<PsClient> client = Connect(o);
+  ASSERT_TRUE(client);
+  ASSERT_TRUE(client->Version().ok());
+  server->Shutdown();
+  server.reset();
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<uint64_t> v = client->Version();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_HAS(v.status().message(), "ps:3 (" + o.address + ") is unavailable: 3 attempts in");
+  // 3 deadlines and 2 backoffs at most, with slack for a loaded machine.
+  EXPECT_LT(took, 3 * 0.5 + 0.15 + 2.0);
+  const std::vector<float> gb = Ramp(5, 1);
+  const RemoteDenseGrad g[] = {{1, gb}};
+  EXPECT_EQ(client->PushDense(g, 0.1f).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(store->version(), 0u);
+}
+
+TEST(PsServerTest, RetriedPushIsAppliedOnce) {
+  std::unique_ptr<ShmParamStore> store = MakeStore();
+  ASSERT_TRUE(store);
+  PsService service(store.get(), PsService::Options{});
+  auto push = [&](uint64_t client, uint64_t seq) {
+    std::vector<net::PushDenseRequest> msgs = {DenseMsg(1, 0, Ramp(5, 1))};
+    msgs[0].set_client_id(client);
+    msgs[0].set_sequence(seq);
+    size_t next = 0;
+    net::PushResponse out;
+    absl::Status s = service.PushDense(
+        [&](net::PushDenseRequest* m) {
+          if (next == msgs.size()) return false;
+          *m = msgs[next++];
+          return true;
+        },
+        &out);
+    EXPECT_TRUE(s.ok()) << s;
+    return out;
+  };
+  EXPECT_FALSE(push(42, 1).duplicate());
+  EXPECT_EQ(store->version(), 1u);
+  EXPECT_TRUE(push(42, 1).duplicate());  // a retry
+  EXPECT_EQ(store->version(), 1u);
+  EXPECT_FALSE(push(43, 1).duplicate());  // another client, same sequence
+  EXPECT_FALSE(push(42, 2).duplicate());
+  EXPECT_TRUE(push(42, 1).duplicate());   // out of order, still remembered
+  EXPECT_EQ(store->version(), 3u);
+  EXPECT_FALSE(push(0, 1).duplicate());  // client 0: never de-duplicated
+  EXPECT_FALSE(push(0, 1).duplicate());
+  EXPECT_EQ(store->version(), 5u);
+  EXPECT_EQ(service.pushes_applied(), 5u);
+  EXPECT_EQ(service.pushes_deduplicated(), 2u);
+}
+
+TEST(PsServerTest, HealthFollowsServing) {
+  std::unique_ptr<ShmParamStore> store = MakeStore();
+  ASSERT_TRUE(store);
+  std::unique_ptr<PsServer> server = Serve(store.get());
+  ASSERT_TRUE(server);
+  std::unique_ptr<PsClient> client = Connect(ClientOptions(*server));
+  ASSERT_TRUE(client);
+  absl::StatusOr<bool> h = client->Healthy();
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_TRUE(*h);
+  h = client->Healthy("shardwild.net.ParameterServer");
+  ASSERT_TRUE(h.ok());
+  EXPECT_TRUE(*h);
+  server->SetServing(false);
+  h = client->Healthy();
+  ASSERT_TRUE(h.ok());
+  EXPECT_FALSE(*h);
+  EXPECT_EQ(client->Healthy("no.such.Service").status().code(), absl::StatusCode::kNotFound);
+
+  // Watch: the current status, then each change, then NOT_SERVING at shutdown.
+  RawStub raw(*server);
+  grpc::ClientContext ctx;
+  raw.Prepare(&ctx, kToken);
+  auto reader = raw.health->Watch(&ctx, grpc::health::v1::HealthCheckRequest());
+  grpc::health::v1::HealthCheckResponse r;
+  ASSERT_TRUE(reader->Read(&r));
+  EXPECT_EQ(r.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  server->SetServing(true);
+  ASSERT_TRUE(reader->Read(&r));
+  EXPECT_EQ(r.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  std::thread stop([&] { server->Shutdown(); });
+  ASSERT_TRUE(reader->Read(&r));
+  EXPECT_EQ(r.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  EXPECT_FALSE(reader->Read(&r));
+  reader->Finish();
+  stop.join();
+}
+
+TEST(PsServerTest, SaveAndRestoreShard) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("ps_server_test_ckpt_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  std::unique_ptr<ShmParamStore> store = MakeStore();
+  ASSERT_TRUE(store);
+  std::unique_ptr<PsServer> server = Serve(store.get(), kToken, 4 << 20, dir.string());
+  ASSERT_TRUE(server);
+  std::unique_ptr<PsClient> client = Connect(ClientOptions(*server));
+  ASSERT_TRUE(client);
+  const std::vector<float> gb = Ramp(5, 1);
+  const RemoteDenseGrad g[] = {{1, gb}};
+  ASSERT_TRUE(client->PushDense(g, 0.1f).ok());
+  const Snapshot saved = Take(*store);
+  absl::StatusOr<std::string> path = client->SaveShard(5);
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_EQ(fs::path(*path).filename(), "ckpt-5");
+  ASSERT_TRUE(client->PushDense(g, 0.1f).ok());
+  ASSERT_TRUE(client->PushRows(kStatic, std::vector<uint64_t>{1}, Ramp(4, 1), 0.1f).ok());
+  EXPECT_FALSE(Take(*store) == saved);
+  absl::StatusOr<int64_t> step = client->RestoreShard(std::nullopt);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 5);
+  EXPECT_EQ(Take(*store), saved);
+  EXPECT_EQ(client->RestoreShard(6).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client->SaveShard(-1).status().code(), absl::StatusCode::kInvalidArgument);
+  fs::remove_all(dir);
+  // A server without a checkpoint directory refuses.
+  std::unique_ptr<PsServer> bare = Serve(store.get());
+  ASSERT_TRUE(bare);
+  std::unique_ptr<PsClient> bare_client = Connect(ClientOptions(*bare));
+  ASSERT_TRUE(bare_client);
+  EXPECT_EQ(bare_client->SaveShard(1).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(PsServerTest, RefusesNonLoopbackWithoutTokenAndPortsInUse) {
+  std::unique_ptr<ShmParamStore> store = MakeStore();
+  ASSERT_TRUE(store);
+  PsServerOptions o;
+  o.bind_address = "0.0.0.0:0";
+  absl::StatusOr<std::unique_ptr<PsServer>> s = PsServer::Start(o, store.get());
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_HAS(s.status().message(), "cluster.token_file");
+  // A port already taken (by another server) is an error, not a shared port.
+  std::unique_ptr<PsServer> first = Serve(store.get());
+  ASSERT_TRUE(first);
+  o.bind_address = first->address();
+  o.task_name = "ps:1";
+  s = PsServer::Start(o, store.get());
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_HAS(s.status().message(), "ps:1: cannot listen on " + first->address());
+}
+
+// TLS with a self-signed certificate made by openssl for this test; skipped
+// where openssl is missing.
+TEST(PsServerTest, Tls) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("ps_server_test_tls_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string cert = (dir / "cert.pem").string(), key = (dir / "key.pem").string();
+  const std::string cmd = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+                          "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout " +
+                          key + " -out " + cert + " >/dev/null 2>&1";
+  if (std::system(cmd.c_str()) != 0) {
+    fs::remove_all(dir);
+    GTEST_SKIP() << "openssl could not make a test certificate";
+  }
+  auto read = [](const std::string& p) {
+    std::ifstream f(p);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  };
+  std::unique_ptr<ShmParamStore> store = MakeStore();
+  ASSERT_TRUE(store);
+  PsServerOptions so;
+  so.token = kToken;
+  so.tls_cert_pem = read(cert);
+  so.tls_key_pem = read(key);
+  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(so, store.get());
+  ASSERT_TRUE(server.ok()) << server.status();
+  PsClientOptions co = ClientOptions(**server);
+  co.tls = true;
+  co.tls_root_pem = so.tls_cert_pem;
+  co.tls_server_name = "localhost";
+  std::unique_ptr<PsClient> client = Connect(co);
+  ASSERT_TRUE(client);
+  absl::StatusOr<uint64_t> v = client->Version();
+  EXPECT_TRUE(v.ok()) << v.status();
+  // A plaintext client cannot talk to it.
+  PsClientOptions plain = ClientOptions(**server);
+  plain.max_attempts = 1;
+  plain.deadline_s = 2;
+  std::unique_ptr<PsClient> plain_client = Connect(plain);
+  ASSERT_TRUE(plain_client);
+  EXPECT_EQ(plain_client->Version().status().code(), absl::StatusCode::kUnavailable);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace shardwild

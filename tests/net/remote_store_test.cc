@@ -1,0 +1,149 @@
+// RemoteParamStore over a real loopback PsServer behaves as the local store
+// it serves: the same calls through the ParamStore interface give the same
+// bits as on a local twin.
+#include "net/remote_store.h"
+
+#include <cmath>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "net/ps_server.h"
+#include "ps_shm/shm_store.h"
+
+namespace shardwild {
+namespace {
+
+constexpr char kToken[] = "remote-store-test-token-0123";
+
+OpenStoreOptions Options(UpdateMode mode) {
+  OpenStoreOptions o;
+  o.store.job_name = "swtest-remote";
+  o.store.huge_pages = HugePagePolicy::kOff;
+  o.store.update = mode;
+  o.optimizer.type = OptimizerType::kAdam;
+  o.optimizer.lr = 0.01f;
+  o.seed = 11;
+  o.num_shards = 3;
+  TableSpec t;
+  t.name = "emb";
+  t.kind = EmbeddingKind::kDynamic;
+  t.dim = 6;
+  t.capacity = 500;
+  o.tables = {t};
+  return o;
+}
+
+std::vector<VariableSpec> Variables() {
+  return {VariableSpec{"k", 50, 7, InitKind::kGlorotUniform, 7, 50}, VariableSpec{"bias", 1, 7, InitKind::kZeros}};
+}
+
+std::unique_ptr<ShmParamStore> Make(UpdateMode mode) {
+  auto s = ShmParamStore::Create(Options(mode), Variables());
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+// A few steps of a worker's traffic through the ParamStore interface; returns
+// everything it pulled.
+std::vector<float> Exercise(ParamStore& store) {
+  std::vector<float> seen;
+  RowScratch scratch;
+  const StoreLayout& l = store.layout();
+  for (int step = 0; step < 4; ++step) {
+    std::vector<float> k(l.variables[0].size()), bias(l.variables[1].size());
+    const PullSlice slices[] = {{0, 0, 50, k.data()}, {1, 0, 1, bias.data()}};
+    EXPECT_TRUE(store.Pull(slices).ok());
+    seen.insert(seen.end(), k.begin(), k.end());
+    seen.insert(seen.end(), bias.begin(), bias.end());
+    for (size_t i = 0; i < k.size(); ++i) k[i] = std::cos(0.1f * i + step) - 0.5f * k[i];
+    for (size_t i = 0; i < bias.size(); ++i) bias[i] = 0.01f * (i + step);
+    const DenseGrad grads[] = {{0, k.data()}, {1, bias.data()}};
+    EXPECT_TRUE(store.Push(grads, 0.01f).ok());
+    const std::vector<uint64_t> ids = {uint64_t{7} + step, 1ull << 40, 7, 99999};
+    std::vector<float> rows(ids.size() * 6);
+    EXPECT_TRUE(store.PullRows(0, ids, rows.data(), PullMode::kInsert, &scratch).ok());
+    seen.insert(seen.end(), rows.begin(), rows.end());
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = 0.3f * std::sin(1.0f * i + step);
+    EXPECT_TRUE(store.PushRows(0, ids, rows.data(), 0.05f, &scratch).ok());
+    seen.push_back(static_cast<float>(store.version()));
+  }
+  return seen;
+}
+
+TEST(RemoteParamStoreTest, SameBitsAsTheLocalStore) {
+  for (UpdateMode mode : {UpdateMode::kHogwild, UpdateMode::kRowLock}) {
+    SCOPED_TRACE(UpdateModeName(mode));
+    std::unique_ptr<ShmParamStore> served = Make(mode), local = Make(mode);
+    ASSERT_TRUE(served && local);
+    PsServerOptions so;
+    so.token = kToken;
+    absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(so, served.get());
+    ASSERT_TRUE(server.ok()) << server.status();
+    PsClientOptions co;
+    co.address = (*server)->address();
+    co.task_name = "ps:0";
+    co.token = kToken;
+    absl::StatusOr<std::unique_ptr<RemoteParamStore>> remote = RemoteParamStore::Connect(co);
+    ASSERT_TRUE(remote.ok()) << remote.status();
+    EXPECT_EQ((*remote)->name(), "ps:0/" + served->name());
+    EXPECT_EQ((*remote)->layout().num_shards, 3);
+    EXPECT_EQ((*remote)->layout().variables[0].name, "k");
+    EXPECT_EQ((*remote)->layout().tables[0].dim, 6);
+    const std::vector<float> via_remote = Exercise(**remote);
+    const std::vector<float> via_local = Exercise(*local);
+    ASSERT_EQ(via_remote.size(), via_local.size());
+    EXPECT_EQ(via_remote, via_local);
+    // And the served store itself ends where the local one does.
+    std::vector<float> a(350), b(350);
+    ASSERT_TRUE(served->PullVariable(0, a.data()).ok());
+    ASSERT_TRUE(local->PullVariable(0, b.data()).ok());
+    EXPECT_EQ(a, b);
+    // Errors come back as Status.
+    std::vector<float> out(7);
+    const PullSlice bad{0, 49, 51, out.data()};
+    EXPECT_EQ((*remote)->Pull({&bad, 1}).code(), absl::StatusCode::kInvalidArgument);
+    const uint64_t id = 5;
+    EXPECT_EQ((*remote)->PullRows(3, {&id, 1}, out.data(), PullMode::kInsert, nullptr).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
+// Hogwild workers on threads, all through one RemoteParamStore.
+TEST(RemoteParamStoreTest, ConcurrentWorkers) {
+  std::unique_ptr<ShmParamStore> served = Make(UpdateMode::kHogwild);
+  ASSERT_TRUE(served);
+  PsServerOptions so;
+  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(so, served.get());
+  ASSERT_TRUE(server.ok()) << server.status();
+  PsClientOptions co;
+  co.address = (*server)->address();
+  absl::StatusOr<std::unique_ptr<RemoteParamStore>> remote = RemoteParamStore::Connect(co);
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  constexpr int kThreads = 4, kSteps = 10;
+  std::vector<std::thread> threads;
+  std::vector<int> failures(kThreads, 0);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      RowScratch scratch;
+      std::vector<float> k(350, 0.01f * (t + 1)), bias(7, 0.1f);
+      for (int s = 0; s < kSteps; ++s) {
+        const PullSlice slices[] = {{0, 0, 50, k.data()}, {1, 0, 1, bias.data()}};
+        if (!(*remote)->Pull(slices).ok()) ++failures[t];
+        std::fill(k.begin(), k.end(), 0.01f);
+        const DenseGrad grads[] = {{0, k.data()}, {1, bias.data()}};
+        if (!(*remote)->Push(grads, 0.01f).ok()) ++failures[t];
+        const uint64_t ids[] = {static_cast<uint64_t>(t * 100 + s), 3};
+        std::vector<float> g(12, 0.5f);
+        if (!(*remote)->PushRows(0, ids, g.data(), 0.1f, &scratch).ok()) ++failures[t];
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], 0) << "thread " << t;
+  EXPECT_EQ((*remote)->version(), static_cast<uint64_t>(kThreads * kSteps));
+  EXPECT_EQ(served->version(), static_cast<uint64_t>(kThreads * kSteps));
+}
+
+}  // namespace
+}  // namespace shardwild
