@@ -312,7 +312,7 @@ TEST(PsServerTest, MissingOrWrongTokenIsRejectedAndTheShardIsUnchanged) {
   ASSERT_TRUE(server);
   const Snapshot before = Take(*store);
   RawStub raw(*server);
-  for (const std::string token : {std::string(), std::string("wrong-token-0123456789abcdef"),
+  for (const std::string& token : {std::string(), std::string("wrong-token-0123456789abcdef"),
                                   std::string(kToken) + "x", std::string(kToken).substr(1)}) {
     SCOPED_TRACE("token '" + token + "'");
     grpc::Status s = raw.PushDense({DenseMsg(0, 0, Ramp(37 * 5, 1)), DenseMsg(1, 0, Ramp(5, 1))}, token);
