@@ -32,12 +32,12 @@ asan: deps
 # runs of the shipped configs on data of realistic size: the same code paths
 # as the small unit runs, 10-50x slower under a sanitizer); `make test` runs them.
 # TSan on Debian 12 kernels needs ASLR disabled ("unexpected memory mapping").
-# It also leaves out the tests labelled `grpc`: Debian's gRPC is not built for
-# TSan, which then reports races inside gRPC's own threads (tests/net/CMakeLists.txt).
+# Debian's gRPC is not built for TSan: the net tests link
+# tests/net/tsan_grpc_suppressions.cc, which says why and what it ignores.
 tsan: deps
 	cmake --preset tsan -G Ninja
 	cmake --build build-tsan -j $(JOBS)
-	setarch $$(uname -m) -R ctest --test-dir build-tsan --output-on-failure -j $(JOBS) -LE 'slow|grpc' $(CTEST_ARGS)
+	setarch $$(uname -m) -R ctest --test-dir build-tsan --output-on-failure -j $(JOBS) -LE slow $(CTEST_ARGS)
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan
