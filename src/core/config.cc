@@ -556,6 +556,9 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
   cluster.leaves["initial_backoff_s"] = Real(&c->cluster.initial_backoff_s);
   cluster.leaves["max_backoff_s"] = Real(&c->cluster.max_backoff_s);
   cluster.leaves["max_message_bytes"] = Int64(&c->cluster.max_message_bytes);
+  cluster.leaves["compression"] = Enum(&c->cluster.compression, {{"none", GradientCompression::kNone},
+                                                                 {"bf16", GradientCompression::kBf16},
+                                                                 {"fp16", GradientCompression::kFp16}});
 
   Section top;
   auto sub = [](const Section& s) {

@@ -358,6 +358,18 @@ absl::Status EvalOptions::Validate() const {
   return absl::OkStatus();
 }
 
+const char* GradientCompressionName(GradientCompression c) {
+  switch (c) {
+    case GradientCompression::kNone:
+      return "none";
+    case GradientCompression::kBf16:
+      return "bf16";
+    case GradientCompression::kFp16:
+      return "fp16";
+  }
+  return "?";
+}
+
 absl::Status ClusterOptions::Validate() const {
   if (bind_host.empty()) return Bad("cluster.bind_host", "must not be empty (the default is 127.0.0.1)");
   if (tls_cert_file.empty() != tls_key_file.empty()) {

@@ -365,6 +365,11 @@ struct TopologyOptions {
   absl::Status Validate() const;
 };
 
+// How gradients travel to a remote ps (cluster.compression; net/half.h):
+// float32 as they are, or rounded to bf16 / fp16 (half the bytes).
+enum class GradientCompression { kNone, kBf16, kFp16 };
+const char* GradientCompressionName(GradientCompression c);
+
 // cluster.*: the networking of a job spread over several machines (src/net).
 // Which machines and roles there are comes from the cluster spec
 // (net/cluster_spec.h: TF_CONFIG, --cluster FILE or flags), not from here.
@@ -395,6 +400,9 @@ struct ClusterOptions {
   // The largest gRPC message either side sends or accepts, set explicitly on
   // both; larger tensors travel in chunks that fit. In [4096, 1 GiB].
   int64_t max_message_bytes = 4 << 20;
+  // Gradients pushed to a remote ps: none (float32), bf16 or fp16. Pulls
+  // always travel as float32.
+  GradientCompression compression = GradientCompression::kNone;
   absl::Status Validate() const;
 };
 

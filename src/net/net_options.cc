@@ -139,6 +139,7 @@ absl::StatusOr<PsClientOptions> MakePsClientOptions(const ClusterOptions& cluste
   o.initial_backoff_s = cluster.initial_backoff_s;
   o.max_backoff_s = cluster.max_backoff_s;
   o.max_message_bytes = cluster.max_message_bytes;
+  o.compression = cluster.compression;
   SW_RETURN_IF_ERROR(o.Validate());
   return o;
 }

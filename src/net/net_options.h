@@ -67,6 +67,8 @@ struct PsClientOptions {
   // The largest message the client sends or accepts; requests are split to
   // fit. In [4096, 1 GiB].
   int64_t max_message_bytes = 4 << 20;
+  // Pushed gradients as float32, or rounded to bf16 / fp16 (net/half.h).
+  GradientCompression compression = GradientCompression::kNone;
   absl::Status Validate() const;
 };
 

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status.h"
+#include "net/half.h"
 #include "net/health.grpc.pb.h"
 #include "net/ps.grpc.pb.h"
 
@@ -33,6 +34,28 @@ const char* CodeName(grpc::StatusCode code) {
   }
 }
 
+net::Encoding EncodingOf(GradientCompression c) {
+  switch (c) {
+    case GradientCompression::kBf16:
+      return net::ENCODING_BF16;
+    case GradientCompression::kFp16:
+      return net::ENCODING_FP16;
+    case GradientCompression::kNone:
+      break;
+  }
+  return net::ENCODING_FLOAT32;
+}
+
+// `n` floats as 16-bit values, little-endian, into *out.
+void EncodeHalf(net::Encoding encoding, const float* values, int64_t n, std::string* out) {
+  out->resize(2 * n);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t h = encoding == net::ENCODING_BF16 ? FloatToBf16(values[i]) : FloatToFp16(values[i]);
+    (*out)[2 * i] = static_cast<char>(h & 0xff);
+    (*out)[2 * i + 1] = static_cast<char>(h >> 8);
+  }
+}
+
 uint64_t RandomClientId() {
   std::random_device rd;
   uint64_t id = 0;
@@ -47,6 +70,9 @@ class PsClient::Impl {
   explicit Impl(const PsClientOptions& options)
       : options_(options),
         chunk_floats_((options.max_message_bytes - 1024) / int64_t{sizeof(float)}),
+        encoding_(EncodingOf(options.compression)),
+        // Pushed values per message: 4 or 2 bytes each.
+        push_chunk_(encoding_ == net::ENCODING_FLOAT32 ? chunk_floats_ : (options.max_message_bytes - 1024) / 2),
         client_id_(RandomClientId()) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
@@ -116,9 +142,20 @@ class PsClient::Impl {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat(options_.task_name, ": ", what));
   }
 
+  // Counts a message that went out or came in (PsClient::Stats).
+  void Sent(const google::protobuf::Message& m) { bytes_sent_.fetch_add(m.ByteSizeLong(), std::memory_order_relaxed); }
+  void Received(const google::protobuf::Message& m) {
+    bytes_received_.fetch_add(m.ByteSizeLong(), std::memory_order_relaxed);
+  }
+
   const PsClientOptions options_;
   const int64_t chunk_floats_;
+  const net::Encoding encoding_;
+  const int64_t push_chunk_;
   const uint64_t client_id_;
+  // Counters only, relaxed (they order nothing).
+  std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> next_sequence_{1};
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<net::ParameterServer::Stub> stub_;
@@ -192,6 +229,7 @@ absl::Status PsClient::PullDense(int var, int64_t row_begin, int64_t row_end, ab
       }
       std::copy(chunk.values().begin(), chunk.values().end(), out.begin() + received);
       received += chunk.values_size();
+      impl_->Received(chunk);
       if (version != nullptr) *version = chunk.version();
     }
     grpc::Status s = reader->Finish();
@@ -214,7 +252,8 @@ absl::StatusOr<uint64_t> PsClient::PushDense(absl::Span<const RemoteDenseGrad> g
     bool open = true;
     for (const RemoteDenseGrad& g : grads) {
       const int64_t n = static_cast<int64_t>(g.grad.size());
-      for (int64_t i = 0; open && (i < n || (n == 0 && i == 0)); i += std::max<int64_t>(1, impl_->chunk_floats_)) {
+      const int64_t step = std::max<int64_t>(1, impl_->push_chunk_);
+      for (int64_t i = 0; open && (i < n || (n == 0 && i == 0)); i += step) {
         msg.Clear();
         if (first) {
           msg.set_client_id(impl_->client_id_);
@@ -222,10 +261,17 @@ absl::StatusOr<uint64_t> PsClient::PushDense(absl::Span<const RemoteDenseGrad> g
           msg.set_lr(lr);
           first = false;
         }
-        const int64_t m = std::min(impl_->chunk_floats_, n - i);
-        msg.mutable_grad()->set_variable(g.var);
-        msg.mutable_grad()->set_offset(i);
-        msg.mutable_grad()->mutable_values()->Assign(g.grad.data() + i, g.grad.data() + i + m);
+        const int64_t m = std::min(step, n - i);
+        net::DenseChunk* chunk = msg.mutable_grad();
+        chunk->set_variable(g.var);
+        chunk->set_offset(i);
+        if (impl_->encoding_ == net::ENCODING_FLOAT32) {
+          chunk->mutable_values()->Assign(g.grad.data() + i, g.grad.data() + i + m);
+        } else {
+          chunk->set_encoding(impl_->encoding_);
+          EncodeHalf(impl_->encoding_, g.grad.data() + i, m, chunk->mutable_half_values());
+        }
+        impl_->Sent(msg);
         open = writer->Write(msg);
       }
     }
@@ -268,6 +314,7 @@ absl::Status PsClient::PullRows(int table, absl::Span<const uint64_t> ids, absl:
         }
         std::copy(chunk.values().begin(), chunk.values().end(), part.begin() + received);
         received += chunk.values_size();
+        impl_->Received(chunk);
       }
       grpc::Status s = reader->Finish();
       if (s.ok() && received != static_cast<int64_t>(part.size())) {
@@ -311,7 +358,7 @@ absl::StatusOr<uint64_t> PsClient::PushRows(int table, absl::Span<const uint64_t
       for (int64_t k = 0; k < dim; ++k) row[k] += g[k];
     }
   }
-  const int64_t row_bytes = 10 + 4 * dim;
+  const int64_t row_bytes = 10 + (impl_->encoding_ == net::ENCODING_FLOAT32 ? 4 : 2) * dim;
   const int64_t rows_per_message = (impl_->options_.max_message_bytes - 1024) / std::max<int64_t>(1, row_bytes);
   if (!unique.empty() && rows_per_message < 1) {
     return absl::InvalidArgumentError(absl::StrCat(task, ": push rows: a row of ", dim,
@@ -336,7 +383,13 @@ absl::StatusOr<uint64_t> PsClient::PushRows(int table, absl::Span<const uint64_t
         msg.set_table(table);
       }
       msg.mutable_ids()->Assign(unique.begin() + begin, unique.begin() + begin + n);
-      msg.mutable_grads()->Assign(summed.begin() + begin * dim, summed.begin() + (begin + n) * dim);
+      if (impl_->encoding_ == net::ENCODING_FLOAT32) {
+        msg.mutable_grads()->Assign(summed.begin() + begin * dim, summed.begin() + (begin + n) * dim);
+      } else {
+        msg.set_encoding(impl_->encoding_);
+        EncodeHalf(impl_->encoding_, summed.data() + begin * dim, n * dim, msg.mutable_half_grads());
+      }
+      impl_->Sent(msg);
       open = writer->Write(msg);
       begin += n;
     } while (open && begin < static_cast<int64_t>(unique.size()));
@@ -344,6 +397,10 @@ absl::StatusOr<uint64_t> PsClient::PushRows(int table, absl::Span<const uint64_t
     return writer->Finish();
   }));
   return response.version();
+}
+
+PsClient::Stats PsClient::stats() const {
+  return {impl_->bytes_sent_.load(std::memory_order_relaxed), impl_->bytes_received_.load(std::memory_order_relaxed)};
 }
 
 absl::StatusOr<uint64_t> PsClient::Version() {

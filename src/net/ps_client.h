@@ -15,6 +15,10 @@
 // Large tensors: requests are split and answers reassembled so that no
 // message exceeds options.max_message_bytes (set on the channel too).
 //
+// Compression (options.compression): pushed gradients are rounded to bf16 or
+// fp16 (net/half.h) and travel in half the bytes; the server applies the
+// rounded values. A row push sums repeated ids first, then rounds the sums.
+//
 // Every call blocks until it is answered or has failed (at most about
 // max_attempts * deadline_s plus the backoffs).
 //
@@ -93,6 +97,15 @@ class PsClient {
   absl::StatusOr<int64_t> RestoreShard(std::optional<int64_t> step);
   // grpc.health.v1 Check of `service` ("" = the server): true for SERVING.
   absl::StatusOr<bool> Healthy(const std::string& service = "");
+
+  // Bytes of the pull and push messages this client sent and received (the
+  // protobuf encoding, every attempt; HTTP/2 framing not counted): the
+  // effect of options.compression on the wire. Thread-safe.
+  struct Stats {
+    uint64_t bytes_sent = 0;
+    uint64_t bytes_received = 0;
+  };
+  Stats stats() const;
 
   class Impl;
 

@@ -7,9 +7,46 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "net/half.h"
 #include "workers/checkpoint.h"
 
 namespace shardwild {
+
+namespace {
+
+// The number of gradient values a push message carries in `encoding`, or an
+// error naming `what` when the fields do not fit the encoding.
+absl::StatusOr<int64_t> ValueCount(net::Encoding encoding, int floats, const std::string& half, const std::string& what) {
+  switch (encoding) {
+    case net::ENCODING_FLOAT32:
+      if (!half.empty()) return absl::InvalidArgumentError(what + ": 16-bit values with encoding float32");
+      return floats;
+    case net::ENCODING_BF16:
+    case net::ENCODING_FP16:
+      if (floats != 0) return absl::InvalidArgumentError(what + ": float32 values with a 16-bit encoding");
+      if (half.size() % 2 != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": ", half.size(), " bytes of 16-bit values (odd)"));
+      }
+      return static_cast<int64_t>(half.size() / 2);
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(what, ": unknown encoding ", static_cast<int>(encoding)));
+  }
+}
+
+// Writes the message's `count` values (ValueCount) as floats to `out`.
+void DecodeValues(net::Encoding encoding, const float* floats, const std::string& half, int64_t count, float* out) {
+  if (encoding == net::ENCODING_FLOAT32) {
+    std::copy(floats, floats + count, out);
+    return;
+  }
+  const auto* bytes = reinterpret_cast<const unsigned char*>(half.data());
+  for (int64_t i = 0; i < count; ++i) {
+    const uint16_t h = static_cast<uint16_t>(bytes[2 * i] | (bytes[2 * i + 1] << 8));
+    out[i] = encoding == net::ENCODING_BF16 ? Bf16ToFloat(h) : Fp16ToFloat(h);
+  }
+}
+
+}  // namespace
 
 PsService::PsService(ShmParamStore* store, Options options) : store_(store), options_(std::move(options)) {}
 
@@ -127,12 +164,15 @@ absl::Status PsService::PushDense(const Reader<net::PushDenseRequest>& read, net
       return Invalid(absl::StrCat("push: the gradient of ", spec.name, " continues at float ", g.offset(),
                                   ", expected ", done, " (chunks of a variable go in order)"));
     }
-    if (g.values_size() > spec.size() - done) {
+    absl::StatusOr<int64_t> n = ValueCount(g.encoding(), g.values_size(), g.half_values(),
+                                           absl::StrCat("push: the gradient of ", spec.name));
+    if (!n.ok()) return Invalid(std::string(n.status().message()));
+    if (*n > spec.size() - done) {
       return Invalid(absl::StrCat("push: the gradient of ", spec.name, " has more than its ", spec.size(),
                                   " floats (", spec.rows, " x ", spec.cols, ")"));
     }
-    std::copy(g.values().begin(), g.values().end(), it->second.begin() + done);
-    done += g.values_size();
+    DecodeValues(g.encoding(), g.values().data(), g.half_values(), *n, it->second.data() + done);
+    done += *n;
   }
   if (count == 0) return Invalid("push: the request carries no gradient");
   std::vector<DenseGrad> dense;
@@ -243,10 +283,12 @@ absl::Status PsService::PushRows(const Reader<net::PushRowsRequest>& read, net::
       table = &l.tables[t];
     }
     const int64_t n = msg.ids_size();
-    if (msg.grads_size() != n * table->dim) {
+    absl::StatusOr<int64_t> values = ValueCount(msg.encoding(), msg.grads_size(), msg.half_grads(),
+                                                absl::StrCat("push rows: message ", count));
+    if (!values.ok()) return Invalid(std::string(values.status().message()));
+    if (*values != n * table->dim) {
       return Invalid(absl::StrCat("push rows: message ", count, ": ", n, " ids of table ", table->name, " need ", n,
-                                  " x ", table->dim, " = ", n * table->dim, " gradient floats, got ",
-                                  msg.grads_size()));
+                                  " x ", table->dim, " = ", n * table->dim, " gradient floats, got ", *values));
     }
     bytes += n * static_cast<int64_t>(sizeof(uint64_t) + table->dim * sizeof(float));
     if (bytes > options_.max_push_bytes) {
@@ -264,7 +306,9 @@ absl::Status PsService::PushRows(const Reader<net::PushRowsRequest>& read, net::
       }
     }
     ids.insert(ids.end(), msg.ids().begin(), msg.ids().end());
-    grads.insert(grads.end(), msg.grads().begin(), msg.grads().end());
+    const size_t at = grads.size();
+    grads.resize(at + *values);
+    DecodeValues(msg.encoding(), msg.grads().data(), msg.half_grads(), *values, grads.data() + at);
     ++count;
   }
   if (count == 0) return Invalid("push rows: the request carries no message");

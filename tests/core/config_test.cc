@@ -970,7 +970,8 @@ TEST(ConfigClusterTest, DefaultsAndEveryKeyIsRead) {
   c = LoadConfigFromString(std::string(kMinimal) +
                                "cluster: {bind_host: 10.0.0.5, token_file: /run/tok, tls_cert_file: c.pem, "
                                "tls_key_file: k.pem, tls_ca_file: ca.pem, deadline_s: 2.5, max_attempts: 5, "
-                               "initial_backoff_s: 0.2, max_backoff_s: 4, max_message_bytes: 65536}\n",
+                               "initial_backoff_s: 0.2, max_backoff_s: 4, max_message_bytes: 65536, "
+                               "compression: fp16}\n",
                            "c.yaml");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->cluster.bind_host, "10.0.0.5");
@@ -983,6 +984,7 @@ TEST(ConfigClusterTest, DefaultsAndEveryKeyIsRead) {
   EXPECT_EQ(c->cluster.initial_backoff_s, 0.2);
   EXPECT_EQ(c->cluster.max_backoff_s, 4.0);
   EXPECT_EQ(c->cluster.max_message_bytes, 65536);
+  EXPECT_EQ(c->cluster.compression, GradientCompression::kFp16);
 }
 
 TEST(ConfigClusterTest, ValidateNamesTheKey) {
@@ -996,6 +998,7 @@ TEST(ConfigClusterTest, ValidateNamesTheKey) {
       {"{max_message_bytes: 100}", "cluster.max_message_bytes: must be in [4096, 1073741824], got 100"},
       {"{bind_host: ''}", "cluster.bind_host: must not be empty"},
       {"{token: x}", "unknown key 'cluster.token'"},
+      {"{compression: zstd}", "cluster.compression: expected one of none, bf16, fp16; got 'zstd'"},
   };
   for (const auto& [yaml, message] : cases) {
     absl::StatusOr<Config> c = LoadConfigFromString(std::string(kMinimal) + "cluster: " + yaml + "\n", "c.yaml");

@@ -17,7 +17,8 @@
 //     contiguous chunks no larger than the chunk limit.
 // Build with -DSHARDWILD_FUZZ=ON (clang), then run e.g.
 //   build-fuzz/tests/fuzz/ps_request_fuzz tests/fuzz/corpus/ps_request -max_total_time=60
-// Seeds: tests/fuzz/corpus/ps_request (one valid request of each call;
+// Seeds: tests/fuzz/corpus/ps_request (one valid request of each call, and
+// the pushes with bf16 / fp16 gradients;
 // write them again with SHARDWILD_FUZZ_WRITE_SEEDS=<dir>).
 #include <cstdint>
 #include <cstdio>
@@ -192,6 +193,20 @@ void WriteSeeds(const std::string& dir) {
   r2.add_ids(1);
   for (int i = 0; i < kDim; ++i) r2.add_grads(-0.2f);
   write("push_rows", 3, record(r1) + record(r2));
+  // The same pushes with 16-bit gradients (net/half.h): bf16 dense, fp16 rows.
+  net::PushDenseRequest hb;
+  hb.set_lr(0.1f);
+  hb.mutable_grad()->set_variable(1);
+  hb.mutable_grad()->set_encoding(net::ENCODING_BF16);
+  hb.mutable_grad()->set_half_values(std::string("\x80\x3f\x00\x40\x80\xbf", 6));  // 1, 2, -1
+  write("push_dense_bf16", 1, record(hb));
+  net::PushRowsRequest hr;
+  hr.set_lr(0.05f);
+  hr.set_table(kStaticTable);
+  hr.add_ids(3);
+  hr.set_encoding(net::ENCODING_FP16);
+  hr.set_half_grads(std::string("\x00\x3c\x00\x40\x00\xbc\x00\x00", 8));  // 1, 2, -1, 0
+  write("push_rows_fp16", 3, record(hr));
   write("layout", 4, "");
 }
 

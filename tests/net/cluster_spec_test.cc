@@ -264,3 +264,65 @@ TEST(NetOptionsTest, TokenFile) {
 
 }  // namespace
 }  // namespace shardwild
+
+namespace shardwild {
+namespace {
+
+TEST(NetOptionsTest, FromClusterOptions) {
+  const std::string dir = ::testing::TempDir() + "/net_options_test_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  const std::string token = dir + "/token", cert = dir + "/cert.pem", key = dir + "/key.pem";
+  std::ofstream(token) << "a-token-of-twenty-bytes\n";
+  chmod(token.c_str(), 0600);
+  std::ofstream(cert) << "CERT";
+  std::ofstream(key) << "KEY";
+  absl::StatusOr<ClusterSpec> spec = ParseClusterSpec(
+      R"({"cluster": {"chief": ["10.1.1.1:2000"], "ps": ["10.1.1.2:2001", "[fd00::3]:2002"]}})", "c.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ClusterOptions cluster;
+  cluster.token_file = token;
+  cluster.tls_cert_file = cert;
+  cluster.tls_key_file = key;
+  cluster.deadline_s = 3;
+  cluster.max_attempts = 4;
+  cluster.max_message_bytes = 1 << 16;
+
+  // Loopback by default, with the spec's port.
+  absl::StatusOr<PsServerOptions> server = MakePsServerOptions(cluster, *spec, {Role::kPs, 1});
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_EQ(server->bind_address, "127.0.0.1:2002");
+  EXPECT_EQ(server->task_name, "ps:1");
+  EXPECT_EQ(server->token, "a-token-of-twenty-bytes");
+  EXPECT_EQ(server->tls_cert_pem, "CERT");
+  EXPECT_EQ(server->tls_key_pem, "KEY");
+  EXPECT_EQ(server->max_message_bytes, 1 << 16);
+  cluster.bind_host = "::";
+  server = MakePsServerOptions(cluster, *spec, {Role::kPs, 0});
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_EQ(server->bind_address, "[::]:2001");
+
+  absl::StatusOr<PsClientOptions> client = MakePsClientOptions(cluster, *spec, {Role::kPs, 1});
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ(client->address, "[fd00::3]:2002");
+  EXPECT_EQ(client->task_name, "ps:1");
+  EXPECT_EQ(client->token, "a-token-of-twenty-bytes");
+  EXPECT_TRUE(client->tls);
+  EXPECT_EQ(client->tls_root_pem, "CERT");  // no CA file: the certificate itself
+  EXPECT_EQ(client->deadline_s, 3);
+  EXPECT_EQ(client->max_attempts, 4);
+
+  // Without a token a non-loopback bind is refused; a missing file is named.
+  ClusterOptions open;
+  open.bind_host = "0.0.0.0";
+  absl::StatusOr<PsServerOptions> refused = MakePsServerOptions(open, *spec, {Role::kPs, 0});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_HAS(refused.status().message(), "cluster.bind_host: 0.0.0.0 is not a loopback address");
+  cluster.tls_key_file = dir + "/absent.pem";
+  refused = MakePsServerOptions(cluster, *spec, {Role::kPs, 0});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_HAS(refused.status().message(), "cluster.tls_key_file: " + dir + "/absent.pem: cannot open");
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace shardwild

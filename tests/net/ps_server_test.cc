@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "net/health.grpc.pb.h"
 #include "net/ps.grpc.pb.h"
+#include "net/half.h"
 #include "net/ps_client.h"
 #include "net/ps_service.h"
 
@@ -398,6 +399,37 @@ TEST(PsServerTest, MalformedRequestsAreInvalidArgumentAndTheServerStaysUp) {
       {"push: NaN learning rate", [&] { return raw.PushDense({DenseMsg(1, 0, Ramp(5, 1), NAN)}); },
        "the learning rate is nan"},
       {"push: empty stream", [&] { return raw.PushDense({}); }, "carries no gradient"},
+      {"push: 16-bit values with encoding float32",
+       [&] {
+         net::PushDenseRequest m = DenseMsg(1, 0, {});
+         m.mutable_grad()->set_half_values(std::string(10, '\1'));
+         return raw.PushDense({m});
+       },
+       "16-bit values with encoding float32"},
+      {"push: odd 16-bit bytes",
+       [&] {
+         net::PushDenseRequest m = DenseMsg(1, 0, {});
+         m.mutable_grad()->set_encoding(net::ENCODING_BF16);
+         m.mutable_grad()->set_half_values(std::string(9, '\1'));
+         return raw.PushDense({m});
+       },
+       "9 bytes of 16-bit values (odd)"},
+      {"push: both encodings",
+       [&] {
+         net::PushDenseRequest m = DenseMsg(1, 0, {1, 2});
+         m.mutable_grad()->set_encoding(net::ENCODING_FP16);
+         m.mutable_grad()->set_half_values(std::string(6, '\1'));
+         return raw.PushDense({m});
+       },
+       "float32 values with a 16-bit encoding"},
+      {"push: unknown encoding",
+       [&] {
+         net::PushDenseRequest m = DenseMsg(1, 0, {});
+         m.mutable_grad()->set_encoding(static_cast<net::Encoding>(9));
+         m.mutable_grad()->set_half_values(std::string(10, '\1'));
+         return raw.PushDense({m});
+       },
+       "unknown encoding 9"},
       {"pull rows: unknown table", [&] { return pull_rows(2, {1}); }, "unknown table 2 (the store has 2)"},
       {"pull rows: static id out of range", [&] { return pull_rows(kStatic, {1, 100}); },
        "id 100 (item 1) is not a row of table emb (ids are in [0, 100))"},
@@ -416,6 +448,14 @@ TEST(PsServerTest, MalformedRequestsAreInvalidArgumentAndTheServerStaysUp) {
       {"push rows: infinite learning rate",
        [&] { return raw.PushRows({RowsMsg(kStatic, {1}, Ramp(4, 1), INFINITY)}); }, "the learning rate is inf"},
       {"push rows: empty stream", [&] { return raw.PushRows({}); }, "carries no message"},
+      {"push rows: 16-bit gradient length",
+       [&] {
+         net::PushRowsRequest m = RowsMsg(kStatic, {1, 2}, {});
+         m.set_encoding(net::ENCODING_FP16);
+         m.set_half_grads(std::string(2 * 7, '\0'));
+         return raw.PushRows({m});
+       },
+       "2 ids of table emb need 2 x 4 = 8 gradient floats, got 7"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -528,6 +568,51 @@ TEST(PsServerTest, OversizePullIsChunked) {
   RowScratch scratch;
   ASSERT_TRUE(local->PullRows(kStatic, ids, want_rows.data(), PullMode::kInsert, &scratch).ok());
   EXPECT_EQ(rows, want_rows);
+}
+
+// With compression the server applies exactly the rounded gradients, and the
+// pushes take about half the bytes.
+TEST(PsServerTest, CompressedPushesApplyTheRoundedGradients) {
+  for (GradientCompression c : {GradientCompression::kBf16, GradientCompression::kFp16}) {
+    SCOPED_TRACE(GradientCompressionName(c));
+    auto round = [c](std::vector<float> v) {
+      for (float& x : v) x = c == GradientCompression::kBf16 ? Bf16ToFloat(FloatToBf16(x)) : Fp16ToFloat(FloatToFp16(x));
+      return v;
+    };
+    std::unique_ptr<ShmParamStore> served = MakeStore(), local = MakeStore();
+    ASSERT_TRUE(served && local);
+    std::unique_ptr<PsServer> server = Serve(served.get());
+    ASSERT_TRUE(server);
+    PsClientOptions o = ClientOptions(*server);
+    std::unique_ptr<PsClient> plain = Connect(o);
+    o.compression = c;
+    std::unique_ptr<PsClient> compressed = Connect(o);
+    ASSERT_TRUE(plain && compressed);
+    const std::vector<float> gw = Ramp(37 * 5, 1.3f), gb = Ramp(5, 0.7f);
+    const RemoteDenseGrad rg[] = {{0, gw}, {1, gb}};
+    ASSERT_TRUE(compressed->PushDense(rg, 0.05f).ok());
+    const std::vector<float> rw = round(gw), rb = round(gb);
+    const DenseGrad lg[] = {{0, rw.data()}, {1, rb.data()}};
+    ASSERT_TRUE(local->Push(lg, 0.05f).ok());
+    // Rows: repeated ids are summed in float32 first, then rounded.
+    const std::vector<uint64_t> ids = {4, 9, 4};
+    const std::vector<float> g = Ramp(3 * kStaticDim, 2.1f);
+    ASSERT_TRUE(compressed->PushRows(kStatic, ids, g, 0.1f).ok());
+    std::vector<float> summed(g.begin(), g.begin() + 2 * kStaticDim);
+    for (int k = 0; k < kStaticDim; ++k) summed[k] += g[2 * kStaticDim + k];
+    const std::vector<float> rs = round(summed);
+    const std::vector<uint64_t> unique = {4, 9};
+    RowScratch scratch;
+    ASSERT_TRUE(local->PushRows(kStatic, unique, rs.data(), 0.1f, &scratch).ok());
+    EXPECT_EQ(Take(*served), Take(*local));
+    // The same push uncompressed, for the byte count.
+    ASSERT_TRUE(plain->PushDense(rg, 0.05f).ok());
+    const double ratio = static_cast<double>(compressed->stats().bytes_sent) /
+                         static_cast<double>(plain->stats().bytes_sent);
+    EXPECT_GT(plain->stats().bytes_sent, 0u);
+    // Dense: 190 values at 2 instead of 4 bytes; the row push adds a little.
+    EXPECT_LT(ratio, 0.65) << compressed->stats().bytes_sent << " vs " << plain->stats().bytes_sent;
+  }
 }
 
 TEST(PsServerTest, DeadServerIsUnavailableNamingTheTask) {
