@@ -20,42 +20,12 @@
 #include "absl/status/statusor.h"
 #include "core/dataset.h"
 #include "core/readers.h"
+#include "parser_fuzz.h"
 
 namespace shardwild {
 namespace {
 
-constexpr std::string_view kFile = "fuzz";
-constexpr int64_t kShift = 1000;  // a second parse starts at line 1 + kShift
-
-void Check(bool ok) {
-  if (!ok) std::abort();
-}
-
-// Line `line` (1-based) of `bytes` without its line end.
-std::string_view LineOf(std::string_view bytes, int64_t line) {
-  size_t pos = 0;
-  for (int64_t l = 1; l < line; ++l) {
-    const size_t nl = bytes.find('\n', pos);
-    Check(nl != std::string_view::npos);
-    pos = nl + 1;
-  }
-  std::string_view s = bytes.substr(pos, bytes.find('\n', pos) - pos);
-  if (!s.empty() && s.back() == '\r') s.remove_suffix(1);
-  return s;
-}
-
-// Splits "<kFile>:<line>:<column>: <rest>"; false for another message.
-bool Where(std::string_view m, int64_t* line, int64_t* column, std::string_view* rest) {
-  if (m.substr(0, kFile.size() + 1) != std::string(kFile) + ":") return false;
-  const char* p = m.data() + kFile.size() + 1;
-  const char* e = m.data() + m.size();
-  auto r = std::from_chars(p, e, *line);
-  if (r.ec != std::errc() || r.ptr == e || *r.ptr != ':') return false;
-  r = std::from_chars(r.ptr + 1, e, *column);
-  if (r.ec != std::errc() || e - r.ptr < 2 || r.ptr[0] != ':' || r.ptr[1] != ' ') return false;
-  *rest = std::string_view(r.ptr + 2, static_cast<size_t>(e - r.ptr - 2));
-  return true;
-}
+using namespace fuzz;  // Check, CheckPolicies, kFile
 
 void CheckDataset(const Dataset& d, const ReadOptions& o) {
   Check(d.count >= 0 && d.dense_dim == 13 && d.dense_names.size() == 13);
@@ -93,35 +63,6 @@ bool Same(const Dataset& a, const Dataset& b) {
   return true;
 }
 
-void Run(std::string_view bytes, ReadOptions o) {
-  o.on_error = OnBadRow::kFail;
-  const absl::StatusOr<Dataset> fail = ParseBuffer(bytes, kFile, 1, o);
-  if (fail.ok()) CheckDataset(*fail, o);
-  o.on_error = OnBadRow::kSkip;
-  const absl::StatusOr<Dataset> skip = ParseBuffer(bytes, kFile, 1, o);
-  Check(skip.ok());  // every row error is a skipped row
-  CheckDataset(*skip, o);
-  if (fail.ok()) {
-    Check(skip->skipped.total() == 0 && Same(*fail, *skip));
-    return;
-  }
-  Check(fail.status().code() == absl::StatusCode::kInvalidArgument);
-  Check(skip->skipped.total() >= 1);
-  int64_t line = 0, column = 0;
-  std::string_view rest;
-  const std::string message(fail.status().message());
-  Check(Where(message, &line, &column, &rest));
-  Check(line >= 1 && column >= 1);
-  Check(static_cast<size_t>(column) <= LineOf(bytes, line).size() + 1);
-  Check(rest.find(", got '") != std::string_view::npos && rest.back() == '\'');
-  o.on_error = OnBadRow::kFail;
-  const absl::StatusOr<Dataset> shifted = ParseBuffer(bytes, kFile, 1 + kShift, o);
-  Check(!shifted.ok());
-  int64_t line2 = 0, column2 = 0;
-  std::string_view rest2;
-  const std::string message2(shifted.status().message());
-  Check(Where(message2, &line2, &column2, &rest2) && line2 == line + kShift && column2 == column && rest2 == rest);
-}
 
 }  // namespace
 }  // namespace shardwild
@@ -135,6 +76,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.threads = 1;
   o.dense_transform = static_cast<DenseTransform>(knobs % 3);
   o.labels = static_cast<LabelKind>((knobs >> 5) % 3);
-  Run(std::string_view(reinterpret_cast<const char*>(data + 1), size - 1), o);
+  (void)CheckPolicies(std::string_view(reinterpret_cast<const char*>(data + 1), size - 1), o, CheckDataset, Same);
   return 0;
 }

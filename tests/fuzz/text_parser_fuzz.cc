@@ -28,42 +28,12 @@
 #include "absl/status/statusor.h"
 #include "core/dataset.h"
 #include "core/readers.h"
+#include "parser_fuzz.h"
 
 namespace shardwild {
 namespace {
 
-constexpr std::string_view kFile = "fuzz";
-constexpr int64_t kShift = 1000;  // a second parse starts at line 1 + kShift
-
-void Check(bool ok) {
-  if (!ok) std::abort();
-}
-
-// Line `line` (1-based) of `bytes` without its line end.
-std::string_view LineOf(std::string_view bytes, int64_t line) {
-  size_t pos = 0;
-  for (int64_t l = 1; l < line; ++l) {
-    const size_t nl = bytes.find('\n', pos);
-    Check(nl != std::string_view::npos);
-    pos = nl + 1;
-  }
-  std::string_view s = bytes.substr(pos, bytes.find('\n', pos) - pos);
-  if (!s.empty() && s.back() == '\r') s.remove_suffix(1);
-  return s;
-}
-
-// Splits "<kFile>:<line>:<column>: <rest>"; false for another message.
-bool Where(std::string_view m, int64_t* line, int64_t* column, std::string_view* rest) {
-  if (m.substr(0, kFile.size() + 1) != std::string(kFile) + ":") return false;
-  const char* p = m.data() + kFile.size() + 1;
-  const char* e = m.data() + m.size();
-  auto r = std::from_chars(p, e, *line);
-  if (r.ec != std::errc() || r.ptr == e || *r.ptr != ':') return false;
-  r = std::from_chars(r.ptr + 1, e, *column);
-  if (r.ec != std::errc() || e - r.ptr < 2 || r.ptr[0] != ':' || r.ptr[1] != ' ') return false;
-  *rest = std::string_view(r.ptr + 2, static_cast<size_t>(e - r.ptr - 2));
-  return true;
-}
+using namespace fuzz;  // Check, CheckPolicies, kFile
 
 void CheckField(const SparseField& f, const Dataset& d) {
   Check(f.offsets.size() == static_cast<size_t>(d.count + 1) && f.offsets.front() == 0);
@@ -130,36 +100,6 @@ bool Same(const Dataset& a, const Dataset& b) {
 
 // Parses under both policies and checks that they agree; returns the kSkip
 // data set (which always exists: every row error is a skipped row).
-Dataset Run(std::string_view bytes, ReadOptions o) {
-  o.on_error = OnBadRow::kFail;
-  const absl::StatusOr<Dataset> fail = ParseBuffer(bytes, kFile, 1, o);
-  if (fail.ok()) CheckDataset(*fail, o);
-  o.on_error = OnBadRow::kSkip;
-  absl::StatusOr<Dataset> skip = ParseBuffer(bytes, kFile, 1, o);
-  Check(skip.ok());
-  CheckDataset(*skip, o);
-  if (fail.ok()) {
-    Check(skip->skipped.total() == 0 && Same(*fail, *skip));
-    return *std::move(skip);
-  }
-  Check(fail.status().code() == absl::StatusCode::kInvalidArgument);
-  Check(skip->skipped.total() >= 1);
-  int64_t line = 0, column = 0;
-  std::string_view rest;
-  const std::string message(fail.status().message());
-  Check(Where(message, &line, &column, &rest));
-  Check(line >= 1 && column >= 1);
-  Check(static_cast<size_t>(column) <= LineOf(bytes, line).size() + 1);
-  Check(rest.find(", got '") != std::string_view::npos && rest.back() == '\'');
-  o.on_error = OnBadRow::kFail;
-  const absl::StatusOr<Dataset> shifted = ParseBuffer(bytes, kFile, 1 + kShift, o);
-  Check(!shifted.ok());
-  int64_t line2 = 0, column2 = 0;
-  std::string_view rest2;
-  const std::string message2(shifted.status().message());
-  Check(Where(message2, &line2, &column2, &rest2) && line2 == line + kShift && column2 == column && rest2 == rest);
-  return *std::move(skip);
-}
 
 }  // namespace
 }  // namespace shardwild
@@ -172,11 +112,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.format = DataFormat::kText;
   o.labels = LabelKind::kMultiClass;
   o.threads = 1;
-  const Dataset unigrams = Run(bytes, o);
+  const Dataset unigrams = *CheckPolicies(bytes, o, CheckDataset, Same);
   o.text.word_ngrams = 2;
-  const Dataset in_tokens = Run(bytes, o);
+  const Dataset in_tokens = *CheckPolicies(bytes, o, CheckDataset, Same);
   o.text.ngrams_field = true;
-  const Dataset own_field = Run(bytes, o);
+  const Dataset own_field = *CheckPolicies(bytes, o, CheckDataset, Same);
   Check(SameLabels(unigrams, in_tokens) && SameLabels(unigrams, own_field));
   const SparseField& words = unigrams.fields[0];
   Check(own_field.fields[0].offsets == words.offsets && own_field.fields[0].ids == words.ids);
