@@ -245,39 +245,38 @@ struct RawStub {
                          std::vector<net::DenseChunk>* chunks = nullptr) {
     grpc::ClientContext c;
     Prepare(&c, token);
-    auto reader = stub->PullDense(&c, r);
-    net::DenseChunk chunk;
-    while (reader->Read(&chunk)) {
-      if (chunks) chunks->push_back(chunk);
-    }
-    return reader->Finish();
+    return Drain(stub->PullDense(&c, r), chunks);
   }
   grpc::Status PushDense(const std::vector<net::PushDenseRequest>& msgs, const std::string& token = kToken) {
     grpc::ClientContext c;
     Prepare(&c, token);
     net::PushResponse resp;
-    auto writer = stub->PushDense(&c, &resp);
-    for (const auto& m : msgs) {
-      if (!writer->Write(m)) break;
-    }
-    writer->WritesDone();
-    return writer->Finish();
+    return Stream(stub->PushDense(&c, &resp), msgs);
   }
   grpc::Status PullRows(const net::PullRowsRequest& r, const std::string& token = kToken) {
     grpc::ClientContext c;
     Prepare(&c, token);
-    auto reader = stub->PullRows(&c, r);
-    net::RowsChunk chunk;
-    while (reader->Read(&chunk)) {
-    }
-    return reader->Finish();
+    return Drain(stub->PullRows(&c, r), static_cast<std::vector<net::RowsChunk>*>(nullptr));
   }
   grpc::Status PushRows(const std::vector<net::PushRowsRequest>& msgs, const std::string& token = kToken) {
     grpc::ClientContext c;
     Prepare(&c, token);
     net::PushResponse resp;
-    auto writer = stub->PushRows(&c, &resp);
-    for (const auto& m : msgs) {
+    return Stream(stub->PushRows(&c, &resp), msgs);
+  }
+  // Reads a server stream to its end (keeping the chunks when asked).
+  template <typename Reader, typename Chunk>
+  static grpc::Status Drain(Reader reader, std::vector<Chunk>* chunks) {
+    Chunk chunk;
+    while (reader->Read(&chunk)) {
+      if (chunks) chunks->push_back(chunk);
+    }
+    return reader->Finish();
+  }
+  // Writes a client stream (until the server stops reading) and finishes it.
+  template <typename Writer, typename Msg>
+  static grpc::Status Stream(Writer writer, const std::vector<Msg>& msgs) {
+    for (const Msg& m : msgs) {
       if (!writer->Write(m)) break;
     }
     writer->WritesDone();
