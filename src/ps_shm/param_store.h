@@ -21,6 +21,7 @@
 #include "absl/types/span.h"
 #include "core/options.h"
 #include "core/partitioner.h"
+#include "core/random.h"
 #include "core/variable.h"
 #include "ps_shm/embedding_table.h"
 
@@ -38,8 +39,8 @@ class MemoryPlacer;
 //     ceil((capacity - s) / S) rows (at least 1). No hash here: a hash into
 //     dense local arrays is not a bijection.
 //   * kDynamic (any 64-bit id but 2^64-1): by a mixing hash, shard =
-//     (hi32(SplitMix64(id ^ salt)) * S) >> 32 (shm_store.cc, ShardOfDynamicId;
-//     the salt differs from the one the table's own index probes with).
+//     (hi32(SplitMix64(id ^ salt)) * S) >> 32 (ShardOfDynamicId below; the
+//     salt differs from the one the table's own index probes with).
 //     Each shard's table keeps the global id and holds up to
 //     ceil(capacity / S) * 9 / 8 + 16 rows (S > 1; exactly capacity for one
 //     shard): the headroom absorbs the hash's imbalance, so a kError table may
@@ -57,6 +58,20 @@ struct TableSpec {
   CapacityPolicy on_full = CapacityPolicy::kError;  // dynamic tables only
   RowInitializer init;
 };
+
+// The shard of a dynamic table's id among `shards` (TableSpec): the high 32
+// bits of a salted SplitMix64 mix, scaled onto [0, shards) (Lemire's
+// multiply-shift, no division). A client spreading ids over ps tasks
+// (net/cluster_store.h) routes with this, so it must never change.
+inline int ShardOfDynamicId(uint64_t id, uint32_t shards) {
+  return static_cast<int>(((SplitMix64Mix(id ^ 0x5348415244ULL) >> 32) * shards) >> 32);
+}
+
+// The shard of row `id` of a table of `kind` among `shards`: static id % S,
+// dynamic ShardOfDynamicId. `id` must be valid for the table.
+inline int ShardOfRowId(EmbeddingKind kind, uint64_t id, uint32_t shards) {
+  return kind == EmbeddingKind::kStatic ? static_cast<int>(id % shards) : ShardOfDynamicId(id, shards);
+}
 
 // Where each variable's rows live: variable v's rows parts[v][s] are on shard s.
 // Each shard holds one contiguous (possibly empty) range of each variable; the
@@ -104,6 +119,15 @@ struct OpenStoreOptions {
   std::vector<TableSpec> tables;
   uint64_t seed = 1;              // initial values (variable.h)
   int num_shards = 1;             // resolved shard count (StoreOptions::shards may say auto)
+  // The block of the num_shards global shards this store hosts (one ps task's
+  // share of the global shard map, net/cluster_spec.h ShardMap): shards
+  // [first_hosted_shard, first_hosted_shard + num_hosted_shards). -1 = all.
+  // Only the hosted shards get memory; the layout, partitioning, initial
+  // values and row routing stay those of the whole num_shards-shard store,
+  // so every ps task computes the same. ShmParamStore says what a partial
+  // store does with the rows it does not host.
+  int first_hosted_shard = 0;
+  int num_hosted_shards = -1;
   MemoryPlacer* placer = nullptr; // not owned; nullptr = first touch by the calling thread
 };
 

@@ -2,6 +2,7 @@
 // name reads this to learn what it got; every field is checked first.
 //
 //   [ShardHeader][LayoutEntry x num_entries][TableEntry x num_tables]
+//   [GlobalPart x num_entries x num_shards, only in a partial store]
 //   ... padding to header_bytes
 //   then, per entry: params, slot 0, slot 1, ..., row sequence words
 //   (each array 64-byte aligned; the arrays of params and slots are
@@ -11,6 +12,14 @@
 // then, per table, the region of one EmbeddingTable (embedding_table.h;
 // 4096-byte aligned, `bytes` long), which carries its own header, validated
 // by EmbeddingTable::Attach.
+//
+// Partial stores (OpenStoreOptions::first_hosted_shard): a store may host
+// only a contiguous block of the num_shards global shards. Its segments are
+// "<store>-s<k>" for k = 0 .. num_hosted_shards - 1, segment k holding global
+// shard first_hosted_shard + k (shard_index). A full store (first 0, all
+// hosted) therefore names its segments as format 3 did. So that an attaching
+// process learns the global layout, a partial store's headers carry every
+// variable's rows on every global shard (GlobalPart, variable-major).
 //
 // Row sequence words: the per-row seqlock of update mode row_lock (ps.update;
 // shm_store.cc says how they are used and which memory orders they need).
@@ -29,8 +38,9 @@
 namespace shardwild {
 
 inline constexpr uint64_t kShardMagic = 0x3153445241485753ULL;  // "SWHARDS1" little-endian
-// 2: row sequence words, update_mode; 3: embedding tables (TableEntry).
-inline constexpr uint32_t kShardFormatVersion = 3;
+// 2: row sequence words, update_mode; 3: embedding tables (TableEntry);
+// 4: partial stores (hosted shard block, GlobalPart).
+inline constexpr uint32_t kShardFormatVersion = 4;
 inline constexpr int kMaxNameBytes = 64;
 
 struct ShardHeader {
@@ -50,6 +60,16 @@ struct ShardHeader {
   char store_name[kMaxNameBytes];
   // Counters (std::atomic_ref, relaxed; see above).
   alignas(64) uint64_t model_version;  // pushes applied to this shard
+  // Constant again (after the counter so that the fields before keep the
+  // offsets stale_segments.cc reads in older segments): the hosted block.
+  uint32_t first_hosted_shard;  // global index of segment 0's shard
+  uint32_t num_hosted_shards;   // segments of the store, 1..num_shards
+};
+
+// Rows [row_begin, row_end) of one variable on one global shard.
+struct GlobalPart {
+  int64_t row_begin;
+  int64_t row_end;
 };
 
 struct LayoutEntry {
@@ -76,6 +96,7 @@ struct TableEntry {
   uint64_t bytes;            // EmbeddingTable::BytesFor of its options
 };
 
-static_assert(sizeof(ShardHeader) % 8 == 0 && sizeof(LayoutEntry) % 8 == 0 && sizeof(TableEntry) % 8 == 0);
+static_assert(sizeof(ShardHeader) % 8 == 0 && sizeof(LayoutEntry) % 8 == 0 && sizeof(TableEntry) % 8 == 0 &&
+              sizeof(GlobalPart) % 8 == 0);
 
 }  // namespace shardwild

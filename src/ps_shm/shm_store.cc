@@ -44,18 +44,20 @@ TableEntry* Tables(const ShmSegment& seg) {
                                        uint64_t{h->num_entries} * sizeof(LayoutEntry));
 }
 
-// ---- Embedding tables over shards (param_store.h, TableSpec) -----------------
-
-// SplitMix64's finaliser.
-inline uint64_t MixId(uint64_t x) { return SplitMix64Mix(x); }
-
-// The shard of a dynamic table's id: the high 32 bits of a salted mix, scaled
-// onto [0, shards) (Lemire's multiply-shift, no division). The salt differs
-// from the one EmbeddingTable's index probes with, so the ids one shard gets
-// still spread over its index.
-inline int ShardOfDynamicId(uint64_t id, uint32_t shards) {
-  return static_cast<int>(((MixId(id ^ 0x5348415244ULL) >> 32) * shards) >> 32);
+// The global parts table of a partial store (shard_format.h), after the TableEntry records.
+GlobalPart* GlobalParts(const ShmSegment& seg) {
+  const ShardHeader* h = Header(seg);
+  return reinterpret_cast<GlobalPart*>(reinterpret_cast<char*>(Tables(seg)) + uint64_t{h->num_tables} * sizeof(TableEntry));
 }
+
+// Bytes of the header region: the records, padded to a page.
+uint64_t HeaderBytes(uint64_t nvars, uint64_t ntables, uint64_t num_shards, bool partial) {
+  return AlignUp(sizeof(ShardHeader) + nvars * sizeof(LayoutEntry) + ntables * sizeof(TableEntry) +
+                     (partial ? nvars * num_shards * sizeof(GlobalPart) : 0),
+                 4096);
+}
+
+// ---- Embedding tables over shards (param_store.h, TableSpec) -----------------
 
 // Rows shard s of `shards` holds of a table (TableSpec).
 int64_t ShardCapacity(const TableSpec& t, int s, int shards) {
@@ -126,6 +128,13 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Create(const OpenS
   if (options.num_shards < 1 || options.num_shards > 4096) {
     return absl::InvalidArgumentError(absl::StrCat("ps.shards: must be 1..4096, got ", options.num_shards));
   }
+  const int first_hosted = options.num_hosted_shards == -1 ? 0 : options.first_hosted_shard;
+  const int num_hosted = options.num_hosted_shards == -1 ? options.num_shards : options.num_hosted_shards;
+  if (first_hosted < 0 || num_hosted < 1 || first_hosted > options.num_shards - num_hosted) {
+    return absl::InvalidArgumentError(absl::StrCat("hosted shards: ", num_hosted, " from shard ", first_hosted,
+                                                   " are not a block of the ", options.num_shards, " shards"));
+  }
+  const bool partial = num_hosted != options.num_shards;
   for (const VariableSpec& v : variables) {
     if (v.name.empty() || v.name.size() >= kMaxNameBytes || v.rows < 1 || v.cols < 1) {
       return absl::InvalidArgumentError(absl::StrCat("variable '", v.name, "': needs a name of 1..", kMaxNameBytes - 1,
@@ -190,11 +199,24 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Create(const OpenS
   const int num_slots = NumSlots(options.optimizer.type);
   const int nvars = static_cast<int>(st->layout_.variables.size());
   const int ntables = static_cast<int>(options.tables.size());
-  const uint64_t header_bytes =
-      AlignUp(sizeof(ShardHeader) + nvars * sizeof(LayoutEntry) + ntables * sizeof(TableEntry), 4096);
+  const uint64_t header_bytes = HeaderBytes(nvars, ntables, options.num_shards, partial);
   st->tables_.assign(ntables, {});
-
+  st->first_hosted_ = first_hosted;
+  st->num_hosted_ = num_hosted;
+  SW_RETURN_IF_ERROR(st->ComputeHostedRows());
+  // The global parts table a partial store's headers carry.
+  std::vector<GlobalPart> global_parts;
+  if (partial) {
+    for (int v = 0; v < nvars; ++v) {
+      for (const RowRange& r : st->layout_.parts[v]) global_parts.push_back({r.begin, r.end});
+    }
+  }
   for (int s = 0; s < options.num_shards; ++s) {
+    if (!st->hosts(s)) st->layout_.shard_nodes[s] = -1;  // not here: no memory, no node
+  }
+
+  for (int s = first_hosted; s < first_hosted + num_hosted; ++s) {
+    const int k = s - first_hosted;  // the segment's index
     // Size the shard.
     std::vector<LayoutEntry> entries(nvars);
     uint64_t cursor = header_bytes;
@@ -233,12 +255,12 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Create(const OpenS
       cursor += te.bytes;
     }
     const uint64_t total = AlignUp(std::max<uint64_t>(cursor, header_bytes), 4096);
-    const int node = options.placer ? options.placer->NodeForShard(s, options.num_shards) : 0;
+    const int node = options.placer ? options.placer->NodeForShard(k, num_hosted) : 0;
     st->layout_.shard_nodes[s] = node;
 
     std::unique_ptr<ShmSegment> seg;
     auto create = [&]() -> absl::Status {
-      SW_ASSIGN_OR_RETURN(seg, ShmSegment::Create(SegmentName(st->name_, s), total));
+      SW_ASSIGN_OR_RETURN(seg, ShmSegment::Create(SegmentName(st->name_, k), total));
       if (want_huge_pages && !AdviseHugePages(seg->data(), seg->size())) st->huge_pages_requested_ = false;
       // Touch every page from this (node-bound) thread.
       std::memset(seg->data(), 0, seg->size());
@@ -277,20 +299,27 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Create(const OpenS
     h->num_tables = static_cast<uint32_t>(ntables);
     h->sparse_optimizer_type = static_cast<uint32_t>(sparse.type);
     std::snprintf(h->store_name, sizeof(h->store_name), "%s", st->name_.c_str());
+    h->first_hosted_shard = static_cast<uint32_t>(first_hosted);
+    h->num_hosted_shards = static_cast<uint32_t>(num_hosted);
     if (nvars > 0) std::memcpy(Entries(*seg), entries.data(), entries.size() * sizeof(LayoutEntry));
     if (ntables > 0) std::memcpy(Tables(*seg), table_entries.data(), table_entries.size() * sizeof(TableEntry));
+    if (!global_parts.empty()) {
+      std::memcpy(GlobalParts(*seg), global_parts.data(), global_parts.size() * sizeof(GlobalPart));
+    }
     st->segments_.push_back(std::move(seg));
   }
   SW_RETURN_IF_ERROR(st->BuildParts());
 
-  // Initial values: computed once per variable from the seed, then copied to
-  // the rows each shard holds. No other thread can see the store yet.
+  // Initial values: computed once per (global) variable from the seed, then
+  // copied to the rows each hosted shard holds, so a partial store's rows
+  // start as the full store's. No other thread can see the store yet.
   std::vector<float> init;
   for (int v = 0; v < nvars; ++v) {
     const VariableSpec& spec = st->layout_.variables[v];
+    if (st->hosted_rows_[v].size() == 0) continue;
     init.resize(spec.size());
     FillInitialValue(spec, options.seed, init.data());
-    for (int s = 0; s < options.num_shards; ++s) {
+    for (int s = first_hosted; s < first_hosted + num_hosted; ++s) {
       const Part& p = st->parts_[v][s];
       std::memcpy(p.params, init.data() + p.row_begin * spec.cols, (p.row_end - p.row_begin) * spec.cols * sizeof(float));
       // Slots start at the optimizer's initial value (the segment is zeroed).
@@ -308,8 +337,8 @@ absl::Status ShmParamStore::BuildParts() {
   num_slots_ = NumSlots(optimizer_.type);
   parts_.assign(nvars, std::vector<Part>(layout_.num_shards));
   shard_versions_.clear();
-  for (int s = 0; s < layout_.num_shards; ++s) {
-    const ShmSegment& seg = *segments_[s];
+  for (int s = first_hosted_; s < first_hosted_ + num_hosted_; ++s) {
+    const ShmSegment& seg = *segments_[s - first_hosted_];
     ShardHeader* h = Header(seg);
     shard_versions_.push_back(&h->model_version);
     LayoutEntry* entries = Entries(seg);
@@ -330,6 +359,46 @@ absl::Status ShmParamStore::BuildParts() {
   return absl::OkStatus();
 }
 
+absl::Status ShmParamStore::ComputeHostedRows() {
+  hosted_rows_.clear();
+  for (size_t v = 0; v < layout_.variables.size(); ++v) {
+    // The hosted shards' non-empty ranges, sorted by row, must follow each
+    // other without a gap (StoreLayout::Make guarantees it for any block;
+    // an attached header might not).
+    std::vector<RowRange> held;
+    for (int s = first_hosted_; s < first_hosted_ + num_hosted_; ++s) {
+      if (layout_.parts[v][s].size() > 0) held.push_back(layout_.parts[v][s]);
+    }
+    std::sort(held.begin(), held.end(), [](const RowRange& a, const RowRange& b) { return a.begin < b.begin; });
+    for (size_t i = 1; i < held.size(); ++i) {
+      if (held[i].begin != held[i - 1].end) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "store ", name_, ": shards ", first_hosted_, "..", first_hosted_ + num_hosted_ - 1, " hold rows of '",
+            layout_.variables[v].name, "' that are not one contiguous range (", held[i - 1].begin, "..",
+            held[i - 1].end, " and ", held[i].begin, "..", held[i].end, ")"));
+      }
+    }
+    hosted_rows_.push_back(held.empty() ? RowRange{0, 0} : RowRange{held.front().begin, held.back().end});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmParamStore::CheckHosted(int var, int64_t begin, int64_t end, const char* what) const {
+  const RowRange h = hosted_rows_[var];
+  if (begin == end || (begin >= h.begin && end <= h.end)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, ": rows [", begin, ", ", end, ") of '", layout_.variables[var].name,
+                                                 "' are not hosted here (store ", name_, " hosts shards ", first_hosted_,
+                                                 "..", first_hosted_ + num_hosted_ - 1, " of ", layout_.num_shards,
+                                                 ", rows [", h.begin, ", ", h.end, ") of it)"));
+}
+
+absl::Status ShmParamStore::NotHosted(int table, uint64_t id, int shard, const char* what) const {
+  return absl::InvalidArgumentError(absl::StrCat(what, ": id ", id, " of embedding table '", layout_.tables[table].name,
+                                                 "' lives on shard ", shard, ", which is not hosted here (store ", name_,
+                                                 " hosts shards ", first_hosted_, "..", first_hosted_ + num_hosted_ - 1,
+                                                 " of ", layout_.num_shards, ")"));
+}
+
 absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Attach(
     const std::string& name, const OptimizerOptions& optimizer, const std::optional<OptimizerOptions>& sparse_optimizer) {
   std::unique_ptr<ShmParamStore> st(new ShmParamStore());
@@ -338,10 +407,11 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Attach(
   st->sparse_optimizer_ = sparse_optimizer.value_or(optimizer);
   std::vector<TableEntry> first_tables;
   st->huge_page_settings_ = ReadHugePageSettings();  // for huge_pages(); the creator chose the pages
-  uint32_t num_shards = 1;
+  uint32_t num_shards = 1, first_hosted = 0, num_hosted = 1;
   std::vector<LayoutEntry> first_entries;
-  for (uint32_t s = 0; s < num_shards; ++s) {
-    const std::string seg_name = SegmentName(name, s);
+  // k: the segment; s: the global shard it holds.
+  for (uint32_t k = 0; k < num_hosted; ++k) {
+    const std::string seg_name = SegmentName(name, k);
     SW_ASSIGN_OR_RETURN(std::unique_ptr<ShmSegment> seg, ShmSegment::Attach(seg_name));
     auto bad = [&](const std::string& what) {
       return absl::FailedPreconditionError(absl::StrCat("shared memory /", seg_name, ": ", what));
@@ -353,13 +423,23 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Attach(
       return bad(absl::StrCat("format version ", h->format_version, ", this build reads version ", kShardFormatVersion));
     }
     if (h->total_bytes != seg->size()) return bad(absl::StrCat("header says ", h->total_bytes, " bytes, segment has ", seg->size()));
-    if (s == 0) {
+    if (k == 0) {
       num_shards = h->num_shards;
       if (num_shards < 1 || num_shards > 4096) return bad(absl::StrCat("num_shards ", num_shards, " out of range"));
       if (h->num_entries > 100000) return bad("too many variables");
+      first_hosted = h->first_hosted_shard;
+      num_hosted = h->num_hosted_shards;
+      if (num_hosted < 1 || first_hosted >= num_shards || num_hosted > num_shards - first_hosted) {
+        return bad(absl::StrCat("hosted shards ", first_hosted, " + ", num_hosted, " are not a block of ", num_shards));
+      }
     } else if (h->num_shards != num_shards) {
       return bad(absl::StrCat("num_shards ", h->num_shards, " disagrees with shard 0 (", num_shards, ")"));
+    } else if (h->first_hosted_shard != first_hosted || h->num_hosted_shards != num_hosted) {
+      return bad(absl::StrCat("hosted shards ", h->first_hosted_shard, " + ", h->num_hosted_shards,
+                              " disagree with segment 0's (", first_hosted, " + ", num_hosted, ")"));
     }
+    const uint32_t s = first_hosted + k;
+    const bool partial = num_hosted != num_shards;
     if (h->shard_index != s) return bad(absl::StrCat("shard_index ", h->shard_index, ", expected ", s));
     if (h->optimizer_type != static_cast<uint32_t>(optimizer.type) || h->num_slots != static_cast<uint32_t>(NumSlots(optimizer.type))) {
       return bad("optimizer type disagrees with this process's optimizer");
@@ -367,7 +447,7 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Attach(
     if (h->update_mode > static_cast<uint32_t>(UpdateMode::kSync)) {
       return bad(absl::StrCat("unknown update mode ", h->update_mode));
     }
-    if (s == 0) {
+    if (k == 0) {
       st->update_mode_ = static_cast<UpdateMode>(h->update_mode);
     } else if (h->update_mode != static_cast<uint32_t>(st->update_mode_)) {
       return bad("update mode disagrees with shard 0");
@@ -376,13 +456,14 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Attach(
       return bad("sparse optimizer type (the embedding tables') disagrees with this process's sparse optimizer");
     }
     if (h->num_tables > 4096) return bad(absl::StrCat("num_tables ", h->num_tables, " out of range"));
-    if (sizeof(ShardHeader) + uint64_t{h->num_entries} * sizeof(LayoutEntry) + uint64_t{h->num_tables} * sizeof(TableEntry) >
+    if (sizeof(ShardHeader) + uint64_t{h->num_entries} * sizeof(LayoutEntry) + uint64_t{h->num_tables} * sizeof(TableEntry) +
+                (partial ? uint64_t{h->num_entries} * num_shards * sizeof(GlobalPart) : 0) >
             h->header_bytes ||
         h->header_bytes > seg->size()) {
       return bad("layout table does not fit in the header");
     }
     const LayoutEntry* entries = Entries(*seg);
-    if (s == 0) {
+    if (k == 0) {
       first_entries.assign(entries, entries + h->num_entries);
       for (const LayoutEntry& e : first_entries) {
         if (std::memchr(e.name, 0, sizeof(e.name)) == nullptr) return bad("variable name not terminated");
@@ -392,6 +473,21 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Attach(
       st->layout_.num_shards = num_shards;
       st->layout_.parts.assign(first_entries.size(), std::vector<RowRange>(num_shards));
       st->layout_.shard_nodes.assign(num_shards, -1);
+      if (partial) {
+        // The rows of the shards not hosted here, from the global parts table
+        // (each range checked; the tiling is checked once all are read).
+        const GlobalPart* global = GlobalParts(*seg);
+        for (uint32_t v = 0; v < h->num_entries; ++v) {
+          for (uint32_t g = 0; g < num_shards; ++g) {
+            const GlobalPart& gp = global[uint64_t{v} * num_shards + g];
+            if (gp.row_begin < 0 || gp.row_end < gp.row_begin || gp.row_end > first_entries[v].rows) {
+              return bad(absl::StrCat("global rows of variable '", first_entries[v].name, "' on shard ", g,
+                                      " are not a valid partition"));
+            }
+            st->layout_.parts[v][g] = {gp.row_begin, gp.row_end};
+          }
+        }
+      }
     } else if (h->num_entries != first_entries.size()) {
       return bad("variable count disagrees with shard 0");
     }
@@ -418,12 +514,15 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Attach(
           SeqBytes(e.row_end - e.row_begin) > seg->size() - e.offset - (1 + h->num_slots) * e.array_bytes) {
         return bad(absl::StrCat("arrays of variable '", f.name, "' lie outside the segment"));
       }
+      if (partial && (st->layout_.parts[v][s].begin != e.row_begin || st->layout_.parts[v][s].end != e.row_end)) {
+        return bad(absl::StrCat("rows of variable '", f.name, "' disagree with the global parts table"));
+      }
       st->layout_.parts[v][s] = {e.row_begin, e.row_end};
     }
     // Embedding tables: the entry must agree with shard 0 and lie inside the
     // segment; the table's own header is then checked by EmbeddingTable.
     const TableEntry* tables = Tables(*seg);
-    if (s == 0) {
+    if (k == 0) {
       first_tables.assign(tables, tables + h->num_tables);
       st->tables_.assign(h->num_tables, {});
     } else if (h->num_tables != first_tables.size()) {
@@ -469,7 +568,7 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Attach(
         return bad(absl::StrCat("embedding table '", te.name, "' has ", table->num_slots(),
                                 " slots per row, the sparse optimizer needs ", NumSlots(st->sparse_optimizer_.type)));
       }
-      if (s == 0) {
+      if (k == 0) {
         TableSpec spec;
         spec.name = te.name;
         spec.kind = static_cast<EmbeddingKind>(te.kind);
@@ -503,7 +602,9 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Attach(
     }
     if (culprit == num_shards && next != st->layout_.variables[v].rows) culprit = holders.empty() ? 0 : holders.back();
     if (culprit != num_shards) {
-      return absl::FailedPreconditionError(absl::StrCat("shared memory /", SegmentName(name, culprit), ": rows of variable '",
+      // A shard not hosted here is described by segment 0's global parts table.
+      const uint32_t seg = culprit >= first_hosted && culprit < first_hosted + num_hosted ? culprit - first_hosted : 0;
+      return absl::FailedPreconditionError(absl::StrCat("shared memory /", SegmentName(name, seg), ": rows of variable '",
                                                         st->layout_.variables[v].name, "' are not a valid partition"));
     }
   }
@@ -513,15 +614,14 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Attach(
   // overlap another variable's or a table's memory (or a table dropped from
   // num_tables) would make row_lock readers spin forever on "sequence words"
   // that are really parameters, and pushes corrupt each other.
-  for (uint32_t s = 0; s < num_shards; ++s) {
-    const ShmSegment& seg = *st->segments_[s];
+  for (uint32_t k = 0; k < num_hosted; ++k) {
+    const ShmSegment& seg = *st->segments_[k];
     const ShardHeader* h = Header(seg);
     auto bad = [&](const std::string& what) {
       return absl::FailedPreconditionError(
           absl::StrCat("shared memory /", seg.name(), ": ", what, " (not the layout this build writes)"));
     };
-    const uint64_t header_bytes =
-        AlignUp(sizeof(ShardHeader) + uint64_t{h->num_entries} * sizeof(LayoutEntry) + uint64_t{h->num_tables} * sizeof(TableEntry), 4096);
+    const uint64_t header_bytes = HeaderBytes(h->num_entries, h->num_tables, num_shards, num_hosted != num_shards);
     if (h->header_bytes != header_bytes) return bad(absl::StrCat("header_bytes ", h->header_bytes, ", expected ", header_bytes));
     uint64_t cursor = header_bytes;
     const LayoutEntry* entries = Entries(seg);
@@ -546,6 +646,9 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Attach(
     const uint64_t total = AlignUp(std::max<uint64_t>(cursor, header_bytes), 4096);
     if (h->total_bytes != total) return bad(absl::StrCat("total_bytes ", h->total_bytes, ", the regions need ", total));
   }
+  st->first_hosted_ = static_cast<int>(first_hosted);
+  st->num_hosted_ = static_cast<int>(num_hosted);
+  SW_RETURN_IF_ERROR(st->ComputeHostedRows());
   SW_RETURN_IF_ERROR(st->BuildParts());
   return st;
 }
@@ -562,6 +665,7 @@ absl::Status ShmParamStore::Pull(absl::Span<const PullSlice> slices) {
       return absl::InvalidArgumentError(absl::StrCat("pull: rows [", sl.row_begin, ", ", sl.row_end, ") out of range for '",
                                                      spec.name, "' with ", spec.rows, " rows"));
     }
+    SW_RETURN_IF_ERROR(CheckHosted(sl.var, sl.row_begin, sl.row_end, "pull"));
     for (const Part& p : parts_[sl.var]) {
       const int64_t b = std::max(p.row_begin, sl.row_begin), e = std::min(p.row_end, sl.row_end);
       if (b >= e) continue;
@@ -595,6 +699,7 @@ absl::Status ShmParamStore::ReadRows(int var, int64_t row_begin, int64_t row_end
     return absl::InvalidArgumentError(absl::StrCat("read rows: rows [", row_begin, ", ", row_end, ") out of range for '",
                                                    spec.name, "' with ", spec.rows, " rows"));
   }
+  SW_RETURN_IF_ERROR(CheckHosted(var, row_begin, row_end, "read rows"));
   if (static_cast<int>(slots.size()) > num_slots_) {
     return absl::InvalidArgumentError(absl::StrCat("read rows: ", slots.size(), " slot buffers, the optimizer has ",
                                                    num_slots_, " slots"));
@@ -631,6 +736,7 @@ absl::Status ShmParamStore::WriteRows(int var, int64_t row_begin, int64_t row_en
     return absl::InvalidArgumentError(absl::StrCat("write rows: rows [", row_begin, ", ", row_end,
                                                    ") out of range for '", spec.name, "' with ", spec.rows, " rows"));
   }
+  SW_RETURN_IF_ERROR(CheckHosted(var, row_begin, row_end, "write rows"));
   if (static_cast<int>(slots.size()) > num_slots_) {
     return absl::InvalidArgumentError(absl::StrCat("write rows: ", slots.size(), " slot buffers, the optimizer has ",
                                                    num_slots_, " slots"));
@@ -665,7 +771,9 @@ uint64_t ShmParamStore::update_count(int var) const {
 }
 
 void ShmParamStore::SetUpdateCount(int var, uint64_t count) {
-  for (const Part& p : parts_[var]) std::atomic_ref<uint64_t>(*p.update_count).store(count, std::memory_order_relaxed);
+  for (const Part& p : parts_[var]) {
+    if (p.update_count != nullptr) std::atomic_ref<uint64_t>(*p.update_count).store(count, std::memory_order_relaxed);
+  }
 }
 
 void ShmParamStore::SetVersion(uint64_t version) {
@@ -686,8 +794,8 @@ absl::Status ShmParamStore::VisitTableRows(int table, const TableRowVisitor& vis
     slots[k] = buf.data() + (k + 1) * spec.dim;
     const_slots[k] = slots[k];
   }
-  for (uint64_t s = 0; s < nshards; ++s) {
-    EmbeddingTable& part = tables_[table][s];
+  for (uint64_t s = first_hosted_; s < static_cast<uint64_t>(first_hosted_ + num_hosted_); ++s) {
+    EmbeddingTable& part = tables_[table][s - first_hosted_];
     const int64_t n = part.size();
     for (int64_t row = 0; row < n; ++row) {
       uint64_t id = 0, count = 0;
@@ -734,12 +842,13 @@ absl::Status ShmParamStore::Push(absl::Span<const DenseGrad> grads, float lr) {
       } else {
         ApplyUpdate(optimizer_, up, p.params, p.slots, g.grad + p.row_begin * cols, (p.row_end - p.row_begin) * cols);
       }
-      if (s < 64) touched_small |= uint64_t{1} << s; else touched_all = true;
+      const int k = s - first_hosted_;  // hosted: parts of other shards have no rows
+      if (k < 64) touched_small |= uint64_t{1} << k; else touched_all = true;
     }
   }
-  for (int s = 0; s < nshards; ++s) {
-    if (touched_all || (s < 64 && (touched_small >> s) & 1)) {
-      std::atomic_ref<uint64_t>(*shard_versions_[s]).fetch_add(1, std::memory_order_relaxed);
+  for (int k = 0; k < num_hosted_; ++k) {
+    if (touched_all || (k < 64 && (touched_small >> k) & 1)) {
+      std::atomic_ref<uint64_t>(*shard_versions_[k]).fetch_add(1, std::memory_order_relaxed);
     }
   }
   return absl::OkStatus();
@@ -752,7 +861,8 @@ absl::Status ShmParamStore::AverageParams(absl::Span<ShmParamStore* const> repli
   // Same variables, same row ranges on the same shards, same update mode.
   for (const ShmParamStore* r : replicas) {
     bool same = r->update_mode_ == first.update_mode_ && r->parts_.size() == first.parts_.size() &&
-                r->layout_.num_shards == first.layout_.num_shards;
+                r->layout_.num_shards == first.layout_.num_shards && r->first_hosted_ == first.first_hosted_ &&
+                r->num_hosted_ == first.num_hosted_;
     for (int v = 0; same && v < nvars; ++v) {
       const VariableSpec& a = r->layout_.variables[v];
       const VariableSpec& b = first.layout_.variables[v];
@@ -832,6 +942,7 @@ absl::Status ShmParamStore::GroupIds(int table, absl::Span<const uint64_t> ids, 
           absl::StrCat("embedding table '", spec.name, "': id 2^64-1 is reserved in dynamic tables"));
     }
     const uint32_t shard = is_static ? static_cast<uint32_t>(id % nshards) : ShardOfDynamicId(id, nshards);
+    if (!hosts(static_cast<int>(shard))) return NotHosted(table, id, static_cast<int>(shard), "rows");
     ++scratch->offsets[shard + 2];
   }
   for (uint32_t s = 2; s < nshards + 2; ++s) scratch->offsets[s] += scratch->offsets[s - 1];
@@ -873,23 +984,25 @@ absl::Status ShmParamStore::PullRows(int table, absl::Span<const uint64_t> ids, 
         return absl::InvalidArgumentError(
             absl::StrCat("embedding table '", spec.name, "': id 2^64-1 is reserved in dynamic tables"));
       }
+      const int shard = ShardOfRowId(spec.kind, id, static_cast<uint32_t>(nshards));
+      if (!hosts(shard)) return NotHosted(table, id, shard, "pull rows");
     }
     for (size_t i = 0; i < ids.size(); ++i) {
       const uint64_t id = ids[i];
       const bool is_static = spec.kind == EmbeddingKind::kStatic;
-      const int shard = is_static ? static_cast<int>(id % nshards) : ShardOfDynamicId(id, nshards);
+      const int shard = ShardOfRowId(spec.kind, id, static_cast<uint32_t>(nshards));
       const uint64_t local = is_static ? id / nshards : id;
-      SW_RETURN_IF_ERROR(tables_[table][shard].Pull({&local, 1}, out + i * dim, mode));
+      SW_RETURN_IF_ERROR(tables_[table][shard - first_hosted_].Pull({&local, 1}, out + i * dim, mode));
     }
     return absl::OkStatus();
   }
   SW_RETURN_IF_ERROR(GroupIds(table, ids, scratch));
   const size_t n = ids.size();
   if (scratch->values.size() < n * dim) scratch->values.resize(n * dim);
-  for (int s = 0; s < nshards; ++s) {
+  for (int s = first_hosted_; s < first_hosted_ + num_hosted_; ++s) {  // GroupIds: no id of another shard
     const uint32_t begin = scratch->offsets[s], end = scratch->offsets[s + 1];
     if (begin == end) continue;
-    SW_RETURN_IF_ERROR(tables_[table][s].Pull({scratch->ids.data() + begin, end - begin},
+    SW_RETURN_IF_ERROR(tables_[table][s - first_hosted_].Pull({scratch->ids.data() + begin, end - begin},
                                               scratch->values.data() + begin * dim, mode));
   }
   for (size_t i = 0; i < n; ++i) {
@@ -915,10 +1028,10 @@ absl::Status ShmParamStore::PushRows(int table, absl::Span<const uint64_t> ids, 
   SW_RETURN_IF_ERROR(GroupIds(table, ids, scratch));
   // Each shard's ids with their rows of `grads`: the gradients are read in
   // place, never copied.
-  for (int s = 0; s < nshards; ++s) {
+  for (int s = first_hosted_; s < first_hosted_ + num_hosted_; ++s) {  // GroupIds: no id of another shard
     const uint32_t begin = scratch->offsets[s], end = scratch->offsets[s + 1];
     if (begin == end) continue;
-    SW_RETURN_IF_ERROR(tables_[table][s].Push({scratch->ids.data() + begin, end - begin}, grads,
+    SW_RETURN_IF_ERROR(tables_[table][s - first_hosted_].Push({scratch->ids.data() + begin, end - begin}, grads,
                                               {scratch->positions.data() + begin, end - begin}, sparse_optimizer_,
                                               lr, &scratch->table));
   }
@@ -942,16 +1055,20 @@ absl::StatusOr<ShmParamStore::RowHome> ShmParamStore::HomeOf(int table, uint64_t
       return absl::InvalidArgumentError(absl::StrCat("embedding table '", spec.name, "': id ", id,
                                                      " is out of range for a static table of ", spec.capacity, " rows"));
     }
-    return RowHome{&tables_[table][id % nshards], id / nshards};
+    const int shard = static_cast<int>(id % nshards);
+    if (!hosts(shard)) return NotHosted(table, id, shard, what);
+    return RowHome{&tables_[table][shard - first_hosted_], id / nshards};
   }
-  return RowHome{&tables_[table][nshards == 1 ? 0 : ShardOfDynamicId(id, nshards)], id};
+  const int shard = nshards == 1 ? 0 : ShardOfDynamicId(id, nshards);
+  if (!hosts(shard)) return NotHosted(table, id, shard, what);
+  return RowHome{&tables_[table][shard - first_hosted_], id};
 }
 
-uint64_t ShmParamStore::shard_version(int shard) const { return LoadRelaxed(shard_versions_[shard]); }
+uint64_t ShmParamStore::shard_version(int shard) const { return LoadRelaxed(shard_versions_[shard - first_hosted_]); }
 
 uint64_t ShmParamStore::version() const {
   uint64_t v = 0;
-  for (int s = 0; s < layout_.num_shards; ++s) v = std::max(v, shard_version(s));
+  for (uint64_t* p : shard_versions_) v = std::max(v, LoadRelaxed(p));
   return v;
 }
 

@@ -16,6 +16,25 @@
 namespace shardwild {
 
 
+// Partial stores (OpenStoreOptions::first_hosted_shard / num_hosted_shards):
+// a store may host only a contiguous block of the global shards, as one ps
+// task of a cluster does. layout() is still the global layout (num_shards =
+// all shards, parts = every shard's rows), so every process computes the
+// same partitioning, initial values and row routing. The hosted shards hold
+// one contiguous row range of each variable (hosted_rows(); possibly empty):
+// partitions sit on shards 0..k-1 in row order and an unpartitioned variable
+// sits whole on one shard, so a block of shards holds a block of rows (Create
+// checks this). Hosted rows start at the values the full store's have.
+// On rows or ids the store does not host:
+//   * Pull, ReadRows, WriteRows of a row range not within hosted_rows(var)
+//     (an empty range is fine anywhere): InvalidArgument naming the rows;
+//   * Push: gradients are still whole-variable pointers; only the hosted
+//     rows are read and updated (a variable with no hosted rows is skipped);
+//   * PullRows, PushRows, ReadTableRow, WriteTableRow of an id whose shard
+//     (ShardOfRowId with the global shard count) is not hosted:
+//     InvalidArgument naming the id and its shard, before anything is
+//     written or copied;
+//   * version() is the largest model version of the hosted shards.
 class ShmParamStore final : public ParamStore {
  public:
   // Creates the segments "<name>-s<k>", places them (placer), writes the
@@ -27,6 +46,9 @@ class ShmParamStore final : public ParamStore {
   // them. This layer does not log; the caller tells the user.
   // With options.store.huge_pages `auto`, each shard is marked MADV_HUGEPAGE
   // and collapsed into huge pages where the kernel allows (huge_pages.h).
+  // A partial store creates only its hosted shards' segments ("<name>-s<k>",
+  // k counted from the first hosted shard; shard_format.h). InvalidArgument
+  // for a hosted block outside [0, num_shards).
   static absl::StatusOr<std::unique_ptr<ShmParamStore>> Create(const OpenStoreOptions& options,
                                                                std::vector<VariableSpec> variables);
 
@@ -38,7 +60,8 @@ class ShmParamStore final : public ParamStore {
   // `sparse_optimizer` (unset = `optimizer`), the tables' optimizer, whose
   // type is checked against the header's sparse optimizer type. Each
   // table's region is validated by EmbeddingTable::Attach and must agree
-  // with the shard's TableEntry and with shard 0.
+  // with the shard's TableEntry and with shard 0. A partial store attaches
+  // as one: the hosted block and the global layout come from the headers.
   static absl::StatusOr<std::unique_ptr<ShmParamStore>> Attach(
       const std::string& name, const OptimizerOptions& optimizer,
       const std::optional<OptimizerOptions>& sparse_optimizer = std::nullopt);
@@ -54,6 +77,17 @@ class ShmParamStore final : public ParamStore {
                         RowScratch* scratch) override;
   absl::Status PushRows(int table, absl::Span<const uint64_t> ids, const float* grads, float lr,
                         RowScratch* scratch) override;
+
+  // The hosted block of global shards: [first_hosted_shard(),
+  // first_hosted_shard() + num_hosted_shards()); all of them in a full store.
+  int first_hosted_shard() const { return first_hosted_; }
+  int num_hosted_shards() const { return num_hosted_; }
+  bool hosts(int shard) const { return shard >= first_hosted_ && shard < first_hosted_ + num_hosted_; }
+  // Whether some global shard is not hosted here.
+  bool partial() const { return num_hosted_ != layout_.num_shards; }
+  // The rows of variable `var` the hosted shards hold (contiguous; empty,
+  // begin == end, when none). var must be valid.
+  RowRange hosted_rows(int var) const { return hosted_rows_[var]; }
 
   // The optimizer of the dense variables (OpenStoreOptions::optimizer).
   const OptimizerOptions& optimizer() const { return optimizer_; }
@@ -94,8 +128,9 @@ class ShmParamStore final : public ParamStore {
   absl::Status WriteTableRow(int table, uint64_t id, const float* params, absl::Span<const float* const> slots,
                              uint64_t update_count);
 
-  // Shard `shard`'s part of embedding table `table` (tests, statistics).
-  const EmbeddingTable& table_shard(int table, int shard) const { return tables_[table][shard]; }
+  // Shard `shard`'s part of embedding table `table` (tests, statistics);
+  // `shard` is a global index and must be hosted.
+  const EmbeddingTable& table_shard(int table, int shard) const { return tables_[table][shard - first_hosted_]; }
 
   // Bytes of shared memory in all shards.
   uint64_t total_bytes() const;
@@ -107,7 +142,7 @@ class ShmParamStore final : public ParamStore {
     uint64_t params = 0, slots = 0, overhead = 0;
   };
   Memory memory() const;
-  // Model version of one shard.
+  // Model version of one shard (a global index; must be hosted).
   uint64_t shard_version(int shard) const;
 
   // The update mode the store was created with (ps.update; an attached store
@@ -158,6 +193,14 @@ class ShmParamStore final : public ParamStore {
  private:
   ShmParamStore() = default;
   absl::Status BuildParts();
+  // hosted_rows_ from layout_ and the hosted block; FailedPrecondition when
+  // a variable's hosted parts are not one contiguous row range.
+  absl::Status ComputeHostedRows();
+  // InvalidArgument (prefixed by `what`) unless rows [begin, end) of `var`
+  // are hosted here (an empty range always is).
+  absl::Status CheckHosted(int var, int64_t begin, int64_t end, const char* what) const;
+  // InvalidArgument naming `id` of table `table` and its shard, which is not hosted.
+  absl::Status NotHosted(int table, uint64_t id, int shard, const char* what) const;
   // The shard table holding row `id` of table `table` and the id it has
   // there (static: id / shards). InvalidArgument, prefixed by `what`, for a
   // bad table or a static id out of range.
@@ -176,8 +219,13 @@ class ShmParamStore final : public ParamStore {
   UpdateMode update_mode_ = UpdateMode::kHogwild;
   int num_slots_ = 0;
   StoreLayout layout_;
+  int first_hosted_ = 0;
+  int num_hosted_ = 0;
+  std::vector<RowRange> hosted_rows_;  // [variable]
+  // segments_[k]: hosted shard first_hosted_ + k.
   std::vector<std::unique_ptr<ShmSegment>> segments_;
-  // part_[v][s]: pointers into segment s for variable v.
+  // part_[v][s]: pointers into the segment of global shard s for variable v;
+  // a shard not hosted has a part with no rows and null pointers.
   struct Part {
     float* params = nullptr;
     float* slots[4] = {};
@@ -186,9 +234,10 @@ class ShmParamStore final : public ParamStore {
     int64_t row_begin = 0, row_end = 0;
   };
   std::vector<std::vector<Part>> parts_;
-  std::vector<uint64_t*> shard_versions_;
+  std::vector<uint64_t*> shard_versions_;  // [hosted shard k]
   OptimizerOptions sparse_optimizer_;
-  // tables_[t][s]: handle on shard s's part of table t (layout_.tables[t]).
+  // tables_[t][k]: handle on hosted shard first_hosted_ + k's part of table t
+  // (layout_.tables[t]).
   std::vector<std::vector<EmbeddingTable>> tables_;
   std::vector<StaleSegment> removed_stale_segments_;
   std::vector<StaleSegment> reported_stale_segments_;

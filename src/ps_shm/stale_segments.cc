@@ -88,7 +88,10 @@ std::optional<uint64_t> VerifyHeader(const std::string& name, const SegmentName&
   if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
       st.st_size >= static_cast<off_t>(sizeof(ShardHeader)) &&
       pread(fd, &h, sizeof(h), 0) == static_cast<ssize_t>(sizeof(h)) && h.magic == kShardMagic &&
-      h.owner_pid == parsed.pid && h.shard_index == parsed.shard &&
+      h.owner_pid == parsed.pid &&
+      // Segment k of a partial store holds global shard first_hosted_shard + k
+      // (shard_format.h; the field reads 0 in format 3 segments, as it should).
+      h.shard_index == static_cast<uint64_t>(parsed.shard) + h.first_hosted_shard &&
       std::memchr(h.store_name, 0, sizeof(h.store_name)) != nullptr && parsed.store == h.store_name) {
     result = static_cast<uint64_t>(st.st_size);
   }
