@@ -205,6 +205,8 @@ absl::StatusOr<RemoteLayout> PsClient::GetLayout() {
   l.sparse_optimizer = r.sparse_optimizer();
   l.update_mode = r.update_mode();
   l.version = r.version();
+  l.first_hosted_shard = r.num_hosted_shards() == 0 ? 0 : r.first_hosted_shard();
+  l.num_hosted_shards = r.num_hosted_shards() == 0 ? r.num_shards() : r.num_hosted_shards();
   return l;
 }
 
@@ -264,7 +266,7 @@ absl::StatusOr<uint64_t> PsClient::PushDense(absl::Span<const RemoteDenseGrad> g
         const int64_t m = std::min(step, n - i);
         net::DenseChunk* chunk = msg.mutable_grad();
         chunk->set_variable(g.var);
-        chunk->set_offset(i);
+        chunk->set_offset(g.offset + i);
         if (impl_->encoding_ == net::ENCODING_FLOAT32) {
           chunk->mutable_values()->Assign(g.grad.data() + i, g.grad.data() + i + m);
         } else {

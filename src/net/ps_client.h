@@ -50,12 +50,22 @@ struct RemoteLayout {
   StoreLayout layout;
   std::string optimizer, sparse_optimizer, update_mode;
   uint64_t version = 0;
+  // The block of layout.num_shards shards the server hosts (all of them for
+  // a server that does not say).
+  int first_hosted_shard = 0;
+  int num_hosted_shards = 0;
 };
 
-// A gradient for a whole variable: rows * cols floats.
+// A gradient for variable `var`, or for a run of it: `grad` holds the floats
+// starting `offset` floats into the variable (row-major). The server needs
+// exactly its hosted rows of each variable named (ps.proto
+// PushDenseRequest): offset = b * cols and grad.size() = (e - b) * cols for
+// its hosted rows [b, e); the whole variable (offset 0) for a server
+// hosting every shard.
 struct RemoteDenseGrad {
   int var = 0;
   absl::Span<const float> grad;
+  int64_t offset = 0;
 };
 
 class PsClient {
@@ -76,8 +86,9 @@ class PsClient {
   // version when the pull began.
   absl::Status PullDense(int var, int64_t row_begin, int64_t row_end, absl::Span<float> out,
                          uint64_t* version = nullptr);
-  // Applies one optimizer step with `lr` to each variable with its whole
-  // gradient (ParamStore::Push); returns the model version after it.
+  // Applies one optimizer step with `lr` to each variable with its gradient
+  // (ParamStore::Push; RemoteDenseGrad says which floats each carries);
+  // returns the model version after it.
   absl::StatusOr<uint64_t> PushDense(absl::Span<const RemoteDenseGrad> grads, float lr);
   // Rows of `ids` of table `table` into `out` (ids.size() * dim floats).
   // Ids may repeat.

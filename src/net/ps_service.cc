@@ -54,6 +54,18 @@ absl::Status PsService::Invalid(const std::string& what) const {
   return absl::InvalidArgumentError(absl::StrCat(options_.task_name, ": ", what));
 }
 
+std::string PsService::HostedWhat() const {
+  const int first = store_->first_hosted_shard(), n = store_->num_hosted_shards();
+  return absl::StrCat("this server hosts shards ", first, "..", first + n - 1, " of ", store_->layout().num_shards);
+}
+
+absl::Status PsService::CheckIdHosted(const TableSpec& table, uint64_t id, const std::string& where) const {
+  const int shard = ShardOfRowId(table.kind, id, static_cast<uint32_t>(store_->layout().num_shards));
+  if (store_->hosts(shard)) return absl::OkStatus();
+  return Invalid(absl::StrCat(where, ": id ", id, " of table ", table.name, " lives on shard ", shard,
+                              ", which is not hosted here (", HostedWhat(), ")"));
+}
+
 void PsService::GetLayout(net::LayoutResponse* out) const {
   const StoreLayout& l = store_->layout();
   out->set_store_name(store_->name());
@@ -82,6 +94,8 @@ void PsService::GetLayout(net::LayoutResponse* out) const {
   out->set_sparse_optimizer(OptimizerTypeName(store_->sparse_optimizer().type));
   out->set_update_mode(UpdateModeName(store_->update_mode()));
   out->set_version(store_->version());
+  out->set_first_hosted_shard(store_->first_hosted_shard());
+  out->set_num_hosted_shards(store_->num_hosted_shards());
 }
 
 absl::Status PsService::PullDense(const net::PullDenseRequest& request, const Writer<net::DenseChunk>& write) const {
@@ -94,6 +108,14 @@ absl::Status PsService::PullDense(const net::PullDenseRequest& request, const Wr
   if (request.row_begin() < 0 || request.row_begin() > request.row_end() || request.row_end() > spec.rows) {
     return Invalid(absl::StrCat("pull: rows [", request.row_begin(), ", ", request.row_end(), ") of ", spec.name,
                    " are not within [0, ", spec.rows, ")"));
+  }
+  // Checked here, before the first chunk goes out: the store would only say
+  // so at the block that leaves the hosted rows.
+  const RowRange hosted = store_->hosted_rows(var);
+  if (request.row_begin() < request.row_end() &&
+      (request.row_begin() < hosted.begin || request.row_end() > hosted.end)) {
+    return Invalid(absl::StrCat("pull: rows [", request.row_begin(), ", ", request.row_end(), ") of ", spec.name,
+                   " are not hosted here (", HostedWhat(), ": rows [", hosted.begin, ", ", hosted.end, "))"));
   }
   const uint64_t version = store_->version();
   const int64_t chunk = std::max<int64_t>(1, options_.max_chunk_floats);
@@ -151,25 +173,40 @@ absl::Status PsService::PushDense(const Reader<net::PushDenseRequest>& read, net
       return Invalid(absl::StrCat("push: unknown variable ", var, " (the store has ", l.variables.size(), ")"));
     }
     const VariableSpec& spec = l.variables[var];
+    // The floats of the hosted rows: the one run this server takes.
+    const RowRange hosted = store_->hosted_rows(var);
+    const int64_t run_begin = hosted.begin * spec.cols, run_end = hosted.end * spec.cols;
     auto it = grads.find(var);
     if (it == grads.end()) {
-      budget -= spec.size() * static_cast<int64_t>(sizeof(float));
+      if (hosted.size() == 0) {
+        return Invalid(absl::StrCat("push: a gradient of ", spec.name, ", which has no rows here (", HostedWhat(), ")"));
+      }
+      budget -= (run_end - run_begin) * static_cast<int64_t>(sizeof(float));
       if (budget < 0) {
         return Invalid(absl::StrCat("push: more than ", options_.max_push_bytes, " bytes of gradients"));
       }
+      // Whole-variable buffers (ShmParamStore::Push reads each part's rows
+      // at its offset); only the hosted run is filled and read.
       it = grads.emplace(var, std::vector<float>(spec.size())).first;
+      received[var] = run_begin;
     }
     int64_t& done = received[var];
     if (g.offset() != done) {
       return Invalid(absl::StrCat("push: the gradient of ", spec.name, " continues at float ", g.offset(),
-                                  ", expected ", done, " (chunks of a variable go in order)"));
+                                  ", expected ", done, " (chunks of a variable go in order, from float ", run_begin,
+                                  ", the first of its hosted rows [", hosted.begin, ", ", hosted.end, "))"));
     }
     absl::StatusOr<int64_t> n = ValueCount(g.encoding(), g.values_size(), g.half_values(),
                                            absl::StrCat("push: the gradient of ", spec.name));
     if (!n.ok()) return Invalid(std::string(n.status().message()));
-    if (*n > spec.size() - done) {
-      return Invalid(absl::StrCat("push: the gradient of ", spec.name, " has more than its ", spec.size(),
-                                  " floats (", spec.rows, " x ", spec.cols, ")"));
+    if (*n > run_end - done) {
+      if (!store_->partial()) {
+        return Invalid(absl::StrCat("push: the gradient of ", spec.name, " has more than its ", spec.size(),
+                                    " floats (", spec.rows, " x ", spec.cols, ")"));
+      }
+      return Invalid(absl::StrCat("push: the gradient of ", spec.name, " has more than the ", run_end - run_begin,
+                                  " floats of its hosted rows [", hosted.begin, ", ", hosted.end, ") (it runs past float ",
+                                  run_end, ")"));
     }
     DecodeValues(g.encoding(), g.values().data(), g.half_values(), *n, it->second.data() + done);
     done += *n;
@@ -178,9 +215,15 @@ absl::Status PsService::PushDense(const Reader<net::PushDenseRequest>& read, net
   std::vector<DenseGrad> dense;
   for (const auto& [var, values] : grads) {
     const VariableSpec& spec = l.variables[var];
-    if (received[var] != spec.size()) {
-      return Invalid(absl::StrCat("push: the gradient of ", spec.name, " has ", received[var], " floats, expected ",
-                                  spec.size(), " (", spec.rows, " x ", spec.cols, ")"));
+    const RowRange hosted = store_->hosted_rows(var);
+    if (received[var] != hosted.end * spec.cols) {
+      if (!store_->partial()) {
+        return Invalid(absl::StrCat("push: the gradient of ", spec.name, " has ", received[var], " floats, expected ",
+                                    spec.size(), " (", spec.rows, " x ", spec.cols, ")"));
+      }
+      return Invalid(absl::StrCat("push: the gradient of ", spec.name, " ends at float ", received[var],
+                                  ", expected ", hosted.end * spec.cols, " (the end of its hosted rows [", hosted.begin,
+                                  ", ", hosted.end, ") of ", spec.rows, " x ", spec.cols, ")"));
     }
     dense.push_back({var, values.data()});
   }
@@ -228,6 +271,7 @@ absl::Status PsService::PullRows(const net::PullRowsRequest& request, const Writ
                                       ? absl::StrCat(" (ids are in [0, ", table.capacity, "))")
                                       : std::string(" (2^64-1 is reserved)")));
     }
+    SW_RETURN_IF_ERROR(CheckIdHosted(table, id, absl::StrCat("pull rows: item ", i)));
   }
   const uint64_t version = store_->version();
   const int64_t chunk = std::max<int64_t>(1, options_.max_chunk_floats);
@@ -304,6 +348,7 @@ absl::Status PsService::PushRows(const Reader<net::PushRowsRequest>& read, net::
                                         ? absl::StrCat(" (ids are in [0, ", table->capacity, "))")
                                         : std::string(" (2^64-1 is reserved)")));
       }
+      SW_RETURN_IF_ERROR(CheckIdHosted(*table, id, absl::StrCat("push rows: message ", count, ", item ", i)));
     }
     ids.insert(ids.end(), msg.ids().begin(), msg.ids().end());
     const size_t at = grads.size();

@@ -7,7 +7,9 @@
 // variable or table, a row range outside the variable, a gradient whose
 // length does not match, an id the table cannot hold, a non-finite learning
 // rate or a push over the byte budget is InvalidArgument, and nothing is
-// written. Pushes are applied only after their whole stream has been read.
+// written. So are rows and ids the store does not host (a partial store,
+// one ps task's block of the global shards; ps.proto says what a push must
+// carry). Pushes are applied only after their whole stream has been read.
 //
 // Thread safety: every method may be called concurrently (the store is
 // Hogwild-safe; the push de-duplication state is under mu_; SaveShard and
@@ -76,6 +78,10 @@ class PsService {
   // Forgets (client, sequence) after its push failed, so a retry applies.
   void AbortPush(uint64_t client, uint64_t sequence);
   absl::Status Invalid(const std::string& what) const;
+  // "this server hosts shards f..l of S", for messages.
+  std::string HostedWhat() const;
+  // Invalid (prefixed by `where`) when `id`'s shard is not hosted here.
+  absl::Status CheckIdHosted(const TableSpec& table, uint64_t id, const std::string& where) const;
 
   // Constant after construction.
   ShmParamStore* const store_;

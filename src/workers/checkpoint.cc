@@ -124,20 +124,20 @@ absl::StatusOr<std::pair<uint64_t, uint32_t>> FileSizeAndCrc(const std::string& 
   return std::make_pair(size, crc);
 }
 
-// A producer that streams rows [0, rows) of variable `var` (slot < 0: the
-// parameters; else that slot) in chunks.
-SafetensorsWriter::Producer DenseProducer(ShmParamStore* store, int var, int slot) {
-  return [store, var, slot](const SafetensorsWriter::Sink& sink) -> absl::Status {
+// A producer that streams rows [row_begin, row_end) of variable `var` (slot
+// < 0: the parameters; else that slot) in chunks.
+SafetensorsWriter::Producer DenseProducer(ShmParamStore* store, int var, int slot, int64_t row_begin, int64_t row_end) {
+  return [store, var, slot, row_begin, row_end](const SafetensorsWriter::Sink& sink) -> absl::Status {
     const VariableSpec& spec = store->layout().variables[var];
-    std::vector<float> params(static_cast<size_t>(std::min(kChunkRows, spec.rows) * spec.cols));
+    std::vector<float> params(static_cast<size_t>(std::min(kChunkRows, row_end - row_begin) * spec.cols));
     std::vector<float> slot_buf(slot >= 0 ? params.size() : 0);
     std::vector<float*> slots;
     if (slot >= 0) {
       slots.assign(slot + 1, nullptr);
       slots[slot] = slot_buf.data();
     }
-    for (int64_t b = 0; b < spec.rows; b += kChunkRows) {
-      const int64_t e = std::min(spec.rows, b + kChunkRows);
+    for (int64_t b = row_begin; b < row_end; b += kChunkRows) {
+      const int64_t e = std::min(row_end, b + kChunkRows);
       SW_RETURN_IF_ERROR(store->ReadRows(var, b, e, params.data(), slots));
       const float* src = slot >= 0 ? slot_buf.data() : params.data();
       SW_RETURN_IF_ERROR(sink({reinterpret_cast<const uint8_t*>(src), static_cast<size_t>((e - b) * spec.cols) * 4}));
@@ -209,6 +209,25 @@ json Partitioning(const ShmParamStore& store) {
   return {{"num_shards", l.num_shards}, {"variables", vars}, {"tables", tables}};
 }
 
+// The hosted block of a partial store, as the manifest records it
+// ("hosted"; absent for a full store, whose manifests stay as before).
+json HostedBlock(const ShmParamStore& store) {
+  json rows = json::array();
+  for (size_t v = 0; v < store.layout().variables.size(); ++v) {
+    const RowRange r = store.hosted_rows(static_cast<int>(v));
+    rows.push_back({r.begin, r.end});
+  }
+  return {{"first_shard", store.first_hosted_shard()},
+          {"num_shards", store.num_hosted_shards()},
+          {"total_shards", store.layout().num_shards},
+          {"rows", rows}};
+}
+
+std::string DescribeBlock(int64_t first, int64_t num, int64_t total) {
+  if (num == total) return absl::StrCat("all ", total, " shards");
+  return absl::StrCat("shards ", first, "..", first + num - 1, " of ", total);
+}
+
 absl::Status Prune(const std::string& dir, const std::string& keep_name, int keep) {
   // Complete checkpoints beyond `keep`, oldest first; never the new one.
   std::vector<std::string> all = ListCheckpoints(dir);
@@ -264,8 +283,21 @@ std::vector<std::string> ListCheckpoints(const std::string& dir) {
   return out;
 }
 
-absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, ShmParamStore& store, const CheckpointState& state,
-                                            const CheckpointWriteOptions& options) {
+namespace {
+
+// The temporary directory of a checkpoint being written, removed on failure
+// unless committed (CommitCheckpoint).
+struct PendingCheckpoint {
+  std::string dir, name, final_path, tmp;
+  absl::Status Fail(absl::Status s) const {
+    std::error_code rm;
+    fs::remove_all(tmp, rm);
+    return s;
+  }
+};
+
+absl::StatusOr<PendingCheckpoint> BeginCheckpoint(const std::string& dir, const CheckpointState& state,
+                                                  const CheckpointWriteOptions& options) {
   if (options.keep < 1) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint.keep: must be >= 1, got ", options.keep));
   }
@@ -280,11 +312,83 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, ShmParamStor
   if (!fs::create_directory(tmp, ec) || ec) {
     return absl::FailedPreconditionError(absl::StrCat(tmp, ": cannot create: ", ec.message()));
   }
-  auto fail = [&](absl::Status s) {
-    std::error_code rm;
-    fs::remove_all(tmp, rm);
-    return s;
-  };
+  return PendingCheckpoint{dir, name, final_path, tmp};
+}
+
+// Writes the manifest of `body` into the temporary directory, renames it into
+// place, appends the history, replaces the pointer and prunes (the protocol
+// in checkpoint.h). Returns the checkpoint's path.
+absl::StatusOr<std::string> CommitCheckpoint(const PendingCheckpoint& p, const json& body, int64_t step,
+                                             const CheckpointWriteOptions& options) {
+  const std::string& dir = p.dir;
+  const std::string& name = p.name;
+  const std::string& final_path = p.final_path;
+  const std::string& tmp = p.tmp;
+  auto fail = [&](absl::Status s) { return p.Fail(std::move(s)); };
+  std::error_code ec;
+  const std::string dumped = body.dump();
+  const json manifest = {{"body", body}, {"crc32c", Crc32c(dumped.data(), dumped.size())}};
+  if (absl::Status s = WriteSmallFile((fs::path(tmp) / kManifest).string(), manifest.dump(1) + "\n", options.fsync);
+      !s.ok()) {
+    return fail(s);
+  }
+  if (options.fsync) {
+    if (absl::Status s = FsyncPath(tmp, true); !s.ok()) return fail(s);
+  }
+  MaybeCrash(options, CheckpointCrashPoint::kAfterManifest);
+  // Into place. A checkpoint of the same step (from a run that resumed from
+  // an older one) is moved aside first: rename cannot replace a non-empty
+  // directory.
+  if (fs::exists(final_path, ec)) {
+    const std::string old = (fs::path(dir) / absl::StrCat(".", name, ".old-", ::getpid())).string();
+    fs::remove_all(old, ec);
+    fs::rename(final_path, old, ec);
+    if (ec) return fail(absl::InternalError(absl::StrCat(final_path, ": cannot move the old copy aside: ", ec.message())));
+    fs::remove_all(old, ec);
+  }
+  fs::rename(tmp, final_path, ec);
+  if (ec) return fail(absl::InternalError(absl::StrCat(tmp, ": cannot rename to ", final_path, ": ", ec.message())));
+  if (options.fsync) SW_RETURN_IF_ERROR(FsyncPath(dir, true));
+  // The history: one line per checkpoint ever completed here, so a watcher
+  // can tell which ones it missed (they may be pruned before it looks).
+  {
+    const std::string history = (fs::path(dir) / kHistory).string();
+    const std::string line = json{{"name", name}, {"step", step}}.dump() + "\n";
+    const int fd = ::open(history.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return ErrnoError(history, "open");
+    const ssize_t n = ::write(fd, line.data(), line.size());
+    const int saved = errno;
+    ::close(fd);
+    if (n != static_cast<ssize_t>(line.size())) {
+      errno = n < 0 ? saved : EIO;
+      return ErrnoError(history, "write");
+    }
+  }
+
+  MaybeCrash(options, CheckpointCrashPoint::kAfterRename);
+
+  // The pointer.
+  json all = json::array();
+  for (const std::string& p : ListCheckpoints(dir)) all.push_back(fs::path(p).filename().string());
+  const std::string pointer = (fs::path(dir) / kPointer).string();
+  const std::string pointer_tmp = pointer + ".tmp";
+  SW_RETURN_IF_ERROR(WriteSmallFile(pointer_tmp, json{{"latest", name}, {"all", all}}.dump() + "\n", options.fsync));
+  MaybeCrash(options, CheckpointCrashPoint::kAfterPointerTemp);
+  if (::rename(pointer_tmp.c_str(), pointer.c_str()) != 0) return ErrnoError(pointer_tmp, "rename");
+  if (options.fsync) SW_RETURN_IF_ERROR(FsyncPath(dir, true));
+  MaybeCrash(options, CheckpointCrashPoint::kAfterPointer);
+
+  SW_RETURN_IF_ERROR(Prune(dir, name, options.keep));
+  return final_path;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, ShmParamStore& store, const CheckpointState& state,
+                                            const CheckpointWriteOptions& options) {
+  SW_ASSIGN_OR_RETURN(const PendingCheckpoint pending, BeginCheckpoint(dir, state, options));
+  const std::string& tmp = pending.tmp;
+  auto fail = [&](absl::Status s) { return pending.Fail(std::move(s)); };
 
   const StoreLayout& layout = store.layout();
   const OptimizerOptions& dense_opt = store.optimizer();
@@ -295,15 +399,17 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, ShmParamStor
   wo.fsync = options.fsync;
   json files = json::array();
 
-  // Dense variables: one file of global tensors.
+  // Dense variables: one file of global tensors (a partial store: the rows
+  // it hosts of each, possibly none).
   {
     SafetensorsWriter w;
     for (size_t v = 0; v < layout.variables.size(); ++v) {
       const VariableSpec& spec = layout.variables[v];
+      const RowRange rows = store.hosted_rows(static_cast<int>(v));
       for (int k = -1; k < dense_slots; ++k) {
         const std::string tensor = k < 0 ? spec.name : absl::StrCat(spec.name, "/slot", k);
-        if (absl::Status s = w.AddTensor(tensor, SafetensorsDtype::kF32, {spec.rows, spec.cols},
-                                         DenseProducer(&store, static_cast<int>(v), k));
+        if (absl::Status s = w.AddTensor(tensor, SafetensorsDtype::kF32, {rows.size(), spec.cols},
+                                         DenseProducer(&store, static_cast<int>(v), k, rows.begin, rows.end));
             !s.ok()) {
           return fail(s);
         }
@@ -363,61 +469,8 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, ShmParamStor
                {"rng", state.rng},
                {"extra", state.extra},
                {"files", files}};
-  const std::string dumped = body.dump();
-  const json manifest = {{"body", body}, {"crc32c", Crc32c(dumped.data(), dumped.size())}};
-  if (absl::Status s = WriteSmallFile((fs::path(tmp) / kManifest).string(), manifest.dump(1) + "\n", options.fsync);
-      !s.ok()) {
-    return fail(s);
-  }
-  if (options.fsync) {
-    if (absl::Status s = FsyncPath(tmp, true); !s.ok()) return fail(s);
-  }
-  MaybeCrash(options, CheckpointCrashPoint::kAfterManifest);
-
-  // Into place. A checkpoint of the same step (from a run that resumed from
-  // an older one) is moved aside first: rename cannot replace a non-empty
-  // directory.
-  if (fs::exists(final_path, ec)) {
-    const std::string old = (fs::path(dir) / absl::StrCat(".", name, ".old-", ::getpid())).string();
-    fs::remove_all(old, ec);
-    fs::rename(final_path, old, ec);
-    if (ec) return fail(absl::InternalError(absl::StrCat(final_path, ": cannot move the old copy aside: ", ec.message())));
-    fs::remove_all(old, ec);
-  }
-  fs::rename(tmp, final_path, ec);
-  if (ec) return fail(absl::InternalError(absl::StrCat(tmp, ": cannot rename to ", final_path, ": ", ec.message())));
-  if (options.fsync) SW_RETURN_IF_ERROR(FsyncPath(dir, true));
-  // The history: one line per checkpoint ever completed here, so a watcher
-  // can tell which ones it missed (they may be pruned before it looks).
-  {
-    const std::string history = (fs::path(dir) / kHistory).string();
-    const std::string line = json{{"name", name}, {"step", state.step}}.dump() + "\n";
-    const int fd = ::open(history.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd < 0) return ErrnoError(history, "open");
-    const ssize_t n = ::write(fd, line.data(), line.size());
-    const int saved = errno;
-    ::close(fd);
-    if (n != static_cast<ssize_t>(line.size())) {
-      errno = n < 0 ? saved : EIO;
-      return ErrnoError(history, "write");
-    }
-  }
-
-  MaybeCrash(options, CheckpointCrashPoint::kAfterRename);
-
-  // The pointer.
-  json all = json::array();
-  for (const std::string& p : ListCheckpoints(dir)) all.push_back(fs::path(p).filename().string());
-  const std::string pointer = (fs::path(dir) / kPointer).string();
-  const std::string pointer_tmp = pointer + ".tmp";
-  SW_RETURN_IF_ERROR(WriteSmallFile(pointer_tmp, json{{"latest", name}, {"all", all}}.dump() + "\n", options.fsync));
-  MaybeCrash(options, CheckpointCrashPoint::kAfterPointerTemp);
-  if (::rename(pointer_tmp.c_str(), pointer.c_str()) != 0) return ErrnoError(pointer_tmp, "rename");
-  if (options.fsync) SW_RETURN_IF_ERROR(FsyncPath(dir, true));
-  MaybeCrash(options, CheckpointCrashPoint::kAfterPointer);
-
-  SW_RETURN_IF_ERROR(Prune(dir, name, options.keep));
-  return final_path;
+  if (store.partial()) body["hosted"] = HostedBlock(store);
+  return CommitCheckpoint(pending, body, state.step, options);
 }
 
 absl::StatusOr<CheckpointInfo> VerifyCheckpoint(const std::string& path) {
@@ -450,6 +503,15 @@ absl::StatusOr<CheckpointInfo> VerifyCheckpoint(const std::string& path) {
     info.state.data_cursor = body.at("data_cursor");
     info.state.rng = body.at("rng");
     info.state.extra = body.at("extra");
+    if (body.contains("kind")) {
+      const std::string kind = body.at("kind").get<std::string>();
+      if (kind != "state") {
+        return absl::FailedPreconditionError(
+            absl::StrCat(manifest_path, ": unknown checkpoint kind '", kind, "', this build reads 'state'"));
+      }
+      info.kind = CheckpointKind::kState;
+      info.params_info = body.at("params");
+    }
     for (const json& f : body.at("files")) {
       const std::string file = (fs::path(path) / f.at("name").get<std::string>()).string();
       absl::StatusOr<std::pair<uint64_t, uint32_t>> got = FileSizeAndCrc(file);
@@ -505,6 +567,10 @@ absl::Status RestoreCheckpoint(const CheckpointInfo& checkpoint, ShmParamStore& 
   auto mismatch = [&](const std::string& what) {
     return absl::FailedPreconditionError(absl::StrCat(path, ": ", what));
   };
+  if (checkpoint.kind == CheckpointKind::kState) {
+    return mismatch("a state-only checkpoint (the chief's; its parameters are in the ps tasks' checkpoints) holds no "
+                    "parameters to restore into a store");
+  }
   const int dense_slots = NumSlots(store.optimizer().type);
   const int sparse_slots = NumSlots(store.sparse_optimizer().type);
   try {
@@ -549,7 +615,27 @@ absl::Status RestoreCheckpoint(const CheckpointInfo& checkpoint, ShmParamStore& 
       }
     }
 
-    // Dense: global tensors, written over whatever shards this store has.
+    // A partial store's checkpoint holds only its block: it restores only
+    // into a store hosting the same block of the same shard count.
+    {
+      const bool has_block = body.contains("hosted");
+      const int64_t first = has_block ? body["hosted"].at("first_shard").get<int64_t>() : 0;
+      const int64_t total = has_block ? body["hosted"].at("total_shards").get<int64_t>() : 0;
+      const int64_t num = has_block ? body["hosted"].at("num_shards").get<int64_t>() : 0;
+      if ((has_block || store.partial()) &&
+          (!has_block || first != store.first_hosted_shard() || num != store.num_hosted_shards() ||
+           total != layout.num_shards)) {
+        return mismatch(absl::StrCat(
+            "the checkpoint holds ",
+            has_block ? DescribeBlock(first, num, total) : std::string("the whole store (every row)"),
+            ", the store hosts ",
+            DescribeBlock(store.first_hosted_shard(), store.num_hosted_shards(), layout.num_shards),
+            has_block ? "; restore a partial checkpoint into a store hosting the same block"
+                      : "; restore a full checkpoint into a full store"));
+      }
+    }
+    // Dense: global tensors, written over whatever shards this store has (a
+    // partial store: its hosted rows).
     SW_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsReader> dense,
                         SafetensorsReader::Open((fs::path(path) / kDenseFile).string()));
     for (size_t v = 0; v < vars.size(); ++v) {
@@ -562,12 +648,15 @@ absl::Status RestoreCheckpoint(const CheckpointInfo& checkpoint, ShmParamStore& 
         slot_data.push_back(s);
         slots.push_back(s.data());
       }
-      const size_t n = static_cast<size_t>(spec.size());
+      const RowRange rows = store.hosted_rows(static_cast<int>(v));
+      const size_t n = static_cast<size_t>(rows.size() * spec.cols);
       if (params.size() != n) return mismatch(absl::StrCat("tensor '", spec.name, "' has ", params.size(), " floats, not ", n));
       for (int k = 0; k < dense_slots; ++k) {
         if (slot_data[k].size() != n) return mismatch(absl::StrCat("slot ", k, " of '", spec.name, "' has the wrong size"));
       }
-      SW_RETURN_IF_ERROR(store.WriteRows(static_cast<int>(v), 0, spec.rows, params.data(), slots));
+      if (rows.size() > 0) {
+        SW_RETURN_IF_ERROR(store.WriteRows(static_cast<int>(v), rows.begin, rows.end, params.data(), slots));
+      }
       store.SetUpdateCount(static_cast<int>(v), vars[v].at("update_count").get<uint64_t>());
     }
     // Tables: row by row, each to the shard that holds its id now.
@@ -602,6 +691,34 @@ absl::Status RestoreCheckpoint(const CheckpointInfo& checkpoint, ShmParamStore& 
   }
   store.SetVersion(checkpoint.model_version);
   return absl::OkStatus();
+}
+
+}  // namespace shardwild
+
+namespace shardwild {
+
+absl::StatusOr<std::string> WriteStateCheckpoint(const std::string& dir, const CheckpointState& state,
+                                                 const nlohmann::json& params_info, const CheckpointWriteOptions& options) {
+  SW_ASSIGN_OR_RETURN(const PendingCheckpoint pending, BeginCheckpoint(dir, state, options));
+  MaybeCrash(options, CheckpointCrashPoint::kAfterTensorFiles);  // there are none
+  uint64_t model_version = 0;
+  if (params_info.is_object() && params_info.contains("model_version") &&
+      params_info["model_version"].is_number_unsigned()) {
+    model_version = params_info["model_version"].get<uint64_t>();
+  }
+  const json body = {{"format", "shardwild-checkpoint"},
+                     {"format_version", kFormatVersion},
+                     {"kind", "state"},
+                     {"step", state.step},
+                     {"epoch", state.epoch},
+                     {"model_version", model_version},
+                     {"config_hash", state.config_hash},
+                     {"params", params_info},
+                     {"data_cursor", state.data_cursor},
+                     {"rng", state.rng},
+                     {"extra", state.extra},
+                     {"files", json::array()}};
+  return CommitCheckpoint(pending, body, state.step, options);
 }
 
 }  // namespace shardwild

@@ -28,6 +28,24 @@
 // Tensors are global (not per shard), so a checkpoint restores into a store
 // with any shard count: rows are re-partitioned on load.
 //
+// Kinds of checkpoint, told apart by the manifest body:
+//   * a store checkpoint (no "kind" key): the above. A partial store
+//     (ShmParamStore hosting a block of the global shards, one ps task's
+//     share) writes the same files holding only its hosted rows: each dense
+//     tensor "<var>" is [hosted rows, cols] (possibly [0, cols]) and the
+//     table files hold the rows of the hosted shards. Its body then has
+//     "hosted": {"first_shard", "num_shards" (hosted), "total_shards",
+//     "rows": [[begin, end] per variable]}; a full store's body has no
+//     "hosted" key, so its files and manifest are as before.
+//   * a state checkpoint ("kind": "state"; WriteStateCheckpoint): the chief of
+//     a cluster, whose parameters live on the ps tasks, records its progress
+//     (step, epoch, data cursor, RNG, extra) and "params" (what the caller
+//     says about where the parameters are, e.g. the ps tasks' checkpoint
+//     paths); it has no tensor files ("files": []).
+// Both kinds use the same directory names, pointer, history and pruning, and
+// both are found by FindLatestCheckpoint and checked by VerifyCheckpoint
+// (CheckpointInfo::kind says which it is).
+//
 // Writing (WriteCheckpoint): everything goes into DIR/.ckpt-<step>.tmp-<pid>;
 // each file is fsynced, the manifest written last and fsynced, the directory
 // fsynced, then renamed to ckpt-<step> and DIR fsynced. Only then is the
@@ -99,12 +117,30 @@ struct CheckpointWriteOptions {
 absl::StatusOr<std::string> WriteCheckpoint(const std::string& dir, ShmParamStore& store,
                                             const CheckpointState& state, const CheckpointWriteOptions& options = {});
 
+// What a checkpoint holds (the manifest body's "kind"; see above).
+enum class CheckpointKind {
+  kStore,  // a store's parameters (full or partial) and the state
+  kState,  // the state only (WriteStateCheckpoint)
+};
+
+// Writes a state-only checkpoint ("kind": "state") of `state` as
+// ckpt-<state.step> under `dir`, with `params_info` (any JSON; if it is an
+// object with an unsigned "model_version", that becomes the checkpoint's
+// model_version, else 0) recorded as the body's "params". The same atomic
+// write, pointer, history and pruning as WriteCheckpoint. For the chief of a
+// cluster, whose parameters the ps tasks checkpoint themselves.
+absl::StatusOr<std::string> WriteStateCheckpoint(const std::string& dir, const CheckpointState& state,
+                                                 const nlohmann::json& params_info,
+                                                 const CheckpointWriteOptions& options = {});
+
 // A checkpoint found on disk, verified.
 struct CheckpointInfo {
   std::string path;             // DIR/ckpt-<step>
   int64_t step = 0;
   uint64_t model_version = 0;
+  CheckpointKind kind = CheckpointKind::kStore;
   CheckpointState state;
+  nlohmann::json params_info;   // kState: the caller's params_info; else null
   nlohmann::json manifest;      // the manifest's body
 };
 
@@ -133,7 +169,10 @@ std::vector<std::string> ListCheckpoints(const std::string& dir);
 // and update count, every table's rows (inserted into dynamic tables), and
 // the model version. The store must hold the same variables (name, rows,
 // cols) and tables (name, kind, dim) with the same optimizers (their slot
-// counts); its shard count may differ. Call it on a freshly created store
+// counts); its shard count may differ. A partial store's checkpoint restores
+// only into a store hosting the same block of the same number of shards, and
+// a full one only into a full store (FailedPrecondition naming both blocks
+// otherwise); a state checkpoint restores into no store (FailedPrecondition). Call it on a freshly created store
 // before workers start (rows a store already holds that the checkpoint does
 // not name are left as they are).
 // Errors: FailedPrecondition naming the checkpoint and the mismatch; the
