@@ -9,6 +9,11 @@
 //   shardwild topology [--synthetic DESC | --xml FILE] [--workers N] [--shards N] [--threads N] [--json]
 //   shardwild data gen --kind criteo|libsvm|text --rows N --out FILE [--seed S] [--classes K] [--json]
 //   shardwild cluster-info CONFIG [--cluster FILE] [--task-type T] [--task-index N] [--set key=value]... [--json]
+//   shardwild serve CONFIG [--cluster FILE] [--task-type T] [--task-index N] [--set key=value]...
+//
+// `train` with a cluster spec (TF_CONFIG, --cluster FILE, or the task flags)
+// runs the chief of a cluster; `serve` runs its ps, worker and evaluator
+// tasks (README, "Clusters").
 //   shardwild --version
 //
 // Every error is one line on stderr ("shardwild: error: ...") and a non-zero
@@ -16,6 +21,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
@@ -38,7 +44,12 @@
 #include "core/status.h"
 #include "core/config.h"
 #include "core/data_gen.h"
+#include "core/mutex.h"
+#include "net/chief_task.h"
 #include "net/cluster_spec.h"
+#include "net/grpc_util.h"
+#include "net/ps_task.h"
+#include "net/worker_task.h"
 #include "ps_shm/shm_segment.h"
 #include "workers/bench.h"
 #include "workers/evaluator.h"
@@ -137,10 +148,108 @@ json HugePagesJson(const HugePageStatus& h) {
           {"granted_bytes", h.granted_bytes ? json(*h.granted_bytes) : json(nullptr)}};
 }
 
+// The end of `train`: the result line and, with --json, the summary.
+void PrintTrainSummary(const TrainSummary& s, Job& job, bool as_json) {
+  if (s.test_accuracy) {
+    std::string extra;
+    for (const auto& [name, value] : s.test_metrics) absl::StrAppendFormat(&extra, ", %s %.4f", name.substr(5), value);
+    std::printf("test accuracy: %.4f (test loss %.4f%s) after %d epochs, %.0f samples/s, %.1f s\n", *s.test_accuracy,
+                *s.test_loss, extra.c_str(), s.epochs, s.samples_per_s, s.wall_s);
+  } else {
+    std::printf("done: %d epochs, train loss %.4f, %.0f samples/s, %.1f s\n", s.epochs, s.train_loss,
+                s.samples_per_s, s.wall_s);
+  }
+  if (as_json) {
+    json j = {{"samples_per_s", s.samples_per_s},
+              {"epochs", s.epochs},
+              {"workers", s.workers},
+              {"intra_op_threads", s.intra_op_threads},
+              {"shards", s.shards},
+              {"steps", s.steps},
+              {"records_seen", s.records_seen},
+              {"eval_records_seen", s.eval_records_seen},
+              {"tasks_requeued", s.tasks_requeued},
+              {"worker_failures", s.worker_failures},
+              {"resumed_from_step", s.resumed_from_step ? json(*s.resumed_from_step) : json(nullptr)},
+              {"checkpoints_written", s.checkpoints_written},
+              {"last_checkpoint", s.last_checkpoint.empty() ? json(nullptr) : json(s.last_checkpoint)},
+              {"skipped_checkpoints", s.skipped_checkpoints},
+              {"stopped_early_at_epoch",
+               s.stopped_early_at_epoch ? json(*s.stopped_early_at_epoch) : json(nullptr)},
+              {"train_loss", s.train_loss},
+              {"test_loss", Optional(s.test_loss)},
+              {"test_accuracy", Optional(s.test_accuracy)},
+              {"wall_s", s.wall_s},
+              {"model_version", s.model_version},
+              {"store", {{"name", s.store_name}, {"bytes", s.store_bytes}}}};
+    if (job.has_local_store()) {
+      j["store"]["memory"] = StoreMemoryJson(job.replicas());
+      j["store"]["replication"] = ReplicationJson(job.replicas());
+      j["store"]["shards"] = ShardsJson(job);
+      j["store"]["huge_pages"] = HugePagesJson(job.store().huge_pages());
+    }
+    json hist = json::array();
+    for (const EpochResult& e : s.history) {
+      json h = {{"epoch", e.epoch},
+                {"records", e.records},
+                {"train_loss", e.train_loss},
+                {"train_accuracy", e.train_accuracy},
+                {"test_loss", Optional(e.test_loss)},
+                {"test_accuracy", Optional(e.test_accuracy)},
+                {"seconds", e.seconds},
+                {"samples_per_s", e.samples_per_s}};
+      for (const auto& [name, value] : e.test_metrics) h[name] = value;
+      hist.push_back(h);
+    }
+    j["history"] = hist;
+    for (const auto& [name, value] : s.test_metrics) j[name] = value;
+    const Dataset& train = job.train();
+    j["rows_skipped"] = SkippedJson(train.skipped, job.test());
+    if (train.tokens > 0 && train.count > 0 && s.workers > 0) {
+      j["tokens_per_s_per_worker"] =
+          s.samples_per_s * (static_cast<double>(train.tokens) / static_cast<double>(train.count)) / s.workers;
+    }
+    std::printf("%s\n", j.dump().c_str());
+  }
+}
+
+// Whether the command runs as a task of a cluster: a spec from TF_CONFIG,
+// --cluster FILE or the task flags.
+bool IsCluster(const ClusterSpecSources& sources) {
+  return !sources.cluster_file.empty() || sources.tf_config.has_value() || sources.task_type.has_value() ||
+         sources.task_index.has_value();
+}
+
+// `train` on a cluster: this process is its chief (net/chief_task.h).
+int TrainChief(const Config& config, const ClusterSpecSources& sources, bool as_json, bool fresh) {
+  absl::StatusOr<ClusterSpec> spec = ResolveClusterSpec(sources);
+  if (!spec.ok()) return Fail(spec.status());
+  if (!spec->task) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat(spec->source, ": task: no task given; `shardwild train` on a cluster runs task chief:0")));
+  }
+  std::printf("shardwild %s: chief of a cluster of %d ps and %d worker task(s) (%s), training %s\n",
+              SHARDWILD_VERSION, spec->num_tasks(Role::kPs), spec->num_tasks(Role::kWorker), spec->source.c_str(),
+              config.source.c_str());
+  std::fflush(stdout);
+  ProgressReporter progress = ProgressReporter::ForStream(stdout);
+  TrainRunOptions run;
+  run.fresh = fresh;
+  JobOptions jo;
+  jo.workers = false;  // the chief holds the data; its workers are the worker tasks
+  absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(config, jo);
+  if (!job.ok()) return Fail(job.status());
+  absl::StatusOr<TrainSummary> s = RunChief(**job, *spec, progress, run);
+  if (!s.ok()) return Fail(s.status());
+  PrintTrainSummary(*s, **job, as_json);
+  return 0;
+}
+
 int Train(const std::string& path, const std::vector<std::string>& sets, bool as_json, bool fresh,
-          const std::vector<std::string>& worker_args) {
+          const std::vector<std::string>& worker_args, const ClusterSpecSources& cluster) {
   absl::StatusOr<Config> config = LoadWithOverrides(path, sets);
   if (!config.ok()) return Fail(config.status());
+  if (IsCluster(cluster)) return TrainChief(*config, cluster, as_json, fresh);
   absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(*config);
   if (!job.ok()) return Fail(job.status());
   const Placement& p = (*job)->placement();
@@ -163,67 +272,7 @@ int Train(const std::string& path, const std::vector<std::string>& sets, bool as
   run.worker_command.insert(run.worker_command.end(), worker_args.begin(), worker_args.end());
   absl::StatusOr<TrainSummary> s = RunTraining(**job, progress, run);
   if (!s.ok()) return Fail(s.status());
-  if (s->test_accuracy) {
-    std::string extra;
-    for (const auto& [name, value] : s->test_metrics) absl::StrAppendFormat(&extra, ", %s %.4f", name.substr(5), value);
-    std::printf("test accuracy: %.4f (test loss %.4f%s) after %d epochs, %.0f samples/s, %.1f s\n", *s->test_accuracy,
-                *s->test_loss, extra.c_str(), s->epochs, s->samples_per_s, s->wall_s);
-  } else {
-    std::printf("done: %d epochs, train loss %.4f, %.0f samples/s, %.1f s\n", s->epochs, s->train_loss,
-                s->samples_per_s, s->wall_s);
-  }
-  if (as_json) {
-    json j = {{"samples_per_s", s->samples_per_s},
-              {"epochs", s->epochs},
-              {"workers", s->workers},
-              {"intra_op_threads", s->intra_op_threads},
-              {"shards", s->shards},
-              {"steps", s->steps},
-              {"records_seen", s->records_seen},
-              {"eval_records_seen", s->eval_records_seen},
-              {"tasks_requeued", s->tasks_requeued},
-              {"worker_failures", s->worker_failures},
-              {"resumed_from_step", s->resumed_from_step ? json(*s->resumed_from_step) : json(nullptr)},
-              {"checkpoints_written", s->checkpoints_written},
-              {"last_checkpoint", s->last_checkpoint.empty() ? json(nullptr) : json(s->last_checkpoint)},
-              {"skipped_checkpoints", s->skipped_checkpoints},
-              {"stopped_early_at_epoch",
-               s->stopped_early_at_epoch ? json(*s->stopped_early_at_epoch) : json(nullptr)},
-              {"train_loss", s->train_loss},
-              {"test_loss", Optional(s->test_loss)},
-              {"test_accuracy", Optional(s->test_accuracy)},
-              {"wall_s", s->wall_s},
-              {"model_version", s->model_version},
-              {"store",
-               {{"name", s->store_name},
-                {"bytes", s->store_bytes},
-                {"memory", StoreMemoryJson((*job)->replicas())},
-                {"replication", ReplicationJson((*job)->replicas())},
-                {"shards", ShardsJson(**job)},
-                {"huge_pages", HugePagesJson((*job)->store().huge_pages())}}}};
-    json hist = json::array();
-    for (const EpochResult& e : s->history) {
-      json h = {{"epoch", e.epoch},
-                {"records", e.records},
-                {"train_loss", e.train_loss},
-                {"train_accuracy", e.train_accuracy},
-                {"test_loss", Optional(e.test_loss)},
-                {"test_accuracy", Optional(e.test_accuracy)},
-                {"seconds", e.seconds},
-                {"samples_per_s", e.samples_per_s}};
-      for (const auto& [name, value] : e.test_metrics) h[name] = value;
-      hist.push_back(h);
-    }
-    j["history"] = hist;
-    for (const auto& [name, value] : s->test_metrics) j[name] = value;
-    const Dataset& train = (*job)->train();
-    j["rows_skipped"] = SkippedJson(train.skipped, (*job)->test());
-    if (train.tokens > 0 && train.count > 0 && s->workers > 0) {
-      j["tokens_per_s_per_worker"] =
-          s->samples_per_s * (static_cast<double>(train.tokens) / static_cast<double>(train.count)) / s->workers;
-    }
-    std::printf("%s\n", j.dump().c_str());
-  }
+  PrintTrainSummary(*s, **job, as_json);
   return 0;
 }
 
@@ -601,12 +650,67 @@ int ClusterInfo(const std::string& path, const std::vector<std::string>& sets, c
   return 0;
 }
 
+// Set by SIGTERM / SIGINT while `serve` runs a ps task: it shuts down
+// cleanly (its shared memory is unlinked on the way out).
+std::atomic<bool> g_stop{false};
+
+void OnStopSignal(int /*sig*/) { g_stop.store(true, std::memory_order_relaxed); }
+
+// `serve`: a ps, worker or evaluator task of a cluster (net/ps_task.h,
+// net/worker_task.h, and for the evaluator `eval --watch`). Its lines go to
+// stdout.
+int Serve(const std::string& path, const std::vector<std::string>& sets, const ClusterSpecSources& sources) {
+  absl::StatusOr<Config> config = LoadWithOverrides(path, sets);
+  if (!config.ok()) return Fail(config.status());
+  absl::StatusOr<ClusterSpec> spec = ResolveClusterSpec(sources);
+  if (!spec.ok()) return Fail(spec.status());
+  if (!spec->task) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        spec->source, ": task: no task given; say which with task.type/task.index, or --task-type/--task-index")));
+  }
+  static Mutex log_mu;
+  const TaskLog log = [](const std::string& line) {
+    MutexLock lock(&log_mu);
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  };
+  const int index = spec->task->index;
+  absl::Status status;
+  switch (spec->task->type) {
+    case Role::kPs:
+      std::signal(SIGTERM, OnStopSignal);
+      std::signal(SIGINT, OnStopSignal);
+      status = RunPsTask(*config, *spec, index, g_stop, log);
+      break;
+    case Role::kWorker:
+      status = RunWorkerTask(*config, *spec, index, log);
+      break;
+    case Role::kEvaluator:
+      // TF's sidecar evaluator: every checkpoint the chief writes, in order,
+      // until the final one (`eval --watch checkpoint.dir`; the chief's and
+      // the ps tasks' checkpoint directories must be readable here).
+      if (config->checkpoint.dir.empty()) {
+        status = absl::InvalidArgumentError(absl::StrCat(
+            path, ": checkpoint.dir: the evaluator evaluates the chief's checkpoints, and there are none without it"));
+        break;
+      }
+      return Eval(path, sets, "", config->checkpoint.dir, 0, /*as_json=*/false);
+    case Role::kChief:
+      status = absl::InvalidArgumentError(
+          absl::StrCat(spec->source, ": task.type: chief: the chief runs `shardwild train`, not `serve`"));
+      break;
+  }
+  if (!status.ok()) return Fail(status);
+  return 0;
+}
+
 }  // namespace
 }  // namespace shardwild
 
 int main(int argc, char** argv) {
   using namespace shardwild;
   InstallSignalHandlers();
+  QuietGrpcLogs();  // failures are reported as one line of ours
   // Warnings and notes go to stderr; stdout carries progress and the JSON summary.
   spdlog::set_default_logger(spdlog::stderr_color_mt("shardwild"));
   spdlog::set_pattern("shardwild: %l: %v");
@@ -726,22 +830,34 @@ int main(int argc, char** argv) {
   data_gen->add_option("--classes", data_gen_options.text_classes, "text: classes")->capture_default_str();
   data_gen->add_flag("--json", as_json, "End with one line of JSON");
 
+  // The cluster spec's sources, on every command that runs a cluster task.
   ClusterSpecSources cluster_sources;
   std::string task_type;
   int task_index = 0;
+  std::vector<std::pair<CLI::Option*, CLI::Option*>> task_flags;  // (--task-type, --task-index) per command
+  auto add_cluster_flags = [&](CLI::App* cmd) {
+    cmd->add_option("--cluster", cluster_sources.cluster_file,
+                    "TF_CONFIG-style JSON file (default: the TF_CONFIG environment variable)");
+    CLI::Option* type = cmd->add_option(
+        "--task-type", task_type, "This task's role: chief, ps, worker or evaluator (overrides the spec's task.type)");
+    CLI::Option* index = cmd->add_option("--task-index", task_index,
+                                         "This task's index (overrides the spec's task.index)")
+                             ->check(CLI::NonNegativeNumber);
+    task_flags.emplace_back(type, index);
+  };
+  add_cluster_flags(train);
   CLI::App* cluster_info = app.add_subcommand(
       "cluster-info", "Show the cluster spec (TF_CONFIG, --cluster or flags), this task's role and the shard map");
   cluster_info->add_option("config", config_path, "YAML config file")->required();
   cluster_info->add_option("--set", sets, "Override a config key by its dotted path");
-  cluster_info->add_option("--cluster", cluster_sources.cluster_file,
-                           "TF_CONFIG-style JSON file (default: the TF_CONFIG environment variable)");
-  CLI::Option* task_type_opt =
-      cluster_info->add_option("--task-type", task_type,
-                               "This task's role: chief, ps, worker or evaluator (overrides the spec's task.type)");
-  CLI::Option* task_index_opt =
-      cluster_info->add_option("--task-index", task_index, "This task's index (overrides the spec's task.index)")
-          ->check(CLI::NonNegativeNumber);
+  add_cluster_flags(cluster_info);
   cluster_info->add_flag("--json", as_json, "Print JSON");
+
+  CLI::App* serve = app.add_subcommand(
+      "serve", "Run a ps, worker or evaluator task of a cluster (the chief runs `train`)");
+  serve->add_option("config", config_path, "YAML config file")->required();
+  serve->add_option("--set", sets, "Override a config key by its dotted path");
+  add_cluster_flags(serve);
 
   // Hidden: one worker process of train.worker_processes, started by `train`
   // (workers/task_trainer.h).
@@ -764,7 +880,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "shardwild: error: %s (run with --help for usage)\n", e.what());
     return e.get_exit_code();
   }
-  if (train->parsed()) return Train(config_path, sets, as_json, fresh, worker_extra);
+  // TF_CONFIG is read here, at the edge, and passed down as a string; the
+  // task flags win over it.
+  if (const char* tf_config = std::getenv("TF_CONFIG"); tf_config != nullptr && *tf_config != '\0') {
+    cluster_sources.tf_config = tf_config;
+  }
+  for (const auto& [type, index] : task_flags) {
+    if (type->count() > 0) cluster_sources.task_type = task_type;
+    if (index->count() > 0) cluster_sources.task_index = task_index;
+  }
+  if (train->parsed()) return Train(config_path, sets, as_json, fresh, worker_extra, cluster_sources);
+  if (serve->parsed()) return Serve(config_path, sets, cluster_sources);
   if (worker->parsed()) return RunWorkerProcess(LoadWithOverrides(config_path, sets), worker_args);
   if (eval->parsed()) return Eval(config_path, sets, checkpoint, watch, idle_timeout, as_json);
   if (predict->parsed()) return Predict(config_path, sets, checkpoint, input, out);
@@ -786,15 +912,7 @@ int main(int argc, char** argv) {
   }
   if (topo->parsed()) return ShowTopology(synthetic, xml, workers, shards, threads, as_json);
   if (data_gen->parsed()) return GenerateDataCommand(data_gen_options, as_json);
-  if (cluster_info->parsed()) {
-    // TF_CONFIG is read here, at the edge, and passed down as a string.
-    if (const char* tf_config = std::getenv("TF_CONFIG"); tf_config != nullptr && *tf_config != '\0') {
-      cluster_sources.tf_config = tf_config;
-    }
-    if (task_type_opt->count() > 0) cluster_sources.task_type = task_type;
-    if (task_index_opt->count() > 0) cluster_sources.task_index = task_index;
-    return ClusterInfo(config_path, sets, cluster_sources, as_json);
-  }
+  if (cluster_info->parsed()) return ClusterInfo(config_path, sets, cluster_sources, as_json);
 
   return 1;
 }

@@ -374,10 +374,12 @@ const char* GradientCompressionName(GradientCompression c);
 // Which machines and roles there are comes from the cluster spec
 // (net/cluster_spec.h: TF_CONFIG, --cluster FILE or flags), not from here.
 struct ClusterOptions {
-  // The host a ps task's server binds, with the port its cluster-spec
-  // address gives. Loopback (127.0.0.1, ::1, localhost) by default; any other
-  // host needs token_file, so no unauthenticated server is ever reachable
-  // from another machine.
+  // The host a ps task's (and the chief's) server binds, with the port its
+  // cluster-spec address gives. Loopback (127.0.0.1, ::1, localhost) by
+  // default, and then a task whose spec address is itself loopback binds
+  // that address (127.0.0.2 standing for another machine of one box); any
+  // other host needs token_file, so no unauthenticated server is ever
+  // reachable from another machine.
   std::string bind_host = "127.0.0.1";
   // A file holding the shared secret every request carries (its first line,
   // surrounding whitespace removed; at least 16 bytes). It must not be

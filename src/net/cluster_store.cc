@@ -562,7 +562,11 @@ LocalPsStores AttachLocalPsStores(absl::Span<const PsClientOptions> ps, const st
   for (size_t p = 0; p < ps.size(); ++p) {
     absl::StatusOr<HostPort> addr = ParseHostPort(ps[p].address);
     if (!addr.ok()) continue;
-    const bool same = addr->host == host || (addr->IsLoopback() && IsLoopbackHost(host));
+    // The same host string (localhost read as 127.0.0.1): distinct loopback
+    // addresses stand for distinct machines, so one box can run a cluster of
+    // several "machines" (127.0.0.1, 127.0.0.2, ...).
+    auto canonical = [](const std::string& h) { return h == "localhost" ? std::string("127.0.0.1") : h; };
+    const bool same = canonical(addr->host) == canonical(host);
     if (!same) continue;
     absl::StatusOr<std::unique_ptr<PsClient>> client = PsClient::Create(ps[p]);
     if (!client.ok()) {

@@ -191,8 +191,9 @@ struct LocalPsStores {
   std::vector<ParamStore*> pointers() const;
 };
 
-// For each ps task whose address's host is `host` (equal names, or both
-// loopback), asks its server for its store's name (GetLayout) and attaches
+// For each ps task whose address's host is `host` (the same string;
+// localhost reads as 127.0.0.1, and distinct loopback addresses count as
+// distinct machines), asks its server for its store's name (GetLayout) and attaches
 // to it (ShmParamStore::Attach with the job's optimizers, which must be the
 // servers'). Never fails: a ps task it cannot reach or attach is left to
 // gRPC, with the reason in `fallbacks`.

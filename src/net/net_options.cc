@@ -106,7 +106,10 @@ absl::StatusOr<PsServerOptions> MakePsServerOptions(const ClusterOptions& cluste
   PsServerOptions o;
   o.task_name = task.ToString();
   const HostPort& addr = spec.address(task);
-  o.bind_address = HostPort{cluster.bind_host, addr.port}.ToString();
+  // On loopback, the task's own loopback address: distinct loopback addresses
+  // (127.0.0.2, ...) then stand for distinct machines of one box.
+  const bool own = IsLoopbackHost(cluster.bind_host) && addr.IsLoopback();
+  o.bind_address = HostPort{own ? addr.host : cluster.bind_host, addr.port}.ToString();
   if (!cluster.token_file.empty()) {
     SW_ASSIGN_OR_RETURN(o.token, ReadTokenFile(cluster.token_file));
   }

@@ -78,7 +78,9 @@ struct PsClientOptions {
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 
 // The server options of ps task `task` (its port from the spec) under
-// `cluster` (bind host, token file, TLS files, message size). Reads the
+// `cluster` (bind host, token file, TLS files, message size). With a
+// loopback cluster.bind_host and a loopback address in the spec, the server
+// binds that address (so 127.0.0.2 can stand for a second machine). Reads the
 // token and TLS files; errors name the config key and the file.
 absl::StatusOr<PsServerOptions> MakePsServerOptions(const ClusterOptions& cluster, const ClusterSpec& spec,
                                                     const TaskId& task);

@@ -615,14 +615,17 @@ absl::Status RestoreCheckpoint(const CheckpointInfo& checkpoint, ShmParamStore& 
       }
     }
 
-    // A partial store's checkpoint holds only its block: it restores only
-    // into a store hosting the same block of the same shard count.
+    // A partial store's checkpoint holds only its block: it restores into a
+    // store hosting the same block of the same shard count, or into a full
+    // store (its rows of each variable, the rows of its tables: one part of
+    // a cluster's checkpoint, the others restored after it).
+    const bool has_block = body.contains("hosted");
     {
-      const bool has_block = body.contains("hosted");
       const int64_t first = has_block ? body["hosted"].at("first_shard").get<int64_t>() : 0;
       const int64_t total = has_block ? body["hosted"].at("total_shards").get<int64_t>() : 0;
       const int64_t num = has_block ? body["hosted"].at("num_shards").get<int64_t>() : 0;
-      if ((has_block || store.partial()) &&
+      const bool into_full = has_block && !store.partial();
+      if ((has_block || store.partial()) && !into_full &&
           (!has_block || first != store.first_hosted_shard() || num != store.num_hosted_shards() ||
            total != layout.num_shards)) {
         return mismatch(absl::StrCat(
@@ -648,7 +651,15 @@ absl::Status RestoreCheckpoint(const CheckpointInfo& checkpoint, ShmParamStore& 
         slot_data.push_back(s);
         slots.push_back(s.data());
       }
-      const RowRange rows = store.hosted_rows(static_cast<int>(v));
+      RowRange rows = store.hosted_rows(static_cast<int>(v));
+      if (has_block && !store.partial()) {  // a part, into a full store: the rows it holds
+        const json& r = body["hosted"].at("rows").at(v);
+        rows = RowRange{r.at(0).get<int64_t>(), r.at(1).get<int64_t>()};
+        if (rows.begin < 0 || rows.begin > rows.end || rows.end > spec.rows) {
+          return mismatch(absl::StrCat("rows [", rows.begin, ", ", rows.end, ") of '", spec.name, "' are not in [0, ",
+                                       spec.rows, ")"));
+        }
+      }
       const size_t n = static_cast<size_t>(rows.size() * spec.cols);
       if (params.size() != n) return mismatch(absl::StrCat("tensor '", spec.name, "' has ", params.size(), " floats, not ", n));
       for (int k = 0; k < dense_slots; ++k) {
@@ -689,7 +700,9 @@ absl::Status RestoreCheckpoint(const CheckpointInfo& checkpoint, ShmParamStore& 
   } catch (const json::exception& e) {
     return absl::DataLossError(absl::StrCat(path, ": malformed manifest: ", e.what()));
   }
-  store.SetVersion(checkpoint.model_version);
+  // A part restored into a full store keeps the largest version of the parts.
+  const bool part_into_full = checkpoint.manifest.contains("hosted") && !store.partial();
+  store.SetVersion(part_into_full ? std::max(store.version(), checkpoint.model_version) : checkpoint.model_version);
   return absl::OkStatus();
 }
 
@@ -719,6 +732,34 @@ absl::StatusOr<std::string> WriteStateCheckpoint(const std::string& dir, const C
                      {"extra", state.extra},
                      {"files", json::array()}};
   return CommitCheckpoint(pending, body, state.step, options);
+}
+
+}  // namespace shardwild
+
+namespace shardwild {
+
+absl::Status RestoreClusterCheckpoint(const CheckpointInfo& chief, ShmParamStore& store) {
+  const json& params = chief.params_info;
+  if (chief.kind != CheckpointKind::kState || !params.is_object() || params.value("kind", "") != "cluster" ||
+      !params.contains("ps") || !params["ps"].is_array()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(chief.path, ": not a cluster checkpoint (no list of the ps tasks' checkpoints)"));
+  }
+  for (const json& part : params["ps"]) {
+    const std::string task = part.value("task", "?");
+    const std::string path = part.value("path", "");
+    absl::StatusOr<CheckpointInfo> info = VerifyCheckpoint(path);
+    if (!info.ok()) {
+      return absl::Status(info.status().code(), absl::StrCat(chief.path, ": the part of ", task, ": ",
+                                                             info.status().message()));
+    }
+    if (info->step != chief.step) {
+      return absl::FailedPreconditionError(absl::StrCat(chief.path, ": the part of ", task, " (", path,
+                                                        ") is of step ", info->step, ", not ", chief.step));
+    }
+    SW_RETURN_IF_ERROR(RestoreCheckpoint(*info, store));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace shardwild

@@ -170,13 +170,24 @@ std::vector<std::string> ListCheckpoints(const std::string& dir);
 // the model version. The store must hold the same variables (name, rows,
 // cols) and tables (name, kind, dim) with the same optimizers (their slot
 // counts); its shard count may differ. A partial store's checkpoint restores
-// only into a store hosting the same block of the same number of shards, and
-// a full one only into a full store (FailedPrecondition naming both blocks
-// otherwise); a state checkpoint restores into no store (FailedPrecondition). Call it on a freshly created store
+// into a store hosting the same block of the same number of shards, or into
+// a full store (the rows it holds; restoring each ps task's part of a
+// cluster checkpoint assembles the whole model, RestoreClusterCheckpoint),
+// and a full one only into a full store (FailedPrecondition naming both
+// blocks otherwise); a state checkpoint restores into no store (FailedPrecondition). Call it on a freshly created store
 // before workers start (rows a store already holds that the checkpoint does
 // not name are left as they are).
 // Errors: FailedPrecondition naming the checkpoint and the mismatch; the
 // errors of the files (a damaged file is found by VerifyCheckpoint first).
 absl::Status RestoreCheckpoint(const CheckpointInfo& checkpoint, ShmParamStore& store);
+
+// Loads a cluster's checkpoint into one full store: `chief` is the chief's
+// state checkpoint (params_info {"kind": "cluster", "ps": [{"task",
+// "path"}...]}); each ps task's checkpoint at its recorded path (which must
+// be readable here: a shared file system, or copies at the same paths) is
+// verified and restored into `store` in turn. Errors: FailedPrecondition
+// when `chief` is no cluster checkpoint, and those of VerifyCheckpoint and
+// RestoreCheckpoint naming the part.
+absl::Status RestoreClusterCheckpoint(const CheckpointInfo& chief, ShmParamStore& store);
 
 }  // namespace shardwild

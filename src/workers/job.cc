@@ -89,8 +89,12 @@ Job::~Job() {
   pool_.reset();  // join the threads before the workers and the store go away
 }
 
-absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config) {
+absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const JobOptions& options) {
   SW_RETURN_IF_ERROR(config.Validate());
+  if (options.store != nullptr && config.ps.update == UpdateMode::kSync) {
+    return absl::InvalidArgumentError(
+        "ps.update: sync steps every worker of one store together; a cluster trains hogwild or row_lock");
+  }
   std::unique_ptr<Job> job(new Job());
   job->config_ = config;
   SW_ASSIGN_OR_RETURN(job->topology_, MakeTopology(config.topology));
@@ -135,27 +139,31 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config) {
   }
   job->data_load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
 
+  if (!options.workers) return job;  // a chief: data only
+
   // Store.
   SW_ASSIGN_OR_RETURN(ModelSpec spec, Model::Describe(config.model, DataShape::Of(job->train_)));
-  std::vector<VariableSpec> vars = spec.variables;
-  OpenStoreOptions so;
-  so.store = config.ps;
-  so.optimizer = config.optimizer;
-  so.sparse_optimizer = config.sparse_optimizer;
-  so.seed = config.train.seed;
-  so.num_shards = shards;
-  so.placer = job->topology_.get();
-  so.tables = TableSpecsOf(spec);
-  SW_ASSIGN_OR_RETURN(job->store_, ReplicatedStore::Create(so, std::move(vars), std::move(replication)));
-  // Stale segments of the job are found (and acted on) by the first replica.
-  if (const auto& removed = job->store().removed_stale_segments(); !removed.empty()) {
-    spdlog::warn("removed {} stale shared-memory segment(s) of job '{}' left by processes that are gone: {}",
-                 removed.size(), config.ps.job_name, DescribeStaleSegments(removed));
-  }
-  if (const auto& left = job->store().reported_stale_segments(); !left.empty()) {
-    spdlog::warn("{} stale shared-memory segment(s) of job '{}' left by processes that are gone (kept, "
-                 "ps.stale_segments is 'report'): {}",
-                 left.size(), config.ps.job_name, DescribeStaleSegments(left));
+  if (options.store == nullptr) {
+    std::vector<VariableSpec> vars = spec.variables;
+    OpenStoreOptions so;
+    so.store = config.ps;
+    so.optimizer = config.optimizer;
+    so.sparse_optimizer = config.sparse_optimizer;
+    so.seed = config.train.seed;
+    so.num_shards = shards;
+    so.placer = job->topology_.get();
+    so.tables = TableSpecsOf(spec);
+    SW_ASSIGN_OR_RETURN(job->store_, ReplicatedStore::Create(so, std::move(vars), std::move(replication)));
+    // Stale segments of the job are found (and acted on) by the first replica.
+    if (const auto& removed = job->store().removed_stale_segments(); !removed.empty()) {
+      spdlog::warn("removed {} stale shared-memory segment(s) of job '{}' left by processes that are gone: {}",
+                   removed.size(), config.ps.job_name, DescribeStaleSegments(removed));
+    }
+    if (const auto& left = job->store().reported_stale_segments(); !left.empty()) {
+      spdlog::warn("{} stale shared-memory segment(s) of job '{}' left by processes that are gone (kept, "
+                   "ps.stale_segments is 'report'): {}",
+                   left.size(), config.ps.job_name, DescribeStaleSegments(left));
+    }
   }
 
   // Workers: each thread pins itself and fixes its OpenMP thread count (an
@@ -176,10 +184,11 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config) {
   // instrumented), and creation happens once, so nothing is lost.
   job->workers_.resize(workers);
   Mutex build_mu;
-  SW_RETURN_IF_ERROR(job->pool_->RunAll([j, &build_mu](int i) -> absl::Status {
+  SW_RETURN_IF_ERROR(job->pool_->RunAll([j, &build_mu, &options](int i) -> absl::Status {
     MutexLock lock(&build_mu);
+    ParamStore* store = j->store_ ? j->store_->ForWorker(i) : options.store;
     SW_ASSIGN_OR_RETURN(j->workers_[i], Worker::Create(i, j->config_.model, j->config_.train.batch_size, j->train_,
-                                                       j->store_->ForWorker(i), j->engine_, j->config_.train.seed));
+                                                       store, j->engine_, j->config_.train.seed));
     return absl::OkStatus();
   }));
 
@@ -194,7 +203,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config) {
     job->sync_ = std::make_unique<SyncAggregator>(&job->store(), workers);
     update.sync = job->sync_.get();
   }
-  if (job->store_->num_replicas() > 1) update.replicas = job->store_.get();
+  if (job->store_ && job->store_->num_replicas() > 1) update.replicas = job->store_.get();
   for (auto& w : job->workers_) w->set_update_options(update);
   return job;
 }

@@ -42,6 +42,18 @@ std::vector<TableSpec> TableSpecsOf(const ModelSpec& spec);
 // the real machine.
 absl::StatusOr<std::unique_ptr<Topology>> MakeTopology(const TopologyOptions& options);
 
+// How a Job gets its parameters and workers (Job::Create).
+struct JobOptions {
+  // The parameters the workers pull and push: nullptr = a store created by
+  // the Job in this machine's shared memory (ps.replication as planned);
+  // otherwise this one (not owned; it must outlive the Job), e.g. a gRPC
+  // bridge's ClusterParamStore on a cluster's worker task.
+  ParamStore* store = nullptr;
+  // Start the worker threads and build the workers; false = data only (a
+  // cluster's chief, whose workers are remote: it needs the record counts).
+  bool workers = true;
+};
+
 class Job {
  public:
   // Loads the data, creates the store (ps.replication resolved for this
@@ -49,12 +61,15 @@ class Job {
   // the topology, or one replica per node or per worker, each with ps.shards
   // shards ('auto' = 1) on its node), starts the worker threads (each pinned, with its OpenMP thread
   // count set) and builds each worker on its own thread.
-  static absl::StatusOr<std::unique_ptr<Job>> Create(const Config& config);
+  static absl::StatusOr<std::unique_ptr<Job>> Create(const Config& config, const JobOptions& options = {});
   ~Job();
 
   const Config& config() const { return config_; }
   const Topology& topology() const { return *topology_; }
   const Placement& placement() const { return placement_; }
+  // Whether the Job created the store (JobOptions::store was nullptr).
+  // store() and replicas() exist only then.
+  bool has_local_store() const { return store_ != nullptr; }
   // The first replica: with ps.replication per_machine the one store.
   ShmParamStore& store() { return store_->replica(0); }
   // Every replica, what ps.replication chose and why, and the averaging.
@@ -79,7 +94,7 @@ class Job {
   std::optional<Dataset> test_;
   double data_load_seconds_ = 0;
   dnnl::engine engine_;
-  std::unique_ptr<ReplicatedStore> store_;
+  std::unique_ptr<ReplicatedStore> store_;  // null with JobOptions::store
   std::unique_ptr<SyncAggregator> sync_;          // ps.update sync only
   std::vector<std::unique_ptr<Worker>> workers_;  // slot i written only by thread i during Create
   std::unique_ptr<WorkerPool> pool_;              // declared last: its threads stop before the rest goes

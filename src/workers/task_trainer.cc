@@ -39,6 +39,7 @@
 #include "workers/coordinator.h"
 #include "workers/dispatcher.h"
 #include "workers/run_callbacks.h"
+#include "workers/task_workers.h"
 #include "workers/worker.h"
 
 extern char** environ;
@@ -51,41 +52,6 @@ using nlohmann::json;
 
 double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// A message on one line: newlines become spaces.
-std::string OneLine(absl::string_view text) {
-  std::string s(text);
-  std::replace(s.begin(), s.end(), '\n', ' ');
-  std::replace(s.begin(), s.end(), '\r', ' ');
-  return s;
-}
-
-// One slot's line channel (see the protocol in task_trainer.h): whole lines
-// out, lines in, buffered. A worker process's is its socket (LineChannel);
-// an in-process slot's is an inbox filled by Coordinator functions
-// (InProcessChannel).
-class SlotChannel {
- public:
-  virtual ~SlotChannel() = default;
-  // Sends `line` (and '\n'). False when the worker is gone.
-  virtual bool Send(const std::string& line) = 0;
-  // Moves what has arrived into the buffer: a socket blocks until something
-  // arrives (call it when poll() says fd() is readable); an inbox never
-  // blocks. False on EOF or an error.
-  virtual bool Fill() = 0;
-  // Readable when a message may have arrived (for poll()).
-  virtual int fd() const = 0;
-  // The next complete line in the buffer, without its '\n'.
-  bool NextLine(std::string* line) {
-    const size_t nl = buf_.find('\n');
-    if (nl == std::string::npos) return false;
-    line->assign(buf_, 0, nl);
-    buf_.erase(0, nl + 1);
-    return true;
-  }
-
- protected:
-  std::string buf_;
-};
 
 // One end of the socket between the main process and a worker process.
 class LineChannel final : public SlotChannel {
@@ -132,131 +98,7 @@ class LineChannel final : public SlotChannel {
 
 std::string Real(double v) { return absl::StrFormat("%.17g", v); }
 
-// ---- Running tasks (worker processes and in-process slots) -----------------
-
-// Encodes an evaluation task's result for `evaldone`: count, correct,
-// loss_sum (17 digits) and the metrics' bytes in base64 ("-" when absent).
-std::string EncodeEvalResult(const EvalResult& r) {
-  return absl::StrCat(r.count, " ", r.correct, " ", Real(r.loss_sum), " ",
-                      r.metrics ? absl::Base64Escape(r.metrics->Serialize()) : std::string("-"));
-}
-
-absl::StatusOr<EvalResult> DecodeEvalResult(const std::vector<std::string>& f, size_t at) {
-  EvalResult r;
-  if (f.size() != at + 4 || !absl::SimpleAtoi(f[at], &r.count) || !absl::SimpleAtoi(f[at + 1], &r.correct) ||
-      !absl::SimpleAtod(f[at + 2], &r.loss_sum) || r.count < 0) {
-    return absl::InvalidArgumentError("malformed evaluation result");
-  }
-  if (f[at + 3] != "-") {
-    std::string bytes;
-    if (!absl::Base64Unescape(f[at + 3], &bytes)) return absl::InvalidArgumentError("malformed metrics (base64)");
-    SW_ASSIGN_OR_RETURN(EvalMetrics m, EvalMetrics::Deserialize(bytes));
-    r.metrics = std::move(m);
-  }
-  return r;
-}
-
-// Runs the parent's `task` and `eval` messages on one Worker. The worker
-// process's loop and the in-process slots share it, so a task computes the
-// same wherever it runs. Not thread-safe: one thread (the worker's) at a
-// time.
-class TaskRunner {
- public:
-  // `test` may be null (no evaluation tasks then).
-  TaskRunner(const Config& config, Worker& worker, const Dataset& train, const Dataset* test)
-      : config_(config), worker_(worker), train_(train), test_(test) {}
-
-  // The reply to `line` (`done`, `evaldone` or `fail`; an exception becomes
-  // `fail`), or nullopt when the line is no task (unknown messages are
-  // ignored, for forward compatibility) or `heartbeat` returned false (the
-  // parent is gone).
-  // Between pieces of a training task, heartbeat() is called when a second
-  // has passed since the last message this runner knows of.
-  std::optional<std::string> Run(const std::string& line, const std::function<bool()>& heartbeat) {
-    const std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
-    if (f.empty()) return std::nullopt;
-    std::optional<std::string> reply;
-    try {
-      if (f[0] == "task") reply = Train(f, line, heartbeat);
-      if (f[0] == "eval") reply = Evaluate(f, line);
-    } catch (const std::exception& e) {  // out of memory, say: the task failed, the worker goes on
-      reply = absl::StrCat("fail ", f.size() > 1 ? f[1] : "0", " ", f[0], " threw: ", OneLine(e.what()));
-    }
-    last_sent_ = Clock::now();
-    return reply;
-  }
-
- private:
-  std::optional<std::string> Train(const std::vector<std::string>& f, const std::string& line,
-                                   const std::function<bool()>& heartbeat) {
-    uint64_t lease = 0;
-    int epoch = 0;
-    int64_t first = 0, count = 0;
-    double progress_begin = 0, per_step = 0;
-    if (f.size() != 7 || !absl::SimpleAtoi(f[1], &lease) || !absl::SimpleAtoi(f[2], &epoch) ||
-        !absl::SimpleAtoi(f[3], &first) || !absl::SimpleAtoi(f[4], &count) ||
-        !absl::SimpleAtod(f[5], &progress_begin) || !absl::SimpleAtod(f[6], &per_step) || epoch < 1 || first < 0 ||
-        count < 0 || first + count > train_.count) {
-      return absl::StrCat("fail ", lease, " malformed task: ", OneLine(line));
-    }
-    if (epoch != order_epoch_) {
-      order_ = EpochOrder(train_.count, config_.train.seed, epoch);
-      order_epoch_ = epoch;
-    }
-    const int64_t batch = config_.train.batch_size;
-    const int64_t piece = batch * config_.train.pull_every;  // records per TrainRange call
-    WorkerCounters& c = worker_.counters();
-    const int64_t steps0 = c.steps.load(std::memory_order_relaxed);
-    const int64_t samples0 = c.samples.load(std::memory_order_relaxed);
-    const int64_t correct0 = c.correct.load(std::memory_order_relaxed);
-    const double loss0 = c.loss_sum.load(std::memory_order_relaxed);
-    absl::Status trained;
-    // In pieces of pull_every steps (Worker::TrainRange pulls at the start of
-    // each call and every pull_every steps, so the pieces compute exactly
-    // what one call would), with a heartbeat between them.
-    for (int64_t off = 0; off < count && trained.ok(); off += piece) {
-      trained = worker_.TrainRange(order_.data() + first + off, std::min(piece, count - off), config_.optimizer,
-                                   progress_begin, per_step, off / batch, nullptr);
-      if (SecondsSince(last_sent_) >= 1.0 && off + piece < count) {
-        if (!heartbeat()) return std::nullopt;
-        last_sent_ = Clock::now();
-      }
-    }
-    if (!trained.ok()) return absl::StrCat("fail ", lease, " ", OneLine(trained.message()));
-    return absl::StrCat("done ", lease, " ", c.samples.load(std::memory_order_relaxed) - samples0, " ",
-                        c.steps.load(std::memory_order_relaxed) - steps0, " ",
-                        Real(c.loss_sum.load(std::memory_order_relaxed) - loss0), " ",
-                        c.correct.load(std::memory_order_relaxed) - correct0);
-  }
-
-  std::string Evaluate(const std::vector<std::string>& f, const std::string& line) {
-    uint64_t lease = 0;
-    int64_t first = 0, count = 0;
-    if (f.size() != 4 || !absl::SimpleAtoi(f[1], &lease) || !absl::SimpleAtoi(f[2], &first) ||
-        !absl::SimpleAtoi(f[3], &count) || test_ == nullptr || first < 0 || count < 0 ||
-        first + count > test_->count) {
-      return absl::StrCat("fail ", lease, " malformed evaluation task", test_ == nullptr ? " (no test data)" : "",
-                          ": ", OneLine(line));
-    }
-    absl::StatusOr<EvalResult> r = worker_.Evaluate(*test_, first, first + count);
-    if (!r.ok()) return absl::StrCat("fail ", lease, " ", OneLine(r.status().message()));
-    return absl::StrCat("evaldone ", lease, " ", EncodeEvalResult(*r));
-  }
-
-  const Config& config_;
-  Worker& worker_;
-  const Dataset& train_;
-  const Dataset* const test_;
-  std::vector<int32_t> order_;  // EpochOrder of order_epoch_
-  int order_epoch_ = -1;
-  Clock::time_point last_sent_ = Clock::now();
-};
-
 // ---- The worker process --------------------------------------------------
-
-// Whether evaluation runs inline, as tasks (the main process and its worker
-// processes decide it alike).
-bool InlineEvaluation(const Config& config) { return !config.data.test.empty() && !config.eval.sidecar; }
 
 // The test hook of WorkerProcessArgs: whether this process is the one to
 // die, claiming `marker` (created exclusively: only the first process does).
@@ -319,78 +161,6 @@ absl::Status ServeTasks(const Config& config, const WorkerProcessArgs& args, Lin
 }
 
 // ---- The main process ----------------------------------------------------
-
-// One worker slot: the process (or in-process worker) now serving worker
-// `index`.
-struct Slot {
-  int index = 0;
-  pid_t pid = -1;      // -1: no worker (given up, restart_workers false); in-process: this process's pid
-  int fd = -1;         // the channel's fd (for poll)
-  int id = -1;         // the dispatcher's worker id of this process
-  bool ready = false;  // said `ready`
-  bool busy = false;   // a task is out
-  uint64_t lease = 0;
-  TaskType task_type = TaskType::kTraining;  // of the task out (while busy)
-  int64_t task_index = 0;                    // Task::index of the task out
-  int64_t task_steps = 0;  // the steps of the task out (while busy; 0 for evaluation)
-  int starts_failed = 0;  // consecutive deaths before `ready`
-  Clock::time_point contact;  // spawn or last message
-  std::string fatal;          // its `fatal` message, if any
-  std::unique_ptr<SlotChannel> channel;
-};
-
-// The workers the task loop hands tasks to, one Slot each: processes
-// (WorkerProcesses) or the Job's own worker threads (InProcessWorkers).
-// Used by the loop's thread only.
-class TaskWorkers {
- public:
-  explicit TaskWorkers(int workers) : slots_(workers) {
-    for (int i = 0; i < workers; ++i) slots_[i].index = i;
-  }
-  virtual ~TaskWorkers() = default;
-  TaskWorkers(const TaskWorkers&) = delete;
-  TaskWorkers& operator=(const TaskWorkers&) = delete;
-
-  std::vector<Slot>& slots() { return slots_; }
-  int live() const {
-    return static_cast<int>(std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.pid > 0; }));
-  }
-  // Starts a worker in `slot` (its previous one must be reaped), under a
-  // fresh dispatcher worker id; it says `ready` once set up.
-  virtual absl::Status Spawn(Slot& slot) = 0;
-  // Ends the worker of `slot` (killing it first if asked) and returns its
-  // wait status; the slot has no worker afterwards.
-  virtual int Reap(Slot& slot, bool kill_first) = 0;
-  // Asks every worker to exit and waits for them (killing after `grace_s`).
-  virtual void ExitAll(double grace_s) = 0;
-  // Whether the workers are processes (what progress lines say).
-  virtual bool processes() const = 0;
-
- protected:
-  // Fills in a newly started slot.
-  void Started(Slot& slot, pid_t pid, int fd, std::unique_ptr<SlotChannel> channel) {
-    slot.pid = pid;
-    slot.fd = fd;
-    slot.id = next_id_++;
-    slot.ready = false;
-    slot.busy = false;
-    slot.lease = 0;
-    slot.fatal.clear();
-    slot.contact = Clock::now();
-    slot.channel = std::move(channel);
-  }
-  static void Cleared(Slot& slot) {
-    slot.fd = -1;
-    slot.channel.reset();
-    slot.pid = -1;
-    slot.busy = false;
-    slot.ready = false;
-  }
-
- private:
-  std::vector<Slot> slots_;
-  int next_id_ = 0;
-};
 
 std::string DescribeWaitStatus(int status) {
   if (WIFSIGNALED(status)) return absl::StrCat("killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
@@ -511,63 +281,6 @@ class PoolThreadExecutor final : public WorkerExecutor {
   const int index_;
 };
 
-// An in-process slot's incoming lines, shared by the slot's channel and the
-// Coordinator functions that post the replies (which may outlive the slot:
-// a slot given up on is closed, and what its functions post later is
-// dropped). A byte on the pipe says that lines are waiting.
-class Inbox {
- public:
-  static absl::StatusOr<std::shared_ptr<Inbox>> Create() {
-    int p[2];
-    if (pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) {
-      return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
-    }
-    return std::shared_ptr<Inbox>(new Inbox(p[0], p[1]));
-  }
-  ~Inbox() {
-    close(read_fd_);
-    close(write_fd_);
-  }
-  Inbox(const Inbox&) = delete;
-  Inbox& operator=(const Inbox&) = delete;
-
-  // Any thread: queues `line` and wakes the reader (unless closed).
-  void Post(std::string line) {
-    MutexLock lock(&mu_);
-    if (closed_) return;
-    lines_.push_back(std::move(line));
-    // A full pipe already wakes the reader, so EAGAIN is fine.
-    [[maybe_unused]] const ssize_t n = ::write(write_fd_, "x", 1);
-  }
-  // The reader: appends every queued line (with '\n') to `out`, emptying
-  // the pipe first (a line posted after that leaves a byte for the next poll).
-  void Drain(std::string* out) {
-    char chunk[256];
-    while (::read(read_fd_, chunk, sizeof chunk) > 0) {
-    }
-    MutexLock lock(&mu_);
-    for (std::string& line : lines_) absl::StrAppend(out, line, "\n");
-    lines_.clear();
-  }
-  void Close() {
-    MutexLock lock(&mu_);
-    closed_ = true;
-    lines_.clear();
-  }
-  int read_fd() const { return read_fd_; }
-
- private:
-  Inbox(int read_fd, int write_fd) : read_fd_(read_fd), write_fd_(write_fd) {}
-
-  // Constant after construction.
-  const int read_fd_;
-  const int write_fd_;
-
-  Mutex mu_;
-  std::deque<std::string> lines_ ABSL_GUARDED_BY(mu_);
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-};
-
 // An in-process slot's channel: Send schedules the task line as a
 // Coordinator function, which runs it on some idle worker's TaskRunner (the
 // slot is bookkeeping for the dispatcher; any worker can run any task) and
@@ -683,7 +396,8 @@ int RunWorkerProcess(const absl::StatusOr<Config>& config, const WorkerProcessAr
 
 absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progress, const TrainRunOptions& options) {
   const Config& cfg = job.config();
-  const bool processes = cfg.train.worker_processes;
+  const ExternalTraining* const ext = options.external;
+  const bool processes = ext == nullptr && cfg.train.worker_processes;
   if (processes && options.worker_command.empty()) {
     return absl::InvalidArgumentError(
         "train.worker_processes: no worker command to start (run training through the shardwild command line)");
@@ -691,13 +405,16 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
   if (cfg.ps.update == UpdateMode::kSync) {
     return absl::InvalidArgumentError("ps.update: sync trains in lockstep rounds, not in dispatcher tasks");
   }
+  if (ext == nullptr && !job.has_local_store()) {
+    return absl::InvalidArgumentError("task training: the job has no store and no external training was given");
+  }
   if (processes && job.replicas().num_replicas() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ps.replication: resolved to ", ReplicationPolicyName(job.replicas().plan().policy), " (",
         job.replicas().num_replicas(), " replicas), but train.worker_processes needs one copy; set ps.replication "
         "per_machine"));
   }
-  const int workers = job.num_workers();
+  const int workers = ext != nullptr ? ext->workers : job.num_workers();
   const int64_t n = job.train().count;
   const int64_t batch = cfg.train.batch_size;
   const int epochs = cfg.train.epochs;
@@ -709,9 +426,11 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
   summary.epochs = epochs;
   summary.workers = workers;
   summary.intra_op_threads = job.placement().threads_per_worker;
-  summary.shards = job.store().layout().num_shards;
-  summary.store_name = job.store().name();
-  summary.store_bytes = job.replicas().total_bytes();
+  summary.shards = ext != nullptr ? ext->shards : job.store().layout().num_shards;
+  summary.store_name = ext != nullptr ? ext->store_name : job.store().name();
+  summary.store_bytes = ext != nullptr ? ext->store_bytes : job.replicas().total_bytes();
+  // The model version: pushes applied (over the replicas; or on the ps tasks).
+  auto model_version = [&]() -> uint64_t { return ext != nullptr ? ext->version() : job.replicas().version(); };
 
   DispatcherOptions dopts;
   dopts.records_per_task = cfg.data.records_per_task;
@@ -736,7 +455,7 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
   nlohmann::json restored_extra;
   {
     SW_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> found,
-                        ResumeJob(job, options.fresh, progress, &summary.skipped_checkpoints));
+                        ResumeJob(job, options.fresh, progress, &summary.skipped_checkpoints, ext));
     if (found) {
       const nlohmann::json& cur = found->state.data_cursor;
       restored_extra = found->state.extra;
@@ -784,7 +503,7 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
   auto average = [&]() -> absl::Status {
     if (base_steps + run_steps == averaged_at) return absl::OkStatus();
     averaged_at = base_steps + run_steps;
-    return job.replicas().Average();
+    return ext != nullptr ? absl::OkStatus() : job.replicas().Average();
   };
 
   // "Every N steps" (checkpoint.every_steps, eval.every_steps): in-process,
@@ -834,13 +553,15 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
   int64_t run_records = 0;
   if (first_epoch <= epochs) {
     std::unique_ptr<TaskWorkers> procs_owner;
-    if (processes) {
+    if (ext != nullptr) {
+      SW_ASSIGN_OR_RETURN(procs_owner, ext->make_workers());
+    } else if (processes) {
       procs_owner = std::make_unique<WorkerProcesses>(options.worker_command, job.store().name(), workers);
     } else {
       SW_ASSIGN_OR_RETURN(procs_owner, InProcessWorkers::Create(job));
     }
     TaskWorkers& procs = *procs_owner;
-    const char* const kWorkers = processes ? "worker process" : "worker";  // for messages
+    const char* const kWorkers = processes ? "worker process" : ext != nullptr ? "worker task" : "worker";
     auto start = [&](Slot& slot, const char* why) -> absl::Status {
       SW_RETURN_IF_ERROR(procs.Spawn(slot));
       if (processes) progress.Line(absl::StrCat("worker ", slot.index, ": pid ", slot.pid, why));
@@ -865,19 +586,19 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
       const std::string fatal = slot.fatal;
       const int status = procs.Reap(slot, kill_first);
       const std::string how = why.empty() ? DescribeWaitStatus(status) : why;
-      if (!fatal.empty() || (!was_ready && WIFEXITED(status) && why.empty())) {
+      if (procs.start_failures_fatal() && (!fatal.empty() || (!was_ready && WIFEXITED(status) && why.empty()))) {
         return absl::FailedPreconditionError(absl::StrCat(
             "worker process ", slot.index, " (pid ", pid, ") failed to start: ",
             fatal.empty() ? how : fatal));
       }
       dispatcher->WorkerDied(slot.id);
       const std::string who =
-          processes ? absl::StrCat("worker ", slot.index, " (pid ", pid, ")") : absl::StrCat("worker ", slot.index);
+          processes || ext != nullptr ? absl::StrCat("worker ", slot.index, " (pid ", pid, ")") : absl::StrCat("worker ", slot.index);
       last_death = absl::StrCat(who, " ", how);
       progress.Line(absl::StrCat(who, processes ? " died: " : " given up on: ", how,
                                  "; its task goes back to the queue"));
       slot.starts_failed = was_ready ? 0 : slot.starts_failed + 1;
-      if (slot.starts_failed > 3) {
+      if (procs.start_failures_fatal() && slot.starts_failed > 3) {
         return absl::FailedPreconditionError(absl::StrCat("worker process ", slot.index, " died ",
                                                           slot.starts_failed, " times before it was ready; last: ",
                                                           how));
@@ -905,7 +626,11 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
                                                             n, " and ", test_n));
         }
         slot.ready = true;
-        if (processes) progress.Line(absl::StrCat("worker ", slot.index, ": pid ", slot.pid, " ready"));
+        // A remote worker task's slot learns its process id here.
+        if (pid_t pid = 0; ext != nullptr && absl::SimpleAtoi(f[1], &pid) && pid > 0) slot.pid = pid;
+        if (processes || ext != nullptr) {
+          progress.Line(absl::StrCat("worker ", slot.index, ": pid ", slot.pid, " ready"));
+        }
       } else if (f[0] == "evaldone" && slot.busy) {
         uint64_t lease = 0;
         const std::vector<std::string> g = absl::StrSplit(line, ' ');
@@ -964,6 +689,7 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
     };
 
     const double timeout_s = cfg.train.task_timeout_s;
+    auto connected = Clock::now();  // the last time a worker was ready (remote workers connect when they can)
     bool finished = false;  // the dispatcher said kEnd: every training task is done
 
     // One turn of the loop: hands tasks to the idle workers, waits up to 50
@@ -1042,12 +768,23 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
 
       // Silent workers: a task (or the start) out for too long.
       for (Slot& slot : procs.slots()) {
-        if (slot.pid <= 0 || (slot.ready && !slot.busy)) continue;
+        if (slot.pid <= 0 || (slot.ready && !slot.busy) || procs.awaiting(slot)) continue;
         if (SecondsSince(slot.contact) > timeout_s) {
           SW_RETURN_IF_ERROR(died(slot, /*kill_first=*/true,
                                   absl::StrFormat("was silent for more than %g s (train.task_timeout_s); killed",
                                                   timeout_s)));
         }
+      }
+      if (ext != nullptr) {
+        if (std::any_of(procs.slots().begin(), procs.slots().end(), [](const Slot& s) { return s.pid > 0 && s.ready; })) {
+          connected = Clock::now();
+        } else if (SecondsSince(connected) > timeout_s) {
+          return absl::FailedPreconditionError(absl::StrFormat(
+              "no worker task has been connected for %g s (train.task_timeout_s); start them with `shardwild serve` "
+              "(task type worker)",
+              timeout_s));
+        }
+        if (ext->check) SW_RETURN_IF_ERROR(ext->check());
       }
       return absl::OkStatus();
     };
@@ -1060,7 +797,7 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
       EvalResult ev;
       if (test_n > 0) {
         SW_ASSIGN_OR_RETURN(const int round,
-                            dispatcher->StartEvaluation(static_cast<int64_t>(job.replicas().version())));
+                            dispatcher->StartEvaluation(static_cast<int64_t>(model_version())));
         eval_parts.assign(static_cast<size_t>((test_n + cfg.data.records_per_task - 1) / cfg.data.records_per_task),
                           std::nullopt);
         while (!dispatcher->EvaluationDone(round)) {
@@ -1192,7 +929,7 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
     summary.test_accuracy = last->accuracy;
     summary.test_metrics = last->extra;
   }
-  summary.model_version = job.replicas().version();
+  summary.model_version = model_version();
   summary.wall_s = SecondsSince(run_start);
   return summary;
 }

@@ -156,6 +156,9 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -163,11 +166,40 @@
 #include "core/options.h"
 #include "workers/job.h"
 #include "workers/progress.h"
+#include "workers/task_workers.h"
 #include "workers/trainer.h"
 
 namespace shardwild {
 
-// Trains `job` in dispatcher tasks (see above): on worker processes when
+// A cluster's chief (src/net, `shardwild train` with a cluster spec): the
+// task loop runs here, but the parameters live on the ps tasks and the
+// workers are remote worker tasks. RunTaskTraining then uses these instead
+// of the Job's store and workers (the Job holds the data only: JobOptions
+// workers false), and never averages replicas.
+struct ExternalTraining {
+  // The worker slots, and the workers that fill them.
+  int workers = 0;
+  std::function<absl::StatusOr<std::unique_ptr<TaskWorkers>>()> make_workers;
+  // Writes the checkpoint of `state` with every worker idle (the
+  // parameters first, then the chief's record of them) and returns its
+  // path.
+  std::function<absl::StatusOr<std::string>(const CheckpointState& state, const CheckpointWriteOptions& options)>
+      write_checkpoint;
+  // Loads the parameters of a checkpoint write_checkpoint wrote.
+  std::function<absl::Status(const CheckpointInfo& checkpoint)> restore_params;
+  // The model version (pushes applied).
+  std::function<uint64_t()> version;
+  // Called every turn of the loop (about every 50 ms): a non-OK status
+  // stops the job with it (a ps task unreachable past its deadline).
+  std::function<absl::Status()> check;
+  // For the summary.
+  std::string store_name;
+  int shards = 0;
+  uint64_t store_bytes = 0;
+};
+
+// Trains `job` in dispatcher tasks (see above): with options.external on
+// its workers (a cluster's chief), else on worker processes when
 // config.train.worker_processes is set (options.worker_command must name the
 // worker program), else on the job's worker threads. Called by RunTraining
 // for ps.update hogwild and row_lock; options as for RunTraining. Errors:

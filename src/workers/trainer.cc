@@ -100,25 +100,35 @@ nlohmann::json DataPreprocessingJson(const Config& c) {
   return j;
 }
 
-absl::Status RestoreJob(Job& job, const CheckpointInfo& checkpoint) {
+absl::Status CheckCheckpointData(const Config& config, const CheckpointInfo& checkpoint) {
   // The model's parameters only mean something on data read the same way.
   const nlohmann::json& extra = checkpoint.state.extra;
   if (extra.is_object() && extra.contains("data")) {
-    const nlohmann::json now = DataPreprocessingJson(job.config());
+    const nlohmann::json now = DataPreprocessingJson(config);
     if (extra.at("data") != now) {
       return absl::FailedPreconditionError(absl::StrCat(
           checkpoint.path, ": trained on data read as ", extra.at("data").dump(), ", but the config reads it as ",
           now.dump(), " (data.format, data.dense_transform, data.text.*, data.csv.* must match)"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status RestoreJob(Job& job, const CheckpointInfo& checkpoint) {
+  SW_RETURN_IF_ERROR(CheckCheckpointData(job.config(), checkpoint));
+  // A cluster's checkpoint (the chief's, naming the ps tasks' parts)
+  // assembles the whole model here.
+  const bool cluster = checkpoint.kind == CheckpointKind::kState;
   for (int r = 0; r < job.replicas().num_replicas(); ++r) {
-    SW_RETURN_IF_ERROR(RestoreCheckpoint(checkpoint, job.replicas().replica(r)));
+    SW_RETURN_IF_ERROR(cluster ? RestoreClusterCheckpoint(checkpoint, job.replicas().replica(r))
+                               : RestoreCheckpoint(checkpoint, job.replicas().replica(r)));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::optional<CheckpointInfo>> ResumeJob(Job& job, bool fresh, ProgressReporter& progress,
-                                                        std::vector<std::string>* skipped) {
+                                                        std::vector<std::string>* skipped,
+                                                        const ExternalTraining* external) {
   const Config& cfg = job.config();
   if (cfg.checkpoint.dir.empty() || fresh) return std::optional<CheckpointInfo>();
   std::vector<std::string> skipped_here;
@@ -126,7 +136,12 @@ absl::StatusOr<std::optional<CheckpointInfo>> ResumeJob(Job& job, bool fresh, Pr
   for (const std::string& s : skipped_here) progress.Line(absl::StrCat("warning: skipped checkpoint ", s));
   if (skipped != nullptr) skipped->insert(skipped->end(), skipped_here.begin(), skipped_here.end());
   if (!found) return found;
-  SW_RETURN_IF_ERROR(RestoreJob(job, *found));
+  if (external != nullptr) {
+    SW_RETURN_IF_ERROR(CheckCheckpointData(cfg, *found));
+    SW_RETURN_IF_ERROR(external->restore_params(*found));
+  } else {
+    SW_RETURN_IF_ERROR(RestoreJob(job, *found));
+  }
   const std::string config_hash = TrainingConfigHash(cfg);
   if (found->state.config_hash != config_hash) {
     progress.Line(absl::StrCat("warning: ", found->path, " was written under another config (hash ",
@@ -141,7 +156,11 @@ absl::Status WriteTrainingCheckpoint(Job& job, CheckpointState state, const RunC
   state.extra["data"] = DataPreprocessingJson(job.config());
   CheckpointWriteOptions wo;
   wo.keep = job.config().checkpoint.keep;
-  SW_ASSIGN_OR_RETURN(summary->last_checkpoint, WriteCheckpoint(job.config().checkpoint.dir, job.store(), state, wo));
+  if (options.external != nullptr) {
+    SW_ASSIGN_OR_RETURN(summary->last_checkpoint, options.external->write_checkpoint(state, wo));
+  } else {
+    SW_ASSIGN_OR_RETURN(summary->last_checkpoint, WriteCheckpoint(job.config().checkpoint.dir, job.store(), state, wo));
+  }
   ++summary->checkpoints_written;
   if (options.stop_after_checkpoints > 0 && summary->checkpoints_written >= options.stop_after_checkpoints) {
     return absl::AbortedError(absl::StrCat("stopped after checkpoint ", summary->last_checkpoint, " (test hook)"));

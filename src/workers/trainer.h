@@ -15,6 +15,7 @@
 namespace shardwild {
 
 class RunCallbacks;
+struct ExternalTraining;
 
 struct EpochResult {
   int epoch = 0;                       // 1-based
@@ -74,6 +75,10 @@ struct TrainRunOptions {
   // and --parent). The CLI passes {"/proc/self/exe", "worker", CONFIG,
   // "--set", ...}; unused otherwise.
   std::vector<std::string> worker_command;
+  // A cluster's chief (src/net): the parameters live on the ps tasks and
+  // the workers are remote worker tasks (task_trainer.h, ExternalTraining);
+  // not owned. nullptr = this machine's store and workers.
+  const ExternalTraining* external = nullptr;
 };
 
 // A hash of the config fields that decide what a run computes (model,
@@ -129,6 +134,11 @@ absl::StatusOr<std::vector<float>> PredictAll(Job& job, const Dataset& data);
 // (DataPreprocessingJson) other than the job's config says.
 absl::Status RestoreJob(Job& job, const CheckpointInfo& checkpoint);
 
+// FailedPrecondition naming the checkpoint when it was trained on data read
+// otherwise than `config` reads it (its extra.data against
+// DataPreprocessingJson(config)).
+absl::Status CheckCheckpointData(const Config& config, const CheckpointInfo& checkpoint);
+
 // How the config reads its data (format, dense transform, text and CSV
 // options), as recorded in every checkpoint's manifest (extra.data).
 nlohmann::json DataPreprocessingJson(const Config& config);
@@ -136,7 +146,8 @@ nlohmann::json DataPreprocessingJson(const Config& config);
 // The checkpoint step of a training run, with every worker idle: adds the
 // early-stopping state (callbacks) and the data record
 // (DataPreprocessingJson) to state.extra, writes the checkpoint of the job's
-// first replica (WriteCheckpoint, checkpoint.keep), and counts it in
+// first replica (WriteCheckpoint, checkpoint.keep; with options.external,
+// its write_checkpoint instead), and counts it in
 // `summary` (checkpoints_written, last_checkpoint). Aborted, after writing,
 // once options.stop_after_checkpoints are written (the test hook).
 absl::Status WriteTrainingCheckpoint(Job& job, CheckpointState state, const RunCallbacks& callbacks,
@@ -145,9 +156,12 @@ absl::Status WriteTrainingCheckpoint(Job& job, CheckpointState state, const RunC
 // The resume step of a training run: unless `fresh`, finds the newest good
 // checkpoint in config.checkpoint.dir (each skipped one is appended to
 // `skipped` and reported on `progress` as a warning), restores it into
-// `job` and warns if it was written under another config hash. Returns it,
-// or nullopt when there is nothing to resume (also without checkpoint.dir).
+// `job` (with `external`, checks its data record and calls its
+// restore_params instead) and warns if it was written under another config
+// hash. Returns it, or nullopt when there is nothing to resume (also
+// without checkpoint.dir).
 absl::StatusOr<std::optional<CheckpointInfo>> ResumeJob(Job& job, bool fresh, ProgressReporter& progress,
-                                                        std::vector<std::string>* skipped);
+                                                        std::vector<std::string>* skipped,
+                                                        const ExternalTraining* external = nullptr);
 
 }  // namespace shardwild

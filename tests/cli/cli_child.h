@@ -87,12 +87,15 @@ class TempDir {
 // A `shardwild` child process whose stdout and stderr go to files.
 class Child {
  public:
-  // Starts SHARDWILD_BINARY with `args`; stdin is /dev/null.
-  explicit Child(const std::vector<std::string>& args) {
+  // Starts SHARDWILD_BINARY with `args`; stdin is /dev/null. With a
+  // `prefix` (a program and its arguments, e.g. {"/usr/sbin/ip", "netns",
+  // "exec", "ns1"}), that program runs the binary.
+  explicit Child(const std::vector<std::string>& args, const std::vector<std::string>& prefix = {}) {
     if (dir_.path().empty()) return;
     out_path_ = dir_.path() / "stdout";
     err_path_ = dir_.path() / "stderr";
-    std::vector<std::string> argv_s = {SHARDWILD_BINARY};
+    std::vector<std::string> argv_s = prefix;
+    argv_s.push_back(SHARDWILD_BINARY);
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (std::string& a : argv_s) argv.push_back(a.data());

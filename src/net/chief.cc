@@ -1,0 +1,295 @@
+#include "net/chief.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/resource_quota.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "core/mutex.h"
+#include "core/status.h"
+#include "net/chief.grpc.pb.h"
+#include "net/grpc_util.h"
+
+namespace shardwild {
+namespace {
+
+using Stream = grpc::ServerReaderWriter<net::SessionLine, net::SessionLine>;
+
+// One session's state: a worker task's thread connected to one slot. Shared by the
+// gRPC handler (which reads) and the slot's channel (which writes).
+struct SessionState {
+  Mutex mu;
+  // Null once the handler has ended (the stream is gone with it).
+  grpc::ServerContext* context ABSL_GUARDED_BY(mu) = nullptr;
+  Stream* stream ABSL_GUARDED_BY(mu) = nullptr;
+  CondVar ended;  // signalled when the handler clears `stream`
+
+  // Writes `line`; false when the session has ended or the write failed.
+  bool Write(const std::string& line) {
+    MutexLock lock(&mu);
+    if (stream == nullptr) return false;
+    net::SessionLine msg;
+    msg.set_line(line);
+    return stream->Write(msg);
+  }
+  // Makes the handler's Read (and any Write) fail, so the session ends.
+  void Cancel() {
+    MutexLock lock(&mu);
+    if (context != nullptr) context->TryCancel();
+  }
+  bool done() {
+    MutexLock lock(&mu);
+    return stream == nullptr;
+  }
+};
+
+// What the loop knows of one slot, shared with the handlers.
+struct SlotEntry {
+  bool open = false;                 // a session may attach (Spawn'd, not reaped)
+  std::shared_ptr<Inbox> inbox;      // this opening's incoming lines
+  std::shared_ptr<SessionState> session;  // attached, until reaped
+};
+
+// A slot's channel: lines out through the session's stream, lines in
+// through the inbox the handler fills.
+class SessionChannel final : public SlotChannel {
+ public:
+  SessionChannel(RemoteWorkers::Impl* impl, int slot, std::shared_ptr<Inbox> inbox)
+      : impl_(impl), slot_(slot), inbox_(std::move(inbox)) {}
+  bool Send(const std::string& line) override;
+  bool Fill() override { return inbox_->Drain(&buf_); }
+  int fd() const override { return inbox_->read_fd(); }
+
+ private:
+  RemoteWorkers::Impl* const impl_;
+  const int slot_;
+  const std::shared_ptr<Inbox> inbox_;
+};
+
+}  // namespace
+
+class RemoteWorkers::Impl final : public net::Chief::Service {
+ public:
+  explicit Impl(const ChiefServerOptions& options)
+      : options_(options), slots_(static_cast<size_t>(options.worker_tasks * options.threads_per_task)) {}
+
+  absl::Status Start() {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(options_.server.bind_address, ServerCredentialsOf(options_.server), &port_);
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    builder.SetMaxReceiveMessageSize(static_cast<int>(options_.server.max_message_bytes));
+    builder.SetMaxSendMessageSize(static_cast<int>(options_.server.max_message_bytes));
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr || port_ == 0) {
+      server_.reset();
+      return absl::UnavailableError(absl::StrCat(options_.server.task_name, ": cannot listen on ",
+                                                 options_.server.bind_address,
+                                                 " (in use, or not an address of this machine)"));
+    }
+    return absl::OkStatus();
+  }
+
+  void Shutdown() {
+    std::vector<std::shared_ptr<SessionState>> sessions;
+    {
+      MutexLock lock(&mu_);
+      shut_down_ = true;
+      for (SlotEntry& e : slots_) {
+        e.open = false;
+        if (e.session) sessions.push_back(std::move(e.session));
+        e.session.reset();
+      }
+    }
+    for (auto& s : sessions) s->Cancel();
+    if (server_ != nullptr) {
+      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+      server_->Wait();
+      server_.reset();
+    }
+  }
+
+  grpc::Status Session(grpc::ServerContext* context, Stream* stream) override {
+    if (grpc::Status s = CheckToken(*context, options_.server.token, options_.server.task_name); !s.ok()) return s;
+    net::SessionLine hello;
+    if (!stream->Read(&hello)) return grpc::Status(grpc::StatusCode::CANCELLED, "no hello");
+    // hello <worker task index> <thread> <threads>
+    const std::vector<std::string> f = absl::StrSplit(hello.line(), ' ');
+    int task = -1, thread = -1, threads = -1;
+    if (f.size() != 4 || f[0] != "hello" || !absl::SimpleAtoi(f[1], &task) || !absl::SimpleAtoi(f[2], &thread) ||
+        !absl::SimpleAtoi(f[3], &threads)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat(options_.server.task_name, ": malformed hello '", hello.line().substr(0, 100),
+                                       "'"));
+    }
+    if (task < 0 || task >= options_.worker_tasks) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat(options_.server.task_name, ": worker:", task, " is not a worker task of the "
+                                       "cluster (it has ", options_.worker_tasks, ")"));
+    }
+    if (threads != options_.threads_per_task || thread < 0 || thread >= threads) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat(options_.server.task_name, ": worker:", task, " runs ", threads,
+                                       " worker threads, the chief expects ", options_.threads_per_task,
+                                       " per worker task (train.workers must resolve alike on every task)"));
+    }
+    const int index = task * options_.threads_per_task + thread;
+    auto session = std::make_shared<SessionState>();
+    std::shared_ptr<Inbox> inbox;
+    {
+      MutexLock lock(&mu_);
+      SlotEntry& e = slots_[index];
+      if (shut_down_ || !e.open) {
+        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                            absl::StrCat(options_.server.task_name, ": worker:", task, " thread ", thread,
+                                         shut_down_ ? ": the job is over" : ": the chief gave up on this slot"));
+      }
+      if (e.session != nullptr) {
+        return grpc::Status(grpc::StatusCode::ABORTED,
+                            absl::StrCat(options_.server.task_name, ": worker:", task, " thread ", thread,
+                                         " has a session still open; retry"));
+      }
+      {
+        MutexLock sl(&session->mu);
+        session->context = context;
+        session->stream = stream;
+      }
+      e.session = session;
+      inbox = e.inbox;
+    }
+    net::SessionLine msg;
+    while (stream->Read(&msg)) inbox->Post(msg.line());
+    inbox->End();
+    context->TryCancel();  // a Write of the loop in flight fails now
+    {
+      MutexLock sl(&session->mu);
+      session->context = nullptr;
+      session->stream = nullptr;
+    }
+    session->ended.SignalAll();
+    return grpc::Status::OK;
+  }
+
+  // ---- The loop's side ----
+
+  absl::StatusOr<std::shared_ptr<Inbox>> Open(int index) {
+    SW_ASSIGN_OR_RETURN(std::shared_ptr<Inbox> inbox, Inbox::Create());
+    MutexLock lock(&mu_);
+    SlotEntry& e = slots_[index];
+    e.open = true;
+    e.inbox = inbox;
+    e.session.reset();
+    return inbox;
+  }
+
+  void Close(int index) {
+    std::shared_ptr<SessionState> session;
+    {
+      MutexLock lock(&mu_);
+      SlotEntry& e = slots_[index];
+      e.open = false;
+      if (e.inbox) e.inbox->Close();
+      e.inbox.reset();
+      session = std::move(e.session);
+      e.session.reset();
+    }
+    if (session) session->Cancel();
+  }
+
+  std::shared_ptr<SessionState> SessionOf(int index) {
+    MutexLock lock(&mu_);
+    return slots_[index].session;
+  }
+
+  bool Awaiting(int index) {
+    MutexLock lock(&mu_);
+    return slots_[index].open && slots_[index].session == nullptr;
+  }
+
+  int port() const { return port_; }
+
+ private:
+  const ChiefServerOptions options_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+
+  Mutex mu_;
+  std::vector<SlotEntry> slots_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+namespace {
+
+bool SessionChannel::Send(const std::string& line) {
+  std::shared_ptr<SessionState> s = impl_->SessionOf(slot_);
+  return s != nullptr && s->Write(line);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RemoteWorkers>> RemoteWorkers::Start(const ChiefServerOptions& options) {
+  SW_RETURN_IF_ERROR(options.server.Validate());
+  if (options.worker_tasks < 1 || options.threads_per_task < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("the chief needs at least one worker task and thread, got ",
+                                                   options.worker_tasks, " x ", options.threads_per_task));
+  }
+  auto impl = std::make_unique<Impl>(options);
+  SW_RETURN_IF_ERROR(impl->Start());
+  return std::unique_ptr<RemoteWorkers>(
+      new RemoteWorkers(options.worker_tasks * options.threads_per_task, std::move(impl)));
+}
+
+RemoteWorkers::RemoteWorkers(int slots, std::unique_ptr<Impl> impl) : TaskWorkers(slots), impl_(std::move(impl)) {}
+
+RemoteWorkers::~RemoteWorkers() {
+  for (Slot& s : slots()) {
+    if (s.pid > 0) Reap(s, /*kill_first=*/true);
+  }
+  impl_->Shutdown();
+}
+
+absl::Status RemoteWorkers::Spawn(Slot& slot) {
+  SW_ASSIGN_OR_RETURN(std::shared_ptr<Inbox> inbox, impl_->Open(slot.index));
+  const int fd = inbox->read_fd();
+  // pid 1 until the worker task's `ready` names its own (the loop's liveness
+  // mark: > 0 while the slot is in use).
+  Started(slot, 1, fd, std::make_unique<SessionChannel>(impl_.get(), slot.index, std::move(inbox)));
+  return absl::OkStatus();
+}
+
+int RemoteWorkers::Reap(Slot& slot, bool /*kill_first*/) {
+  impl_->Close(slot.index);
+  Cleared(slot);
+  return 0;
+}
+
+void RemoteWorkers::ExitAll(double grace_s) {
+  std::vector<std::shared_ptr<SessionState>> sessions;
+  for (Slot& s : slots()) {
+    if (s.pid <= 0) continue;
+    if (std::shared_ptr<SessionState> session = impl_->SessionOf(s.index)) {
+      session->Write("exit");
+      sessions.push_back(std::move(session));
+    }
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
+  for (auto& session : sessions) {
+    MutexLock lock(&session->mu);
+    session->ended.WaitFor(&session->mu, deadline - std::chrono::steady_clock::now(),
+                           [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(session->mu) { return session->stream == nullptr; });
+  }
+  for (Slot& s : slots()) {
+    if (s.pid > 0) Reap(s, /*kill_first=*/true);
+  }
+}
+
+bool RemoteWorkers::awaiting(const Slot& slot) const { return slot.pid > 0 && impl_->Awaiting(slot.index); }
+
+int RemoteWorkers::port() const { return impl_->port(); }
+
+}  // namespace shardwild

@@ -1,0 +1,74 @@
+// The chief's side of remote worker tasks: RemoteWorkers, the third kind of
+// TaskWorkers (workers/task_workers.h) behind the task loop
+// (workers/task_trainer.h), served by the chief's session service
+// (chief.proto).
+//
+// Slots. A cluster with W worker tasks, each running T worker threads
+// (train.workers, resolved alike on every task), has W x T slots; slot
+// w * T + t is thread t of worker task w. Spawn opens a slot for a session;
+// the slot is `awaiting` (never silent, however long that takes) until the
+// worker task's thread connects and says hello, then `ready`. When its
+// session ends (the worker task died, was killed, or the network dropped
+// it) the loop sees the end of the slot's channel as a death: its task goes
+// back to the queue, and with train.restart_workers the slot is opened
+// again for the worker task's return. A hello for a slot that is not open
+// (given up on) is refused with FAILED_PRECONDITION; one for a slot whose
+// previous session the loop has not reaped yet, with ABORTED (the worker
+// retries). Liveness between tasks is the task loop's heartbeat rule.
+//
+// Security: the server binds options.server.bind_address (loopback unless
+// configured otherwise; a non-loopback bind needs a token), checks the token
+// of every session before reading it (PERMISSION_DENIED), and serves TLS
+// when given a certificate, as PsServer does.
+//
+// Thread safety: the TaskWorkers methods are the loop's (one thread); the
+// gRPC session handlers run on gRPC's threads and meet the loop under a
+// mutex and through each slot's Inbox.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "net/net_options.h"
+#include "workers/task_workers.h"
+
+namespace shardwild {
+
+struct ChiefServerOptions {
+  // Where and how to serve (the chief's address from the cluster spec,
+  // made with MakePsServerOptions for task chief:0).
+  PsServerOptions server;
+  int worker_tasks = 1;      // W >= 1
+  int threads_per_task = 1;  // T >= 1
+};
+
+class RemoteWorkers final : public TaskWorkers {
+ public:
+  // Starts the session server on its own gRPC threads; no slot is open yet.
+  // InvalidArgument for bad options; Unavailable when the address cannot be
+  // bound.
+  static absl::StatusOr<std::unique_ptr<RemoteWorkers>> Start(const ChiefServerOptions& options);
+  // Ends every session and shuts the server down.
+  ~RemoteWorkers() override;
+
+  absl::Status Spawn(Slot& slot) override;
+  int Reap(Slot& slot, bool kill_first) override;
+  // Sends `exit` to every connected slot and waits up to `grace_s` for the
+  // sessions to end; then ends the rest.
+  void ExitAll(double grace_s) override;
+  bool processes() const override { return true; }
+  bool start_failures_fatal() const override { return false; }
+  bool awaiting(const Slot& slot) const override;
+
+  // The port the server listens on.
+  int port() const;
+
+  class Impl;
+
+ private:
+  RemoteWorkers(int slots, std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace shardwild

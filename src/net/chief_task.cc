@@ -1,0 +1,304 @@
+#include "net/chief_task.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/mutex.h"
+#include "core/status.h"
+#include "net/chief.h"
+#include "net/cluster_setup.h"
+#include "net/ps_client.h"
+#include "workers/checkpoint.h"
+#include "workers/job.h"
+#include "workers/task_trainer.h"
+
+namespace shardwild {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Watches the ps tasks from its own thread: which one has been unreachable
+// for how long, and which one came back as a new process (another store
+// name).
+class PsMonitor {
+ public:
+  // `names`: each ps task's store name now (GetLayout).
+  static absl::StatusOr<std::unique_ptr<PsMonitor>> Start(const std::vector<PsClientOptions>& ps,
+                                                          std::vector<std::string> names) {
+    std::unique_ptr<PsMonitor> m(new PsMonitor());
+    for (PsClientOptions o : ps) {
+      o.max_attempts = 1;
+      o.deadline_s = std::min(1.0, o.deadline_s);
+      SW_ASSIGN_OR_RETURN(std::unique_ptr<PsClient> c, PsClient::Create(o));
+      m->clients_.push_back(std::move(c));
+    }
+    {
+      MutexLock lock(&m->mu_);
+      m->names_ = std::move(names);
+      m->last_ok_.assign(ps.size(), Clock::now());
+      m->restarted_.assign(ps.size(), false);
+    }
+    m->thread_ = std::thread([p = m.get()] { p->Loop(); });
+    return m;
+  }
+  ~PsMonitor() {
+    {
+      MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    cv_.SignalAll();
+    thread_.join();
+  }
+
+  // Seconds since ps task i last answered.
+  double Silent(int i) {
+    MutexLock lock(&mu_);
+    return SecondsSince(last_ok_[i]);
+  }
+  // The ps tasks restarted since the last call.
+  std::vector<int> TakeRestarted() {
+    MutexLock lock(&mu_);
+    std::vector<int> out;
+    for (size_t i = 0; i < restarted_.size(); ++i) {
+      if (restarted_[i]) out.push_back(static_cast<int>(i));
+      restarted_[i] = false;
+    }
+    return out;
+  }
+
+ private:
+  PsMonitor() = default;
+
+  void Loop() {
+    while (true) {
+      {
+        MutexLock lock(&mu_);
+        if (cv_.WaitFor(&mu_, std::chrono::milliseconds(250), [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+              return stop_;
+            })) {
+          return;
+        }
+      }
+      for (size_t i = 0; i < clients_.size(); ++i) {
+        absl::StatusOr<RemoteLayout> l = clients_[i]->GetLayout();
+        MutexLock lock(&mu_);
+        if (!l.ok()) continue;
+        last_ok_[i] = Clock::now();
+        if (l->store_name != names_[i]) {
+          names_[i] = l->store_name;
+          restarted_[i] = true;
+        }
+      }
+    }
+  }
+
+  std::vector<std::unique_ptr<PsClient>> clients_;  // used by the thread only
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::string> names_ ABSL_GUARDED_BY(mu_);
+  std::vector<Clock::time_point> last_ok_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> restarted_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+// Runs fn(i) for every i in [0, n) on threads of its own; the first error.
+absl::Status ForEachParallel(int n, const std::function<absl::Status(int)>& fn) {
+  std::vector<absl::Status> status(n);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) threads.emplace_back([&, i] { status[i] = fn(i); });
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : status) SW_RETURN_IF_ERROR(s);
+  return absl::OkStatus();
+}
+
+// FailedPrecondition unless `c` is a checkpoint of a cluster of `num_ps` ps
+// tasks and `shards` shards (the chief's, WriteStateCheckpoint).
+absl::Status CheckClusterCheckpoint(const CheckpointInfo& c, int num_ps, int shards) {
+  const nlohmann::json& p = c.params_info;
+  if (c.kind != CheckpointKind::kState || !p.is_object() || p.value("kind", "") != "cluster") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        c.path, ": not a cluster checkpoint (one machine's training wrote it); a cluster resumes only from its "
+                "chief's checkpoints: use another checkpoint.dir, or --fresh"));
+  }
+  const int64_t ps = p.contains("ps") && p["ps"].is_array() ? static_cast<int64_t>(p["ps"].size()) : -1;
+  if (ps != num_ps || p.value("shards", int64_t{-1}) != shards) {
+    return absl::FailedPreconditionError(absl::StrCat(c.path, ": written by a cluster of ", ps, " ps tasks and ",
+                                                      p.value("shards", int64_t{-1}), " shards, this one has ", num_ps,
+                                                      " and ", shards));
+  }
+  return absl::OkStatus();
+}
+
+// Variables and tables of `got` (a ps task's) against the chief's `want`.
+absl::Status CheckLayout(const std::string& task, const RemoteLayout& got, const ModelLayout& want, int shards) {
+  auto bad = [&](const std::string& what) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        task, " serves another model than the chief's config describes: ", what,
+        " (every task must run the same config)"));
+  };
+  if (got.layout.num_shards != shards) {
+    return bad(absl::StrCat(got.layout.num_shards, " shards, the chief expects ", shards));
+  }
+  if (got.layout.variables.size() != want.variables.size()) {
+    return bad(absl::StrCat(got.layout.variables.size(), " variables, the chief expects ", want.variables.size()));
+  }
+  for (size_t v = 0; v < want.variables.size(); ++v) {
+    const VariableSpec& a = got.layout.variables[v];
+    const VariableSpec& b = want.variables[v];
+    if (a.name != b.name || a.rows != b.rows || a.cols != b.cols) {
+      return bad(absl::StrCat("variable ", v, " is ", a.name, " [", a.rows, ", ", a.cols, "], the chief's ", b.name,
+                              " [", b.rows, ", ", b.cols, "]"));
+    }
+  }
+  if (got.layout.tables.size() != want.tables.size()) {
+    return bad(absl::StrCat(got.layout.tables.size(), " tables, the chief expects ", want.tables.size()));
+  }
+  for (size_t t = 0; t < want.tables.size(); ++t) {
+    const TableSpec& a = got.layout.tables[t];
+    const TableSpec& b = want.tables[t];
+    if (a.name != b.name || a.dim != b.dim || a.capacity != b.capacity || a.kind != b.kind) {
+      return bad(absl::StrCat("table ", t, " is ", a.name, " (dim ", a.dim, ", capacity ", a.capacity,
+                              "), the chief's ", b.name, " (dim ", b.dim, ", capacity ", b.capacity, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TrainSummary> RunChief(Job& job, const ClusterSpec& spec, ProgressReporter& progress,
+                                      TrainRunOptions options) {
+  const Config& config = job.config();
+  if (job.has_local_store() || job.num_workers() > 0) {
+    return absl::InvalidArgumentError("the chief's job holds the data only (JobOptions workers false)");
+  }
+  if (!spec.task || spec.task->type != Role::kChief) {
+    return absl::InvalidArgumentError(absl::StrCat(spec.source, ": task.type: `shardwild train` on a cluster runs "
+                                                   "the chief (use `shardwild serve` for ps, worker and evaluator "
+                                                   "tasks)"));
+  }
+  if (config.ps.update == UpdateMode::kSync) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.source, ": ps.update: sync steps every worker of one store together; a cluster trains hogwild or "
+                       "row_lock"));
+  }
+  const int workers_tasks = spec.num_tasks(Role::kWorker);
+  if (workers_tasks == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(spec.source, ": cluster.worker: the cluster has no worker task"));
+  }
+  SW_ASSIGN_OR_RETURN(const int shards, ClusterShards(config, spec));
+  const int num_ps = spec.num_tasks(Role::kPs);
+
+  SW_ASSIGN_OR_RETURN(const ModelLayout model, DescribeModel(config, job.train()));
+  const int threads = job.topology().ResolveWorkers(config.train.workers);
+
+  // The ps tasks: each must be up (waiting for it up to train.task_timeout_s)
+  // and serve the chief's model.
+  SW_ASSIGN_OR_RETURN(std::vector<PsClientOptions> ps_options, PsClientsOf(config, spec));
+  std::vector<std::unique_ptr<PsClient>> ps;
+  std::vector<std::string> names;
+  std::vector<std::string> store_names;
+  for (int i = 0; i < num_ps; ++i) {
+    PsClientOptions wait = ps_options[i];
+    wait.max_attempts = AttemptsCovering(wait, config.train.task_timeout_s);
+    SW_ASSIGN_OR_RETURN(std::unique_ptr<PsClient> waiting, PsClient::Create(wait));
+    SW_ASSIGN_OR_RETURN(RemoteLayout layout, waiting->GetLayout());
+    SW_RETURN_IF_ERROR(CheckLayout(ps_options[i].task_name, layout, model, shards));
+    names.push_back(layout.store_name);
+    store_names.push_back(absl::StrCat(ps_options[i].task_name, "/", layout.store_name));
+    SW_ASSIGN_OR_RETURN(std::unique_ptr<PsClient> c, PsClient::Create(ps_options[i]));
+    ps.push_back(std::move(c));
+  }
+  progress.Line(absl::StrCat("chief: ", num_ps, " ps task", num_ps == 1 ? "" : "s", " (", shards, " shards), ",
+                             workers_tasks, " worker task", workers_tasks == 1 ? "" : "s", " x ", threads,
+                             " threads"));
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<PsMonitor> monitor, PsMonitor::Start(ps_options, names));
+
+  // The step of the last checkpoint every ps task has (restored or written).
+  std::optional<int64_t> committed;
+  const double deadline_s = config.cluster.deadline_s;
+
+  ExternalTraining ext;
+  ext.workers = workers_tasks * threads;
+  ext.shards = shards;
+  ext.store_name = absl::StrJoin(store_names, ",");
+  ext.make_workers = [&]() -> absl::StatusOr<std::unique_ptr<TaskWorkers>> {
+    ChiefServerOptions co;
+    SW_ASSIGN_OR_RETURN(co.server, MakePsServerOptions(config.cluster, spec, TaskId{Role::kChief, 0}));
+    co.worker_tasks = workers_tasks;
+    co.threads_per_task = threads;
+    SW_ASSIGN_OR_RETURN(std::unique_ptr<RemoteWorkers> w, RemoteWorkers::Start(co));
+    progress.Line(absl::StrCat("chief: waiting for ", workers_tasks * threads, " worker threads on ",
+                               co.server.bind_address));
+    return std::unique_ptr<TaskWorkers>(std::move(w));
+  };
+  ext.write_checkpoint = [&](const CheckpointState& state,
+                             const CheckpointWriteOptions& wo) -> absl::StatusOr<std::string> {
+    std::vector<std::string> paths(num_ps);
+    SW_RETURN_IF_ERROR(ForEachParallel(num_ps, [&](int i) -> absl::Status {
+      SW_ASSIGN_OR_RETURN(paths[i], ps[i]->SaveShard(state.step));
+      return absl::OkStatus();
+    }));
+    nlohmann::json params = nlohmann::json::object();
+    params["kind"] = "cluster";
+    params["shards"] = shards;
+    nlohmann::json list = nlohmann::json::array();
+    for (int i = 0; i < num_ps; ++i) list.push_back({{"task", ps_options[i].task_name}, {"path", paths[i]}});
+    params["ps"] = list;
+    params["model_version"] = ext.version();
+    SW_ASSIGN_OR_RETURN(std::string path, WriteStateCheckpoint(config.checkpoint.dir, state, params, wo));
+    committed = state.step;
+    return path;
+  };
+  ext.restore_params = [&](const CheckpointInfo& checkpoint) -> absl::Status {
+    SW_RETURN_IF_ERROR(CheckClusterCheckpoint(checkpoint, num_ps, shards));
+    SW_RETURN_IF_ERROR(ForEachParallel(num_ps, [&](int i) -> absl::Status {
+      SW_ASSIGN_OR_RETURN(const int64_t step, ps[i]->RestoreShard(checkpoint.step));
+      (void)step;
+      return absl::OkStatus();
+    }));
+    committed = checkpoint.step;
+    return absl::OkStatus();
+  };
+  ext.version = [&]() -> uint64_t {
+    uint64_t v = 0;
+    for (auto& c : ps) {
+      if (absl::StatusOr<uint64_t> x = c->Version(); x.ok()) v = std::max(v, *x);
+    }
+    return v;
+  };
+  ext.check = [&]() -> absl::Status {
+    for (int i = 0; i < num_ps; ++i) {
+      if (const double silent = monitor->Silent(i); silent > deadline_s) {
+        return absl::UnavailableError(absl::StrFormat(
+            "%s (%s) is unavailable: no answer for %.1f s (cluster.deadline_s %g); the job stops here. Restart %s "
+            "and run `shardwild train` again to resume from %s",
+            ps_options[i].task_name, ps_options[i].address, silent, deadline_s, ps_options[i].task_name,
+            committed ? absl::StrCat("the checkpoint of step ", *committed) : std::string("the start")));
+      }
+    }
+    for (int i : monitor->TakeRestarted()) {
+      if (committed) {
+        SW_ASSIGN_OR_RETURN(const int64_t step, ps[i]->RestoreShard(*committed));
+        progress.Line(absl::StrCat(ps_options[i].task_name, " was restarted: it reloaded its shards from the "
+                                   "checkpoint of step ", step, "; training goes on"));
+      } else {
+        progress.Line(absl::StrCat(ps_options[i].task_name, " was restarted before the first checkpoint: its "
+                                   "shards start again from their initial values; training goes on"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  options.external = &ext;
+  return RunTraining(job, progress, options);
+}
+
+}  // namespace shardwild

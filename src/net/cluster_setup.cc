@@ -1,0 +1,71 @@
+#include "net/cluster_setup.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "core/model.h"
+#include "core/status.h"
+#include "workers/job.h"
+
+namespace shardwild {
+
+absl::StatusOr<int> ClusterShards(const Config& config, const ClusterSpec& spec) {
+  const int ps = spec.num_tasks(Role::kPs);
+  const int shards = config.ps.shards > 0 ? config.ps.shards : ps;
+  if (shards < ps) {
+    return absl::InvalidArgumentError(absl::StrCat(config.source, ": ps.shards: ", shards,
+                                                   " shards cannot be spread over the cluster's ", ps,
+                                                   " ps tasks (each needs at least one); set ps.shards >= ", ps,
+                                                   " or auto"));
+  }
+  return shards;
+}
+
+absl::StatusOr<ModelLayout> DescribeModel(const Config& config, const Dataset& train) {
+  SW_ASSIGN_OR_RETURN(ModelSpec spec, Model::Describe(config.model, DataShape::Of(train)));
+  ModelLayout l;
+  l.variables = spec.variables;
+  l.tables = TableSpecsOf(spec);
+  return l;
+}
+
+absl::StatusOr<std::unique_ptr<ClusterStoreConnection>> ConnectClusterStore(const Config& config,
+                                                                            const ClusterSpec& spec,
+                                                                            const TaskId& task, const TaskLog& log) {
+  SW_ASSIGN_OR_RETURN(const int shards, ClusterShards(config, spec));
+  SW_ASSIGN_OR_RETURN(const ShardMap map, ShardMap::Make(shards, spec.num_tasks(Role::kPs)));
+  SW_ASSIGN_OR_RETURN(std::vector<PsClientOptions> ps, PsClientsOf(config, spec));
+  auto c = std::make_unique<ClusterStoreConnection>();
+  c->local = AttachLocalPsStores(ps, spec.address(task).host, config.optimizer, config.sparse_optimizer);
+  for (size_t p = 0; p < ps.size(); ++p) {
+    if (!c->local.fallbacks[p].empty()) {
+      log(absl::StrCat(task.ToString(), ": ", ps[p].task_name, " is on this host but reached through gRPC: ",
+                       c->local.fallbacks[p]));
+    }
+  }
+  SW_ASSIGN_OR_RETURN(c->store, ClusterParamStore::Connect(map, ps, c->local.pointers()));
+  return c;
+}
+
+int AttemptsCovering(const PsClientOptions& options, double seconds) {
+  int attempts = 1;
+  double waited = 0, backoff = options.initial_backoff_s;
+  while (waited < seconds && attempts < 10000) {
+    waited += backoff;
+    backoff = std::min(2 * backoff, options.max_backoff_s);
+    ++attempts;
+  }
+  return std::max(attempts, options.max_attempts);
+}
+
+absl::StatusOr<std::vector<PsClientOptions>> PsClientsOf(const Config& config, const ClusterSpec& spec) {
+  std::vector<PsClientOptions> out;
+  for (int i = 0; i < spec.num_tasks(Role::kPs); ++i) {
+    SW_ASSIGN_OR_RETURN(PsClientOptions o, MakePsClientOptions(config.cluster, spec, TaskId{Role::kPs, i}));
+    o.max_attempts = AttemptsCovering(o, config.cluster.deadline_s);
+    out.push_back(std::move(o));
+  }
+  return out;
+}
+
+}  // namespace shardwild

@@ -1,0 +1,83 @@
+#include "net/grpc_util.h"
+
+#include <grpc/support/log.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardwild {
+namespace {
+
+void DropLog(gpr_log_func_args* /*args*/) {}
+
+}  // namespace
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+bool ConstantTimeEquals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+grpc::Status CheckToken(const grpc::ServerContext& context, const std::string& token, const std::string& task) {
+  if (token.empty()) return grpc::Status::OK;
+  const std::string expected = absl::StrCat("Bearer ", token);
+  const auto& md = context.client_metadata();
+  auto it = md.find(kTokenMetadataKey);
+  if (it == md.end() || !ConstantTimeEquals(std::string_view(it->second.data(), it->second.size()), expected)) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat(task, ": ",
+                                     it == md.end() ? "the request carries no token" : "the request's token is wrong",
+                                     " (cluster.token_file)"));
+  }
+  return grpc::Status::OK;
+}
+
+std::shared_ptr<grpc::ServerCredentials> ServerCredentialsOf(const PsServerOptions& options) {
+  if (options.tls_cert_pem.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({options.tls_key_pem, options.tls_cert_pem});
+  return grpc::SslServerCredentials(ssl);
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const PsClientOptions& options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  const int initial_ms = std::max(1, static_cast<int>(options.initial_backoff_s * 1000));
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, initial_ms);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, initial_ms);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, std::max(initial_ms, static_cast<int>(options.max_backoff_s * 1000)));
+  std::shared_ptr<grpc::ChannelCredentials> creds;
+  if (options.tls) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_root_pem;
+    creds = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  } else {
+    creds = grpc::InsecureChannelCredentials();
+  }
+  return grpc::CreateCustomChannel(options.address, creds, args);
+}
+
+void PrepareContext(const PsClientOptions& options, double deadline_s, grpc::ClientContext* context) {
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::microseconds(static_cast<int64_t>(deadline_s * 1e6)));
+  if (!options.token.empty()) context->AddMetadata(kTokenMetadataKey, absl::StrCat("Bearer ", options.token));
+}
+
+void QuietGrpcLogs() {
+  if (std::getenv("SHARDWILD_GRPC_LOGS") != nullptr) return;
+  gpr_set_log_function(DropLog);
+}
+
+}  // namespace shardwild

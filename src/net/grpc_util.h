@@ -1,0 +1,47 @@
+// What every gRPC endpoint of the bridge shares: status conversion, the
+// token check, credentials and channels made from the options, and quieting
+// gRPC's own log lines.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "net/net_options.h"
+
+namespace shardwild {
+
+// absl and gRPC status codes share their numbers.
+grpc::Status ToGrpc(const absl::Status& s);
+
+// Compares in time that depends only on the lengths.
+bool ConstantTimeEquals(std::string_view a, std::string_view b);
+
+// The token check every call of a server starts with: OK when `token` is
+// empty (a loopback-only server) or the call's "authorization" metadata is
+// "Bearer <token>"; else PERMISSION_DENIED naming `task` and what was wrong
+// (no token, or a wrong one).
+grpc::Status CheckToken(const grpc::ServerContext& context, const std::string& token, const std::string& task);
+
+// TLS server credentials from the PEM certificate and key when given, else
+// insecure ones (PsServerOptions::Validate allows that on loopback only).
+std::shared_ptr<grpc::ServerCredentials> ServerCredentialsOf(const PsServerOptions& options);
+
+// A channel to options.address with its TLS settings, both message limits
+// set explicitly, and reconnect backoffs as short as the call retries (so a
+// restarted server is found by the next attempt).
+std::shared_ptr<grpc::Channel> MakeChannel(const PsClientOptions& options);
+
+// Adds the token (if any) and a deadline `deadline_s` from now to `context`.
+void PrepareContext(const PsClientOptions& options, double deadline_s, grpc::ClientContext* context);
+
+// gRPC writes its own lines to stderr (a port in use, a peer gone, ...);
+// the command line reports each failure as one line of its own, so they are
+// dropped, except with SHARDWILD_GRPC_LOGS set in the environment (for
+// debugging the bridge). Call once, before any gRPC object exists.
+void QuietGrpcLogs();
+
+}  // namespace shardwild

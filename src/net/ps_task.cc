@@ -1,0 +1,54 @@
+#include "net/ps_task.h"
+
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "net/ps_server.h"
+#include "ps_shm/shm_store.h"
+#include "workers/job.h"
+
+namespace shardwild {
+
+absl::Status RunPsTask(const Config& config, const ClusterSpec& spec, int index, const std::atomic<bool>& stop,
+                       const TaskLog& log) {
+  SW_RETURN_IF_ERROR(config.Validate());
+  const TaskId task{Role::kPs, index};
+  SW_ASSIGN_OR_RETURN(const int shards, ClusterShards(config, spec));
+  SW_ASSIGN_OR_RETURN(const ShardMap map, ShardMap::Make(shards, spec.num_tasks(Role::kPs)));
+  SW_ASSIGN_OR_RETURN(Dataset train, LoadDataset(config, config.data.train, config.data.max_train_records, nullptr));
+  SW_ASSIGN_OR_RETURN(ModelLayout model, DescribeModel(config, train));
+  train = Dataset();  // only its shape was needed
+
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<Topology> topo, MakeTopology(config.topology));
+  OpenStoreOptions so;
+  so.store = config.ps;
+  // Each ps task's segments carry its own job name, so two ps tasks of one
+  // machine never take each other's segments for stale ones.
+  so.store.job_name = absl::StrCat(config.ps.job_name, "-ps", index);
+  so.optimizer = config.optimizer;
+  so.sparse_optimizer = config.sparse_optimizer;
+  so.seed = config.train.seed;
+  so.num_shards = shards;
+  so.first_hosted_shard = map.first_shard(index);
+  so.num_hosted_shards = map.num_shards_of(index);
+  so.placer = topo.get();
+  so.tables = std::move(model.tables);
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<ShmParamStore> store, ShmParamStore::Create(so, std::move(model.variables)));
+
+  SW_ASSIGN_OR_RETURN(PsServerOptions server_options, MakePsServerOptions(config.cluster, spec, task));
+  if (!config.checkpoint.dir.empty()) {
+    server_options.checkpoint_dir = absl::StrCat(config.checkpoint.dir, "/ps-", index);
+  }
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<PsServer> server, PsServer::Start(server_options, store.get()));
+  log(absl::StrCat(task.ToString(), ": serving shards [", map.first_shard(index), ", ",
+                   map.first_shard(index) + map.num_shards_of(index), ") of ", shards, " on ", server->address(),
+                   " (store ", store->name(), ", ", store->total_bytes() >> 20, " MiB)"));
+  while (!stop.load(std::memory_order_relaxed)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  log(absl::StrCat(task.ToString(), ": stopping"));
+  server->Shutdown(/*grace_s=*/2.0);
+  return absl::OkStatus();
+}
+
+}  // namespace shardwild

@@ -1,0 +1,175 @@
+#include "workers/task_workers.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <exception>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "core/status.h"
+#include "workers/trainer.h"
+
+namespace shardwild {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string Real(double v) { return absl::StrFormat("%.17g", v); }
+
+}  // namespace
+
+std::string OneLine(absl::string_view text) {
+  std::string s(text);
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  std::replace(s.begin(), s.end(), '\r', ' ');
+  return s;
+}
+
+bool InlineEvaluation(const Config& config) { return !config.data.test.empty() && !config.eval.sidecar; }
+
+// Encodes an evaluation task's result for `evaldone`: count, correct,
+// loss_sum (17 digits) and the metrics' bytes in base64 ("-" when absent).
+std::string EncodeEvalResult(const EvalResult& r) {
+  return absl::StrCat(r.count, " ", r.correct, " ", Real(r.loss_sum), " ",
+                      r.metrics ? absl::Base64Escape(r.metrics->Serialize()) : std::string("-"));
+}
+
+absl::StatusOr<EvalResult> DecodeEvalResult(const std::vector<std::string>& f, size_t at) {
+  EvalResult r;
+  if (f.size() != at + 4 || !absl::SimpleAtoi(f[at], &r.count) || !absl::SimpleAtoi(f[at + 1], &r.correct) ||
+      !absl::SimpleAtod(f[at + 2], &r.loss_sum) || r.count < 0) {
+    return absl::InvalidArgumentError("malformed evaluation result");
+  }
+  if (f[at + 3] != "-") {
+    std::string bytes;
+    if (!absl::Base64Unescape(f[at + 3], &bytes)) return absl::InvalidArgumentError("malformed metrics (base64)");
+    SW_ASSIGN_OR_RETURN(EvalMetrics m, EvalMetrics::Deserialize(bytes));
+    r.metrics = std::move(m);
+  }
+  return r;
+}
+
+absl::StatusOr<std::shared_ptr<Inbox>> Inbox::Create() {
+  int p[2];
+  if (pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) {
+    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  }
+  return std::shared_ptr<Inbox>(new Inbox(p[0], p[1]));
+}
+
+Inbox::~Inbox() {
+  close(read_fd_);
+  close(write_fd_);
+}
+
+void Inbox::Post(std::string line) {
+  MutexLock lock(&mu_);
+  if (closed_ || ended_) return;
+  lines_.push_back(std::move(line));
+  // A full pipe already wakes the reader, so EAGAIN is fine.
+  [[maybe_unused]] const ssize_t n = ::write(write_fd_, "x", 1);
+}
+
+void Inbox::End() {
+  MutexLock lock(&mu_);
+  if (ended_) return;
+  ended_ = true;
+  [[maybe_unused]] const ssize_t n = ::write(write_fd_, "x", 1);
+}
+
+bool Inbox::Drain(std::string* out) {
+  char chunk[256];
+  while (::read(read_fd_, chunk, sizeof chunk) > 0) {
+  }
+  MutexLock lock(&mu_);
+  for (std::string& line : lines_) absl::StrAppend(out, line, "\n");
+  lines_.clear();
+  return !ended_;
+}
+
+void Inbox::Close() {
+  MutexLock lock(&mu_);
+  closed_ = true;
+  lines_.clear();
+}
+
+std::optional<std::string> TaskRunner::Run(const std::string& line, const std::function<bool()>& heartbeat) {
+  const std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+  if (f.empty()) return std::nullopt;
+  std::optional<std::string> reply;
+  try {
+    if (f[0] == "task") reply = Train(f, line, heartbeat);
+    if (f[0] == "eval") reply = Evaluate(f, line);
+  } catch (const std::exception& e) {  // out of memory, say: the task failed, the worker goes on
+    reply = absl::StrCat("fail ", f.size() > 1 ? f[1] : "0", " ", f[0], " threw: ", OneLine(e.what()));
+  }
+  last_sent_ = Clock::now();
+  return reply;
+}
+
+std::optional<std::string> TaskRunner::Train(const std::vector<std::string>& f, const std::string& line,
+                                 const std::function<bool()>& heartbeat) {
+  uint64_t lease = 0;
+  int epoch = 0;
+  int64_t first = 0, count = 0;
+  double progress_begin = 0, per_step = 0;
+  if (f.size() != 7 || !absl::SimpleAtoi(f[1], &lease) || !absl::SimpleAtoi(f[2], &epoch) ||
+      !absl::SimpleAtoi(f[3], &first) || !absl::SimpleAtoi(f[4], &count) ||
+      !absl::SimpleAtod(f[5], &progress_begin) || !absl::SimpleAtod(f[6], &per_step) || epoch < 1 || first < 0 ||
+      count < 0 || first + count > train_.count) {
+    return absl::StrCat("fail ", lease, " malformed task: ", OneLine(line));
+  }
+  if (epoch != order_epoch_) {
+    order_ = EpochOrder(train_.count, config_.train.seed, epoch);
+    order_epoch_ = epoch;
+  }
+  const int64_t batch = config_.train.batch_size;
+  const int64_t piece = batch * config_.train.pull_every;  // records per TrainRange call
+  WorkerCounters& c = worker_.counters();
+  const int64_t steps0 = c.steps.load(std::memory_order_relaxed);
+  const int64_t samples0 = c.samples.load(std::memory_order_relaxed);
+  const int64_t correct0 = c.correct.load(std::memory_order_relaxed);
+  const double loss0 = c.loss_sum.load(std::memory_order_relaxed);
+  absl::Status trained;
+  // In pieces of pull_every steps (Worker::TrainRange pulls at the start of
+  // each call and every pull_every steps, so the pieces compute exactly
+  // what one call would), with a heartbeat between them.
+  for (int64_t off = 0; off < count && trained.ok(); off += piece) {
+    trained = worker_.TrainRange(order_.data() + first + off, std::min(piece, count - off), config_.optimizer,
+                                 progress_begin, per_step, off / batch, nullptr);
+    if (SecondsSince(last_sent_) >= 1.0 && off + piece < count) {
+      if (!heartbeat()) return std::nullopt;
+      last_sent_ = Clock::now();
+    }
+  }
+  if (!trained.ok()) return absl::StrCat("fail ", lease, " ", OneLine(trained.message()));
+  return absl::StrCat("done ", lease, " ", c.samples.load(std::memory_order_relaxed) - samples0, " ",
+                      c.steps.load(std::memory_order_relaxed) - steps0, " ",
+                      Real(c.loss_sum.load(std::memory_order_relaxed) - loss0), " ",
+                      c.correct.load(std::memory_order_relaxed) - correct0);
+}
+
+std::string TaskRunner::Evaluate(const std::vector<std::string>& f, const std::string& line) {
+  uint64_t lease = 0;
+  int64_t first = 0, count = 0;
+  if (f.size() != 4 || !absl::SimpleAtoi(f[1], &lease) || !absl::SimpleAtoi(f[2], &first) ||
+      !absl::SimpleAtoi(f[3], &count) || test_ == nullptr || first < 0 || count < 0 ||
+      first + count > test_->count) {
+    return absl::StrCat("fail ", lease, " malformed evaluation task", test_ == nullptr ? " (no test data)" : "",
+                        ": ", OneLine(line));
+  }
+  absl::StatusOr<EvalResult> r = worker_.Evaluate(*test_, first, first + count);
+  if (!r.ok()) return absl::StrCat("fail ", lease, " ", OneLine(r.status().message()));
+  return absl::StrCat("evaldone ", lease, " ", EncodeEvalResult(*r));
+}
+
+}  // namespace shardwild
