@@ -189,9 +189,13 @@ std::string Describe(Cluster& c, int ps, int workers) {
   return s;
 }
 
+// Two "machines" of one box: 127.0.0.1 (chief, ps:0, worker:0) and
+// 127.0.0.2 (ps:1, worker:1). Each worker task reaches its machine's ps task
+// through shared memory and the other through gRPC.
 TEST(ClusterTrainTest, TwoPsTwoWorkersTrainLikeOneNode) {
   SKIP_WITHOUT_DATA();
-  Cluster c(2, 2, Settings("cl-train"));
+  Cluster c(2, 2, Settings("cl-train"), /*checkpoints=*/false,
+            {"127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.1", "127.0.0.2"}, {}, /*port=*/0);
   ASSERT_TRUE(c.ok());
   c.StartAll();
   const int status = c.chief().Wait();
@@ -207,6 +211,9 @@ TEST(ClusterTrainTest, TwoPsTwoWorkersTrainLikeOneNode) {
   for (int i = 0; i < 2; ++i) {
     const int ws = c.worker(i).Wait();
     EXPECT_TRUE(WIFEXITED(ws) && WEXITSTATUS(ws) == 0) << c.worker(i).err();
+  }
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(Has(c.worker(i).out(), "1 of 2 ps tasks through shared memory")) << c.worker(i).out();
   }
   // The global shard map: 3 shards over 2 ps tasks, 2 + 1.
   EXPECT_TRUE(Has(c.ps(0).out(), "ps:0: serving shards [0, 2) of 3")) << c.ps(0).out();
