@@ -46,6 +46,7 @@
 #include "core/data_gen.h"
 #include "core/mutex.h"
 #include "net/chief_task.h"
+#include "net/cluster_setup.h"
 #include "net/cluster_spec.h"
 #include "net/grpc_util.h"
 #include "net/ps_task.h"
@@ -408,14 +409,47 @@ int Predict(const std::string& path, const std::vector<std::string>& sets, const
   return 0;
 }
 
-int Bench(const std::string& path, const std::vector<std::string>& sets, bool as_json) {
+int Bench(const std::string& path, const std::vector<std::string>& sets, bool as_json,
+          const ClusterSpecSources& cluster) {
   absl::StatusOr<Config> config = LoadWithOverrides(path, sets);
   if (!config.ok()) return Fail(config.status());
-  absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(*config);
+  // On a cluster, a worker task's machine times its steps against the
+  // cluster's store (the ps tasks of its host through shared memory, the
+  // others through gRPC), with the bytes on the wire.
+  std::unique_ptr<ClusterStoreConnection> connection;
+  std::string where;
+  JobOptions jo;
+  if (IsCluster(cluster)) {
+    absl::StatusOr<ClusterSpec> spec = ResolveClusterSpec(cluster);
+    if (!spec.ok()) return Fail(spec.status());
+    if (!spec->task || spec->task->type != Role::kWorker) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          spec->source, ": task.type: `shardwild bench` on a cluster runs as a worker task (its machine's steps "
+                        "against the cluster's ps tasks)")));
+    }
+    absl::StatusOr<std::unique_ptr<ClusterStoreConnection>> c = ConnectClusterStore(
+        *config, *spec, *spec->task, [](const std::string& line) { std::printf("%s\n", line.c_str()); });
+    if (!c.ok()) return Fail(c.status());
+    connection = *std::move(c);
+    jo.store = connection->store.get();
+    int local = 0;
+    for (int p = 0; p < connection->store->num_ps(); ++p) local += connection->store->is_local(p) ? 1 : 0;
+    where = absl::StrFormat(" as %s of a cluster (%d of %d ps tasks through shared memory, %s, compression %s)",
+                            spec->task->ToString(), local, connection->store->num_ps(), spec->source,
+                            GradientCompressionName(config->cluster.compression));
+  }
+  absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(*config, jo);
   if (!job.ok()) return Fail(job.status());
-  absl::StatusOr<BenchReport> r = RunBench(**job);
+  std::function<uint64_t()> wire;
+  if (connection) {
+    wire = [store = connection->store.get()] {
+      const PsClient::Stats st = store->stats();
+      return st.bytes_sent + st.bytes_received;
+    };
+  }
+  absl::StatusOr<BenchReport> r = RunBench(**job, wire);
   if (!r.ok()) return Fail(r.status());
-  std::printf("shardwild bench %s\n%s", path.c_str(), FormatBenchReport(*r).c_str());
+  std::printf("shardwild bench %s%s\n%s", path.c_str(), where.c_str(), FormatBenchReport(*r).c_str());
   if (as_json) {
     const double total = r->phases.total();
     auto frac = [&](double x) { return total > 0 ? x / total : 0.0; };
@@ -449,6 +483,12 @@ int Bench(const std::string& path, const std::vector<std::string>& sets, bool as
               {"peak_gflops", r->peak.gflops},
               {"peak_shape", {r->peak.m, r->peak.n, r->peak.k}},
               {"peak_fraction", r->peak_fraction}};
+    if (r->wire_bytes_per_step >= 0) {
+      j["wire_bytes_per_step"] = r->wire_bytes_per_step;
+      j["compression"] = GradientCompressionName(config->cluster.compression);
+      j["store_fraction"] =
+          frac(r->phases.read_params + r->phases.pull_rows + r->phases.push + r->phases.push_rows);
+    }
     std::printf("%s\n", j.dump().c_str());
   }
   return 0;
@@ -722,6 +762,22 @@ int main(int argc, char** argv) {
   std::vector<std::string> sets;
   bool as_json = false;
 
+  // The cluster spec's sources, on every command that runs a cluster task.
+  ClusterSpecSources cluster_sources;
+  std::string task_type;
+  int task_index = 0;
+  std::vector<std::pair<CLI::Option*, CLI::Option*>> task_flags;  // (--task-type, --task-index) per command
+  auto add_cluster_flags = [&](CLI::App* cmd) {
+    cmd->add_option("--cluster", cluster_sources.cluster_file,
+                    "TF_CONFIG-style JSON file (default: the TF_CONFIG environment variable)");
+    CLI::Option* type = cmd->add_option(
+        "--task-type", task_type, "This task's role: chief, ps, worker or evaluator (overrides the spec's task.type)");
+    CLI::Option* index = cmd->add_option("--task-index", task_index,
+                                         "This task's index (overrides the spec's task.index)")
+                             ->check(CLI::NonNegativeNumber);
+    task_flags.emplace_back(type, index);
+  };
+
   CLI::App* train = app.add_subcommand("train", "Train the model a config describes");
   train->add_option("config", config_path, "YAML config file")->required();
   train->add_option("--set", sets, "Override a config key by its dotted path: --set train.workers=2");
@@ -760,6 +816,7 @@ int main(int argc, char** argv) {
   bench->add_option("--set", sets, "Override a config key by its dotted path");
   bench->add_flag("--json", as_json, "End with one line of JSON");
   bench->require_subcommand(0, 1);
+  add_cluster_flags(bench);
 
   StoreBenchOptions store_bench;
   CLI::App* bench_store = bench->add_subcommand(
@@ -830,21 +887,6 @@ int main(int argc, char** argv) {
   data_gen->add_option("--classes", data_gen_options.text_classes, "text: classes")->capture_default_str();
   data_gen->add_flag("--json", as_json, "End with one line of JSON");
 
-  // The cluster spec's sources, on every command that runs a cluster task.
-  ClusterSpecSources cluster_sources;
-  std::string task_type;
-  int task_index = 0;
-  std::vector<std::pair<CLI::Option*, CLI::Option*>> task_flags;  // (--task-type, --task-index) per command
-  auto add_cluster_flags = [&](CLI::App* cmd) {
-    cmd->add_option("--cluster", cluster_sources.cluster_file,
-                    "TF_CONFIG-style JSON file (default: the TF_CONFIG environment variable)");
-    CLI::Option* type = cmd->add_option(
-        "--task-type", task_type, "This task's role: chief, ps, worker or evaluator (overrides the spec's task.type)");
-    CLI::Option* index = cmd->add_option("--task-index", task_index,
-                                         "This task's index (overrides the spec's task.index)")
-                             ->check(CLI::NonNegativeNumber);
-    task_flags.emplace_back(type, index);
-  };
   add_cluster_flags(train);
   CLI::App* cluster_info = app.add_subcommand(
       "cluster-info", "Show the cluster spec (TF_CONFIG, --cluster or flags), this task's role and the shard map");
@@ -908,7 +950,7 @@ int main(int argc, char** argv) {
                    "(run with --help for usage)\n");
       return 2;
     }
-    return Bench(config_path, sets, as_json);
+    return Bench(config_path, sets, as_json, cluster_sources);
   }
   if (topo->parsed()) return ShowTopology(synthetic, xml, workers, shards, threads, as_json);
   if (data_gen->parsed()) return GenerateDataCommand(data_gen_options, as_json);

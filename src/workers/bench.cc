@@ -45,7 +45,7 @@ absl::StatusOr<MatmulPeak> MeasureMatmulPeak(WorkerPool& pool, int omp_threads_p
   return peak;
 }
 
-absl::StatusOr<BenchReport> RunBench(Job& job) {
+absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& wire_bytes) {
   const Config& cfg = job.config();
   BenchReport r;
   r.workers = job.num_workers();
@@ -70,11 +70,15 @@ absl::StatusOr<BenchReport> RunBench(Job& job) {
     pulls_before += job.worker(i).counters().pulls.load(std::memory_order_relaxed);
     rows_before += job.worker(i).counters().rows_pulled.load(std::memory_order_relaxed);
   }
+  const uint64_t wire_before = wire_bytes ? wire_bytes() : 0;
   const auto start = Clock::now();
   SW_RETURN_IF_ERROR(job.pool().RunAll([&](int i) {
     return job.worker(i).Train(order.data() + parts[i].begin, parts[i].size(), r.steps, opt, 0, 0, &times[i]);
   }));
   r.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
+  if (wire_bytes) {
+    r.wire_bytes_per_step = static_cast<double>(wire_bytes() - wire_before) / (static_cast<double>(r.steps) * r.workers);
+  }
   for (const PhaseTimes& t : times) r.phases.Add(t);
   int64_t rows = 0;
   for (int i = 0; i < r.workers; ++i) {
@@ -98,7 +102,7 @@ absl::StatusOr<BenchReport> RunBench(Job& job) {
     r.tokens_per_s_per_worker =
         r.samples_per_s * static_cast<double>(job.train().tokens) / static_cast<double>(job.train().count) / r.workers;
   }
-  const StoreLayout& layout = job.store().layout();
+  const StoreLayout& layout = job.param_store().layout();
   if (rows > 0 && !layout.tables.empty()) {
     r.rows_per_s = static_cast<double>(rows) / r.wall_s;
     // Bytes per id: the gathered row, and the update's params + slots read and written.
@@ -165,6 +169,13 @@ std::string FormatBenchReport(const BenchReport& r) {
   absl::StrAppendFormat(&s, "matmul peak (same run, sgemm %dx%dx%d on %d threads x %d OpenMP): %.2f GFLOP/s\n",
                         r.peak.m, r.peak.n, r.peak.k, r.peak.threads, r.peak.omp_threads_per_worker, r.peak.gflops);
   absl::StrAppendFormat(&s, "fraction of peak: %.3f\n", r.peak_fraction);
+  if (r.wire_bytes_per_step >= 0) {
+    const double t = r.phases.total();
+    const double store = r.phases.read_params + r.phases.pull_rows + r.phases.push + r.phases.push_rows;
+    absl::StrAppendFormat(&s, "bridge: %.1f KiB on the wire per step (pull and push messages, sent + received); "
+                              "store access (read params, pull rows, push, push rows) %.1f%% of the step\n",
+                          r.wire_bytes_per_step / 1024, t > 0 ? 100 * store / t : 0.0);
+  }
   return s;
 }
 

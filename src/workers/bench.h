@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -70,9 +71,18 @@ struct BenchReport {
   // the timed steps), for the phase comparison.
   double data_load_s = 0;
   int64_t data_records = 0;
+  // A store reached over the network (a cluster's worker task): bytes of
+  // the pull and push messages per timed step of one worker (sent and
+  // received), from RunBench's `wire_bytes`; -1 when not measured. The
+  // share of the step time spent in the store (read_params, pull_rows,
+  // push, push_rows: the bridge, on a cluster) is phases' to tell.
+  double wire_bytes_per_step = -1;
 };
 
-absl::StatusOr<BenchReport> RunBench(Job& job);
+// Times the job's step. `wire_bytes`, if given, returns the bytes the
+// store has sent and received over the network so far (read before and
+// after the timed steps).
+absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& wire_bytes = nullptr);
 
 // A human-readable report.
 std::string FormatBenchReport(const BenchReport& r);

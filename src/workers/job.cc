@@ -97,6 +97,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
   }
   std::unique_ptr<Job> job(new Job());
   job->config_ = config;
+  job->external_store_ = options.store;
   SW_ASSIGN_OR_RETURN(job->topology_, MakeTopology(config.topology));
   const Topology& topo = *job->topology_;
   const int workers = topo.ResolveWorkers(config.train.workers);

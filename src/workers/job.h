@@ -72,6 +72,8 @@ class Job {
   bool has_local_store() const { return store_ != nullptr; }
   // The first replica: with ps.replication per_machine the one store.
   ShmParamStore& store() { return store_->replica(0); }
+  // The store the workers use: the first replica, or JobOptions::store.
+  ParamStore& param_store() { return store_ ? static_cast<ParamStore&>(store_->replica(0)) : *external_store_; }
   // Every replica, what ps.replication chose and why, and the averaging.
   ReplicatedStore& replicas() { return *store_; }
   WorkerPool& pool() { return *pool_; }
@@ -95,6 +97,7 @@ class Job {
   double data_load_seconds_ = 0;
   dnnl::engine engine_;
   std::unique_ptr<ReplicatedStore> store_;  // null with JobOptions::store
+  ParamStore* external_store_ = nullptr;    // JobOptions::store (not owned)
   std::unique_ptr<SyncAggregator> sync_;          // ps.update sync only
   std::vector<std::unique_ptr<Worker>> workers_;  // slot i written only by thread i during Create
   std::unique_ptr<WorkerPool> pool_;              // declared last: its threads stop before the rest goes
