@@ -1080,7 +1080,10 @@ uint64_t ShmParamStore::total_bytes() const {
 
 ShmParamStore::Memory ShmParamStore::memory() const {
   Memory m;
-  for (const VariableSpec& v : layout_.variables) m.params += static_cast<uint64_t>(v.size()) * sizeof(float);
+  // The rows held here (all of them in a full store).
+  for (size_t v = 0; v < layout_.variables.size(); ++v) {
+    m.params += static_cast<uint64_t>(hosted_rows_[v].size() * layout_.variables[v].cols) * sizeof(float);
+  }
   m.slots = m.params * static_cast<uint64_t>(num_slots_);
   for (const std::vector<EmbeddingTable>& table : tables_) {
     for (const EmbeddingTable& part : table) {

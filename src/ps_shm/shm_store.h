@@ -137,7 +137,8 @@ class ShmParamStore final : public ParamStore {
   // Where those bytes go: parameter values, optimizer slots, and the rest
   // (headers, layout tables, alignment padding, per-row lock words, table
   // indexes and row metadata). Embedding tables count with the rows they
-  // can hold (every shard's capacity), dense variables with their size.
+  // can hold (every hosted shard's capacity), dense variables with their
+  // size (a partial store: their hosted rows).
   struct Memory {
     uint64_t params = 0, slots = 0, overhead = 0;
   };

@@ -94,6 +94,13 @@ TEST(PartialStoreTest, HostsItsBlockWithTheFullStoresLayoutAndValues) {
     EXPECT_EQ(part->partial(), b.num != kShards);
     EXPECT_EQ(part->first_hosted_shard(), b.first);
     EXPECT_EQ(part->num_hosted_shards(), b.num);
+    // Memory only for the hosted shards' rows.
+    const ShmParamStore::Memory m = part->memory();
+    EXPECT_LE(m.params + m.slots, part->total_bytes());
+    if (b.num < kShards) {
+      EXPECT_LT(part->total_bytes(), full->total_bytes());
+      EXPECT_LT(m.params, full->memory().params);
+    }
     for (int s = 0; s < kShards; ++s) EXPECT_EQ(part->hosts(s), s >= b.first && s < b.first + b.num) << s;
     // The global layout.
     const StoreLayout& pl = part->layout();
