@@ -185,9 +185,8 @@ absl::Status PsService::PushDense(const Reader<net::PushDenseRequest>& read, net
       if (budget < 0) {
         return Invalid(absl::StrCat("push: more than ", options_.max_push_bytes, " bytes of gradients"));
       }
-      // Whole-variable buffers (ShmParamStore::Push reads each part's rows
-      // at its offset); only the hosted run is filled and read.
-      it = grads.emplace(var, std::vector<float>(spec.size())).first;
+      // The hosted run only (ShmParamStore::PushHosted).
+      it = grads.emplace(var, std::vector<float>(run_end - run_begin)).first;
       received[var] = run_begin;
     }
     int64_t& done = received[var];
@@ -208,7 +207,7 @@ absl::Status PsService::PushDense(const Reader<net::PushDenseRequest>& read, net
                                   " floats of its hosted rows [", hosted.begin, ", ", hosted.end, ") (it runs past float ",
                                   run_end, ")"));
     }
-    DecodeValues(g.encoding(), g.values().data(), g.half_values(), *n, it->second.data() + done);
+    DecodeValues(g.encoding(), g.values().data(), g.half_values(), *n, it->second.data() + (done - run_begin));
     done += *n;
   }
   if (count == 0) return Invalid("push: the request carries no gradient");
@@ -233,7 +232,7 @@ absl::Status PsService::PushDense(const Reader<net::PushDenseRequest>& read, net
     out->set_duplicate(true);
     return absl::OkStatus();
   }
-  if (absl::Status s = store_->Push(dense, lr); !s.ok()) {
+  if (absl::Status s = store_->PushHosted(dense, lr); !s.ok()) {
     AbortPush(client, sequence);
     return s;
   }

@@ -4,10 +4,10 @@
 // This is the single-server building block of the gRPC bridge: a worker
 // given a RemoteParamStore pulls and pushes exactly as with the local
 // ShmParamStore the server serves (the same bits for the same calls; see
-// tests/net/remote_store_test.cc). Spreading one store's shards over several
-// ps tasks (the global shard map, net/cluster_spec.h ShardMap), mixing local
-// and remote shards, async calls issued to all shards in parallel, and
-// gradient compression are not done here.
+// tests/net/remote_store_test.cc). The server must host every shard.
+// Spreading one store's shards over several ps tasks (the global shard map,
+// net/cluster_spec.h ShardMap), mixing local and remote ps tasks and calling
+// them in parallel is net/cluster_store.h's ClusterParamStore.
 //
 // Each call is one or more gRPC calls with PsClient's deadline and retries;
 // their errors come back as the ParamStore method's Status (Unavailable

@@ -121,7 +121,8 @@ struct OpenStoreOptions {
   int num_shards = 1;             // resolved shard count (StoreOptions::shards may say auto)
   // The block of the num_shards global shards this store hosts (one ps task's
   // share of the global shard map, net/cluster_spec.h ShardMap): shards
-  // [first_hosted_shard, first_hosted_shard + num_hosted_shards). -1 = all.
+  // [first_hosted_shard, first_hosted_shard + num_hosted_shards). -1 = all
+  // (first_hosted_shard is then ignored).
   // Only the hosted shards get memory; the layout, partitioning, initial
   // values and row routing stay those of the whole num_shards-shard store,
   // so every ps task computes the same. ShmParamStore says what a partial

@@ -815,7 +815,13 @@ absl::Status ShmParamStore::WriteTableRow(int table, uint64_t id, const float* p
   return home.table->WriteRowState(home.local_id, params, slots, update_count);
 }
 
-absl::Status ShmParamStore::Push(absl::Span<const DenseGrad> grads, float lr) {
+absl::Status ShmParamStore::Push(absl::Span<const DenseGrad> grads, float lr) { return PushImpl(grads, lr, false); }
+
+absl::Status ShmParamStore::PushHosted(absl::Span<const DenseGrad> grads, float lr) {
+  return PushImpl(grads, lr, true);
+}
+
+absl::Status ShmParamStore::PushImpl(absl::Span<const DenseGrad> grads, float lr, bool from_hosted) {
   const int nshards = layout_.num_shards;
   // Which shards this push touched (a fixed-size mask keeps the hot path free of allocation).
   uint64_t touched_small = 0;
@@ -825,6 +831,8 @@ absl::Status ShmParamStore::Push(absl::Span<const DenseGrad> grads, float lr) {
       return absl::InvalidArgumentError(absl::StrCat("push: no variable ", g.var));
     }
     const int64_t cols = layout_.variables[g.var].cols;
+    // The row g.grad starts at: 0, or the first hosted row (PushHosted).
+    const int64_t base = from_hosted ? hosted_rows_[g.var].begin : 0;
     for (int s = 0; s < nshards; ++s) {
       const Part& p = parts_[g.var][s];
       if (p.row_end == p.row_begin) continue;
@@ -836,11 +844,12 @@ absl::Status ShmParamStore::Push(absl::Span<const DenseGrad> grads, float lr) {
         for (int64_t r = 0; r < p.row_end - p.row_begin; ++r) {
           for (int k = 0; k < num_slots_; ++k) row_slots[k] = p.slots[k] + r * cols;
           const uint32_t odd = LockRow(p.row_seq + r);
-          ApplyUpdate(optimizer_, up, p.params + r * cols, row_slots, g.grad + (p.row_begin + r) * cols, cols);
+          ApplyUpdate(optimizer_, up, p.params + r * cols, row_slots, g.grad + (p.row_begin - base + r) * cols, cols);
           UnlockRow(p.row_seq + r, odd);
         }
       } else {
-        ApplyUpdate(optimizer_, up, p.params, p.slots, g.grad + p.row_begin * cols, (p.row_end - p.row_begin) * cols);
+        ApplyUpdate(optimizer_, up, p.params, p.slots, g.grad + (p.row_begin - base) * cols,
+                    (p.row_end - p.row_begin) * cols);
       }
       const int k = s - first_hosted_;  // hosted: parts of other shards have no rows
       if (k < 64) touched_small |= uint64_t{1} << k; else touched_all = true;
@@ -1080,7 +1089,10 @@ uint64_t ShmParamStore::total_bytes() const {
 
 ShmParamStore::Memory ShmParamStore::memory() const {
   Memory m;
-  for (const VariableSpec& v : layout_.variables) m.params += static_cast<uint64_t>(v.size()) * sizeof(float);
+  // The rows held here (all of them in a full store).
+  for (size_t v = 0; v < layout_.variables.size(); ++v) {
+    m.params += static_cast<uint64_t>(hosted_rows_[v].size() * layout_.variables[v].cols) * sizeof(float);
+  }
   m.slots = m.params * static_cast<uint64_t>(num_slots_);
   for (const std::vector<EmbeddingTable>& table : tables_) {
     for (const EmbeddingTable& part : table) {

@@ -89,6 +89,12 @@ class ShmParamStore final : public ParamStore {
   // begin == end, when none). var must be valid.
   RowRange hosted_rows(int var) const { return hosted_rows_[var]; }
 
+  // As Push, but each grads[i].grad points at the first float of its
+  // variable's hosted rows and holds hosted_rows(var).size() * cols floats
+  // (what a ps task receives for its block; net/ps_service.cc). In a full
+  // store the same as Push.
+  absl::Status PushHosted(absl::Span<const DenseGrad> grads, float lr);
+
   // The optimizer of the dense variables (OpenStoreOptions::optimizer).
   const OptimizerOptions& optimizer() const { return optimizer_; }
   // The optimizer of the embedding tables (OpenStoreOptions::sparse_optimizer,
@@ -137,7 +143,8 @@ class ShmParamStore final : public ParamStore {
   // Where those bytes go: parameter values, optimizer slots, and the rest
   // (headers, layout tables, alignment padding, per-row lock words, table
   // indexes and row metadata). Embedding tables count with the rows they
-  // can hold (every shard's capacity), dense variables with their size.
+  // can hold (every hosted shard's capacity), dense variables with their
+  // size (a partial store: their hosted rows).
   struct Memory {
     uint64_t params = 0, slots = 0, overhead = 0;
   };
@@ -193,6 +200,8 @@ class ShmParamStore final : public ParamStore {
  private:
   ShmParamStore() = default;
   absl::Status BuildParts();
+  // Push and PushHosted (from_hosted: gradients start at the hosted rows).
+  absl::Status PushImpl(absl::Span<const DenseGrad> grads, float lr, bool from_hosted);
   // hosted_rows_ from layout_ and the hosted block; FailedPrecondition when
   // a variable's hosted parts are not one contiguous row range.
   absl::Status ComputeHostedRows();

@@ -94,6 +94,13 @@ TEST(PartialStoreTest, HostsItsBlockWithTheFullStoresLayoutAndValues) {
     EXPECT_EQ(part->partial(), b.num != kShards);
     EXPECT_EQ(part->first_hosted_shard(), b.first);
     EXPECT_EQ(part->num_hosted_shards(), b.num);
+    // Memory only for the hosted shards' rows.
+    const ShmParamStore::Memory m = part->memory();
+    EXPECT_LE(m.params + m.slots, part->total_bytes());
+    if (b.num < kShards) {
+      EXPECT_LT(part->total_bytes(), full->total_bytes());
+      EXPECT_LT(m.params, full->memory().params);
+    }
     for (int s = 0; s < kShards; ++s) EXPECT_EQ(part->hosts(s), s >= b.first && s < b.first + b.num) << s;
     // The global layout.
     const StoreLayout& pl = part->layout();
@@ -133,8 +140,8 @@ TEST(PartialStoreTest, HostsItsBlockWithTheFullStoresLayoutAndValues) {
 TEST(PartialStoreTest, UpdatesHostedRowsAsTheFullStore) {
   for (UpdateMode mode : {UpdateMode::kHogwild, UpdateMode::kRowLock}) {
     SCOPED_TRACE(UpdateModeName(mode));
-    std::unique_ptr<ShmParamStore> full = Make(0, -1, mode), part = Make(3, 2, mode);
-    ASSERT_TRUE(full && part);
+    std::unique_ptr<ShmParamStore> full = Make(0, -1, mode), part = Make(3, 2, mode), hosted = Make(3, 2, mode);
+    ASSERT_TRUE(full && part && hosted);
     RowScratch scratch;
     const std::vector<VariableSpec> vars = Variables();
     for (int step = 0; step < 3; ++step) {
@@ -147,6 +154,15 @@ TEST(PartialStoreTest, UpdatesHostedRowsAsTheFullStore) {
       }
       ASSERT_TRUE(full->Push(grads, 0.05f).ok());
       ASSERT_TRUE(part->Push(grads, 0.05f).ok());
+      // The same gradients as runs of the hosted rows only.
+      std::vector<std::vector<float>> runs(vars.size());
+      std::vector<DenseGrad> hosted_grads;
+      for (size_t v = 0; v < vars.size(); ++v) {
+        const RowRange h = hosted->hosted_rows(static_cast<int>(v));
+        runs[v].assign(g[v].begin() + h.begin * vars[v].cols, g[v].begin() + h.end * vars[v].cols);
+        hosted_grads.push_back({static_cast<int>(v), runs[v].data()});
+      }
+      ASSERT_TRUE(hosted->PushHosted(hosted_grads, 0.05f).ok());
       const std::vector<uint64_t> ids = HostedIds(full->layout().tables[0], 3, 2);
       std::vector<uint64_t> batch = ids;
       batch.push_back(ids[0]);  // a repeated id
@@ -158,7 +174,9 @@ TEST(PartialStoreTest, UpdatesHostedRowsAsTheFullStore) {
     for (size_t v = 0; v < vars.size(); ++v) {
       const RowRange h = part->hosted_rows(static_cast<int>(v));
       EXPECT_EQ(Rows(*part, static_cast<int>(v), h), Rows(*full, static_cast<int>(v), h)) << vars[v].name;
+      EXPECT_EQ(Rows(*hosted, static_cast<int>(v), h), Rows(*full, static_cast<int>(v), h)) << vars[v].name;
     }
+    EXPECT_EQ(hosted->version(), 3u);
     // w has rows on shards 3 and 4: both were pushed three times.
     EXPECT_EQ(part->version(), 3u);
     const std::vector<uint64_t> ids = HostedIds(full->layout().tables[0], 3, 2);
