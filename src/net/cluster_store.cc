@@ -275,13 +275,17 @@ absl::Status ClusterParamStore::Pull(absl::Span<const PullSlice> slices) {
       targets,
       [&](int p) -> absl::Status {
         if (local_[p] != nullptr) return local_[p]->Pull(pieces[p]);
+        // Every piece of this ps task in one call (batched per step).
+        std::vector<RemotePullSlice> remote;
+        remote.reserve(pieces[p].size());
         for (const PullSlice& piece : pieces[p]) {
           const int64_t n = (piece.row_end - piece.row_begin) * layout_.variables[piece.var].cols;
-          uint64_t v = 0;
-          SW_RETURN_IF_ERROR(clients_[p]->PullDense(piece.var, piece.row_begin, piece.row_end,
-                                                    absl::Span<float>(piece.out, static_cast<size_t>(n)), &v));
-          SeeVersion(v);
+          remote.push_back({piece.var, piece.row_begin, piece.row_end,
+                            absl::Span<float>(piece.out, static_cast<size_t>(n))});
         }
+        uint64_t v = 0;
+        SW_RETURN_IF_ERROR(clients_[p]->PullDenseBatch(remote, &v));
+        SeeVersion(v);
         return absl::OkStatus();
       },
       &statuses);

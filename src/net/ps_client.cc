@@ -243,6 +243,45 @@ absl::Status PsClient::PullDense(int var, int64_t row_begin, int64_t row_end, ab
   });
 }
 
+absl::Status PsClient::PullDenseBatch(absl::Span<const RemotePullSlice> slices, uint64_t* version) {
+  net::PullDenseBatchRequest request;
+  for (const RemotePullSlice& sl : slices) {
+    net::PullDenseRequest* r = request.add_slices();
+    r->set_variable(sl.var);
+    r->set_row_begin(sl.row_begin);
+    r->set_row_end(sl.row_end);
+  }
+  return impl_->Call([&](grpc::ClientContext* c) {
+    std::unique_ptr<grpc::ClientReader<net::DenseChunk>> reader = impl_->stub_->PullDenseBatch(c, request);
+    std::vector<int64_t> received(slices.size(), 0);
+    net::DenseChunk chunk;
+    int last = -1;
+    while (reader->Read(&chunk)) {
+      const int i = chunk.slice();
+      if (i < last || i >= static_cast<int>(slices.size()) || chunk.offset() != received[i] ||
+          chunk.values_size() > static_cast<int64_t>(slices[i].out.size()) - received[i]) {
+        grpc::Status s = impl_->Mismatch(c, absl::StrCat("batch pull: an answer chunk of slice ", i, " at float ",
+                                                         chunk.offset(), " does not fit the request"));
+        reader->Finish();
+        return s;
+      }
+      last = i;
+      std::copy(chunk.values().begin(), chunk.values().end(), slices[i].out.begin() + received[i]);
+      received[i] += chunk.values_size();
+      impl_->Received(chunk);
+      if (version != nullptr) *version = chunk.version();
+    }
+    grpc::Status s = reader->Finish();
+    for (size_t i = 0; s.ok() && i < slices.size(); ++i) {
+      if (received[i] != static_cast<int64_t>(slices[i].out.size())) {
+        return impl_->Mismatch(c, absl::StrCat("batch pull: slice ", i, " got ", received[i], " floats, not ",
+                                               slices[i].out.size()));
+      }
+    }
+    return s;
+  });
+}
+
 absl::StatusOr<uint64_t> PsClient::PushDense(absl::Span<const RemoteDenseGrad> grads, float lr) {
   const uint64_t sequence = impl_->next_sequence_.fetch_add(1, std::memory_order_relaxed);
   net::PushResponse response;

@@ -56,6 +56,15 @@ struct RemoteLayout {
   int num_hosted_shards = 0;
 };
 
+// Rows [row_begin, row_end) of variable `var`, into `out` ((row_end -
+// row_begin) * cols floats).
+struct RemotePullSlice {
+  int var = 0;
+  int64_t row_begin = 0;
+  int64_t row_end = 0;
+  absl::Span<float> out;
+};
+
 // A gradient for variable `var`, or for a run of it: `grad` holds the floats
 // starting `offset` floats into the variable (row-major). The server needs
 // exactly its hosted rows of each variable named (ps.proto
@@ -86,6 +95,10 @@ class PsClient {
   // version when the pull began.
   absl::Status PullDense(int var, int64_t row_begin, int64_t row_end, absl::Span<float> out,
                          uint64_t* version = nullptr);
+  // Several slices in one call (PullDenseBatch): slice i's rows
+  // [row_begin, row_end) of variable `var` into its `out`, which must hold
+  // exactly (row_end - row_begin) * cols floats. `version` as PullDense's.
+  absl::Status PullDenseBatch(absl::Span<const RemotePullSlice> slices, uint64_t* version = nullptr);
   // Applies one optimizer step with `lr` to each variable with its gradient
   // (ParamStore::Push; RemoteDenseGrad says which floats each carries);
   // returns the model version after it.

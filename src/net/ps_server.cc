@@ -153,6 +153,12 @@ class PsServer::Impl {
       return impl_->Finish(
           impl_->service_.PullDense(*request, [writer](const net::DenseChunk& c) { return writer->Write(c); }));
     }
+    grpc::Status PullDenseBatch(grpc::ServerContext* context, const net::PullDenseBatchRequest* request,
+                                grpc::ServerWriter<net::DenseChunk>* writer) override {
+      if (grpc::Status s = impl_->Admit(context); !s.ok()) return s;
+      return impl_->Finish(
+          impl_->service_.PullDenseBatch(*request, [writer](const net::DenseChunk& c) { return writer->Write(c); }));
+    }
     grpc::Status PushDense(grpc::ServerContext* context, grpc::ServerReader<net::PushDenseRequest>* reader,
                            net::PushResponse* response) override {
       if (grpc::Status s = impl_->Admit(context); !s.ok()) return s;

@@ -98,7 +98,7 @@ void PsService::GetLayout(net::LayoutResponse* out) const {
   out->set_num_hosted_shards(store_->num_hosted_shards());
 }
 
-absl::Status PsService::PullDense(const net::PullDenseRequest& request, const Writer<net::DenseChunk>& write) const {
+absl::Status PsService::CheckPull(const net::PullDenseRequest& request) const {
   const StoreLayout& l = store_->layout();
   const int var = request.variable();
   if (var < 0 || var >= static_cast<int>(l.variables.size())) {
@@ -117,7 +117,13 @@ absl::Status PsService::PullDense(const net::PullDenseRequest& request, const Wr
     return Invalid(absl::StrCat("pull: rows [", request.row_begin(), ", ", request.row_end(), ") of ", spec.name,
                    " are not hosted here (", HostedWhat(), ": rows [", hosted.begin, ", ", hosted.end, "))"));
   }
-  const uint64_t version = store_->version();
+  return absl::OkStatus();
+}
+
+absl::Status PsService::StreamPull(const net::PullDenseRequest& request, int slice_index, uint64_t version,
+                                   const Writer<net::DenseChunk>& write) const {
+  const int var = request.variable();
+  const VariableSpec& spec = store_->layout().variables[var];
   const int64_t chunk = std::max<int64_t>(1, options_.max_chunk_floats);
   // Pull a block of whole rows at a time (at least one row), then send it in
   // chunks; memory stays at about one chunk whatever the slice's size.
@@ -126,10 +132,22 @@ absl::Status PsService::PullDense(const net::PullDenseRequest& request, const Wr
   net::DenseChunk msg;
   msg.set_variable(var);
   msg.set_version(version);
+  if (slice_index >= 0) msg.set_slice(slice_index);
   int64_t offset = 0;
   bool sent = false;
   for (int64_t r = request.row_begin(); r < request.row_end(); r += rows_per_block) {
     const int64_t n = std::min(rows_per_block, request.row_end() - r);
+    if (n * spec.cols <= chunk) {  // the block is one chunk: pulled straight into the message
+      google::protobuf::RepeatedField<float>* values = msg.mutable_values();
+      values->Resize(static_cast<int>(n * spec.cols), 0.0f);
+      const PullSlice direct{var, r, r + n, values->mutable_data()};
+      SW_RETURN_IF_ERROR(store_->Pull({&direct, 1}));
+      msg.set_offset(offset);
+      if (!write(msg)) return absl::CancelledError(absl::StrCat(options_.task_name, ": pull: the client went away"));
+      offset += n * spec.cols;
+      sent = true;
+      continue;
+    }
     block.resize(n * spec.cols);
     const PullSlice slice{var, r, r + n, block.data()};
     SW_RETURN_IF_ERROR(store_->Pull({&slice, 1}));
@@ -149,6 +167,20 @@ absl::Status PsService::PullDense(const net::PullDenseRequest& request, const Wr
   }
   return absl::OkStatus();
 }
+
+absl::Status PsService::PullDense(const net::PullDenseRequest& request, const Writer<net::DenseChunk>& write) const {
+  SW_RETURN_IF_ERROR(CheckPull(request));
+  return StreamPull(request, -1, store_->version(), write);
+}
+
+absl::Status PsService::PullDenseBatch(const net::PullDenseBatchRequest& request,
+                                       const Writer<net::DenseChunk>& write) const {
+  for (const net::PullDenseRequest& slice : request.slices()) SW_RETURN_IF_ERROR(CheckPull(slice));
+  const uint64_t version = store_->version();
+  for (int i = 0; i < request.slices_size(); ++i) SW_RETURN_IF_ERROR(StreamPull(request.slices(i), i, version, write));
+  return absl::OkStatus();
+}
+
 
 absl::Status PsService::PushDense(const Reader<net::PushDenseRequest>& read, net::PushResponse* out) {
   const StoreLayout& l = store_->layout();

@@ -60,6 +60,9 @@ class PsService {
 
   void GetLayout(net::LayoutResponse* out) const;
   absl::Status PullDense(const net::PullDenseRequest& request, const Writer<net::DenseChunk>& write) const;
+  // Every slice is checked first (nothing is sent when one is bad), then
+  // each is streamed as PullDense would, its chunks marked with its index.
+  absl::Status PullDenseBatch(const net::PullDenseBatchRequest& request, const Writer<net::DenseChunk>& write) const;
   absl::Status PushDense(const Reader<net::PushDenseRequest>& read, net::PushResponse* out);
   absl::Status PullRows(const net::PullRowsRequest& request, const Writer<net::RowsChunk>& write) const;
   absl::Status PushRows(const Reader<net::PushRowsRequest>& read, net::PushResponse* out);
@@ -78,6 +81,11 @@ class PsService {
   // Forgets (client, sequence) after its push failed, so a retry applies.
   void AbortPush(uint64_t client, uint64_t sequence);
   absl::Status Invalid(const std::string& what) const;
+  // PullDense's checks of one slice.
+  absl::Status CheckPull(const net::PullDenseRequest& request) const;
+  // Streams one checked slice; its chunks carry `slice`.
+  absl::Status StreamPull(const net::PullDenseRequest& request, int slice, uint64_t version,
+                          const Writer<net::DenseChunk>& write) const;
   // "this server hosts shards f..l of S", for messages.
   std::string HostedWhat() const;
   // Invalid (prefixed by `where`) when `id`'s shard is not hosted here.

@@ -5,7 +5,7 @@
 // hands PsServer after its token check).
 //
 // Input: byte 0 picks the call (PullDense, PushDense, PullRows, PushRows,
-// GetLayout + Version); the rest is a list of records, each a 2-byte
+// GetLayout + Version, PullDenseBatch); the rest is a list of records, each a 2-byte
 // little-endian length and that many bytes, each parsed as one message of
 // the call's request type (a stream for the pushes; the pulls use the first
 // record). Records that do not parse are skipped.
@@ -220,7 +220,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return MakeFixture();
   }();
   if (size == 0) return 0;
-  const int kind = data[0] % 5;
+  const int kind = data[0] % 6;
   const std::vector<std::string> records = Records(data + 1, size - 1);
   const std::string before = Snapshot(*f->store);
   absl::Status status;
@@ -234,6 +234,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (status.ok()) {
         const int64_t cols = f->store->layout().variables[r.variable()].cols;
         Expect(check.received == (r.row_end() - r.row_begin()) * cols, "pull answered the wrong number of floats");
+      }
+      Expect(Snapshot(*f->store) == before, "a pull changed the store");
+      break;
+    }
+    case 5: {
+      net::PullDenseBatchRequest r;
+      if (records.empty() || !r.ParseFromString(records[0])) return 0;
+      // Each slice's chunks contiguous from 0, slices in request order.
+      std::vector<ChunkCheck> checks(static_cast<size_t>(r.slices_size()));
+      int last = 0;
+      status = f->service->PullDenseBatch(r, [&](const net::DenseChunk& c) {
+        Expect(c.slice() >= last && c.slice() < r.slices_size(), "batch pull: a chunk of no slice, or out of order");
+        last = c.slice();
+        return checks[static_cast<size_t>(c.slice())](c);
+      });
+      if (status.ok()) {
+        for (int i = 0; i < r.slices_size(); ++i) {
+          const net::PullDenseRequest& sl = r.slices(i);
+          const int64_t cols = f->store->layout().variables[sl.variable()].cols;
+          Expect(checks[i].received == (sl.row_end() - sl.row_begin()) * cols,
+                 "batch pull answered the wrong number of floats");
+        }
       }
       Expect(Snapshot(*f->store) == before, "a pull changed the store");
       break;

@@ -247,6 +247,12 @@ struct RawStub {
     Prepare(&c, token);
     return Drain(stub->PullDense(&c, r), chunks);
   }
+  grpc::Status PullDenseBatch(const net::PullDenseBatchRequest& r, const std::string& token = kToken,
+                              std::vector<net::DenseChunk>* chunks = nullptr) {
+    grpc::ClientContext c;
+    Prepare(&c, token);
+    return Drain(stub->PullDenseBatch(&c, r), chunks);
+  }
   grpc::Status PushDense(const std::vector<net::PushDenseRequest>& msgs, const std::string& token = kToken) {
     grpc::ClientContext c;
     Prepare(&c, token);
@@ -567,6 +573,74 @@ TEST(PsServerTest, OversizePullIsChunked) {
   RowScratch scratch;
   ASSERT_TRUE(local->PullRows(kStatic, ids, want_rows.data(), PullMode::kInsert, &scratch).ok());
   EXPECT_EQ(rows, want_rows);
+}
+
+// Several slices in one call: each equals its own PullDense (chunked when
+// large, an empty slice answered empty), and one bad slice refuses the
+// whole call before anything is sent.
+TEST(PsServerTest, BatchPullEqualsSlicePullsAndChecksEverySliceFirst) {
+  constexpr int64_t kRows = 10000;
+  constexpr int64_t kLimit = 4096;
+  std::unique_ptr<ShmParamStore> served = MakeStore(kRows);
+  ASSERT_TRUE(served);
+  std::unique_ptr<PsServer> server = Serve(served.get(), kToken, kLimit);
+  ASSERT_TRUE(server);
+  PsClientOptions o = ClientOptions(*server);
+  o.max_message_bytes = kLimit;
+  std::unique_ptr<PsClient> client = Connect(o);
+  ASSERT_TRUE(client);
+  const std::vector<float> g = Ramp(kRows * 5, 0.5f), gb = Ramp(5, 1);
+  const RemoteDenseGrad rg[] = {{0, g}, {1, gb}};
+  ASSERT_TRUE(client->PushDense(rg, 0.01f).ok());
+
+  std::vector<float> big(kRows * 5), bias(5), none, mid(3 * 5);
+  const RemotePullSlice slices[] = {{0, 0, kRows, absl::MakeSpan(big)},
+                                    {1, 0, 1, absl::MakeSpan(bias)},
+                                    {0, 7, 7, absl::MakeSpan(none)},
+                                    {0, 100, 103, absl::MakeSpan(mid)}};
+  uint64_t version = 0;
+  ASSERT_TRUE(client->PullDenseBatch(slices, &version).ok());
+  EXPECT_EQ(version, 1u);
+  std::vector<float> want(kRows * 5), want_bias(5);
+  ASSERT_TRUE(served->PullVariable(0, want.data()).ok());
+  ASSERT_TRUE(served->PullVariable(1, want_bias.data()).ok());
+  EXPECT_EQ(big, want);
+  EXPECT_EQ(bias, want_bias);
+  EXPECT_EQ(mid, std::vector<float>(want.begin() + 100 * 5, want.begin() + 103 * 5));
+
+  // The raw answer: every chunk within the limit, slices in order.
+  RawStub raw(*server, kLimit);
+  net::PullDenseBatchRequest r;
+  for (const RemotePullSlice& sl : slices) {
+    net::PullDenseRequest* x = r.add_slices();
+    x->set_variable(sl.var);
+    x->set_row_begin(sl.row_begin);
+    x->set_row_end(sl.row_end);
+  }
+  std::vector<net::DenseChunk> chunks;
+  grpc::Status st = raw.PullDenseBatch(r, kToken, &chunks);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  int last = 0;
+  for (const net::DenseChunk& c : chunks) {
+    EXPECT_LE(static_cast<int64_t>(c.ByteSizeLong()), kLimit);
+    EXPECT_GE(c.slice(), last);
+    last = c.slice();
+  }
+  EXPECT_EQ(last, 3);
+
+  // One slice out of range: INVALID_ARGUMENT, no chunk at all.
+  r.mutable_slices(3)->set_row_end(kRows + 1);
+  chunks.clear();
+  st = raw.PullDenseBatch(r, kToken, &chunks);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_HAS(st.error_message(), "are not within");
+  EXPECT_TRUE(chunks.empty());
+  // An `out` of the wrong size is the client's error, named.
+  std::vector<float> short_out(4);
+  const RemotePullSlice wrong[] = {{1, 0, 1, absl::MakeSpan(short_out)}};
+  const absl::Status ws = client->PullDenseBatch(wrong);
+  EXPECT_FALSE(ws.ok());
+  EXPECT_HAS(ws.message(), "batch pull");
 }
 
 // With compression the server applies exactly the rounded gradients, and the
