@@ -11,8 +11,9 @@
 // `called_from_lib` makes TSan ignore the interceptors called from those
 // libraries, i.e. treat gRPC as the opaque, uninstrumented code it is. Races
 // in Shardwild's own code (every frame of both accesses instrumented)
-// are still reported: the suppression does not match them. Linked only into
-// the net tests, so nothing else is affected.
+// are still reported: the suppression does not match them. Linked into the
+// net tests and, in TSan builds, the shardwild binary (whose cluster tasks
+// run gRPC); nothing else is affected.
 #if defined(__SANITIZE_THREAD__)
 #define SHARDWILD_TSAN 1
 #elif defined(__has_feature)
