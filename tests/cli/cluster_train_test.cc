@@ -107,8 +107,10 @@ class Cluster {
       return s + "]";
     };
     spec_ = (dir_.path() / "cluster.json").string();
+    const std::vector<int> evaluator_port = FreePorts(1);
     std::ofstream(spec_) << "{\"cluster\": {\"chief\": " << list(0, 1) << ", \"ps\": " << list(1, ps)
-                         << ", \"worker\": " << list(1 + ps, workers) << "}}";
+                         << ", \"worker\": " << list(1 + ps, workers) << ", \"evaluator\": [\"127.0.0.1:"
+                         << (evaluator_port.empty() ? 1 : evaluator_port[0]) << "\"]}}";
     ps_tasks_.resize(ps);
     worker_tasks_.resize(workers);
   }
@@ -129,6 +131,7 @@ class Cluster {
   Child& StartWorker(int i) {
     return *(worker_tasks_[i] = std::make_unique<Child>(Args("serve", "worker", i), prefixes_[1 + ps_ + i]));
   }
+  Child& StartEvaluator() { return *(evaluator_ = std::make_unique<Child>(Args("serve", "evaluator", 0))); }
   Child& StartChief(const std::vector<std::string>& extra = {}) {
     std::vector<std::string> e = {"--json"};
     e.insert(e.end(), extra.begin(), extra.end());
@@ -164,7 +167,7 @@ class Cluster {
   std::vector<std::vector<std::string>> prefixes_;
   std::string spec_, checkpoints_;
   std::vector<std::unique_ptr<Child>> ps_tasks_, worker_tasks_;
-  std::unique_ptr<Child> chief_;
+  std::unique_ptr<Child> chief_, evaluator_;
 };
 
 // The settings of the worker-process tests (one machine reaches 0.75 with
@@ -297,6 +300,16 @@ TEST(ClusterTrainTest, KilledPsStopsTheJobThenTheRestartedClusterResumes) {
   EXPECT_EQ(j["records_seen"].get<int64_t>(), 4 * 12000);
   EXPECT_GT(j["test_accuracy"].get<double>(), 0.75) << j.dump();
   c.StopAll();
+  // One machine evaluates the cluster's final checkpoint (the chief's, whose
+  // parts the ps tasks wrote) exactly as the chief did inline.
+  std::vector<std::string> eval = {"eval", kConfig, "--checkpoint", c.checkpoints(), "--json"};
+  for (const std::string& set : Settings("cl-kill-ps-eval")) eval.insert(eval.end(), {"--set", set});
+  const Result e = RunCli(eval);
+  ASSERT_EQ(e.code(), 0) << e.err;
+  const json ej = LastLineJson(e.out);
+  ASSERT_TRUE(ej.is_object()) << e.out;
+  EXPECT_EQ(ej["test_accuracy"].get<double>(), j["test_accuracy"].get<double>()) << e.out;
+  EXPECT_EQ(ej["test_loss"].get<double>(), j["test_loss"].get<double>()) << e.out;
 }
 
 TEST(ClusterTrainTest, RestartedPsReloadsItsShardsAndTheJobGoesOn) {
@@ -319,6 +332,31 @@ TEST(ClusterTrainTest, RestartedPsReloadsItsShardsAndTheJobGoesOn) {
   EXPECT_GT(j["test_accuracy"].get<double>(), 0.75) << j.dump();
   c.StopAll();
   EXPECT_TRUE(ShmEntriesContaining("cl-restart-ps").empty()) << "shared memory left behind";
+}
+
+// eval.sidecar: the chief evaluates nothing; the evaluator task evaluates
+// every checkpoint the chief commits, in order, and ends after the final
+// one, which it scores exactly as `shardwild eval` does.
+TEST(ClusterTrainTest, EvaluatorTaskEvaluatesEveryCheckpoint) {
+  SKIP_WITHOUT_DATA();
+  Cluster c(2, 1, Settings("cl-evaluator", {"eval.sidecar=true"}), /*checkpoints=*/true);
+  ASSERT_TRUE(c.ok());
+  Child& evaluator = c.StartEvaluator();
+  c.StartAll();
+  const int status = c.chief().Wait();
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << Describe(c, 2, 1);
+  const int es = evaluator.Wait();
+  ASSERT_TRUE(WIFEXITED(es) && WEXITSTATUS(es) == 0) << evaluator.out() << evaluator.err();
+  const std::string out = evaluator.out();
+  EXPECT_TRUE(Has(out, "evaluated 2 checkpoint(s), skipped 0; the final one is done")) << out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(\(step \d+, final\): test loss ([0-9.]+) acc ([0-9.]+))"))) << out;
+  std::vector<std::string> eval = {"eval", kConfig, "--checkpoint", c.checkpoints()};
+  for (const std::string& set : Settings("cl-evaluator-eval")) eval.insert(eval.end(), {"--set", set});
+  const Result e = RunCli(eval);
+  ASSERT_EQ(e.code(), 0) << e.err;
+  EXPECT_TRUE(Has(e.out, "test loss " + m[1].str() + " acc " + m[2].str())) << e.out << "\nevaluator:\n" << out;
+  c.StopAll();
 }
 
 TEST(ClusterTrainTest, RolesOnTheWrongCommandAreOneErrorLine) {

@@ -162,13 +162,41 @@ TEST(PartialCheckpointTest, AnotherBlockIsRefusedNamingBoth) {
   ASSERT_TRUE(WriteCheckpoint(dir.path(), *src, CheckpointState{}, wo).ok());
   absl::StatusOr<CheckpointInfo> info = VerifyCheckpoint(dir.path() + "/ckpt-0");
   ASSERT_TRUE(info.ok()) << info.status();
-  for (auto [first, num] : {std::pair{2, 3}, std::pair{0, 3}, std::pair{0, -1}}) {
+  for (auto [first, num] : {std::pair{2, 3}, std::pair{0, 3}}) {
     std::unique_ptr<ShmParamStore> dst = Make(first, num);
     ASSERT_TRUE(dst);
     const absl::Status s = RestoreCheckpoint(*info, *dst);
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
     EXPECT_NE(s.message().find(dir.path() + "/ckpt-0"), std::string::npos) << s;
     EXPECT_NE(s.message().find("shards 0..1 of 5"), std::string::npos) << s;
+  }
+  // Into a full store it restores exactly its block's rows (one part of a
+  // cluster's checkpoint); the other rows keep their values.
+  {
+    Train(*src);
+    TempDir trained;
+    ASSERT_TRUE(WriteCheckpoint(trained.path(), *src, CheckpointState{}, wo).ok());
+    absl::StatusOr<CheckpointInfo> part = VerifyCheckpoint(trained.path() + "/ckpt-0");
+    ASSERT_TRUE(part.ok()) << part.status();
+    std::unique_ptr<ShmParamStore> whole = Make(0, -1), fresh = Make(0, -1);
+    ASSERT_TRUE(whole && fresh);
+    ASSERT_TRUE(RestoreCheckpoint(*part, *whole).ok());
+    for (int v = 0; v < 3; ++v) {
+      const int64_t rows = whole->layout().variables[v].rows, cols = whole->layout().variables[v].cols;
+      const RowRange block = src->hosted_rows(v);
+      std::vector<float> got(rows * cols), init(rows * cols), want(block.size() * cols);
+      ASSERT_TRUE(whole->PullVariable(v, got.data()).ok());
+      ASSERT_TRUE(fresh->PullVariable(v, init.data()).ok());
+      if (block.size() > 0) ASSERT_TRUE(src->ReadRows(v, block.begin, block.end, want.data(), {}).ok());
+      for (int64_t r = 0; r < rows; ++r) {
+        const bool in = r >= block.begin && r < block.end;
+        for (int64_t c = 0; c < cols; ++c) {
+          EXPECT_EQ(got[r * cols + c], in ? want[(r - block.begin) * cols + c] : init[r * cols + c])
+              << "variable " << v << " row " << r;
+        }
+      }
+    }
+    EXPECT_EQ(whole->version(), src->version());
   }
   // And a full checkpoint does not go into a partial store.
   TempDir dir2;
