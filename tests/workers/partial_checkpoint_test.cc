@@ -187,7 +187,9 @@ TEST(PartialCheckpointTest, AnotherBlockIsRefusedNamingBoth) {
       std::vector<float> got(rows * cols), init(rows * cols), want(block.size() * cols);
       ASSERT_TRUE(whole->PullVariable(v, got.data()).ok());
       ASSERT_TRUE(fresh->PullVariable(v, init.data()).ok());
-      if (block.size() > 0) ASSERT_TRUE(src->ReadRows(v, block.begin, block.end, want.data(), {}).ok());
+      if (block.size() > 0) {
+        ASSERT_TRUE(src->ReadRows(v, block.begin, block.end, want.data(), {}).ok());
+      }
       for (int64_t r = 0; r < rows; ++r) {
         const bool in = r >= block.begin && r < block.end;
         for (int64_t c = 0; c < cols; ++c) {
