@@ -599,8 +599,9 @@ int ClusterInfo(const std::string& path, const std::vector<std::string>& sets, c
         " is not a loopback address, so ps servers would be reachable from other machines: set cluster.token_file")));
   }
   const int num_ps = spec->num_tasks(Role::kPs);
-  // ps.shards auto = one shard per ps task.
-  const int num_shards = config->ps.shards > 0 ? config->ps.shards : num_ps;
+  absl::StatusOr<int> shards = ClusterShards(*config, *spec);  // ps.shards auto = one shard per ps task
+  if (!shards.ok()) return Fail(shards.status());
+  const int num_shards = *shards;
   absl::StatusOr<ShardMap> map = ShardMap::Make(num_shards, num_ps);
   if (!map.ok()) return Fail(absl::InvalidArgumentError(absl::StrCat(path, ": ", map.status().message())));
   auto shard_list = [&](int ps) {
@@ -630,7 +631,7 @@ int ClusterInfo(const std::string& path, const std::vector<std::string>& sets, c
               {"address", spec->address(*spec->task).ToString()}};
       if (spec->task->type == Role::kPs) {
         task["shards"] = shard_list(spec->task->index);
-        task["bind_address"] = HostPort{net.bind_host, spec->address(*spec->task).port}.ToString();
+        task["bind_address"] = BindAddressOf(net, *spec, *spec->task);
       }
     }
     json shard_map = json::array();
@@ -664,7 +665,7 @@ int ClusterInfo(const std::string& path, const std::vector<std::string>& sets, c
     std::printf("this task: %s (%s)", spec->task->ToString().c_str(), spec->address(*spec->task).ToString().c_str());
     if (spec->task->type == Role::kPs) {
       std::printf(", serves %s, listens on %s", shard_range(spec->task->index).c_str(),
-                  HostPort{net.bind_host, spec->address(*spec->task).port}.ToString().c_str());
+                  BindAddressOf(net, *spec, *spec->task).c_str());
     }
     std::printf("\n");
   } else {

@@ -12,11 +12,8 @@ namespace shardwild {
 absl::StatusOr<int> ClusterShards(const Config& config, const ClusterSpec& spec) {
   const int ps = spec.num_tasks(Role::kPs);
   const int shards = config.ps.shards > 0 ? config.ps.shards : ps;
-  if (shards < ps) {
-    return absl::InvalidArgumentError(absl::StrCat(config.source, ": ps.shards: ", shards,
-                                                   " shards cannot be spread over the cluster's ", ps,
-                                                   " ps tasks (each needs at least one); set ps.shards >= ", ps,
-                                                   " or auto"));
+  if (absl::StatusOr<ShardMap> map = ShardMap::Make(shards, ps); !map.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(config.source, ": ", map.status().message()));
   }
   return shards;
 }

@@ -23,8 +23,8 @@ using TaskLog = std::function<void(const std::string& line)>;
 
 // The global shard count of a cluster: ps.shards, or with `auto` one shard
 // per ps task (machines may differ in NUMA nodes, so `auto` cannot follow
-// one machine's). InvalidArgument (naming ps.shards) when there are fewer
-// shards than ps tasks.
+// one machine's). InvalidArgument (the config's file, then ShardMap::Make's
+// message naming ps.shards) when there are fewer shards than ps tasks.
 absl::StatusOr<int> ClusterShards(const Config& config, const ClusterSpec& spec);
 
 // The variables and tables of the model on this data, as every task

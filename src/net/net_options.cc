@@ -101,15 +101,19 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   return token;
 }
 
-absl::StatusOr<PsServerOptions> MakePsServerOptions(const ClusterOptions& cluster, const ClusterSpec& spec,
-                                                    const TaskId& task) {
-  PsServerOptions o;
-  o.task_name = task.ToString();
+std::string BindAddressOf(const ClusterOptions& cluster, const ClusterSpec& spec, const TaskId& task) {
   const HostPort& addr = spec.address(task);
   // On loopback, the task's own loopback address: distinct loopback addresses
   // (127.0.0.2, ...) then stand for distinct machines of one box.
   const bool own = IsLoopbackHost(cluster.bind_host) && addr.IsLoopback();
-  o.bind_address = HostPort{own ? addr.host : cluster.bind_host, addr.port}.ToString();
+  return HostPort{own ? addr.host : cluster.bind_host, addr.port}.ToString();
+}
+
+absl::StatusOr<PsServerOptions> MakePsServerOptions(const ClusterOptions& cluster, const ClusterSpec& spec,
+                                                    const TaskId& task) {
+  PsServerOptions o;
+  o.task_name = task.ToString();
+  o.bind_address = BindAddressOf(cluster, spec, task);
   if (!cluster.token_file.empty()) {
     SW_ASSIGN_OR_RETURN(o.token, ReadTokenFile(cluster.token_file));
   }

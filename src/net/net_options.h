@@ -85,6 +85,11 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 absl::StatusOr<PsServerOptions> MakePsServerOptions(const ClusterOptions& cluster, const ClusterSpec& spec,
                                                     const TaskId& task);
 
+// host:port a server of task `task` binds under `cluster` (the rule of
+// MakePsServerOptions: cluster.bind_host with the spec's port, or the
+// task's own loopback address when both are loopback).
+std::string BindAddressOf(const ClusterOptions& cluster, const ClusterSpec& spec, const TaskId& task);
+
 // The client options for calling task `task` of `spec` under `cluster`.
 absl::StatusOr<PsClientOptions> MakePsClientOptions(const ClusterOptions& cluster, const ClusterSpec& spec,
                                                     const TaskId& task);
