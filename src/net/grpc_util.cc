@@ -30,10 +30,14 @@ bool ConstantTimeEquals(std::string_view a, std::string_view b) {
 
 grpc::Status CheckToken(const grpc::ServerContext& context, const std::string& token, const std::string& task) {
   if (token.empty()) return grpc::Status::OK;
-  const std::string expected = absl::StrCat("Bearer ", token);
+  constexpr std::string_view kBearer = "Bearer ";
   const auto& md = context.client_metadata();
   auto it = md.find(kTokenMetadataKey);
-  if (it == md.end() || !ConstantTimeEquals(std::string_view(it->second.data(), it->second.size()), expected)) {
+  const std::string_view got = it == md.end() ? std::string_view() : std::string_view(it->second.data(), it->second.size());
+  // "Bearer " then the token, compared in time that depends only on the lengths.
+  const bool ok = it != md.end() && got.substr(0, kBearer.size()) == kBearer &&
+                  ConstantTimeEquals(got.substr(std::min(got.size(), kBearer.size())), token);
+  if (!ok) {
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                         absl::StrCat(task, ": ",
                                      it == md.end() ? "the request carries no token" : "the request's token is wrong",

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status.h"
+#include "net/grpc_util.h"
 #include "net/half.h"
 #include "net/health.grpc.pb.h"
 #include "net/ps.grpc.pb.h"
@@ -74,25 +75,7 @@ class PsClient::Impl {
         // Pushed values per message: 4 or 2 bytes each.
         push_chunk_(encoding_ == net::ENCODING_FLOAT32 ? chunk_floats_ : (options.max_message_bytes - 1024) / 2),
         client_id_(RandomClientId()) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
-    args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
-    // Reconnect about as fast as the call retries, so a restarted server is
-    // found by the next attempt rather than after gRPC's own (long) backoff.
-    const int initial_ms = std::max(1, static_cast<int>(options.initial_backoff_s * 1000));
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, initial_ms);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, initial_ms);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, std::max(initial_ms, static_cast<int>(options.max_backoff_s * 1000)));
-    std::shared_ptr<grpc::ChannelCredentials> creds;
-    if (options.tls) {
-      grpc::SslCredentialsOptions ssl;
-      ssl.pem_root_certs = options.tls_root_pem;
-      creds = grpc::SslCredentials(ssl);
-      if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
-    } else {
-      creds = grpc::InsecureChannelCredentials();
-    }
-    channel_ = grpc::CreateCustomChannel(options.address, creds, args);
+    channel_ = MakeChannel(options);
     stub_ = net::ParameterServer::NewStub(channel_);
     health_ = grpc::health::v1::Health::NewStub(channel_);
   }
@@ -106,9 +89,7 @@ class PsClient::Impl {
     int attempts = 0;
     while (true) {
       grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() +
-                           std::chrono::microseconds(static_cast<int64_t>(options_.deadline_s * 1e6)));
-      if (!options_.token.empty()) context.AddMetadata(kTokenMetadataKey, absl::StrCat("Bearer ", options_.token));
+      PrepareContext(options_, options_.deadline_s, &context);
       last = attempt(&context);
       ++attempts;
       if (last.ok()) return absl::OkStatus();
@@ -291,9 +272,15 @@ absl::StatusOr<uint64_t> PsClient::PushDense(absl::Span<const RemoteDenseGrad> g
     net::PushDenseRequest msg;
     bool first = true;
     bool open = true;
+    const int64_t step = std::max<int64_t>(1, impl_->push_chunk_);
+    // Messages in all; every one but the last is written with a buffer hint,
+    // so a push of many small variables leaves in few frames.
+    int64_t left = 0;
+    for (const RemoteDenseGrad& g : grads) {
+      left += std::max<int64_t>(1, (static_cast<int64_t>(g.grad.size()) + step - 1) / step);
+    }
     for (const RemoteDenseGrad& g : grads) {
       const int64_t n = static_cast<int64_t>(g.grad.size());
-      const int64_t step = std::max<int64_t>(1, impl_->push_chunk_);
       for (int64_t i = 0; open && (i < n || (n == 0 && i == 0)); i += step) {
         msg.Clear();
         if (first) {
@@ -313,7 +300,7 @@ absl::StatusOr<uint64_t> PsClient::PushDense(absl::Span<const RemoteDenseGrad> g
           EncodeHalf(impl_->encoding_, g.grad.data() + i, m, chunk->mutable_half_values());
         }
         impl_->Sent(msg);
-        open = writer->Write(msg);
+        open = writer->Write(msg, --left > 0 ? grpc::WriteOptions().set_buffer_hint() : grpc::WriteOptions());
       }
     }
     if (open) writer->WritesDone();

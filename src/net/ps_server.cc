@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "net/health.grpc.pb.h"
 #include "net/ps.grpc.pb.h"
+#include "net/grpc_util.h"
 #include "net/ps_service.h"
 
 namespace shardwild {
@@ -21,26 +22,12 @@ using grpc::health::v1::HealthCheckResponse;
 // The name health checks use for the parameter service ("" = the server).
 constexpr char kServiceName[] = "shardwild.net.ParameterServer";
 
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-// Compares in time that depends only on the lengths.
-bool ConstantTimeEquals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 }  // namespace
 
 class PsServer::Impl {
  public:
   Impl(const PsServerOptions& options, ShmParamStore* store)
       : options_(options),
-        expected_(options.token.empty() ? std::string() : absl::StrCat("Bearer ", options.token)),
         service_(store, PsService::Options{
                             // Room for the other fields and the length prefixes.
                             .max_chunk_floats = (options.max_message_bytes - 1024) / int64_t{sizeof(float)},
@@ -52,15 +39,7 @@ class PsServer::Impl {
 
   absl::Status Start() {
     grpc::ServerBuilder builder;
-    std::shared_ptr<grpc::ServerCredentials> creds;
-    if (!options_.tls_cert_pem.empty()) {
-      grpc::SslServerCredentialsOptions ssl;
-      ssl.pem_key_cert_pairs.push_back({options_.tls_key_pem, options_.tls_cert_pem});
-      creds = grpc::SslServerCredentials(ssl);
-    } else {
-      creds = grpc::InsecureServerCredentials();
-    }
-    builder.AddListeningPort(options_.bind_address, creds, &port_);
+    builder.AddListeningPort(options_.bind_address, ServerCredentialsOf(options_), &port_);
     // Two servers must not share a port silently (gRPC sets SO_REUSEPORT by default).
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
@@ -104,18 +83,9 @@ class PsServer::Impl {
   // Counts the call and checks its token. Non-OK = reject with this status.
   grpc::Status Admit(grpc::ServerContext* context) {
     calls_.fetch_add(1, std::memory_order_relaxed);
-    if (expected_.empty()) return grpc::Status::OK;
-    const auto& md = context->client_metadata();
-    auto it = md.find(kTokenMetadataKey);
-    if (it == md.end() || !ConstantTimeEquals(std::string_view(it->second.data(), it->second.size()), expected_)) {
-      permission_denied_.fetch_add(1, std::memory_order_relaxed);
-      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                          absl::StrCat(options_.task_name, ": ",
-                                       it == md.end() ? "the request carries no token"
-                                                      : "the request's token is wrong",
-                                       " (cluster.token_file)"));
-    }
-    return grpc::Status::OK;
+    grpc::Status s = CheckToken(*context, options_.token, options_.task_name);
+    if (!s.ok()) permission_denied_.fetch_add(1, std::memory_order_relaxed);
+    return s;
   }
 
   grpc::Status Finish(const absl::Status& s) {
@@ -259,7 +229,6 @@ class PsServer::Impl {
 
   // Constant after construction.
   const PsServerOptions options_;
-  const std::string expected_;  // "Bearer <token>", or empty without a token
   PsService service_;
   ParameterServerImpl ps_;
   HealthImpl health_;

@@ -41,7 +41,7 @@ absl::Status ServeSlot(const Config& config, const PsClientOptions& chief, net::
   bool joined_before = false;
   while (true) {
     grpc::ClientContext context;
-    if (!chief.token.empty()) context.AddMetadata(kTokenMetadataKey, absl::StrCat("Bearer ", chief.token));
+    if (!chief.token.empty()) context.AddMetadata(kTokenMetadataKey, absl::StrCat("Bearer ", chief.token));  // no deadline: the session lasts the job
     std::unique_ptr<grpc::ClientReaderWriter<net::SessionLine, net::SessionLine>> stream = stub.Session(&context);
     auto write = [&stream](const std::string& line) {
       net::SessionLine m;

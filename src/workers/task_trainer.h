@@ -2,7 +2,8 @@
 // runs in the main process and hands out training and evaluation tasks to
 // the workers, which run them and report back. RunTraining uses it for
 // ps.update hogwild and row_lock (sync trains in lockstep rounds, trainer.h).
-// The workers are one of two kinds, behind the same loop and line protocol:
+// The workers are one of three kinds, behind the same loop and line protocol
+// (workers/task_workers.h):
 //
 //   * In-process (the default): the Job's own pinned worker threads, driven
 //     through a Coordinator (workers/coordinator.h, TF's ClusterCoordinator)
@@ -18,6 +19,9 @@
 //     can really die (SIGKILL, a crash): its task is re-queued and the job
 //     goes on, with a replacement (train.restart_workers) or with fewer
 //     workers.
+//   * Remote worker tasks (a cluster's chief, TrainRunOptions::external;
+//     src/net/chief.h): each thread of each worker task of the cluster is a
+//     slot, its channel a gRPC session; a session that ends is a death.
 //
 // Processes. RunTaskTraining starts one worker process per worker with
 // posix_spawn of TrainRunOptions::worker_command (the CLI passes
