@@ -208,6 +208,16 @@ void WriteSeeds(const std::string& dir) {
   hr.set_half_grads(std::string("\x00\x3c\x00\x40\x00\xbc\x00\x00", 8));  // 1, 2, -1, 0
   write("push_rows_fp16", 3, record(hr));
   write("layout", 4, "");
+  // A batch: the slice above, a whole small variable, an empty slice.
+  net::PullDenseBatchRequest pb;
+  *pb.add_slices() = pd;
+  net::PullDenseRequest* whole = pb.add_slices();
+  whole->set_variable(1);
+  whole->set_row_end(1);
+  net::PullDenseRequest* empty = pb.add_slices();
+  empty->set_row_begin(5);
+  empty->set_row_end(5);
+  write("pull_dense_batch", 5, record(pb));
 }
 
 }  // namespace
