@@ -11,6 +11,8 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "ps_shm/param_store.h"
+#include "ps_shm/shard_format.h"
+#include "ps_shm/shm_segment.h"
 #include "ps_shm/shm_store.h"
 
 namespace shardwild {
@@ -280,6 +282,39 @@ TEST(PartialStoreTest, AttachByNameFindsTheBlock) {
   ASSERT_TRUE(a.PullRows(1, ids, x.data(), PullMode::kInsert, &scratch).ok());
   ASSERT_TRUE(part->PullRows(1, ids, y.data(), PullMode::kReadOnly, &scratch).ok());
   EXPECT_EQ(x, y);
+}
+
+TEST(PartialStoreTest, AttachRefusesABadBlock) {
+  std::unique_ptr<ShmParamStore> part = Make(1, 2);
+  ASSERT_TRUE(part);
+  absl::StatusOr<std::unique_ptr<ShmSegment>> s0 = ShmSegment::Attach(part->name() + "-s0");
+  absl::StatusOr<std::unique_ptr<ShmSegment>> s1 = ShmSegment::Attach(part->name() + "-s1");
+  ASSERT_TRUE(s0.ok() && s1.ok());
+  auto* h0 = static_cast<ShardHeader*>((*s0)->data());
+  auto* h1 = static_cast<ShardHeader*>((*s1)->data());
+  EXPECT_EQ(h0->shard_index, 1u);
+  EXPECT_EQ(h1->shard_index, 2u);
+  // Segment 1 disagrees with segment 0 about the block.
+  h1->first_hosted_shard = 2;
+  absl::StatusOr<std::unique_ptr<ShmParamStore>> att = ShmParamStore::Attach(part->name(), Options().optimizer);
+  EXPECT_EQ(att.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(att.status().message().find(part->name() + "-s1"), std::string::npos) << att.status();
+  h1->first_hosted_shard = 1;
+  // A block past the last shard.
+  h0->num_hosted_shards = 5;
+  att = ShmParamStore::Attach(part->name(), Options().optimizer);
+  EXPECT_EQ(att.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(att.status().message().find("not a block"), std::string::npos) << att.status();
+  h0->num_hosted_shards = 2;
+  // A global parts table that disagrees with a hosted shard's own entry.
+  auto* global = reinterpret_cast<GlobalPart*>(static_cast<char*>((*s0)->data()) + sizeof(ShardHeader) +
+                                               h0->num_entries * sizeof(LayoutEntry) + h0->num_tables * sizeof(TableEntry));
+  global[0 * kShards + 2].row_end -= 1;  // w on shard 2
+  att = ShmParamStore::Attach(part->name(), Options().optimizer);
+  EXPECT_EQ(att.status().code(), absl::StatusCode::kFailedPrecondition);
+  global[0 * kShards + 2].row_end += 1;
+  att = ShmParamStore::Attach(part->name(), Options().optimizer);
+  EXPECT_TRUE(att.ok()) << att.status();
 }
 
 }  // namespace
