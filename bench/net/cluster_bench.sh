@@ -7,12 +7,18 @@
 # (its own machine's ps task through shared memory, the other's through
 # gRPC), both at once, with train.workers=THREADS each. Then one machine runs
 # `shardwild bench CONFIG` with 2 x THREADS workers: the same config and the
-# same total workers. Printed: each side's samples/s, the cluster's total and
+# same total workers.
+#
+# With --cores-per-machine N each "machine" is also given cores of its own
+# (taskset): A gets cores 0..N-1, B gets N..2N-1, and the one machine gets
+# 0..N-1, as two real machines each like the one would be. Without it, both
+# "machines" share every core the one machine has to itself (a lower bound). Printed: each side's samples/s, the cluster's total and
 # its ratio to one machine, the bytes on the wire per step and the share of
 # the step spent in the store (the bridge, on the cluster), for each
 # compression given.
 #
-#   bench/net/cluster_bench.sh CONFIG [--threads N] [--compression "none bf16"] [--set key=value]...
+#   bench/net/cluster_bench.sh CONFIG [--threads N] [--cores-per-machine N] [--compression "none bf16"]
+#                              [--set key=value]...
 #
 # Needs python3 (to read the JSON lines). BIN (default build/shardwild)
 # names the binary.
@@ -22,11 +28,13 @@ bin=${BIN:-build/shardwild}
 config=${1:?usage: cluster_bench.sh CONFIG [--threads N] [--compression "none bf16"] [--set key=value]...}
 shift
 threads=1
+cores=0
 compressions="none bf16"
 sets=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --threads) threads=$2; shift 2 ;;
+    --cores-per-machine) cores=$2; shift 2 ;;
     --compression) compressions=$2; shift 2 ;;
     --set) sets+=(--set "$2"); shift 2 ;;
     *) echo "cluster_bench.sh: unknown argument '$1'" >&2; exit 2 ;;
@@ -53,9 +61,16 @@ cat > "$work/cluster.json" <<EOF
              "worker": ["127.0.0.1:$p3", "127.0.0.2:$p4"]}}
 EOF
 
+# on M: the command line prefix that keeps a process on machine M's cores.
+on() {
+  if [[ $cores -gt 0 ]]; then echo taskset -c "$(( $1 * cores ))-$(( ($1 + 1) * cores - 1 ))"; fi
+}
+# Pinned threads would leave the machine's cores: they stay where taskset puts them.
+if [[ $cores -gt 0 ]]; then sets+=(--set train.pin_threads=false); fi
 common=("${sets[@]}" --set "train.workers=$threads" --set "ps.shards=2" --set "ps.job_name=clbench$$")
 for c in $compressions; do
-  task() { exec "$bin" "$1" "$config" --cluster "$work/cluster.json" --task-type "$2" --task-index "$3" \
+  # task COMMAND TYPE INDEX [ARGS...]: task INDEX of TYPE runs on machine INDEX.
+  task() { exec $(on "$3") "$bin" "$1" "$config" --cluster "$work/cluster.json" --task-type "$2" --task-index "$3" \
              "${common[@]}" --set "cluster.compression=$c" "${@:4}"; }
   task serve ps 0 > "$work/ps0.log" 2>&1 & pids+=($!)
   task serve ps 1 > "$work/ps1.log" 2>&1 & pids+=($!)
@@ -70,7 +85,7 @@ for c in $compressions; do
   wait "${pids[@]}" 2>/dev/null || true
   pids=()
 done
-"$bin" bench "$config" "${sets[@]}" --set "train.workers=$((2 * threads))" --set "ps.job_name=clbench$$" --json \
+$(on 0) "$bin" bench "$config" "${sets[@]}" --set "train.workers=$((2 * threads))" --set "ps.job_name=clbench$$" --json \
   > "$work/single.log" 2>&1 || { cat "$work/single.log" >&2; exit 1; }
 
 python3 - "$work" "$compressions" <<'EOF'
