@@ -449,6 +449,9 @@ int Bench(const std::string& path, const std::vector<std::string>& sets, bool as
   }
   absl::StatusOr<BenchReport> r = RunBench(**job, wire);
   if (!r.ok()) return Fail(r.status());
+  if (connection) {  // the last pushes (a worker thread may leave one in flight)
+    if (absl::Status s = connection->store->Flush(); !s.ok()) return Fail(s);
+  }
   std::printf("shardwild bench %s%s\n%s", path.c_str(), where.c_str(), FormatBenchReport(*r).c_str());
   if (as_json) {
     const double total = r->phases.total();

@@ -40,7 +40,11 @@ absl::StatusOr<std::unique_ptr<ClusterStoreConnection>> ConnectClusterStore(cons
                        c->local.fallbacks[p]));
     }
   }
-  SW_ASSIGN_OR_RETURN(c->store, ClusterParamStore::Connect(map, ps, c->local.pointers()));
+  // Each worker thread may leave one dense push in flight while it goes on.
+  ClusterStoreOptions so;
+  so.async_pushes = std::clamp(config.train.workers, 1, 64);
+  so.threads_per_ps = std::clamp(config.train.workers + 1, 2, 64);
+  SW_ASSIGN_OR_RETURN(c->store, ClusterParamStore::Connect(map, ps, c->local.pointers(), so));
   return c;
 }
 

@@ -148,6 +148,10 @@ absl::StatusOr<std::unique_ptr<ClusterParamStore>> ClusterParamStore::Connect(co
     return absl::InvalidArgumentError(
         absl::StrCat("cluster store: ", local.size(), " local stores for ", nps, " ps tasks (give one per task, or none)"));
   }
+  if (options.async_pushes < 0 || options.async_pushes > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster store: async_pushes must be 0..64, got ", options.async_pushes));
+  }
   if (options.threads_per_ps < 1 || options.threads_per_ps > 64) {
     return absl::InvalidArgumentError(
         absl::StrCat("cluster store: threads_per_ps must be 1..64, got ", options.threads_per_ps));
@@ -320,6 +324,7 @@ absl::Status ClusterParamStore::Push(absl::Span<const DenseGrad> grads, float lr
   for (int p = 0; p < nps; ++p) {
     if (!remote[p].empty() || !whole[p].empty()) targets.push_back(p);
   }
+  if (options_.async_pushes > 0) return PushAsync(targets, whole, std::move(remote), lr);
   std::vector<absl::Status> statuses;
   RunOnAll(
       targets,
@@ -335,6 +340,83 @@ absl::Status ClusterParamStore::Push(absl::Span<const DenseGrad> grads, float lr
       },
       &statuses);
   return FirstError(statuses);
+}
+
+absl::Status ClusterParamStore::PushAsync(absl::Span<const int> targets,
+                                          const std::vector<std::vector<DenseGrad>>& whole,
+                                          std::vector<std::vector<RemoteDenseGrad>> remote, float lr) {
+  int remote_parts = 0;
+  for (int p : targets) remote_parts += local_[p] == nullptr ? 1 : 0;
+  if (remote_parts > 0) {
+    {
+      // A failure of an earlier push is this call's to report (once).
+      MutexLock lock(&async_mu_);
+      if (!async_error_.ok()) {
+        absl::Status s = std::move(async_error_);
+        async_error_ = absl::OkStatus();
+        return s;
+      }
+      async_cv_.Wait(&async_mu_, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(async_mu_) {
+        return in_flight_ < options_.async_pushes;
+      });
+      ++in_flight_;
+    }
+    // The remote rows are copied: the caller reuses its gradients at once.
+    struct Pending {
+      std::vector<std::vector<float>> rows;  // [part]
+      std::vector<RemoteDenseGrad> grads;    // into rows
+      std::atomic<int> parts_left{0};
+    };
+    auto pending = std::make_shared<Pending>();
+    pending->parts_left.store(remote_parts, std::memory_order_relaxed);
+    for (int p : targets) {
+      if (local_[p] != nullptr) continue;
+      for (const RemoteDenseGrad& g : remote[p]) pending->rows.emplace_back(g.grad.begin(), g.grad.end());
+    }
+    // Spans into the copies, per ps task (rows is not resized after this).
+    std::vector<std::vector<RemoteDenseGrad>> parts(map_.num_ps());
+    size_t k = 0;
+    for (int p : targets) {
+      if (local_[p] != nullptr) continue;
+      for (const RemoteDenseGrad& g : remote[p]) {
+        parts[p].push_back({g.var, absl::MakeConstSpan(pending->rows[k]), g.offset});
+        ++k;
+      }
+    }
+    for (int p : targets) {
+      if (local_[p] != nullptr) continue;
+      Lane* lane = lanes_[p].get();
+      {
+        MutexLock lock(&lane->mu);
+        lane->queue.push_back([this, p, lr, pending, grads = std::move(parts[p])] {
+          absl::StatusOr<uint64_t> v = clients_[p]->PushDense(grads, lr);
+          if (v.ok()) SeeVersion(*v);
+          MutexLock done(&async_mu_);
+          if (!v.ok() && async_error_.ok()) async_error_ = v.status();
+          if (pending->parts_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+            --in_flight_;
+            async_cv_.SignalAll();
+          }
+        });
+      }
+      lane->cv.SignalAll();
+    }
+  }
+  // The local parts, on this thread, while the remote ones travel.
+  for (int p : targets) {
+    if (local_[p] == nullptr) continue;
+    SW_RETURN_IF_ERROR(Local(p, local_[p]->Push(whole[p], lr)));
+    SeeVersion(local_[p]->version());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ClusterParamStore::Flush() {
+  MutexLock lock(&async_mu_);
+  async_cv_.Wait(&async_mu_, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(async_mu_) { return in_flight_ == 0; });
+  absl::Status s = std::move(async_error_);
+  async_error_ = absl::OkStatus();
+  return s;
 }
 
 absl::Status ClusterParamStore::CheckIds(int table, absl::Span<const uint64_t> ids, const char* what) const {

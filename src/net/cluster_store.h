@@ -71,6 +71,14 @@ struct ClusterStoreOptions {
   // task (from concurrent callers of this store) can be in flight at once.
   // 1..64.
   int threads_per_ps = 2;
+  // Dense pushes whose remote parts may still be in flight when Push
+  // returns (0..64; 0 = Push waits for every ps task). With N > 0, Push
+  // applies the local parts, copies the remote rows and returns; the
+  // (N+1)-th push waits for the oldest. The caller's next pull may then
+  // miss its own last push on the remote rows (Hogwild staleness of at most
+  // N pushes). An asynchronous push that fails is reported once, by the
+  // next Push or Flush. Flush waits for all of them.
+  int async_pushes = 0;
 };
 
 class ClusterParamStore final : public ParamStore {
@@ -126,6 +134,13 @@ class ClusterParamStore final : public ParamStore {
   // (with nullopt: their newest checkpoints differ).
   absl::StatusOr<int64_t> RestoreShards(std::optional<int64_t> step);
 
+  // Waits until no dense push is in flight (ClusterStoreOptions::
+  // async_pushes) and returns the first error of those since the last
+  // report, naming its ps task; OK at once without asynchronous pushes.
+  // Call it before a task reports done, so a checkpoint taken then holds
+  // every push.
+  absl::Status Flush();
+
   // Bytes of pull and push messages over all ps clients (PsClient::stats;
   // local ps tasks send none). Thread-safe.
   PsClient::Stats stats() const;
@@ -160,6 +175,10 @@ class ClusterParamStore final : public ParamStore {
     std::vector<std::thread> threads;  // started in Connect, joined in the destructor
   };
   static void LaneLoop(Lane* lane);
+  // Push with ClusterStoreOptions::async_pushes > 0: local parts here,
+  // remote ones queued on their lanes (copies of the rows), not awaited.
+  absl::Status PushAsync(absl::Span<const int> targets, const std::vector<std::vector<DenseGrad>>& whole,
+                         std::vector<std::vector<RemoteDenseGrad>> remote, float lr);
 
   // Constant after Connect.
   const ShardMap map_;
@@ -178,6 +197,12 @@ class ClusterParamStore final : public ParamStore {
 
   // The largest version seen (relaxed: a hint for when a ps is unreachable).
   mutable std::atomic<uint64_t> last_version_{0};
+
+  // Asynchronous dense pushes (ClusterStoreOptions::async_pushes).
+  Mutex async_mu_;
+  CondVar async_cv_;
+  int in_flight_ ABSL_GUARDED_BY(async_mu_) = 0;      // pushes with remote parts not done
+  absl::Status async_error_ ABSL_GUARDED_BY(async_mu_);  // the first failure not reported yet
 };
 
 // Stores of the ps tasks on `host`, attached through shared memory.

@@ -29,9 +29,9 @@ bool Final(grpc::StatusCode code) {
 
 // One worker thread's part: sessions with the chief until `exit`.
 absl::Status ServeSlot(const Config& config, const PsClientOptions& chief, net::Chief::Stub& stub, Job& job,
-                       int task, int thread, const TaskLog& log) {
+                       ClusterParamStore& store, int task, int thread, const TaskLog& log) {
   const Dataset* test = InlineEvaluation(config) ? job.test() : nullptr;
-  TaskRunner runner(config, job.worker(thread), job.train(), test);
+  TaskRunner runner(config, job.worker(thread), job.train(), test, [&store] { return store.Flush(); });
   const std::string hello = absl::StrCat("hello ", task, " ", thread, " ", job.num_workers());
   const std::string ready = absl::StrCat("ready ", getpid(), " ", job.train().count, " ", test ? test->count : 0);
   const double patience = config.train.task_timeout_s;
@@ -111,7 +111,8 @@ absl::Status RunWorkerTask(const Config& config, const ClusterSpec& spec, int in
   log(absl::StrCat(task.ToString(), ": ", job->num_workers(), " worker threads, ", job->train().count,
                    " training records; ", local, " of ", store->num_ps(), " ps tasks through shared memory"));
   const int t = index;
-  return job->pool().RunAll([&](int thread) { return ServeSlot(config, chief, *stub, *job, t, thread, log); });
+  return job->pool().RunAll(
+      [&](int thread) { return ServeSlot(config, chief, *stub, *job, *store, t, thread, log); });
 }
 
 }  // namespace shardwild

@@ -151,6 +151,7 @@ std::optional<std::string> TaskRunner::Train(const std::vector<std::string>& f, 
       last_sent_ = Clock::now();
     }
   }
+  if (trained.ok() && flush_) trained = flush_();
   if (!trained.ok()) return absl::StrCat("fail ", lease, " ", OneLine(trained.message()));
   return absl::StrCat("done ", lease, " ", c.samples.load(std::memory_order_relaxed) - samples0, " ",
                       c.steps.load(std::memory_order_relaxed) - steps0, " ",

@@ -197,9 +197,13 @@ class Inbox {
 // (the worker's) at a time.
 class TaskRunner {
  public:
-  // `test` may be null (no evaluation tasks then).
-  TaskRunner(const Config& config, Worker& worker, const Dataset& train, const Dataset* test)
-      : config_(config), worker_(worker), train_(train), test_(test) {}
+  // `test` may be null (no evaluation tasks then). `flush`, if given, runs
+  // after a training task's steps and before its `done` (a store whose
+  // pushes may still be in flight makes them land first, so a checkpoint
+  // taken once the task is reported holds them); its error fails the task.
+  TaskRunner(const Config& config, Worker& worker, const Dataset& train, const Dataset* test,
+             std::function<absl::Status()> flush = nullptr)
+      : config_(config), worker_(worker), train_(train), test_(test), flush_(std::move(flush)) {}
 
   // The reply to `line` (`done`, `evaldone` or `fail`; an exception becomes
   // `fail`), or nullopt when the line is no task (unknown messages are
@@ -218,6 +222,7 @@ class TaskRunner {
   Worker& worker_;
   const Dataset& train_;
   const Dataset* const test_;
+  const std::function<absl::Status()> flush_;
   std::vector<int32_t> order_;  // EpochOrder of order_epoch_
   int order_epoch_ = -1;
   std::chrono::steady_clock::time_point last_sent_ = std::chrono::steady_clock::now();

@@ -107,7 +107,9 @@ struct Cluster {
 // A worker's traffic: dense pulls (whole and straddling the ps boundary) and
 // pushes, row pulls and pushes with repeated ids of both tables, versions.
 // Returns everything it saw.
-std::vector<float> Exercise(ParamStore& store) {
+// With `flush`, its asynchronous pushes are waited for before each read, so
+// the reads see every push as a synchronous store would.
+std::vector<float> Exercise(ParamStore& store, ClusterParamStore* flush = nullptr) {
   std::vector<float> seen;
   RowScratch scratch;
   const StoreLayout& l = store.layout();
@@ -121,6 +123,7 @@ std::vector<float> Exercise(ParamStore& store) {
     }
     std::vector<float> mid(8 * 3);
     slices.push_back({0, 10, 18, mid.data()});  // rows 10..18 of w: ps:0 and ps:1
+    if (flush != nullptr) EXPECT_TRUE(flush->Flush().ok());
     EXPECT_TRUE(store.Pull(slices).ok());
     for (const std::vector<float>& v : vals) seen.insert(seen.end(), v.begin(), v.end());
     seen.insert(seen.end(), mid.begin(), mid.end());
@@ -142,6 +145,7 @@ std::vector<float> Exercise(ParamStore& store) {
       for (size_t i = 0; i < rows.size(); ++i) rows[i] = 0.3f * std::sin(1.0f * i + step + t);
       EXPECT_TRUE(store.PushRows(t, ids, rows.data(), 0.05f, &scratch).ok());
     }
+    if (flush != nullptr) EXPECT_TRUE(flush->Flush().ok());
     seen.push_back(static_cast<float>(store.version()));
   }
   return seen;
@@ -197,6 +201,55 @@ TEST(ClusterParamStoreTest, SameBitsAsOneFullStore) {
     const uint64_t ids[] = {3, 40};
     EXPECT_EQ(cs.PushRows(0, ids, out.data(), 0.1f, nullptr).code(), absl::StatusCode::kInvalidArgument);
   }
+}
+
+// Asynchronous dense pushes (ClusterStoreOptions::async_pushes): flushed
+// before every read they give the same bits as one full store; a push that
+// fails in flight is reported once, by the next Flush, naming its ps task.
+TEST(ClusterParamStoreTest, AsyncPushesLandByFlushAndFailuresAreReportedOnce) {
+  for (bool attach : {false, true}) {
+    SCOPED_TRACE(attach ? "ps:1 attached through shared memory" : "all through gRPC");
+    std::unique_ptr<Cluster> c = Cluster::Start();
+    ASSERT_TRUE(c);
+    std::unique_ptr<ShmParamStore> full = Make(0, -1);
+    ASSERT_TRUE(full);
+    std::unique_ptr<ShmParamStore> attached;
+    std::vector<ParamStore*> local;
+    if (attach) {
+      absl::StatusOr<std::unique_ptr<ShmParamStore>> a =
+          ShmParamStore::Attach(c->stores[1]->name(), Options(0, -1).optimizer, Options(0, -1).sparse_optimizer);
+      ASSERT_TRUE(a.ok()) << a.status();
+      attached = *std::move(a);
+      local = {nullptr, attached.get()};
+    }
+    ClusterStoreOptions options;
+    options.async_pushes = 2;
+    absl::StatusOr<std::unique_ptr<ClusterParamStore>> cluster =
+        ClusterParamStore::Connect(c->map, c->clients, local, options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    const std::vector<float> via_cluster = Exercise(**cluster, cluster->get());
+    const std::vector<float> via_full = Exercise(*full);
+    ASSERT_EQ(via_cluster.size(), via_full.size());
+    EXPECT_TRUE(via_cluster == via_full);
+
+    // ps:0 goes away: the push returns (its ps:0 part travels on), the
+    // failure comes with the next Flush, once.
+    c->servers[0]->Shutdown(0.1);
+    std::vector<float> w(23 * 3, 0.5f);
+    const DenseGrad g{0, w.data()};
+    EXPECT_TRUE((*cluster)->Push({&g, 1}, 0.1f).ok());
+    const absl::Status s = (*cluster)->Flush();
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_NE(s.message().find("ps:0"), std::string::npos) << s;
+    EXPECT_TRUE((*cluster)->Flush().ok());
+  }
+  // Out of range.
+  std::unique_ptr<Cluster> c = Cluster::Start();
+  ASSERT_TRUE(c);
+  ClusterStoreOptions bad;
+  bad.async_pushes = 65;
+  EXPECT_EQ(ClusterParamStore::Connect(c->map, c->clients, {}, bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ClusterParamStoreTest, ConcurrentCallersAreServedInParallel) {
