@@ -392,7 +392,11 @@ absl::Status ClusterParamStore::PushAsync(absl::Span<const int> targets,
           absl::StatusOr<uint64_t> v = clients_[p]->PushDense(grads, lr);
           if (v.ok()) SeeVersion(*v);
           MutexLock done(&async_mu_);
-          if (!v.ok() && async_error_.ok()) async_error_ = v.status();
+          // A deep copy: a Status shares its message by a reference count
+          // that Debian's uninstrumented abseil updates out of TSan's sight.
+          if (!v.ok() && async_error_.ok()) {
+            async_error_ = absl::Status(v.status().code(), std::string(v.status().message()));
+          }
           if (pending->parts_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
             --in_flight_;
             async_cv_.SignalAll();
