@@ -40,9 +40,10 @@ absl::StatusOr<std::unique_ptr<ClusterStoreConnection>> ConnectClusterStore(cons
                        c->local.fallbacks[p]));
     }
   }
-  // Each worker thread may leave one dense push in flight while it goes on.
+  // Each worker thread may leave a step's pushes in flight while it goes on:
+  // the dense one and one per embedding table (up to 31 tables a thread).
   ClusterStoreOptions so;
-  so.async_pushes = std::clamp(config.train.workers, 1, 64);
+  so.async_pushes = std::clamp(32 * std::max(config.train.workers, 1), 1, 64);
   so.threads_per_ps = std::clamp(config.train.workers + 1, 2, 64);
   SW_ASSIGN_OR_RETURN(c->store, ClusterParamStore::Connect(map, ps, c->local.pointers(), so));
   return c;

@@ -44,9 +44,10 @@ absl::StatusOr<std::vector<PsClientOptions>> PsClientsOf(const Config& config, c
 // The parameters as a worker task (or any task computing) sees them: a
 // ClusterParamStore over every ps task (ShardMap of ClusterShards), the ps
 // tasks on this task's host attached through shared memory
-// (AttachLocalPsStores), the others through gRPC. Each worker thread
-// (train.workers) may leave one dense push in flight (ClusterStoreOptions::
-// async_pushes): whoever trains on it calls Flush before reporting a task.
+// (AttachLocalPsStores), the others through gRPC. Pushes may be left in
+// flight (ClusterStoreOptions::async_pushes: 32 per worker thread, at most
+// 64: a step's dense push and its tables' row pushes): whoever trains on it
+// calls Flush before reporting a task.
 struct ClusterStoreConnection {
   LocalPsStores local;                       // declared first: outlives `store`
   std::unique_ptr<ClusterParamStore> store;

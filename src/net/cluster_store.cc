@@ -342,25 +342,39 @@ absl::Status ClusterParamStore::Push(absl::Span<const DenseGrad> grads, float lr
   return FirstError(statuses);
 }
 
+absl::Status ClusterParamStore::BeginAsyncPush() {
+  MutexLock lock(&async_mu_);
+  // A failure of an earlier push is this call's to report (once).
+  if (!async_error_.ok()) {
+    absl::Status s = std::move(async_error_);
+    async_error_ = absl::OkStatus();
+    return s;
+  }
+  async_cv_.Wait(&async_mu_, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(async_mu_) {
+    return in_flight_ < options_.async_pushes;
+  });
+  ++in_flight_;
+  return absl::OkStatus();
+}
+
+void ClusterParamStore::EndAsyncPart(const absl::Status& status, std::atomic<int>& parts_left) {
+  MutexLock done(&async_mu_);
+  // A deep copy: a Status shares its message by a reference count that
+  // Debian's uninstrumented abseil updates out of TSan's sight.
+  if (!status.ok() && async_error_.ok()) async_error_ = absl::Status(status.code(), std::string(status.message()));
+  if (parts_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    --in_flight_;
+    async_cv_.SignalAll();
+  }
+}
+
 absl::Status ClusterParamStore::PushAsync(absl::Span<const int> targets,
                                           const std::vector<std::vector<DenseGrad>>& whole,
                                           std::vector<std::vector<RemoteDenseGrad>> remote, float lr) {
   int remote_parts = 0;
   for (int p : targets) remote_parts += local_[p] == nullptr ? 1 : 0;
   if (remote_parts > 0) {
-    {
-      // A failure of an earlier push is this call's to report (once).
-      MutexLock lock(&async_mu_);
-      if (!async_error_.ok()) {
-        absl::Status s = std::move(async_error_);
-        async_error_ = absl::OkStatus();
-        return s;
-      }
-      async_cv_.Wait(&async_mu_, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(async_mu_) {
-        return in_flight_ < options_.async_pushes;
-      });
-      ++in_flight_;
-    }
+    SW_RETURN_IF_ERROR(BeginAsyncPush());
     // The remote rows are copied: the caller reuses its gradients at once.
     struct Pending {
       std::vector<std::vector<float>> rows;  // [part]
@@ -391,16 +405,7 @@ absl::Status ClusterParamStore::PushAsync(absl::Span<const int> targets,
         lane->queue.push_back([this, p, lr, pending, grads = std::move(parts[p])] {
           absl::StatusOr<uint64_t> v = clients_[p]->PushDense(grads, lr);
           if (v.ok()) SeeVersion(*v);
-          MutexLock done(&async_mu_);
-          // A deep copy: a Status shares its message by a reference count
-          // that Debian's uninstrumented abseil updates out of TSan's sight.
-          if (!v.ok() && async_error_.ok()) {
-            async_error_ = absl::Status(v.status().code(), std::string(v.status().message()));
-          }
-          if (pending->parts_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-            --in_flight_;
-            async_cv_.SignalAll();
-          }
+          EndAsyncPart(v.status(), pending->parts_left);
         });
       }
       lane->cv.SignalAll();
@@ -532,6 +537,49 @@ absl::Status ClusterParamStore::PushRows(int table, absl::Span<const uint64_t> i
   std::vector<int> targets;
   for (int p = 0; p < map_.num_ps(); ++p) {
     if (g.offsets[p + 1] > g.offsets[p]) targets.push_back(p);
+  }
+  if (options_.async_pushes > 0) {
+    // As PushAsync: the remote parts travel (with the grouped ids and rows,
+    // which this call owns) while the local ones are applied here.
+    int remote_parts = 0;
+    for (int p : targets) remote_parts += local_[p] == nullptr ? 1 : 0;
+    if (remote_parts > 0) {
+      SW_RETURN_IF_ERROR(BeginAsyncPush());
+      struct Pending {
+        IdGroups g;
+        std::vector<float> grouped;
+        std::atomic<int> parts_left{0};
+      };
+      auto pending = std::make_shared<Pending>();
+      pending->g = g;
+      pending->grouped = grouped;
+      pending->parts_left.store(remote_parts, std::memory_order_relaxed);
+      for (int p : targets) {
+        if (local_[p] != nullptr) continue;
+        Lane* lane = lanes_[p].get();
+        {
+          MutexLock lock(&lane->mu);
+          lane->queue.push_back([this, p, table, lr, dim, pending] {
+            const size_t begin = pending->g.offsets[p], n = pending->g.offsets[p + 1] - begin;
+            absl::StatusOr<uint64_t> v = clients_[p]->PushRows(
+                table, absl::Span<const uint64_t>(pending->g.ids.data() + begin, n),
+                absl::Span<const float>(pending->grouped.data() + begin * dim, n * dim), lr);
+            if (v.ok()) SeeVersion(*v);
+            EndAsyncPart(v.status(), pending->parts_left);
+          });
+        }
+        lane->cv.SignalAll();
+      }
+    }
+    for (int p : targets) {
+      if (local_[p] == nullptr) continue;
+      const size_t begin = g.offsets[p], n = g.offsets[p + 1] - begin;
+      RowScratch scratch;
+      SW_RETURN_IF_ERROR(
+          Local(p, local_[p]->PushRows(table, absl::Span<const uint64_t>(g.ids.data() + begin, n),
+                                       grouped.data() + begin * dim, lr, &scratch)));
+    }
+    return absl::OkStatus();
   }
   std::vector<absl::Status> statuses;
   RunOnAll(

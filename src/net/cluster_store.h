@@ -71,10 +71,10 @@ struct ClusterStoreOptions {
   // task (from concurrent callers of this store) can be in flight at once.
   // 1..64.
   int threads_per_ps = 2;
-  // Dense pushes whose remote parts may still be in flight when Push
-  // returns (0..64; 0 = Push waits for every ps task). With N > 0, Push
-  // applies the local parts, copies the remote rows and returns; the
-  // (N+1)-th push waits for the oldest. The caller's next pull may then
+  // Pushes (Push and PushRows) whose remote parts may still be in flight
+  // when they return (0..64; 0 = a push waits for every ps task). With
+  // N > 0, a push applies the local parts, copies the remote rows and
+  // returns; the (N+1)-th push waits for the oldest. The caller's next pull may then
   // miss its own last push on the remote rows (Hogwild staleness of at most
   // N pushes). An asynchronous push that fails is reported once, by the
   // next Push or Flush. Flush waits for all of them.
@@ -179,6 +179,13 @@ class ClusterParamStore final : public ParamStore {
   // remote ones queued on their lanes (copies of the rows), not awaited.
   absl::Status PushAsync(absl::Span<const int> targets, const std::vector<std::vector<DenseGrad>>& whole,
                          std::vector<std::vector<RemoteDenseGrad>> remote, float lr);
+  // An asynchronous push (dense or rows) starts: reports (and clears) the
+  // failure of an earlier one, then waits for room (async_pushes) and
+  // counts it in flight.
+  absl::Status BeginAsyncPush();
+  // One remote part of an asynchronous push is done with `status`; the last
+  // part (parts_left reaching 0) ends the push.
+  void EndAsyncPart(const absl::Status& status, std::atomic<int>& parts_left);
 
   // Constant after Connect.
   const ShardMap map_;

@@ -253,35 +253,40 @@ TEST(ClusterParamStoreTest, AsyncPushesLandByFlushAndFailuresAreReportedOnce) {
 }
 
 TEST(ClusterParamStoreTest, ConcurrentCallersAreServedInParallel) {
-  std::unique_ptr<Cluster> c = Cluster::Start();
-  ASSERT_TRUE(c);
-  ClusterStoreOptions options;
-  options.threads_per_ps = 2;
-  absl::StatusOr<std::unique_ptr<ClusterParamStore>> cluster =
-      ClusterParamStore::Connect(c->map, c->clients, {}, options);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  constexpr int kThreads = 4, kSteps = 8;
-  std::vector<int> failures(kThreads, 0);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      RowScratch scratch;
-      std::vector<float> w(23 * 3, 0.01f * (t + 1));
-      for (int s = 0; s < kSteps; ++s) {
-        const PullSlice sl{0, 0, 23, w.data()};
-        if (!(*cluster)->Pull({&sl, 1}).ok()) ++failures[t];
-        std::fill(w.begin(), w.end(), 0.01f);
-        const DenseGrad g{0, w.data()};
-        if (!(*cluster)->Push({&g, 1}, 0.01f).ok()) ++failures[t];
-        const uint64_t ids[] = {static_cast<uint64_t>(t * 100 + s), 3, 1ull << 50};
-        std::vector<float> rg(3 * kDim, 0.5f);
-        if (!(*cluster)->PushRows(1, ids, rg.data(), 0.1f, &scratch).ok()) ++failures[t];
-      }
-    });
+  for (int async : {0, 4}) {
+    SCOPED_TRACE(async ? "asynchronous pushes" : "synchronous pushes");
+    std::unique_ptr<Cluster> c = Cluster::Start();
+    ASSERT_TRUE(c);
+    ClusterStoreOptions options;
+    options.threads_per_ps = 2;
+    options.async_pushes = async;
+    absl::StatusOr<std::unique_ptr<ClusterParamStore>> cluster =
+        ClusterParamStore::Connect(c->map, c->clients, {}, options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    constexpr int kThreads = 4, kSteps = 8;
+    std::vector<int> failures(kThreads, 0);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        RowScratch scratch;
+        std::vector<float> w(23 * 3, 0.01f * (t + 1));
+        for (int s = 0; s < kSteps; ++s) {
+          const PullSlice sl{0, 0, 23, w.data()};
+          if (!(*cluster)->Pull({&sl, 1}).ok()) ++failures[t];
+          std::fill(w.begin(), w.end(), 0.01f);
+          const DenseGrad g{0, w.data()};
+          if (!(*cluster)->Push({&g, 1}, 0.01f).ok()) ++failures[t];
+          const uint64_t ids[] = {static_cast<uint64_t>(t * 100 + s), 3, 1ull << 50};
+          std::vector<float> rg(3 * kDim, 0.5f);
+          if (!(*cluster)->PushRows(1, ids, rg.data(), 0.1f, &scratch).ok()) ++failures[t];
+        }
+      });
+    }
+    for (std::thread& th : threads) th.join();
+    for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], 0) << "thread " << t;
+    EXPECT_TRUE((*cluster)->Flush().ok());
+    EXPECT_EQ((*cluster)->version(), static_cast<uint64_t>(kThreads * kSteps));
   }
-  for (std::thread& th : threads) th.join();
-  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], 0) << "thread " << t;
-  EXPECT_EQ((*cluster)->version(), static_cast<uint64_t>(kThreads * kSteps));
 }
 
 TEST(ClusterParamStoreTest, PushNotCoveringTheHostedRowsIsInvalid) {
