@@ -7,11 +7,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "core/mutex.h"
 #include "core/status.h"
 #include "net/chief.h"
 #include "net/cluster_setup.h"
+#include "net/cluster_store.h"
 #include "net/ps_client.h"
 #include "workers/checkpoint.h"
 #include "workers/job.h"
@@ -109,16 +109,6 @@ class PsMonitor {
   std::thread thread_;
 };
 
-// Runs fn(i) for every i in [0, n) on threads of its own; the first error.
-absl::Status ForEachParallel(int n, const std::function<absl::Status(int)>& fn) {
-  std::vector<absl::Status> status(n);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < n; ++i) threads.emplace_back([&, i] { status[i] = fn(i); });
-  for (std::thread& t : threads) t.join();
-  for (const absl::Status& s : status) SW_RETURN_IF_ERROR(s);
-  return absl::OkStatus();
-}
-
 // FailedPrecondition unless `c` is a checkpoint of a cluster of `num_ps` ps
 // tasks and `shards` shards (the chief's, WriteStateCheckpoint).
 absl::Status CheckClusterCheckpoint(const CheckpointInfo& c, int num_ps, int shards) {
@@ -137,32 +127,31 @@ absl::Status CheckClusterCheckpoint(const CheckpointInfo& c, int num_ps, int sha
   return absl::OkStatus();
 }
 
-// Variables and tables of `got` (a ps task's) against the chief's `want`.
-absl::Status CheckLayout(const std::string& task, const RemoteLayout& got, const ModelLayout& want, int shards) {
+// The cluster's layout (ClusterParamStore::Connect has checked that every ps
+// task serves the same one, with the shard map's blocks) against the model
+// the chief's config describes.
+absl::Status CheckLayout(const StoreLayout& got, const ModelLayout& want) {
   auto bad = [&](const std::string& what) {
     return absl::FailedPreconditionError(absl::StrCat(
-        task, " serves another model than the chief's config describes: ", what,
+        "the ps tasks serve another model than the chief's config describes: ", what,
         " (every task must run the same config)"));
   };
-  if (got.layout.num_shards != shards) {
-    return bad(absl::StrCat(got.layout.num_shards, " shards, the chief expects ", shards));
-  }
-  if (got.layout.variables.size() != want.variables.size()) {
-    return bad(absl::StrCat(got.layout.variables.size(), " variables, the chief expects ", want.variables.size()));
+  if (got.variables.size() != want.variables.size()) {
+    return bad(absl::StrCat(got.variables.size(), " variables, the chief expects ", want.variables.size()));
   }
   for (size_t v = 0; v < want.variables.size(); ++v) {
-    const VariableSpec& a = got.layout.variables[v];
+    const VariableSpec& a = got.variables[v];
     const VariableSpec& b = want.variables[v];
     if (a.name != b.name || a.rows != b.rows || a.cols != b.cols) {
       return bad(absl::StrCat("variable ", v, " is ", a.name, " [", a.rows, ", ", a.cols, "], the chief's ", b.name,
                               " [", b.rows, ", ", b.cols, "]"));
     }
   }
-  if (got.layout.tables.size() != want.tables.size()) {
-    return bad(absl::StrCat(got.layout.tables.size(), " tables, the chief expects ", want.tables.size()));
+  if (got.tables.size() != want.tables.size()) {
+    return bad(absl::StrCat(got.tables.size(), " tables, the chief expects ", want.tables.size()));
   }
   for (size_t t = 0; t < want.tables.size(); ++t) {
-    const TableSpec& a = got.layout.tables[t];
+    const TableSpec& a = got.tables[t];
     const TableSpec& b = want.tables[t];
     if (a.name != b.name || a.dim != b.dim || a.capacity != b.capacity || a.kind != b.kind) {
       return bad(absl::StrCat("table ", t, " is ", a.name, " (dim ", a.dim, ", capacity ", a.capacity,
@@ -200,22 +189,24 @@ absl::StatusOr<TrainSummary> RunChief(Job& job, const ClusterSpec& spec, Progres
   SW_ASSIGN_OR_RETURN(const ModelLayout model, DescribeModel(config, job.train()));
   const int threads = job.topology().ResolveWorkers(config.train.workers);
 
-  // The ps tasks: each must be up (waiting for it up to train.task_timeout_s)
-  // and serve the chief's model.
+  // The ps tasks, as one store (SaveShards, RestoreShards, version): each
+  // must be up (waiting for them up to train.task_timeout_s) and serve the
+  // chief's model.
   SW_ASSIGN_OR_RETURN(std::vector<PsClientOptions> ps_options, PsClientsOf(config, spec));
-  std::vector<std::unique_ptr<PsClient>> ps;
-  std::vector<std::string> names;
-  std::vector<std::string> store_names;
+  SW_ASSIGN_OR_RETURN(const ShardMap map, ShardMap::Make(shards, num_ps));
+  const auto waiting_since = std::chrono::steady_clock::now();
+  absl::StatusOr<std::unique_ptr<ClusterParamStore>> connected = ClusterParamStore::Connect(map, ps_options);
+  while (!connected.ok() && connected.status().code() == absl::StatusCode::kUnavailable &&
+         SecondsSince(waiting_since) < config.train.task_timeout_s) {
+    connected = ClusterParamStore::Connect(map, ps_options);
+  }
+  SW_RETURN_IF_ERROR(connected.status());
+  ClusterParamStore& cluster = **connected;
+  SW_RETURN_IF_ERROR(CheckLayout(cluster.layout(), model));
+  std::vector<std::string> names;  // each ps task's store name, to tell a restart
   for (int i = 0; i < num_ps; ++i) {
-    PsClientOptions wait = ps_options[i];
-    wait.max_attempts = AttemptsCovering(wait, config.train.task_timeout_s);
-    SW_ASSIGN_OR_RETURN(std::unique_ptr<PsClient> waiting, PsClient::Create(wait));
-    SW_ASSIGN_OR_RETURN(RemoteLayout layout, waiting->GetLayout());
-    SW_RETURN_IF_ERROR(CheckLayout(ps_options[i].task_name, layout, model, shards));
+    SW_ASSIGN_OR_RETURN(RemoteLayout layout, cluster.client(i).GetLayout());
     names.push_back(layout.store_name);
-    store_names.push_back(absl::StrCat(ps_options[i].task_name, "/", layout.store_name));
-    SW_ASSIGN_OR_RETURN(std::unique_ptr<PsClient> c, PsClient::Create(ps_options[i]));
-    ps.push_back(std::move(c));
   }
   progress.Line(absl::StrCat("chief: ", num_ps, " ps task", num_ps == 1 ? "" : "s", " (", shards, " shards), ",
                              workers_tasks, " worker task", workers_tasks == 1 ? "" : "s", " x ", threads,
@@ -229,7 +220,7 @@ absl::StatusOr<TrainSummary> RunChief(Job& job, const ClusterSpec& spec, Progres
   ExternalTraining ext;
   ext.workers = workers_tasks * threads;
   ext.shards = shards;
-  ext.store_name = absl::StrJoin(store_names, ",");
+  ext.store_name = cluster.name();
   ext.make_workers = [&]() -> absl::StatusOr<std::unique_ptr<TaskWorkers>> {
     ChiefServerOptions co;
     SW_ASSIGN_OR_RETURN(co.server, MakePsServerOptions(config.cluster, spec, TaskId{Role::kChief, 0}));
@@ -242,11 +233,7 @@ absl::StatusOr<TrainSummary> RunChief(Job& job, const ClusterSpec& spec, Progres
   };
   ext.write_checkpoint = [&](const CheckpointState& state,
                              const CheckpointWriteOptions& wo) -> absl::StatusOr<std::string> {
-    std::vector<std::string> paths(num_ps);
-    SW_RETURN_IF_ERROR(ForEachParallel(num_ps, [&](int i) -> absl::Status {
-      SW_ASSIGN_OR_RETURN(paths[i], ps[i]->SaveShard(state.step));
-      return absl::OkStatus();
-    }));
+    SW_ASSIGN_OR_RETURN(const std::vector<std::string> paths, cluster.SaveShards(state.step));
     nlohmann::json params = nlohmann::json::object();
     params["kind"] = "cluster";
     params["shards"] = shards;
@@ -260,21 +247,11 @@ absl::StatusOr<TrainSummary> RunChief(Job& job, const ClusterSpec& spec, Progres
   };
   ext.restore_params = [&](const CheckpointInfo& checkpoint) -> absl::Status {
     SW_RETURN_IF_ERROR(CheckClusterCheckpoint(checkpoint, num_ps, shards));
-    SW_RETURN_IF_ERROR(ForEachParallel(num_ps, [&](int i) -> absl::Status {
-      SW_ASSIGN_OR_RETURN(const int64_t step, ps[i]->RestoreShard(checkpoint.step));
-      (void)step;
-      return absl::OkStatus();
-    }));
+    SW_RETURN_IF_ERROR(cluster.RestoreShards(checkpoint.step).status());
     committed = checkpoint.step;
     return absl::OkStatus();
   };
-  ext.version = [&]() -> uint64_t {
-    uint64_t v = 0;
-    for (auto& c : ps) {
-      if (absl::StatusOr<uint64_t> x = c->Version(); x.ok()) v = std::max(v, *x);
-    }
-    return v;
-  };
+  ext.version = [&]() -> uint64_t { return cluster.version(); };
   ext.check = [&]() -> absl::Status {
     for (int i = 0; i < num_ps; ++i) {
       if (const double silent = monitor->Silent(i); silent > deadline_s) {
@@ -287,7 +264,7 @@ absl::StatusOr<TrainSummary> RunChief(Job& job, const ClusterSpec& spec, Progres
     }
     for (int i : monitor->TakeRestarted()) {
       if (committed) {
-        SW_ASSIGN_OR_RETURN(const int64_t step, ps[i]->RestoreShard(*committed));
+        SW_ASSIGN_OR_RETURN(const int64_t step, cluster.client(i).RestoreShard(*committed));
         progress.Line(absl::StrCat(ps_options[i].task_name, " was restarted: it reloaded its shards from the "
                                    "checkpoint of step ", step, "; training goes on"));
       } else {

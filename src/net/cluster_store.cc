@@ -383,18 +383,14 @@ absl::Status ClusterParamStore::PushAsync(absl::Span<const int> targets,
     };
     auto pending = std::make_shared<Pending>();
     pending->parts_left.store(remote_parts, std::memory_order_relaxed);
-    for (int p : targets) {
-      if (local_[p] != nullptr) continue;
-      for (const RemoteDenseGrad& g : remote[p]) pending->rows.emplace_back(g.grad.begin(), g.grad.end());
-    }
-    // Spans into the copies, per ps task (rows is not resized after this).
+    // Spans into the copies, per ps task (a copy's buffer stays put when
+    // `rows` grows: its vectors move).
     std::vector<std::vector<RemoteDenseGrad>> parts(map_.num_ps());
-    size_t k = 0;
     for (int p : targets) {
       if (local_[p] != nullptr) continue;
       for (const RemoteDenseGrad& g : remote[p]) {
-        parts[p].push_back({g.var, absl::MakeConstSpan(pending->rows[k]), g.offset});
-        ++k;
+        pending->rows.emplace_back(g.grad.begin(), g.grad.end());
+        parts[p].push_back({g.var, absl::MakeConstSpan(pending->rows.back()), g.offset});
       }
     }
     for (int p : targets) {
@@ -527,7 +523,7 @@ absl::Status ClusterParamStore::PushRows(int table, absl::Span<const uint64_t> i
   }
   const TableSpec& spec = layout_.tables[table];
   const size_t dim = static_cast<size_t>(spec.dim);
-  const IdGroups g = GroupByOwner(spec, ids, map_);
+  IdGroups g = GroupByOwner(spec, ids, map_);
   // The gradient rows in grouped order (batch order within each ps task, so
   // repeated ids are summed in the order a single store sums them).
   std::vector<float> grouped(ids.size() * dim);
@@ -543,16 +539,17 @@ absl::Status ClusterParamStore::PushRows(int table, absl::Span<const uint64_t> i
     // which this call owns) while the local ones are applied here.
     int remote_parts = 0;
     for (int p : targets) remote_parts += local_[p] == nullptr ? 1 : 0;
+    struct Pending {
+      IdGroups g;
+      std::vector<float> grouped;
+      std::atomic<int> parts_left{0};
+    };
+    std::shared_ptr<Pending> pending;
     if (remote_parts > 0) {
       SW_RETURN_IF_ERROR(BeginAsyncPush());
-      struct Pending {
-        IdGroups g;
-        std::vector<float> grouped;
-        std::atomic<int> parts_left{0};
-      };
-      auto pending = std::make_shared<Pending>();
-      pending->g = g;
-      pending->grouped = grouped;
+      pending = std::make_shared<Pending>();
+      pending->g = std::move(g);  // the local parts below read them from `pending` too
+      pending->grouped = std::move(grouped);
       pending->parts_left.store(remote_parts, std::memory_order_relaxed);
       for (int p : targets) {
         if (local_[p] != nullptr) continue;
@@ -571,13 +568,17 @@ absl::Status ClusterParamStore::PushRows(int table, absl::Span<const uint64_t> i
         lane->cv.SignalAll();
       }
     }
+    // The remote parts hold the groups (moved into their shared state); read
+    // them there or, with no remote part, here.
+    const IdGroups& gg = pending ? pending->g : g;
+    const std::vector<float>& rows = pending ? pending->grouped : grouped;
     for (int p : targets) {
       if (local_[p] == nullptr) continue;
-      const size_t begin = g.offsets[p], n = g.offsets[p + 1] - begin;
+      const size_t begin = gg.offsets[p], n = gg.offsets[p + 1] - begin;
       RowScratch scratch;
       SW_RETURN_IF_ERROR(
-          Local(p, local_[p]->PushRows(table, absl::Span<const uint64_t>(g.ids.data() + begin, n),
-                                       grouped.data() + begin * dim, lr, &scratch)));
+          Local(p, local_[p]->PushRows(table, absl::Span<const uint64_t>(gg.ids.data() + begin, n),
+                                       rows.data() + begin * dim, lr, &scratch)));
     }
     return absl::OkStatus();
   }

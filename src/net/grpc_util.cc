@@ -73,9 +73,9 @@ std::shared_ptr<grpc::Channel> MakeChannel(const PsClientOptions& options) {
   return grpc::CreateCustomChannel(options.address, creds, args);
 }
 
-void PrepareContext(const PsClientOptions& options, double deadline_s, grpc::ClientContext* context) {
+void PrepareContext(const PsClientOptions& options, grpc::ClientContext* context) {
   context->set_deadline(std::chrono::system_clock::now() +
-                        std::chrono::microseconds(static_cast<int64_t>(deadline_s * 1e6)));
+                        std::chrono::microseconds(static_cast<int64_t>(options.deadline_s * 1e6)));
   if (!options.token.empty()) context->AddMetadata(kTokenMetadataKey, absl::StrCat("Bearer ", options.token));
 }
 

@@ -35,8 +35,9 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentialsOf(const PsServerOptio
 // restarted server is found by the next attempt).
 std::shared_ptr<grpc::Channel> MakeChannel(const PsClientOptions& options);
 
-// Adds the token (if any) and a deadline `deadline_s` from now to `context`.
-void PrepareContext(const PsClientOptions& options, double deadline_s, grpc::ClientContext* context);
+// Adds the token (if any) and a deadline options.deadline_s from now to
+// `context`.
+void PrepareContext(const PsClientOptions& options, grpc::ClientContext* context);
 
 // gRPC writes its own lines to stderr (a port in use, a peer gone, ...);
 // the command line reports each failure as one line of its own, so they are

@@ -89,7 +89,7 @@ class PsClient::Impl {
     int attempts = 0;
     while (true) {
       grpc::ClientContext context;
-      PrepareContext(options_, options_.deadline_s, &context);
+      PrepareContext(options_, &context);
       last = attempt(&context);
       ++attempts;
       if (last.ok()) return absl::OkStatus();

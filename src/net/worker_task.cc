@@ -40,8 +40,9 @@ absl::Status ServeSlot(const Config& config, const PsClientOptions& chief, net::
   std::string last;
   bool joined_before = false;
   while (true) {
+    // No deadline: the session lasts as long as the job.
     grpc::ClientContext context;
-    if (!chief.token.empty()) context.AddMetadata(kTokenMetadataKey, absl::StrCat("Bearer ", chief.token));  // no deadline: the session lasts the job
+    if (!chief.token.empty()) context.AddMetadata(kTokenMetadataKey, absl::StrCat("Bearer ", chief.token));
     std::unique_ptr<grpc::ClientReaderWriter<net::SessionLine, net::SessionLine>> stream = stub.Session(&context);
     auto write = [&stream](const std::string& line) {
       net::SessionLine m;
@@ -110,9 +111,8 @@ absl::Status RunWorkerTask(const Config& config, const ClusterSpec& spec, int in
   for (int p = 0; p < store->num_ps(); ++p) local += store->is_local(p) ? 1 : 0;
   log(absl::StrCat(task.ToString(), ": ", job->num_workers(), " worker threads, ", job->train().count,
                    " training records; ", local, " of ", store->num_ps(), " ps tasks through shared memory"));
-  const int t = index;
   return job->pool().RunAll(
-      [&](int thread) { return ServeSlot(config, chief, *stub, *job, *store, t, thread, log); });
+      [&](int thread) { return ServeSlot(config, chief, *stub, *job, *store, index, thread, log); });
 }
 
 }  // namespace shardwild

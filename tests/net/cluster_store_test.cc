@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
 #include "gtest/gtest.h"
 #include "net/ps_server.h"
 #include "ps_shm/shm_store.h"
@@ -104,6 +105,20 @@ struct Cluster {
   }
 };
 
+// A ClusterParamStore over `c`; with `attach`, ps:1 through shared memory
+// (its attached store kept in *attached, which must outlive the result).
+absl::StatusOr<std::unique_ptr<ClusterParamStore>> ConnectTo(Cluster& c, bool attach,
+                                                             std::unique_ptr<ShmParamStore>* attached,
+                                                             const ClusterStoreOptions& options = {}) {
+  std::vector<ParamStore*> local;
+  if (attach) {
+    SW_ASSIGN_OR_RETURN(*attached, ShmParamStore::Attach(c.stores[1]->name(), Options(0, -1).optimizer,
+                                                         Options(0, -1).sparse_optimizer));
+    local = {nullptr, attached->get()};
+  }
+  return ClusterParamStore::Connect(c.map, c.clients, local, options);
+}
+
 // A worker's traffic: dense pulls (whole and straddling the ps boundary) and
 // pushes, row pulls and pushes with repeated ids of both tables, versions.
 // Returns everything it saw.
@@ -159,15 +174,7 @@ TEST(ClusterParamStoreTest, SameBitsAsOneFullStore) {
     std::unique_ptr<ShmParamStore> full = Make(0, -1);
     ASSERT_TRUE(full);
     std::unique_ptr<ShmParamStore> attached;
-    std::vector<ParamStore*> local;
-    if (attach) {
-      absl::StatusOr<std::unique_ptr<ShmParamStore>> a =
-          ShmParamStore::Attach(c->stores[1]->name(), Options(0, -1).optimizer, Options(0, -1).sparse_optimizer);
-      ASSERT_TRUE(a.ok()) << a.status();
-      attached = *std::move(a);
-      local = {nullptr, attached.get()};
-    }
-    absl::StatusOr<std::unique_ptr<ClusterParamStore>> cluster = ClusterParamStore::Connect(c->map, c->clients, local);
+    absl::StatusOr<std::unique_ptr<ClusterParamStore>> cluster = ConnectTo(*c, attach, &attached);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     ClusterParamStore& cs = **cluster;
     EXPECT_EQ(cs.is_local(1), attach);
@@ -213,19 +220,10 @@ TEST(ClusterParamStoreTest, AsyncPushesLandByFlushAndFailuresAreReportedOnce) {
     ASSERT_TRUE(c);
     std::unique_ptr<ShmParamStore> full = Make(0, -1);
     ASSERT_TRUE(full);
-    std::unique_ptr<ShmParamStore> attached;
-    std::vector<ParamStore*> local;
-    if (attach) {
-      absl::StatusOr<std::unique_ptr<ShmParamStore>> a =
-          ShmParamStore::Attach(c->stores[1]->name(), Options(0, -1).optimizer, Options(0, -1).sparse_optimizer);
-      ASSERT_TRUE(a.ok()) << a.status();
-      attached = *std::move(a);
-      local = {nullptr, attached.get()};
-    }
     ClusterStoreOptions options;
     options.async_pushes = 2;
-    absl::StatusOr<std::unique_ptr<ClusterParamStore>> cluster =
-        ClusterParamStore::Connect(c->map, c->clients, local, options);
+    std::unique_ptr<ShmParamStore> attached;
+    absl::StatusOr<std::unique_ptr<ClusterParamStore>> cluster = ConnectTo(*c, attach, &attached, options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     const std::vector<float> via_cluster = Exercise(**cluster, cluster->get());
     const std::vector<float> via_full = Exercise(*full);
