@@ -476,109 +476,188 @@ IdGroups GroupByOwner(const TableSpec& spec, absl::Span<const uint64_t> ids, con
 
 }  // namespace
 
-absl::Status ClusterParamStore::PullRows(int table, absl::Span<const uint64_t> ids, float* out, PullMode mode,
-                                         RowScratch*) {
-  SW_RETURN_IF_ERROR(CheckIds(table, ids, "pull rows"));
-  if (ids.empty()) return absl::OkStatus();
-  if (out == nullptr) return absl::InvalidArgumentError("pull rows: out is null");
-  if (ids.size() > std::numeric_limits<uint32_t>::max()) {
-    return absl::InvalidArgumentError("pull rows: more than 2^32-1 ids in one call");
+namespace {
+
+// A step's row parts grouped by owning ps task: for each part, its ids by
+// owner (IdGroups) and a buffer of its rows in that grouped order.
+struct GroupedParts {
+  std::vector<int> tables;               // [part]
+  std::vector<size_t> dims;              // [part]
+  std::vector<IdGroups> groups;          // [part]
+  std::vector<std::vector<float>> rows;  // [part] ids.size() * dim floats, grouped order
+
+  // Part k's ids owned by ps p, and their rows.
+  size_t count(size_t k, int p) const { return groups[k].offsets[p + 1] - groups[k].offsets[p]; }
+  absl::Span<const uint64_t> ids(size_t k, int p) const {
+    return {groups[k].ids.data() + groups[k].offsets[p], count(k, p)};
   }
-  const TableSpec& spec = layout_.tables[table];
-  const size_t dim = static_cast<size_t>(spec.dim);
-  const IdGroups g = GroupByOwner(spec, ids, map_);
-  std::vector<float> values(ids.size() * dim);
-  std::vector<int> targets;
-  for (int p = 0; p < map_.num_ps(); ++p) {
-    if (g.offsets[p + 1] > g.offsets[p]) targets.push_back(p);
-  }
-  std::vector<absl::Status> statuses;
-  RunOnAll(
-      targets,
-      [&](int p) -> absl::Status {
-        const size_t begin = g.offsets[p], n = g.offsets[p + 1] - begin;
-        const absl::Span<const uint64_t> part(g.ids.data() + begin, n);
-        float* dst = values.data() + begin * dim;
-        if (local_[p] != nullptr) {
-          RowScratch scratch;
-          return local_[p]->PullRows(table, part, dst, mode, &scratch);
+  float* rows_of(size_t k, int p) { return rows[k].data() + groups[k].offsets[p] * dims[k]; }
+  const float* rows_of(size_t k, int p) const { return rows[k].data() + groups[k].offsets[p] * dims[k]; }
+  // The ps tasks owning any id of any part.
+  std::vector<int> Targets(int nps) const {
+    std::vector<int> targets;
+    for (int p = 0; p < nps; ++p) {
+      for (size_t k = 0; k < groups.size(); ++k) {
+        if (count(k, p) > 0) {
+          targets.push_back(p);
+          break;
         }
-        return clients_[p]->PullRows(table, part, absl::Span<float>(dst, n * dim), mode);
-      },
-      &statuses);
-  SW_RETURN_IF_ERROR(FirstError(statuses));
-  for (size_t k = 0; k < ids.size(); ++k) {
-    std::memcpy(out + g.positions[k] * dim, values.data() + k * dim, dim * sizeof(float));
+      }
+    }
+    return targets;
+  }
+  // Part k's rows (grouped) as RowPush / RemoteRowPush parts of ps p.
+  std::vector<RowPush> LocalPushes(int p) const {
+    std::vector<RowPush> out;
+    for (size_t k = 0; k < groups.size(); ++k) {
+      if (count(k, p) > 0) out.push_back({tables[k], ids(k, p), rows_of(k, p)});
+    }
+    return out;
+  }
+  std::vector<RemoteRowPush> RemotePushes(int p) const {
+    std::vector<RemoteRowPush> out;
+    for (size_t k = 0; k < groups.size(); ++k) {
+      if (count(k, p) > 0) out.push_back({tables[k], ids(k, p), {rows_of(k, p), count(k, p) * dims[k]}});
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+absl::Status ClusterParamStore::CheckRowParts(absl::Span<const int> tables, absl::Span<const absl::Span<const uint64_t>> ids,
+                                              absl::Span<const void* const> buffers, const char* what) const {
+  for (size_t k = 0; k < tables.size(); ++k) {
+    SW_RETURN_IF_ERROR(CheckIds(tables[k], ids[k], what));
+    if (!ids[k].empty() && buffers[k] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": part ", k, " has ids but no rows"));
+    }
+    if (ids[k].size() > std::numeric_limits<uint32_t>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": more than 2^32-1 ids in one part"));
+    }
   }
   return absl::OkStatus();
 }
 
+absl::Status ClusterParamStore::PullRows(int table, absl::Span<const uint64_t> ids, float* out, PullMode mode,
+                                         RowScratch* scratch) {
+  const RowPull part{table, ids, out};
+  return PullRowsBatch({&part, 1}, mode, scratch);
+}
+
 absl::Status ClusterParamStore::PushRows(int table, absl::Span<const uint64_t> ids, const float* grads, float lr,
-                                         RowScratch*) {
-  SW_RETURN_IF_ERROR(CheckIds(table, ids, "push rows"));
-  if (ids.empty()) return absl::OkStatus();
-  if (grads == nullptr) return absl::InvalidArgumentError("push rows: grads is null");
-  if (ids.size() > std::numeric_limits<uint32_t>::max()) {
-    return absl::InvalidArgumentError("push rows: more than 2^32-1 ids in one call");
+                                         RowScratch* scratch) {
+  const RowPush part{table, ids, grads};
+  return PushRowsBatch({&part, 1}, lr, scratch);
+}
+
+absl::Status ClusterParamStore::PullRowsBatch(absl::Span<const RowPull> parts, PullMode mode, RowScratch*) {
+  std::vector<int> tables;
+  std::vector<absl::Span<const uint64_t>> ids;
+  std::vector<const void*> buffers;
+  for (const RowPull& part : parts) {
+    tables.push_back(part.table);
+    ids.push_back(part.ids);
+    buffers.push_back(part.out);
   }
-  const TableSpec& spec = layout_.tables[table];
-  const size_t dim = static_cast<size_t>(spec.dim);
-  IdGroups g = GroupByOwner(spec, ids, map_);
+  SW_RETURN_IF_ERROR(CheckRowParts(tables, ids, buffers, "pull rows"));
+  GroupedParts g;
+  g.tables = std::move(tables);
+  for (const RowPull& part : parts) {
+    const TableSpec& spec = layout_.tables[part.table];
+    g.dims.push_back(static_cast<size_t>(spec.dim));
+    g.groups.push_back(GroupByOwner(spec, part.ids, map_));
+    g.rows.emplace_back(part.ids.size() * spec.dim);
+  }
+  const std::vector<int> targets = g.Targets(map_.num_ps());
+  if (targets.empty()) return absl::OkStatus();
+  std::vector<absl::Status> statuses;
+  RunOnAll(
+      targets,
+      [&](int p) -> absl::Status {
+        if (local_[p] != nullptr) {
+          std::vector<RowPull> mine;
+          for (size_t k = 0; k < parts.size(); ++k) {
+            if (g.count(k, p) > 0) mine.push_back({g.tables[k], g.ids(k, p), g.rows_of(k, p)});
+          }
+          RowScratch scratch;
+          return local_[p]->PullRowsBatch(mine, mode, &scratch);
+        }
+        // Every part of this ps task in one call (batched per step).
+        std::vector<RemoteRowPull> mine;
+        for (size_t k = 0; k < parts.size(); ++k) {
+          if (g.count(k, p) > 0) {
+            mine.push_back({g.tables[k], g.ids(k, p), {g.rows_of(k, p), g.count(k, p) * g.dims[k]}});
+          }
+        }
+        return clients_[p]->PullRowsBatch(mine, mode);
+      },
+      &statuses);
+  SW_RETURN_IF_ERROR(FirstError(statuses));
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const size_t dim = g.dims[k];
+    const std::vector<uint32_t>& positions = g.groups[k].positions;
+    for (size_t i = 0; i < positions.size(); ++i) {
+      std::memcpy(parts[k].out + positions[i] * dim, g.rows[k].data() + i * dim, dim * sizeof(float));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ClusterParamStore::PushRowsBatch(absl::Span<const RowPush> parts, float lr, RowScratch*) {
+  std::vector<int> tables;
+  std::vector<absl::Span<const uint64_t>> ids;
+  std::vector<const void*> buffers;
+  for (const RowPush& part : parts) {
+    tables.push_back(part.table);
+    ids.push_back(part.ids);
+    buffers.push_back(part.grads);
+  }
+  SW_RETURN_IF_ERROR(CheckRowParts(tables, ids, buffers, "push rows"));
   // The gradient rows in grouped order (batch order within each ps task, so
-  // repeated ids are summed in the order a single store sums them).
-  std::vector<float> grouped(ids.size() * dim);
-  for (size_t k = 0; k < ids.size(); ++k) {
-    std::memcpy(grouped.data() + k * dim, grads + g.positions[k] * dim, dim * sizeof(float));
+  // repeated ids are summed in the order a single store sums them). With
+  // asynchronous pushes the remote parts own them until they are sent.
+  auto g = std::make_shared<GroupedParts>();
+  g->tables = std::move(tables);
+  for (const RowPush& part : parts) {
+    const TableSpec& spec = layout_.tables[part.table];
+    const size_t dim = static_cast<size_t>(spec.dim);
+    g->dims.push_back(dim);
+    g->groups.push_back(GroupByOwner(spec, part.ids, map_));
+    std::vector<float>& grouped = g->rows.emplace_back(part.ids.size() * dim);
+    const std::vector<uint32_t>& positions = g->groups.back().positions;
+    for (size_t i = 0; i < positions.size(); ++i) {
+      std::memcpy(grouped.data() + i * dim, part.grads + positions[i] * dim, dim * sizeof(float));
+    }
   }
-  std::vector<int> targets;
-  for (int p = 0; p < map_.num_ps(); ++p) {
-    if (g.offsets[p + 1] > g.offsets[p]) targets.push_back(p);
-  }
+  const std::vector<int> targets = g->Targets(map_.num_ps());
+  if (targets.empty()) return absl::OkStatus();
   if (options_.async_pushes > 0) {
-    // As PushAsync: the remote parts travel (with the grouped ids and rows,
-    // which this call owns) while the local ones are applied here.
+    // As PushAsync: the remote parts travel (one PushRowsBatch per ps task)
+    // while the local ones are applied here.
     int remote_parts = 0;
     for (int p : targets) remote_parts += local_[p] == nullptr ? 1 : 0;
-    struct Pending {
-      IdGroups g;
-      std::vector<float> grouped;
-      std::atomic<int> parts_left{0};
-    };
-    std::shared_ptr<Pending> pending;
     if (remote_parts > 0) {
       SW_RETURN_IF_ERROR(BeginAsyncPush());
-      pending = std::make_shared<Pending>();
-      pending->g = std::move(g);  // the local parts below read them from `pending` too
-      pending->grouped = std::move(grouped);
-      pending->parts_left.store(remote_parts, std::memory_order_relaxed);
+      auto parts_left = std::make_shared<std::atomic<int>>(remote_parts);
       for (int p : targets) {
         if (local_[p] != nullptr) continue;
         Lane* lane = lanes_[p].get();
         {
           MutexLock lock(&lane->mu);
-          lane->queue.push_back([this, p, table, lr, dim, pending] {
-            const size_t begin = pending->g.offsets[p], n = pending->g.offsets[p + 1] - begin;
-            absl::StatusOr<uint64_t> v = clients_[p]->PushRows(
-                table, absl::Span<const uint64_t>(pending->g.ids.data() + begin, n),
-                absl::Span<const float>(pending->grouped.data() + begin * dim, n * dim), lr);
+          lane->queue.push_back([this, p, lr, g, parts_left] {
+            absl::StatusOr<uint64_t> v = clients_[p]->PushRowsBatch(g->RemotePushes(p), lr);
             if (v.ok()) SeeVersion(*v);
-            EndAsyncPart(v.status(), pending->parts_left);
+            EndAsyncPart(v.status(), *parts_left);
           });
         }
         lane->cv.SignalAll();
       }
     }
-    // The remote parts hold the groups (moved into their shared state); read
-    // them there or, with no remote part, here.
-    const IdGroups& gg = pending ? pending->g : g;
-    const std::vector<float>& rows = pending ? pending->grouped : grouped;
     for (int p : targets) {
       if (local_[p] == nullptr) continue;
-      const size_t begin = gg.offsets[p], n = gg.offsets[p + 1] - begin;
       RowScratch scratch;
-      SW_RETURN_IF_ERROR(
-          Local(p, local_[p]->PushRows(table, absl::Span<const uint64_t>(gg.ids.data() + begin, n),
-                                       rows.data() + begin * dim, lr, &scratch)));
+      SW_RETURN_IF_ERROR(Local(p, local_[p]->PushRowsBatch(g->LocalPushes(p), lr, &scratch)));
     }
     return absl::OkStatus();
   }
@@ -586,14 +665,11 @@ absl::Status ClusterParamStore::PushRows(int table, absl::Span<const uint64_t> i
   RunOnAll(
       targets,
       [&](int p) -> absl::Status {
-        const size_t begin = g.offsets[p], n = g.offsets[p + 1] - begin;
-        const absl::Span<const uint64_t> part(g.ids.data() + begin, n);
-        const float* src = grouped.data() + begin * dim;
         if (local_[p] != nullptr) {
           RowScratch scratch;
-          return local_[p]->PushRows(table, part, src, lr, &scratch);
+          return local_[p]->PushRowsBatch(g->LocalPushes(p), lr, &scratch);
         }
-        SW_ASSIGN_OR_RETURN(const uint64_t v, clients_[p]->PushRows(table, part, absl::Span<const float>(src, n * dim), lr));
+        SW_ASSIGN_OR_RETURN(const uint64_t v, clients_[p]->PushRowsBatch(g->RemotePushes(p), lr));
         SeeVersion(v);
         return absl::OkStatus();
       },

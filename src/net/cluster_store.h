@@ -11,11 +11,13 @@
 //   * Push: each ps task gets, of each gradient, the rows it hosts (ps tasks
 //     hosting no row of any gradient are not called, as a ShmParamStore
 //     leaves shards no gradient touches alone).
-//   * PullRows / PushRows: ids are grouped by owner (static: shard id % S;
-//     dynamic: ShardOfDynamicId with S; then ShardMap::OwnerOf), each group
-//     keeping batch order, and results scattered back into batch order. Ids
-//     are validated here first, so a bad id anywhere means no ps task is
-//     called.
+//   * PullRows / PushRows, and their batches over a step's lookups
+//     (PullRowsBatch / PushRowsBatch): each part's ids are grouped by owner
+//     (static: shard id % S; dynamic: ShardOfDynamicId with S; then
+//     ShardMap::OwnerOf), each group keeping batch order, and results
+//     scattered back into batch order. One call per ps task carries every
+//     part it owns ids of. Ids are validated here first, so a bad id
+//     anywhere means no ps task is called.
 // For the same single-threaded sequence of calls the parameters are
 // bit-identical to one full ShmParamStore's (without gradient compression).
 //
@@ -116,6 +118,12 @@ class ClusterParamStore final : public ParamStore {
                         RowScratch* scratch) override;
   absl::Status PushRows(int table, absl::Span<const uint64_t> ids, const float* grads, float lr,
                         RowScratch* scratch) override;
+  // Every part's ids grouped by owner; one PullRowsBatch / PushRowsBatch
+  // call per remote ps task for the whole step (local ps tasks: their
+  // store's batch call). Every part is checked before any ps task is called.
+  // PullRows / PushRows are a batch of one part.
+  absl::Status PullRowsBatch(absl::Span<const RowPull> parts, PullMode mode, RowScratch* scratch) override;
+  absl::Status PushRowsBatch(absl::Span<const RowPush> parts, float lr, RowScratch* scratch) override;
   // The largest model version over the ps tasks (as ShmParamStore::version
   // is the largest over its shards): the number of dense pushes when every
   // push touched every ps task. One Version call per remote ps task, in
@@ -164,6 +172,9 @@ class ClusterParamStore final : public ParamStore {
   // Prefixes a local store's error with "ps:<p> (local): ".
   absl::Status Local(int p, absl::Status s) const;
   absl::Status CheckIds(int table, absl::Span<const uint64_t> ids, const char* what) const;
+  // CheckIds of every part, and a non-null buffer wherever there are ids.
+  absl::Status CheckRowParts(absl::Span<const int> tables, absl::Span<const absl::Span<const uint64_t>> ids,
+                             absl::Span<const void* const> buffers, const char* what) const;
   void SeeVersion(uint64_t v) const;
 
   // One remote ps task's threads and their queue.

@@ -57,6 +57,25 @@ void EncodeHalf(net::Encoding encoding, const float* values, int64_t n, std::str
   }
 }
 
+// The rows of `ids` (gradients `grads`, `dim` floats each) with repeated ids
+// summed in batch order: each row goes over the wire once.
+void SumRepeated(absl::Span<const uint64_t> ids, absl::Span<const float> grads, int64_t dim,
+                 std::vector<uint64_t>* unique, std::vector<float>* summed) {
+  std::unordered_map<uint64_t, size_t> slot;
+  slot.reserve(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto [it, fresh] = slot.emplace(ids[i], unique->size());
+    const float* g = grads.data() + i * dim;
+    if (fresh) {
+      unique->push_back(ids[i]);
+      summed->insert(summed->end(), g, g + dim);
+    } else {
+      float* row = summed->data() + it->second * dim;
+      for (int64_t k = 0; k < dim; ++k) row[k] += g[k];
+    }
+  }
+}
+
 uint64_t RandomClientId() {
   std::random_device rd;
   uint64_t id = 0;
@@ -121,6 +140,105 @@ class PsClient::Impl {
   grpc::Status Mismatch(grpc::ClientContext* context, const std::string& what) {
     context->TryCancel();
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat(options_.task_name, ": ", what));
+  }
+
+  // A row push of `parts` with one stream: PushRows (batch false: one part,
+  // the table in the first message) or PushRowsBatch (every message names
+  // its part and table; parts without ids are left out).
+  absl::StatusOr<uint64_t> PushRowParts(bool batch, absl::Span<const RemoteRowPush> parts, float lr) {
+    const std::string& task = options_.task_name;
+    struct Part {
+      int index = 0;
+      int table = 0;
+      int64_t dim = 0;
+      std::vector<uint64_t> ids;  // unique, in batch order
+      std::vector<float> grads;   // summed
+      int64_t rows_per_message = 1;
+    };
+    std::vector<Part> sent;
+    for (size_t k = 0; k < parts.size(); ++k) {
+      const RemoteRowPush& p = parts[k];
+      const std::string what = batch ? absl::StrCat(task, ": push rows: part ", k, ": ") : absl::StrCat(task, ": push rows: ");
+      Part part;
+      part.index = static_cast<int>(k);
+      part.table = p.table;
+      if (!p.ids.empty()) {
+        if (p.grads.size() % p.ids.size() != 0 || p.grads.empty()) {
+          return absl::InvalidArgumentError(absl::StrCat(what, p.grads.size(),
+                                                         " gradient floats are not a whole row for each of ",
+                                                         p.ids.size(), " ids"));
+        }
+        part.dim = static_cast<int64_t>(p.grads.size() / p.ids.size());
+      } else if (!p.grads.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(what, "gradients without ids"));
+      }
+      if (batch && p.ids.empty()) continue;
+      SumRepeated(p.ids, p.grads, part.dim, &part.ids, &part.grads);
+      const int64_t row_bytes = 10 + (encoding_ == net::ENCODING_FLOAT32 ? 4 : 2) * part.dim;
+      part.rows_per_message = (options_.max_message_bytes - 1024) / std::max<int64_t>(1, row_bytes);
+      if (!part.ids.empty() && part.rows_per_message < 1) {
+        return absl::InvalidArgumentError(absl::StrCat(what, "a row of ", part.dim,
+                                                       " floats does not fit in cluster.max_message_bytes = ",
+                                                       options_.max_message_bytes));
+      }
+      part.rows_per_message = std::max<int64_t>(1, part.rows_per_message);
+      sent.push_back(std::move(part));
+    }
+    if (sent.empty()) {
+      if (parts.empty()) return absl::InvalidArgumentError(absl::StrCat(task, ": push rows: no parts"));
+      Part empty;  // one message without rows: the server answers the version
+      empty.table = parts[0].table;
+      sent.push_back(std::move(empty));
+    }
+    int64_t messages = 0;
+    for (const Part& part : sent) {
+      messages += std::max<int64_t>(1, (static_cast<int64_t>(part.ids.size()) + part.rows_per_message - 1) /
+                                           part.rows_per_message);
+    }
+    const uint64_t sequence = next_sequence_.fetch_add(1, std::memory_order_relaxed);
+    net::PushResponse response;
+    SW_RETURN_IF_ERROR(Call([&](grpc::ClientContext* c) {
+      response.Clear();
+      std::unique_ptr<grpc::ClientWriter<net::PushRowsRequest>> writer =
+          batch ? stub_->PushRowsBatch(c, &response) : stub_->PushRows(c, &response);
+      net::PushRowsRequest msg;
+      bool open = true;
+      bool first = true;
+      // Every message but the last is written with a buffer hint, so a push
+      // of many small parts leaves in few frames.
+      int64_t left = messages;
+      for (const Part& part : sent) {
+        const int64_t size = static_cast<int64_t>(part.ids.size());
+        int64_t begin = 0;
+        do {
+          const int64_t n = std::min<int64_t>(part.rows_per_message, size - begin);
+          msg.Clear();
+          if (first) {
+            msg.set_client_id(client_id_);
+            msg.set_sequence(sequence);
+            msg.set_lr(lr);
+            first = false;
+          }
+          if (batch || begin == 0) msg.set_table(part.table);
+          if (batch) msg.set_part(part.index);
+          msg.mutable_ids()->Assign(part.ids.begin() + begin, part.ids.begin() + begin + n);
+          if (encoding_ == net::ENCODING_FLOAT32) {
+            msg.mutable_grads()->Assign(part.grads.begin() + begin * part.dim,
+                                        part.grads.begin() + (begin + n) * part.dim);
+          } else {
+            msg.set_encoding(encoding_);
+            EncodeHalf(encoding_, part.grads.data() + begin * part.dim, n * part.dim, msg.mutable_half_grads());
+          }
+          Sent(msg);
+          open = writer->Write(msg, --left > 0 ? grpc::WriteOptions().set_buffer_hint() : grpc::WriteOptions());
+          begin += n;
+        } while (open && begin < size);
+        if (!open) break;
+      }
+      if (open) writer->WritesDone();
+      return writer->Finish();
+    }));
+    return response.version();
   }
 
   // Counts a message that went out or came in (PsClient::Stats).
@@ -358,73 +476,101 @@ absl::Status PsClient::PullRows(int table, absl::Span<const uint64_t> ids, absl:
 
 absl::StatusOr<uint64_t> PsClient::PushRows(int table, absl::Span<const uint64_t> ids, absl::Span<const float> grads,
                                             float lr) {
+  const RemoteRowPush part{table, ids, grads};
+  return impl_->PushRowParts(/*batch=*/false, {&part, 1}, lr);
+}
+
+absl::StatusOr<uint64_t> PsClient::PushRowsBatch(absl::Span<const RemoteRowPush> parts, float lr) {
+  return impl_->PushRowParts(/*batch=*/true, parts, lr);
+}
+
+absl::Status PsClient::PullRowsBatch(absl::Span<const RemoteRowPull> parts, PullMode mode) {
   const std::string& task = impl_->options_.task_name;
-  int64_t dim = 0;
-  if (!ids.empty()) {
-    if (grads.size() % ids.size() != 0 || grads.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(task, ": push rows: ", grads.size(),
-                                                     " gradient floats are not a whole row for each of ", ids.size(),
-                                                     " ids"));
-    }
-    dim = static_cast<int64_t>(grads.size() / ids.size());
-  } else if (!grads.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(task, ": push rows: gradients without ids"));
-  }
-  // Sum repeated ids in batch order; each row goes over the wire once.
-  std::vector<uint64_t> unique;
-  std::vector<float> summed;
-  std::unordered_map<uint64_t, size_t> slot;
-  slot.reserve(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    auto [it, fresh] = slot.emplace(ids[i], unique.size());
-    const float* g = grads.data() + i * dim;
-    if (fresh) {
-      unique.push_back(ids[i]);
-      summed.insert(summed.end(), g, g + dim);
-    } else {
-      float* row = summed.data() + it->second * dim;
-      for (int64_t k = 0; k < dim; ++k) row[k] += g[k];
-    }
-  }
-  const int64_t row_bytes = 10 + (impl_->encoding_ == net::ENCODING_FLOAT32 ? 4 : 2) * dim;
-  const int64_t rows_per_message = (impl_->options_.max_message_bytes - 1024) / std::max<int64_t>(1, row_bytes);
-  if (!unique.empty() && rows_per_message < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(task, ": push rows: a row of ", dim,
-                                                   " floats does not fit in cluster.max_message_bytes = ",
-                                                   impl_->options_.max_message_bytes));
-  }
-  const uint64_t sequence = impl_->next_sequence_.fetch_add(1, std::memory_order_relaxed);
-  net::PushResponse response;
-  SW_RETURN_IF_ERROR(impl_->Call([&](grpc::ClientContext* c) {
-    response.Clear();
-    std::unique_ptr<grpc::ClientWriter<net::PushRowsRequest>> writer = impl_->stub_->PushRows(c, &response);
-    net::PushRowsRequest msg;
-    bool open = true;
-    int64_t begin = 0;
-    do {
-      const int64_t n = std::min<int64_t>(std::max<int64_t>(1, rows_per_message), unique.size() - begin);
-      msg.Clear();
-      if (begin == 0) {
-        msg.set_client_id(impl_->client_id_);
-        msg.set_sequence(sequence);
-        msg.set_lr(lr);
-        msg.set_table(table);
+  std::vector<int64_t> dims(parts.size(), 0);
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const RemoteRowPull& p = parts[k];
+    if (p.ids.empty()) {
+      if (!p.out.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(task, ": pull rows: part ", k, ": no ids but `out` holds ", p.out.size(), " floats"));
       }
-      msg.mutable_ids()->Assign(unique.begin() + begin, unique.begin() + begin + n);
-      if (impl_->encoding_ == net::ENCODING_FLOAT32) {
-        msg.mutable_grads()->Assign(summed.begin() + begin * dim, summed.begin() + (begin + n) * dim);
-      } else {
-        msg.set_encoding(impl_->encoding_);
-        EncodeHalf(impl_->encoding_, summed.data() + begin * dim, n * dim, msg.mutable_half_grads());
+      continue;
+    }
+    if (p.out.size() % p.ids.size() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(task, ": pull rows: part ", k, ": `out` holds ", p.out.size(),
+                                                     " floats, not a multiple of the ", p.ids.size(), " ids"));
+    }
+    dims[k] = static_cast<int64_t>(p.out.size() / p.ids.size());
+  }
+  const net::PullMode wire_mode = mode == PullMode::kInsert ? net::PULL_MODE_INSERT : net::PULL_MODE_READ_ONLY;
+  // Requests of at most about max_message_bytes: an id takes at most 10
+  // bytes, a part's header at most 32. A part too large for one request is
+  // split over several.
+  const int64_t budget = std::max<int64_t>(64, impl_->options_.max_message_bytes - 1024);
+  struct Piece {
+    size_t part = 0;
+    int64_t begin = 0;  // ids [begin, begin + n) of the part
+    int64_t n = 0;
+  };
+  size_t next_part = 0;
+  int64_t next_id = 0;
+  std::vector<Piece> pieces;
+  while (true) {
+    net::PullRowsBatchRequest request;
+    pieces.clear();
+    int64_t room = budget;
+    while (next_part < parts.size() && room > 32 + 10) {
+      const int64_t size = static_cast<int64_t>(parts[next_part].ids.size());
+      if (next_id >= size) {
+        ++next_part;
+        next_id = 0;
+        continue;
       }
-      impl_->Sent(msg);
-      open = writer->Write(msg);
-      begin += n;
-    } while (open && begin < static_cast<int64_t>(unique.size()));
-    if (open) writer->WritesDone();
-    return writer->Finish();
-  }));
-  return response.version();
+      const int64_t n = std::min<int64_t>((room - 32) / 10, size - next_id);
+      net::PullRowsRequest* r = request.add_parts();
+      r->set_table(parts[next_part].table);
+      r->set_mode(wire_mode);
+      r->mutable_ids()->Assign(parts[next_part].ids.begin() + next_id, parts[next_part].ids.begin() + next_id + n);
+      pieces.push_back({next_part, next_id, n});
+      next_id += n;
+      room -= 32 + 10 * n;
+    }
+    if (pieces.empty()) break;
+    SW_RETURN_IF_ERROR(impl_->Call([&](grpc::ClientContext* c) {
+      std::unique_ptr<grpc::ClientReader<net::RowsChunk>> reader = impl_->stub_->PullRowsBatch(c, request);
+      std::vector<int64_t> received(pieces.size(), 0);
+      net::RowsChunk chunk;
+      int last = -1;
+      while (reader->Read(&chunk)) {
+        const int i = chunk.part();
+        const bool known = i >= 0 && i >= last && i < static_cast<int>(pieces.size());
+        const int64_t expected = known ? pieces[i].n * dims[pieces[i].part] : 0;
+        if (!known || chunk.offset() != received[i] || chunk.values_size() > expected - received[i]) {
+          grpc::Status s = impl_->Mismatch(c, absl::StrCat("batch pull rows: an answer chunk of part ", i,
+                                                           " at float ", chunk.offset(), " does not fit the request"));
+          reader->Finish();
+          return s;
+        }
+        last = i;
+        const Piece& piece = pieces[i];
+        std::copy(chunk.values().begin(), chunk.values().end(),
+                  parts[piece.part].out.begin() + piece.begin * dims[piece.part] + received[i]);
+        received[i] += chunk.values_size();
+        impl_->Received(chunk);
+      }
+      grpc::Status s = reader->Finish();
+      for (size_t i = 0; s.ok() && i < pieces.size(); ++i) {
+        const int64_t expected = pieces[i].n * dims[pieces[i].part];
+        if (received[i] != expected) {
+          return impl_->Mismatch(c, absl::StrCat("batch pull rows: part ", pieces[i].part, " (table ",
+                                                 parts[pieces[i].part].table, ") got ", received[i], " floats, not ",
+                                                 expected, " (is dim right?)"));
+        }
+      }
+      return s;
+    }));
+  }
+  return absl::OkStatus();
 }
 
 PsClient::Stats PsClient::stats() const {

@@ -77,6 +77,22 @@ struct RemoteDenseGrad {
   int64_t offset = 0;
 };
 
+// One part of a batched row pull: the rows of `ids` of table `table` into
+// `out` (ids.size() * dim floats).
+struct RemoteRowPull {
+  int table = 0;
+  absl::Span<const uint64_t> ids;
+  absl::Span<float> out;
+};
+
+// One part of a batched row push: gradients `grads` (ids.size() * dim
+// floats) for the rows of `ids` of table `table`.
+struct RemoteRowPush {
+  int table = 0;
+  absl::Span<const uint64_t> ids;
+  absl::Span<const float> grads;
+};
+
 class PsClient {
  public:
   // Makes the channel; connects lazily, on the first call. InvalidArgument
@@ -113,6 +129,18 @@ class PsClient {
   // over the wire once; the server sums again across its stream.
   absl::StatusOr<uint64_t> PushRows(int table, absl::Span<const uint64_t> ids, absl::Span<const float> grads,
                                     float lr);
+  // Every part's rows in one call (PullRowsBatch; several calls only when
+  // the ids exceed max_message_bytes): part i's rows into its `out`, which
+  // must hold ids.size() * dim floats of its table. Parts without ids are
+  // skipped. A bad part anywhere (the server checks all of them first)
+  // means nothing is pulled in that call.
+  absl::Status PullRowsBatch(absl::Span<const RemoteRowPull> parts, PullMode mode = PullMode::kInsert);
+  // Every part's row push in one stream (PushRowsBatch), applied by the
+  // server in part order, each part as PushRows applies one push (repeated
+  // ids of a part summed here first). Parts without ids are left out.
+  // Returns the model version after it. Nothing is applied when any part is
+  // invalid.
+  absl::StatusOr<uint64_t> PushRowsBatch(absl::Span<const RemoteRowPush> parts, float lr);
   absl::StatusOr<uint64_t> Version();
   // The server writes ckpt-<step> into its checkpoint directory; returns its path.
   absl::StatusOr<std::string> SaveShard(int64_t step);

@@ -147,6 +147,18 @@ class PsServer::Impl {
       return impl_->Finish(
           impl_->service_.PushRows([reader](net::PushRowsRequest* m) { return reader->Read(m); }, response));
     }
+    grpc::Status PullRowsBatch(grpc::ServerContext* context, const net::PullRowsBatchRequest* request,
+                               grpc::ServerWriter<net::RowsChunk>* writer) override {
+      if (grpc::Status s = impl_->Admit(context); !s.ok()) return s;
+      return impl_->Finish(
+          impl_->service_.PullRowsBatch(*request, [writer](const net::RowsChunk& c) { return writer->Write(c); }));
+    }
+    grpc::Status PushRowsBatch(grpc::ServerContext* context, grpc::ServerReader<net::PushRowsRequest>* reader,
+                               net::PushResponse* response) override {
+      if (grpc::Status s = impl_->Admit(context); !s.ok()) return s;
+      return impl_->Finish(
+          impl_->service_.PushRowsBatch([reader](net::PushRowsRequest* m) { return reader->Read(m); }, response));
+    }
     grpc::Status Version(grpc::ServerContext* context, const net::VersionRequest*,
                          net::VersionResponse* response) override {
       if (grpc::Status s = impl_->Admit(context); !s.ok()) return s;

@@ -273,11 +273,11 @@ absl::Status PsService::PushDense(const Reader<net::PushDenseRequest>& read, net
   return absl::OkStatus();
 }
 
-absl::Status PsService::PullRows(const net::PullRowsRequest& request, const Writer<net::RowsChunk>& write) const {
+absl::StatusOr<PullMode> PsService::CheckRowPull(const net::PullRowsRequest& request, const std::string& where) const {
   const StoreLayout& l = store_->layout();
   const int t = request.table();
   if (t < 0 || t >= static_cast<int>(l.tables.size())) {
-    return Invalid(absl::StrCat("pull rows: unknown table ", t, " (the store has ", l.tables.size(), ")"));
+    return Invalid(absl::StrCat(where, ": unknown table ", t, " (the store has ", l.tables.size(), ")"));
   }
   const TableSpec& table = l.tables[t];
   PullMode mode;
@@ -289,34 +289,52 @@ absl::Status PsService::PullRows(const net::PullRowsRequest& request, const Writ
       mode = PullMode::kReadOnly;
       break;
     default:
-      return Invalid(absl::StrCat("pull rows: unknown mode ", static_cast<int>(request.mode())));
+      return Invalid(absl::StrCat(where, ": unknown mode ", static_cast<int>(request.mode())));
   }
   const auto& ids = request.ids();
-  // Every id first, so a bad one anywhere sends nothing.
   for (int i = 0; i < ids.size(); ++i) {
     const uint64_t id = ids[i];
     if (table.kind == EmbeddingKind::kStatic ? id >= static_cast<uint64_t>(table.capacity)
                                              : id == std::numeric_limits<uint64_t>::max()) {
-      return Invalid(absl::StrCat("pull rows: id ", id, " (item ", i, ") is not a row of table ", table.name,
+      return Invalid(absl::StrCat(where, ": id ", id, " (item ", i, ") is not a row of table ", table.name,
                                   table.kind == EmbeddingKind::kStatic
                                       ? absl::StrCat(" (ids are in [0, ", table.capacity, "))")
                                       : std::string(" (2^64-1 is reserved)")));
     }
-    SW_RETURN_IF_ERROR(CheckIdHosted(table, id, absl::StrCat("pull rows: item ", i)));
+    SW_RETURN_IF_ERROR(CheckIdHosted(table, id, absl::StrCat(where, ": item ", i)));
   }
-  const uint64_t version = store_->version();
+  return mode;
+}
+
+absl::Status PsService::StreamRows(const net::PullRowsRequest& request, PullMode mode, int part, uint64_t version,
+                                   const Writer<net::RowsChunk>& write) const {
+  const int t = request.table();
+  const int64_t dim = store_->layout().tables[t].dim;
+  const auto& ids = request.ids();
   const int64_t chunk = std::max<int64_t>(1, options_.max_chunk_floats);
-  const int64_t ids_per_block = std::max<int64_t>(1, chunk / table.dim);
+  const int64_t ids_per_block = std::max<int64_t>(1, chunk / dim);
   RowScratch scratch;
   std::vector<float> block;
   net::RowsChunk msg;
   msg.set_version(version);
+  if (part >= 0) msg.set_part(part);
   int64_t offset = 0;
   bool sent = false;
   for (int64_t i = 0; i < ids.size(); i += ids_per_block) {
     const int64_t n = std::min<int64_t>(ids_per_block, ids.size() - i);
-    block.resize(n * table.dim);
-    SW_RETURN_IF_ERROR(store_->PullRows(t, {ids.data() + i, static_cast<size_t>(n)}, block.data(), mode, &scratch));
+    const absl::Span<const uint64_t> block_ids(ids.data() + i, static_cast<size_t>(n));
+    if (n * dim <= chunk) {  // the block is one chunk: pulled straight into the message
+      google::protobuf::RepeatedField<float>* values = msg.mutable_values();
+      values->Resize(static_cast<int>(n * dim), 0.0f);
+      SW_RETURN_IF_ERROR(store_->PullRows(t, block_ids, values->mutable_data(), mode, &scratch));
+      msg.set_offset(offset);
+      if (!write(msg)) return absl::CancelledError(absl::StrCat(options_.task_name, ": pull rows: the client went away"));
+      offset += n * dim;
+      sent = true;
+      continue;
+    }
+    block.resize(n * dim);
+    SW_RETURN_IF_ERROR(store_->PullRows(t, block_ids, block.data(), mode, &scratch));
     for (int64_t j = 0; j < static_cast<int64_t>(block.size()); j += chunk) {
       const int64_t m = std::min<int64_t>(chunk, block.size() - j);
       msg.set_offset(offset);
@@ -326,7 +344,7 @@ absl::Status PsService::PullRows(const net::PullRowsRequest& request, const Writ
       sent = true;
     }
   }
-  if (!sent) {
+  if (!sent) {  // no ids: one empty chunk carrying the version
     msg.set_offset(0);
     msg.clear_values();
     if (!write(msg)) return absl::CancelledError(absl::StrCat(options_.task_name, ": pull rows: the client went away"));
@@ -334,29 +352,62 @@ absl::Status PsService::PullRows(const net::PullRowsRequest& request, const Writ
   return absl::OkStatus();
 }
 
-absl::Status PsService::PushRows(const Reader<net::PushRowsRequest>& read, net::PushResponse* out) {
+absl::Status PsService::PullRows(const net::PullRowsRequest& request, const Writer<net::RowsChunk>& write) const {
+  // Every id first, so a bad one anywhere sends nothing.
+  SW_ASSIGN_OR_RETURN(const PullMode mode, CheckRowPull(request, "pull rows"));
+  return StreamRows(request, mode, -1, store_->version(), write);
+}
+
+absl::Status PsService::PullRowsBatch(const net::PullRowsBatchRequest& request,
+                                      const Writer<net::RowsChunk>& write) const {
+  std::vector<PullMode> modes;
+  modes.reserve(request.parts_size());
+  for (int i = 0; i < request.parts_size(); ++i) {
+    SW_ASSIGN_OR_RETURN(const PullMode mode, CheckRowPull(request.parts(i), absl::StrCat("pull rows: part ", i)));
+    modes.push_back(mode);
+  }
+  const uint64_t version = store_->version();
+  for (int i = 0; i < request.parts_size(); ++i) {
+    SW_RETURN_IF_ERROR(StreamRows(request.parts(i), modes[i], i, version, write));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsService::ReadRowPush(const Reader<net::PushRowsRequest>& read, bool batch, RowPushRequest* out) const {
   const StoreLayout& l = store_->layout();
   net::PushRowsRequest msg;
-  uint64_t client = 0, sequence = 0;
-  float lr = 0;
-  int t = -1;
-  const TableSpec* table = nullptr;
-  std::vector<uint64_t> ids;
-  std::vector<float> grads;
   int64_t bytes = 0;
   int64_t count = 0;
+  const TableSpec* table = nullptr;
   while (read(&msg)) {
     if (count == 0) {
-      client = msg.client_id();
-      sequence = msg.sequence();
-      lr = msg.lr();
-      t = msg.table();
-      if (!std::isfinite(lr)) return Invalid(absl::StrCat("push rows: the learning rate is ", lr));
+      out->client = msg.client_id();
+      out->sequence = msg.sequence();
+      out->lr = msg.lr();
+      if (!std::isfinite(out->lr)) return Invalid(absl::StrCat("push rows: the learning rate is ", out->lr));
+    }
+    // A new part starts with the first message, and (in a batch) with each
+    // message naming a later part; its table is read from that message.
+    const bool starts = count == 0 || (batch && msg.part() != out->parts.back().part);
+    if (batch && count > 0 && msg.part() < out->parts.back().part) {
+      return Invalid(absl::StrCat("push rows: message ", count, " is of part ", msg.part(), " after part ",
+                                  out->parts.back().part, " (parts go in increasing order)"));
+    }
+    if (starts) {
+      const int t = msg.table();
       if (t < 0 || t >= static_cast<int>(l.tables.size())) {
         return Invalid(absl::StrCat("push rows: unknown table ", t, " (the store has ", l.tables.size(), ")"));
       }
       table = &l.tables[t];
+      // Each part costs its bookkeeping too, so empty messages cannot grow
+      // the request without bound.
+      bytes += 64;
+      out->parts.push_back({batch ? msg.part() : 0, t, {}, {}});
+    } else if (batch && msg.table() != out->parts.back().table) {
+      return Invalid(absl::StrCat("push rows: message ", count, " of part ", msg.part(), " names table ", msg.table(),
+                                  ", the part's first message names ", out->parts.back().table));
     }
+    RowPushPart& part = out->parts.back();
     const int64_t n = msg.ids_size();
     absl::StatusOr<int64_t> values = ValueCount(msg.encoding(), msg.grads_size(), msg.half_grads(),
                                                 absl::StrCat("push rows: message ", count));
@@ -381,29 +432,46 @@ absl::Status PsService::PushRows(const Reader<net::PushRowsRequest>& read, net::
       }
       SW_RETURN_IF_ERROR(CheckIdHosted(*table, id, absl::StrCat("push rows: message ", count, ", item ", i)));
     }
-    ids.insert(ids.end(), msg.ids().begin(), msg.ids().end());
-    const size_t at = grads.size();
-    grads.resize(at + *values);
-    DecodeValues(msg.encoding(), msg.grads().data(), msg.half_grads(), *values, grads.data() + at);
+    part.ids.insert(part.ids.end(), msg.ids().begin(), msg.ids().end());
+    const size_t at = part.grads.size();
+    part.grads.resize(at + *values);
+    DecodeValues(msg.encoding(), msg.grads().data(), msg.half_grads(), *values, part.grads.data() + at);
     ++count;
   }
   if (count == 0) return Invalid("push rows: the request carries no message");
-  SW_ASSIGN_OR_RETURN(const bool fresh, BeginPush(client, sequence));
+  return absl::OkStatus();
+}
+
+absl::Status PsService::ApplyRowPush(const RowPushRequest& request, net::PushResponse* out) {
+  SW_ASSIGN_OR_RETURN(const bool fresh, BeginPush(request.client, request.sequence));
   if (!fresh) {
     out->set_version(store_->version());
     out->set_duplicate(true);
     return absl::OkStatus();
   }
-  if (!ids.empty()) {
-    RowScratch scratch;
-    if (absl::Status s = store_->PushRows(t, ids, grads.data(), lr, &scratch); !s.ok()) {
-      AbortPush(client, sequence);
+  RowScratch scratch;
+  for (const RowPushPart& part : request.parts) {
+    if (part.ids.empty()) continue;
+    if (absl::Status s = store_->PushRows(part.table, part.ids, part.grads.data(), request.lr, &scratch); !s.ok()) {
+      AbortPush(request.client, request.sequence);
       return s;
     }
   }
   out->set_version(store_->version());
   out->set_duplicate(false);
   return absl::OkStatus();
+}
+
+absl::Status PsService::PushRows(const Reader<net::PushRowsRequest>& read, net::PushResponse* out) {
+  RowPushRequest request;
+  SW_RETURN_IF_ERROR(ReadRowPush(read, /*batch=*/false, &request));
+  return ApplyRowPush(request, out);
+}
+
+absl::Status PsService::PushRowsBatch(const Reader<net::PushRowsRequest>& read, net::PushResponse* out) {
+  RowPushRequest request;
+  SW_RETURN_IF_ERROR(ReadRowPush(read, /*batch=*/true, &request));
+  return ApplyRowPush(request, out);
 }
 
 absl::Status PsService::SaveShard(const net::SaveShardRequest& request, net::SaveShardResponse* out) {

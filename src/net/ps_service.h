@@ -22,6 +22,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -65,7 +66,13 @@ class PsService {
   absl::Status PullDenseBatch(const net::PullDenseBatchRequest& request, const Writer<net::DenseChunk>& write) const;
   absl::Status PushDense(const Reader<net::PushDenseRequest>& read, net::PushResponse* out);
   absl::Status PullRows(const net::PullRowsRequest& request, const Writer<net::RowsChunk>& write) const;
+  // Every part is checked first (nothing is sent when one is bad), then each
+  // is streamed as PullRows would, its chunks marked with its index.
+  absl::Status PullRowsBatch(const net::PullRowsBatchRequest& request, const Writer<net::RowsChunk>& write) const;
   absl::Status PushRows(const Reader<net::PushRowsRequest>& read, net::PushResponse* out);
+  // ps.proto PushRowsBatch: the parts are read and checked in full, then
+  // applied in order, each as one PushRows.
+  absl::Status PushRowsBatch(const Reader<net::PushRowsRequest>& read, net::PushResponse* out);
   uint64_t Version() const { return store_->version(); }
   absl::Status SaveShard(const net::SaveShardRequest& request, net::SaveShardResponse* out);
   absl::Status RestoreShard(const net::RestoreShardRequest& request, net::RestoreShardResponse* out);
@@ -86,6 +93,27 @@ class PsService {
   // Streams one checked slice; its chunks carry `slice`.
   absl::Status StreamPull(const net::PullDenseRequest& request, int slice, uint64_t version,
                           const Writer<net::DenseChunk>& write) const;
+  // PullRows' checks of one request (`where` starts the message); its mode.
+  absl::StatusOr<PullMode> CheckRowPull(const net::PullRowsRequest& request, const std::string& where) const;
+  // Streams one checked request's rows; its chunks carry `part` (>= 0).
+  absl::Status StreamRows(const net::PullRowsRequest& request, PullMode mode, int part, uint64_t version,
+                          const Writer<net::RowsChunk>& write) const;
+  // A row push as read from its stream, every id checked.
+  struct RowPushPart {
+    int part = 0;  // PushRowsRequest.part (0 for PushRows)
+    int table = 0;
+    std::vector<uint64_t> ids;
+    std::vector<float> grads;
+  };
+  struct RowPushRequest {
+    uint64_t client = 0, sequence = 0;
+    float lr = 0;
+    std::vector<RowPushPart> parts;
+  };
+  // Reads and checks a PushRows stream (batch: PushRowsBatch's parts).
+  absl::Status ReadRowPush(const Reader<net::PushRowsRequest>& read, bool batch, RowPushRequest* out) const;
+  // Applies a checked row push once per (client, sequence).
+  absl::Status ApplyRowPush(const RowPushRequest& request, net::PushResponse* out);
   // "this server hosts shards f..l of S", for messages.
   std::string HostedWhat() const;
   // Invalid (prefixed by `where`) when `id`'s shard is not hosted here.

@@ -1,5 +1,7 @@
 #include "net/remote_store.h"
 
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 
@@ -75,6 +77,30 @@ absl::Status RemoteParamStore::PushRows(int table, absl::Span<const uint64_t> id
   SW_RETURN_IF_ERROR(CheckTable(table, "push rows"));
   SW_ASSIGN_OR_RETURN(const uint64_t v, client_->PushRows(table, ids,
                                                           absl::MakeConstSpan(grads, ids.size() * layout_.tables[table].dim), lr));
+  SeeVersion(v);
+  return absl::OkStatus();
+}
+
+absl::Status RemoteParamStore::PullRowsBatch(absl::Span<const RowPull> parts, PullMode mode, RowScratch*) {
+  std::vector<RemoteRowPull> remote;
+  remote.reserve(parts.size());
+  for (const RowPull& part : parts) {
+    SW_RETURN_IF_ERROR(CheckTable(part.table, "pull rows"));
+    remote.push_back({part.table, part.ids, absl::MakeSpan(part.out, part.ids.size() * layout_.tables[part.table].dim)});
+  }
+  return client_->PullRowsBatch(remote, mode);
+}
+
+absl::Status RemoteParamStore::PushRowsBatch(absl::Span<const RowPush> parts, float lr, RowScratch*) {
+  std::vector<RemoteRowPush> remote;
+  remote.reserve(parts.size());
+  for (const RowPush& part : parts) {
+    SW_RETURN_IF_ERROR(CheckTable(part.table, "push rows"));
+    remote.push_back(
+        {part.table, part.ids, absl::MakeConstSpan(part.grads, part.ids.size() * layout_.tables[part.table].dim)});
+  }
+  if (remote.empty()) return absl::OkStatus();
+  SW_ASSIGN_OR_RETURN(const uint64_t v, client_->PushRowsBatch(remote, lr));
   SeeVersion(v);
   return absl::OkStatus();
 }

@@ -100,6 +100,22 @@ struct PullSlice {
   float* out = nullptr;
 };
 
+// One lookup of a step's row pulls (ParamStore::PullRowsBatch): the rows of
+// `ids` of embedding table `table` into out[ids.size() x dim].
+struct RowPull {
+  int table = 0;
+  absl::Span<const uint64_t> ids;
+  float* out = nullptr;
+};
+
+// One lookup of a step's row pushes (ParamStore::PushRowsBatch): gradients
+// grads[ids.size() x dim] for the rows of `ids` of table `table`.
+struct RowPush {
+  int table = 0;
+  absl::Span<const uint64_t> ids;
+  const float* grads = nullptr;
+};
+
 // A gradient for the whole of variable `var` (size() floats).
 struct DenseGrad {
   int var = 0;
@@ -197,6 +213,31 @@ class ParamStore {
   virtual absl::Status PushRows(int table, absl::Span<const uint64_t> ids, const float* grads, float lr,
                                 RowScratch* scratch) {
     return absl::UnimplementedError("this parameter store holds no embedding tables");
+  }
+
+  // A step's row pulls over every lookup at once: PullRows of each part, in
+  // order. Stores that pay per call (the network) fetch all parts from each
+  // owner in one call; the default runs PullRows part by part. Errors as
+  // PullRows; a store that batches checks every part before it fetches any.
+  // Thread-safety and allocation as PullRows.
+  virtual absl::Status PullRowsBatch(absl::Span<const RowPull> parts, PullMode mode, RowScratch* scratch) {
+    for (const RowPull& part : parts) {
+      if (part.ids.empty()) continue;
+      if (absl::Status s = PullRows(part.table, part.ids, part.out, mode, scratch); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  // A step's row pushes over every lookup at once: PushRows of each part, in
+  // order (two parts of one table are two updates, as two PushRows calls
+  // are). Stores that pay per call send all parts to each owner in one call;
+  // the default runs PushRows part by part. Errors as PushRows; a store that
+  // batches checks every part's ids before any row changes.
+  virtual absl::Status PushRowsBatch(absl::Span<const RowPush> parts, float lr, RowScratch* scratch) {
+    for (const RowPush& part : parts) {
+      if (part.ids.empty()) continue;
+      if (absl::Status s = PushRows(part.table, part.ids, part.grads, lr, scratch); !s.ok()) return s;
+    }
+    return absl::OkStatus();
   }
 
   // Number of pushes applied so far (ElasticDL's model version).

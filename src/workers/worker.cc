@@ -66,6 +66,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(int index, const ModelOpt
     }
   }
   w->row_pushes_.resize(w->model_->num_lookups());
+  w->row_pull_parts_.reserve(w->model_->num_lookups());
+  w->row_push_parts_.reserve(w->model_->num_lookups());
   w->batch_records_.assign(batch, 0);
   try {
     w->stream_ = dnnl::stream(engine);
@@ -76,12 +78,14 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(int index, const ModelOpt
 }
 
 absl::Status Worker::PullRows(PullMode mode) {
+  row_pull_parts_.clear();
   for (int l = 0; l < model_->num_lookups(); ++l) {
     const absl::Span<const uint64_t> ids = model_->ids(l);
     if (ids.empty()) continue;
-    SW_RETURN_IF_ERROR(store_->PullRows(model_->lookup(l).table, ids, model_->rows(l), mode, &row_scratch_));
+    row_pull_parts_.push_back({model_->lookup(l).table, ids, model_->rows(l)});
   }
-  return absl::OkStatus();
+  if (row_pull_parts_.empty()) return absl::OkStatus();
+  return store_->PullRowsBatch(row_pull_parts_, mode, &row_scratch_);
 }
 
 absl::Status Worker::CheckShape(const Dataset& data, const char* what) const {
@@ -193,11 +197,14 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
       if (!pushes_.empty()) SW_RETURN_IF_ERROR(store_->Push(pushes_, lr));
       if (update_.replicas != nullptr) SW_RETURN_IF_ERROR(update_.replicas->StepDone());
       t6 = Clock::now();
+      row_push_parts_.clear();
       for (int l = 0; l < lookups; ++l) {
         const absl::Span<const uint64_t> ids = model_->ids(l);
         if (ids.empty()) continue;
-        SW_RETURN_IF_ERROR(store_->PushRows(model_->lookup(l).table, ids, model_->row_grads(l), sparse_lr,
-                                            &row_scratch_));
+        row_push_parts_.push_back({model_->lookup(l).table, ids, model_->row_grads(l)});
+      }
+      if (!row_push_parts_.empty()) {
+        SW_RETURN_IF_ERROR(store_->PushRowsBatch(row_push_parts_, sparse_lr, &row_scratch_));
       }
     }
     const auto t7 = Clock::now();

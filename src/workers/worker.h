@@ -159,7 +159,7 @@ class Worker {
  private:
   Worker() = default;
   absl::Status PullAll();
-  // Pulls every lookup's rows for the loaded batch.
+  // Pulls every lookup's rows for the loaded batch, in one PullRowsBatch.
   absl::Status PullRows(PullMode mode);
   // Rejects evaluation or prediction data whose shape differs from the training data's.
   absl::Status CheckShape(const Dataset& data, const char* what) const;
@@ -177,6 +177,8 @@ class Worker {
   std::vector<int32_t> batch_records_;  // [batch] the records of the step being loaded
   RowScratch row_scratch_;
   std::vector<RowGrad> row_pushes_;     // one per lookup (sync mode)
+  std::vector<RowPull> row_pull_parts_; // one per lookup, rebuilt each step (PullRowsBatch)
+  std::vector<RowPush> row_push_parts_; // one per lookup, rebuilt each step (PushRowsBatch)
   std::vector<PullSlice> pulls_;      // one per variable, into the model's params
   std::vector<DenseGrad> pushes_;     // one per variable, from the model's grads
   WorkerCounters counters_;

@@ -138,7 +138,9 @@ std::vector<float> Exercise(ParamStore& store, ClusterParamStore* flush = nullpt
     }
     std::vector<float> mid(8 * 3);
     slices.push_back({0, 10, 18, mid.data()});  // rows 10..18 of w: ps:0 and ps:1
-    if (flush != nullptr) EXPECT_TRUE(flush->Flush().ok());
+    if (flush != nullptr) {
+      EXPECT_TRUE(flush->Flush().ok());
+    }
     EXPECT_TRUE(store.Pull(slices).ok());
     for (const std::vector<float>& v : vals) seen.insert(seen.end(), v.begin(), v.end());
     seen.insert(seen.end(), mid.begin(), mid.end());
@@ -160,7 +162,34 @@ std::vector<float> Exercise(ParamStore& store, ClusterParamStore* flush = nullpt
       for (size_t i = 0; i < rows.size(); ++i) rows[i] = 0.3f * std::sin(1.0f * i + step + t);
       EXPECT_TRUE(store.PushRows(t, ids, rows.data(), 0.05f, &scratch).ok());
     }
-    if (flush != nullptr) EXPECT_TRUE(flush->Flush().ok());
+    // A step's lookups in one batch: both tables, table 0 twice (two
+    // updates of its rows, as two PushRows), one part empty, and a part of
+    // 400 ids, more than one 4 KiB request holds.
+    if (flush != nullptr) {
+      EXPECT_TRUE(flush->Flush().ok());
+    }
+    std::vector<std::vector<uint64_t>> ids(4);
+    for (uint64_t i = 0; i < 400; ++i) ids[0].push_back((i * 13 + step) % 40);
+    for (uint64_t i = 0; i < 9; ++i) ids[1].push_back(i * 999983 + 7 * step);
+    for (uint64_t i = 0; i < 6; ++i) ids[3].push_back((i * 5 + step) % 40);
+    const int tables[] = {0, 1, 1, 0};
+    std::vector<std::vector<float>> rows(4);
+    std::vector<RowPull> pulls;
+    for (int k = 0; k < 4; ++k) {
+      rows[k].assign(ids[k].size() * kDim, -1.0f);
+      pulls.push_back({tables[k], ids[k], rows[k].data()});
+    }
+    EXPECT_TRUE(store.PullRowsBatch(pulls, PullMode::kInsert, &scratch).ok());
+    std::vector<RowPush> pushes;
+    for (int k = 0; k < 4; ++k) {
+      seen.insert(seen.end(), rows[k].begin(), rows[k].end());
+      for (size_t i = 0; i < rows[k].size(); ++i) rows[k][i] = 0.2f * std::cos(0.5f * i + step + k);
+      pushes.push_back({tables[k], ids[k], rows[k].data()});
+    }
+    EXPECT_TRUE(store.PushRowsBatch(pushes, 0.05f, &scratch).ok());
+    if (flush != nullptr) {
+      EXPECT_TRUE(flush->Flush().ok());
+    }
     seen.push_back(static_cast<float>(store.version()));
   }
   return seen;
@@ -207,6 +236,17 @@ TEST(ClusterParamStoreTest, SameBitsAsOneFullStore) {
     EXPECT_EQ(cs.Pull({&bad, 1}).code(), absl::StatusCode::kInvalidArgument);
     const uint64_t ids[] = {3, 40};
     EXPECT_EQ(cs.PushRows(0, ids, out.data(), 0.1f, nullptr).code(), absl::StatusCode::kInvalidArgument);
+    // A bad id in the last part of a batch: no part is pushed.
+    std::vector<float> before(2 * kDim), after(2 * kDim);
+    const uint64_t good[] = {3, 4};
+    ASSERT_TRUE(cs.PullRows(0, good, before.data(), PullMode::kReadOnly, nullptr).ok());
+    const RowPush batch[] = {{0, good, out.data()}, {0, ids, out.data()}};
+    const absl::Status bad_batch = cs.PushRowsBatch(batch, 0.1f, nullptr);
+    EXPECT_EQ(bad_batch.code(), absl::StatusCode::kInvalidArgument) << bad_batch;
+    ASSERT_TRUE(cs.PullRows(0, good, after.data(), PullMode::kReadOnly, nullptr).ok());
+    EXPECT_EQ(before, after);
+    const RowPull bad_pull[] = {{0, good, out.data()}, {2, good, out.data()}};
+    EXPECT_EQ(cs.PullRowsBatch(bad_pull, PullMode::kInsert, nullptr).code(), absl::StatusCode::kInvalidArgument);
   }
 }
 

@@ -270,6 +270,17 @@ struct RawStub {
     net::PushResponse resp;
     return Stream(stub->PushRows(&c, &resp), msgs);
   }
+  grpc::Status PullRowsBatch(const net::PullRowsBatchRequest& r, std::vector<net::RowsChunk>* chunks = nullptr) {
+    grpc::ClientContext c;
+    Prepare(&c, kToken);
+    return Drain(stub->PullRowsBatch(&c, r), chunks);
+  }
+  grpc::Status PushRowsBatch(const std::vector<net::PushRowsRequest>& msgs) {
+    grpc::ClientContext c;
+    Prepare(&c, kToken);
+    net::PushResponse resp;
+    return Stream(stub->PushRowsBatch(&c, &resp), msgs);
+  }
   // Reads a server stream to its end (keeping the chunks when asked).
   template <typename Reader, typename Chunk>
   static grpc::Status Drain(Reader reader, std::vector<Chunk>* chunks) {
@@ -645,6 +656,117 @@ TEST(PsServerTest, BatchPullEqualsSlicePullsAndChecksEverySliceFirst) {
 
 // With compression the server applies exactly the rounded gradients, and the
 // pushes take about half the bytes.
+// A step's row pulls and pushes in one call each: every part equals its own
+// PullRows / PushRows on a local store (two parts of one table are two
+// updates; parts larger than a 4 KiB message are split and chunked), and a
+// bad part anywhere refuses the whole call before anything is sent or
+// applied.
+TEST(PsServerTest, BatchRowCallsEqualOneCallPerPartAndCheckEveryPartFirst) {
+  constexpr int64_t kLimit = 4096;
+  std::unique_ptr<ShmParamStore> served = MakeStore(), local = MakeStore();
+  ASSERT_TRUE(served && local);
+  std::unique_ptr<PsServer> server = Serve(served.get(), kToken, kLimit);
+  ASSERT_TRUE(server);
+  PsClientOptions o = ClientOptions(*server);
+  o.max_message_bytes = kLimit;
+  std::unique_ptr<PsClient> client = Connect(o);
+  ASSERT_TRUE(client);
+  RowScratch scratch;
+  std::vector<uint64_t> many(1500), dyn = {5, 1u << 31, 77777777777ull, 5}, few = {3, 99, 3};
+  for (size_t i = 0; i < many.size(); ++i) many[i] = (i * 7919) % 100;
+  const std::vector<uint64_t> none;
+  const std::vector<float> g_many = Ramp(many.size() * kStaticDim, 0.3f), g_dyn = Ramp(dyn.size() * kDynamicDim, 0.7f),
+                           g_few = Ramp(few.size() * kStaticDim, 1.1f);
+  for (int round = 0; round < 2; ++round) {
+    const RemoteRowPush pushes[] = {
+        {kStatic, many, g_many}, {kDynamic, none, {}}, {kDynamic, dyn, g_dyn}, {kStatic, few, g_few}};
+    absl::StatusOr<uint64_t> v = client->PushRowsBatch(pushes, 0.05f);
+    ASSERT_TRUE(v.ok()) << v.status();
+    ASSERT_TRUE(local->PushRows(kStatic, many, g_many.data(), 0.05f, &scratch).ok());
+    ASSERT_TRUE(local->PushRows(kDynamic, dyn, g_dyn.data(), 0.05f, &scratch).ok());
+    ASSERT_TRUE(local->PushRows(kStatic, few, g_few.data(), 0.05f, &scratch).ok());
+  }
+  EXPECT_EQ(Take(*served), Take(*local));
+  std::vector<float> a(many.size() * kStaticDim), b(dyn.size() * kDynamicDim), c(few.size() * kStaticDim);
+  const RemoteRowPull pulls[] = {{kStatic, many, absl::MakeSpan(a)},
+                                 {kDynamic, none, {}},
+                                 {kDynamic, dyn, absl::MakeSpan(b)},
+                                 {kStatic, few, absl::MakeSpan(c)}};
+  ASSERT_TRUE(client->PullRowsBatch(pulls, PullMode::kReadOnly).ok());
+  std::vector<float> want_a(a.size()), want_b(b.size()), want_c(c.size());
+  ASSERT_TRUE(local->PullRows(kStatic, many, want_a.data(), PullMode::kReadOnly, &scratch).ok());
+  ASSERT_TRUE(local->PullRows(kDynamic, dyn, want_b.data(), PullMode::kReadOnly, &scratch).ok());
+  ASSERT_TRUE(local->PullRows(kStatic, few, want_c.data(), PullMode::kReadOnly, &scratch).ok());
+  EXPECT_EQ(a, want_a);
+  EXPECT_EQ(b, want_b);
+  EXPECT_EQ(c, want_c);
+  // An `out` that does not fit its part is the client's error, named.
+  std::vector<float> short_out(5);
+  const RemoteRowPull wrong[] = {{kStatic, few, absl::MakeSpan(c)}, {kStatic, few, absl::MakeSpan(short_out)}};
+  EXPECT_EQ(client->PullRowsBatch(wrong).code(), absl::StatusCode::kInvalidArgument);
+
+  // The raw answer: every chunk within the limit, parts in order.
+  RawStub raw(*server, kLimit);
+  net::PullRowsBatchRequest r;
+  for (const auto& [table, ids] : {std::pair{kStatic, few}, std::pair{kDynamic, dyn}, std::pair{kStatic, few}}) {
+    net::PullRowsRequest* x = r.add_parts();
+    x->set_table(table);
+    x->set_mode(net::PULL_MODE_READ_ONLY);
+    x->mutable_ids()->Assign(ids.begin(), ids.end());
+  }
+  std::vector<net::RowsChunk> chunks;
+  grpc::Status st = raw.PullRowsBatch(r, &chunks);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  ASSERT_EQ(chunks.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(chunks[i].part(), i);
+  EXPECT_EQ(std::vector<float>(chunks[1].values().begin(), chunks[1].values().end()), want_b);
+  // One part with an id out of range: INVALID_ARGUMENT naming the part, no chunk at all.
+  r.mutable_parts(2)->add_ids(100);
+  chunks.clear();
+  st = raw.PullRowsBatch(r, &chunks);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_HAS(st.error_message(), "pull rows: part 2: id 100 (item 3)");
+  EXPECT_TRUE(chunks.empty());
+
+  // Malformed batch pushes: nothing applied, the server stays up.
+  const Snapshot before = Take(*served);
+  auto msg = [](int part, int table, std::vector<uint64_t> ids, int64_t dim) {
+    net::PushRowsRequest m = RowsMsg(table, ids, Ramp(ids.size() * dim, 1));
+    m.set_part(part);
+    return m;
+  };
+  struct Case {
+    const char* name;
+    std::vector<net::PushRowsRequest> msgs;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"a bad id in the last part",
+       {msg(0, kStatic, {1, 2}, kStaticDim), msg(1, kDynamic, {5}, kDynamicDim), msg(2, kStatic, {3, 100}, kStaticDim)},
+       "id 100 (message 2, item 1) is not a row of table emb"},
+      {"parts out of order",
+       {msg(1, kStatic, {1}, kStaticDim), msg(0, kStatic, {2}, kStaticDim)},
+       "message 1 is of part 0 after part 1"},
+      {"another table within a part",
+       {msg(0, kStatic, {1}, kStaticDim), msg(0, kDynamic, {2}, kDynamicDim)},
+       "message 1 of part 0 names table 1, the part's first message names 0"},
+      {"an unknown table", {msg(0, kStatic, {1}, kStaticDim), msg(3, 5, {2}, 1)}, "unknown table 5"},
+      {"an empty stream", {}, "carries no message"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    st = raw.PushRowsBatch(k.msgs);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+    EXPECT_HAS(st.error_message(), k.message);
+  }
+  EXPECT_EQ(Take(*served), before);
+  // A well-formed one still applies, every part.
+  ASSERT_TRUE(raw.PushRowsBatch({msg(0, kStatic, {1, 2}, kStaticDim), msg(0, kStatic, {1}, kStaticDim),
+                                 msg(4, kDynamic, {4}, kDynamicDim)})
+                  .ok());
+  EXPECT_FALSE(Take(*served) == before);
+}
+
 TEST(PsServerTest, CompressedPushesApplyTheRoundedGradients) {
   for (GradientCompression c : {GradientCompression::kBf16, GradientCompression::kFp16}) {
     SCOPED_TRACE(GradientCompressionName(c));
