@@ -552,6 +552,7 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
   cluster.leaves["tls_key_file"] = String(&c->cluster.tls_key_file);
   cluster.leaves["tls_ca_file"] = String(&c->cluster.tls_ca_file);
   cluster.leaves["deadline_s"] = Real(&c->cluster.deadline_s);
+  cluster.leaves["keepalive_s"] = Real(&c->cluster.keepalive_s);
   cluster.leaves["max_attempts"] = Int(&c->cluster.max_attempts);
   cluster.leaves["initial_backoff_s"] = Real(&c->cluster.initial_backoff_s);
   cluster.leaves["max_backoff_s"] = Real(&c->cluster.max_backoff_s);

@@ -380,6 +380,9 @@ absl::Status ClusterOptions::Validate() const {
     return Bad("cluster.tls_ca_file", "only meaningful with cluster.tls_cert_file and cluster.tls_key_file");
   }
   if (!(deadline_s > 0)) return Bad("cluster.deadline_s", absl::StrCat("must be > 0, got ", deadline_s));
+  if (!(keepalive_s == 0 || (keepalive_s >= 0.1 && keepalive_s <= 86400))) {
+    return Bad("cluster.keepalive_s", absl::StrCat("must be 0 (off) or in [0.1, 86400], got ", keepalive_s));
+  }
   if (max_attempts < 1) return Bad("cluster.max_attempts", absl::StrCat("must be >= 1, got ", max_attempts));
   if (!(initial_backoff_s > 0)) {
     return Bad("cluster.initial_backoff_s", absl::StrCat("must be > 0, got ", initial_backoff_s));

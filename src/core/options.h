@@ -394,6 +394,14 @@ struct ClusterOptions {
   std::string tls_ca_file;
   // Every remote call's deadline, per attempt; > 0.
   double deadline_s = 10.0;
+  // HTTP/2 keepalive on every connection (ps and chief servers, and their
+  // clients): each side pings the other after keepalive_s without traffic
+  // and drops the connection when a ping is not answered within keepalive_s,
+  // so a peer machine that vanished without closing its connections (power,
+  // network) is noticed within about 2 x keepalive_s even when no call is
+  // out (an idle worker task's session; the chief then re-queues its work
+  // as for a dead worker). 0 = off; else >= 0.1.
+  double keepalive_s = 10.0;
   // Attempts of one call before it fails (1 = no retry); >= 1. Retries
   // wait initial_backoff_s, doubling up to max_backoff_s (0 < initial <= max).
   int max_attempts = 3;

@@ -82,6 +82,7 @@ class RemoteWorkers::Impl final : public net::Chief::Service {
     grpc::ServerBuilder builder;
     builder.AddListeningPort(options_.server.bind_address, ServerCredentialsOf(options_.server), &port_);
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    SetServerKeepalive(options_.server, &builder);
     builder.SetMaxReceiveMessageSize(static_cast<int>(options_.server.max_message_bytes));
     builder.SetMaxSendMessageSize(static_cast<int>(options_.server.max_message_bytes));
     builder.RegisterService(this);

@@ -40,10 +40,10 @@ absl::StatusOr<std::unique_ptr<ClusterStoreConnection>> ConnectClusterStore(cons
                        c->local.fallbacks[p]));
     }
   }
-  // Each worker thread may leave a step's pushes in flight while it goes on:
-  // the dense one and one per embedding table (up to 31 tables a thread).
+  // Each worker thread may leave a step's pushes in flight while it computes
+  // the next step: the dense one and the batch of all its row pushes.
   ClusterStoreOptions so;
-  so.async_pushes = std::clamp(32 * std::max(config.train.workers, 1), 1, 64);
+  so.async_pushes = std::clamp(2 * std::max(config.train.workers, 1), 1, 64);
   so.threads_per_ps = std::clamp(config.train.workers + 1, 2, 64);
   SW_ASSIGN_OR_RETURN(c->store, ClusterParamStore::Connect(map, ps, c->local.pointers(), so));
   return c;

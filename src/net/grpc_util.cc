@@ -53,8 +53,37 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentialsOf(const PsServerOptio
   return grpc::SslServerCredentials(ssl);
 }
 
+namespace {
+
+// Keepalive after `seconds` without traffic, and as long for the answer
+// (0: none). Pings go even without calls in flight (an idle session or
+// channel is watched too) and without data in between.
+template <typename SetInt>
+void SetKeepalive(double seconds, const SetInt& set) {
+  if (seconds <= 0) return;
+  const int ms = std::max(100, static_cast<int>(seconds * 1000));
+  set(GRPC_ARG_KEEPALIVE_TIME_MS, ms);
+  set(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ms);
+  set(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  set(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+}
+
+}  // namespace
+
+void SetServerKeepalive(const PsServerOptions& options, grpc::ServerBuilder* builder) {
+  SetKeepalive(options.keepalive_s, [builder](const char* key, int v) { builder->AddChannelArgument(key, v); });
+  if (options.keepalive_s <= 0) return;
+  // The clients ping as often as this server does: allow it (a ping
+  // more frequent than the minimum is a strike, and too many strikes close
+  // the connection).
+  const int ms = std::max(100, static_cast<int>(options.keepalive_s * 1000));
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, ms / 2);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+}
+
 std::shared_ptr<grpc::Channel> MakeChannel(const PsClientOptions& options) {
   grpc::ChannelArguments args;
+  SetKeepalive(options.keepalive_s, [&args](const char* key, int v) { args.SetInt(key, v); });
   args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   const int initial_ms = std::max(1, static_cast<int>(options.initial_backoff_s * 1000));

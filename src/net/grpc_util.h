@@ -30,9 +30,16 @@ grpc::Status CheckToken(const grpc::ServerContext& context, const std::string& t
 // insecure ones (PsServerOptions::Validate allows that on loopback only).
 std::shared_ptr<grpc::ServerCredentials> ServerCredentialsOf(const PsServerOptions& options);
 
+// The server's HTTP/2 keepalive (options.keepalive_s): it pings its clients
+// after that long without traffic and drops a connection whose ping goes
+// unanswered as long, and it accepts the clients' own keepalive pings.
+void SetServerKeepalive(const PsServerOptions& options, grpc::ServerBuilder* builder);
+
 // A channel to options.address with its TLS settings, both message limits
-// set explicitly, and reconnect backoffs as short as the call retries (so a
-// restarted server is found by the next attempt).
+// set explicitly, reconnect backoffs as short as the call retries (so a
+// restarted server is found by the next attempt), and keepalive pings
+// (options.keepalive_s; a server that vanished fails the calls and streams
+// in flight instead of leaving them waiting).
 std::shared_ptr<grpc::Channel> MakeChannel(const PsClientOptions& options);
 
 // Adds the token (if any) and a deadline options.deadline_s from now to

@@ -36,6 +36,11 @@ absl::Status CheckMessageBytes(const std::string& field, int64_t v) {
   return absl::OkStatus();
 }
 
+absl::Status CheckKeepalive(double v) {
+  if (v == 0 || (v >= 0.1 && v <= 86400)) return absl::OkStatus();
+  return Bad("cluster.keepalive_s", absl::StrCat("must be 0 (off) or in [0.1, 86400], got ", v));
+}
+
 absl::StatusOr<std::string> ReadWholeFile(const std::string& key, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(key, ": ", path, ": cannot open: ", std::strerror(errno)));
@@ -63,7 +68,7 @@ absl::Status PsServerOptions::Validate() const {
   }
   SW_RETURN_IF_ERROR(CheckMessageBytes("cluster.max_message_bytes", max_message_bytes));
   if (max_push_bytes < 1) return Bad("max_push_bytes", absl::StrCat("must be >= 1, got ", max_push_bytes));
-  return absl::OkStatus();
+  return CheckKeepalive(keepalive_s);
 }
 
 absl::Status PsClientOptions::Validate() const {
@@ -78,6 +83,7 @@ absl::Status PsClientOptions::Validate() const {
                absl::StrCat("need 0 < initial_backoff_s <= max_backoff_s, got ", initial_backoff_s, " and ",
                             max_backoff_s));
   }
+  SW_RETURN_IF_ERROR(CheckKeepalive(keepalive_s));
   return CheckMessageBytes("cluster.max_message_bytes", max_message_bytes);
 }
 
@@ -122,6 +128,7 @@ absl::StatusOr<PsServerOptions> MakePsServerOptions(const ClusterOptions& cluste
     SW_ASSIGN_OR_RETURN(o.tls_key_pem, ReadWholeFile("cluster.tls_key_file", cluster.tls_key_file));
   }
   o.max_message_bytes = cluster.max_message_bytes;
+  o.keepalive_s = cluster.keepalive_s;
   SW_RETURN_IF_ERROR(o.Validate());
   return o;
 }
@@ -147,6 +154,7 @@ absl::StatusOr<PsClientOptions> MakePsClientOptions(const ClusterOptions& cluste
   o.max_backoff_s = cluster.max_backoff_s;
   o.max_message_bytes = cluster.max_message_bytes;
   o.compression = cluster.compression;
+  o.keepalive_s = cluster.keepalive_s;
   SW_RETURN_IF_ERROR(o.Validate());
   return o;
 }

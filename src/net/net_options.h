@@ -39,6 +39,10 @@ struct PsServerOptions {
   std::string checkpoint_dir;
   // This task's name for messages ("ps:0").
   std::string task_name = "ps";
+  // HTTP/2 keepalive (cluster.keepalive_s): pings after this long without
+  // traffic, the connection dropped when one goes unanswered as long; and
+  // clients' pings as often are allowed. 0 = off.
+  double keepalive_s = 10.0;
   // InvalidArgument naming the field: a bind address that is not
   // host:port, a non-loopback bind without a token, a short token, TLS
   // half given, sizes out of range.
@@ -69,6 +73,8 @@ struct PsClientOptions {
   int64_t max_message_bytes = 4 << 20;
   // Pushed gradients as float32, or rounded to bf16 / fp16 (net/half.h).
   GradientCompression compression = GradientCompression::kNone;
+  // HTTP/2 keepalive of the channel, as PsServerOptions::keepalive_s. 0 = off.
+  double keepalive_s = 10.0;
   absl::Status Validate() const;
 };
 

@@ -42,6 +42,7 @@ class PsServer::Impl {
     builder.AddListeningPort(options_.bind_address, ServerCredentialsOf(options_), &port_);
     // Two servers must not share a port silently (gRPC sets SO_REUSEPORT by default).
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    SetServerKeepalive(options_, &builder);
     builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
     builder.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
     grpc::ResourceQuota quota(absl::StrCat("shardwild-", options_.task_name));

@@ -249,6 +249,42 @@ TEST(ClusterTrainTest, KilledWorkerTaskIsRequeuedAndCountsStayExact) {
   c.StopAll();
 }
 
+// A worker machine that stops answering without closing its connections
+// (here: its worker task frozen by SIGSTOP, so the kernel still holds the
+// TCP connection open) is found by keepalive: train.task_timeout_s is far
+// longer than the test, so only cluster.keepalive_s can end its session; its
+// task is re-queued and the job finishes with exact counts.
+TEST(ClusterTrainTest, FrozenWorkerTaskIsFoundByKeepalive) {
+  SKIP_WITHOUT_DATA();
+  Cluster c(2, 2, Settings("cl-keepalive", {"train.task_timeout_s=3600", "cluster.keepalive_s=1"}));
+  ASSERT_TRUE(c.ok());
+  c.StartAll();
+  ASSERT_TRUE(WaitForOutput(c.chief(), [](const std::string& out) {
+    return Has(out, "worker 0: pid") && Has(out, "worker 1: pid") && Has(out, "\nepoch 1/");
+  }, std::chrono::seconds(120))) << Describe(c, 2, 2);
+  ASSERT_EQ(kill(c.worker(1).pid(), SIGSTOP), 0);
+  // Finished well before task_timeout_s (an hour): about 2 s of unanswered
+  // pings, with room for a loaded machine.
+  const auto limit = SteadyClock::now() + std::chrono::seconds(150);
+  bool exited = false;
+  while (!(exited = c.chief().Poll()) && SteadyClock::now() < limit) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (!exited) kill(c.chief().pid(), SIGKILL);
+  kill(c.worker(1).pid(), SIGKILL);
+  c.worker(1).Wait();
+  const int status = c.chief().Wait();
+  ASSERT_TRUE(exited) << "the chief did not finish within 150 s of the freeze\n" << Describe(c, 2, 2);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << Describe(c, 2, 2);
+  const json j = LastLineJson(c.chief().out());
+  ASSERT_TRUE(j.is_object()) << c.chief().out();
+  EXPECT_EQ(j["records_seen"].get<int64_t>(), 2 * 12000);
+  EXPECT_EQ(j["eval_records_seen"].get<int64_t>(), 2 * 2000);
+  EXPECT_GE(j["worker_failures"].get<int64_t>(), 1);
+  EXPECT_TRUE(Has(c.chief().out(), "worker 1 (pid ")) << c.chief().out();
+  c.StopAll();
+}
+
 // Whether the chief has committed a checkpoint (its own ckpt-<step>, written
 // after every ps task saved its shards).
 bool HasChiefCheckpoint(const std::string& dir) {

@@ -967,11 +967,12 @@ TEST(ConfigClusterTest, DefaultsAndEveryKeyIsRead) {
   EXPECT_TRUE(c->cluster.token_file.empty());
   EXPECT_EQ(c->cluster.max_attempts, 3);
   EXPECT_EQ(c->cluster.max_message_bytes, 4 << 20);
+  EXPECT_EQ(c->cluster.keepalive_s, 10.0);
   c = LoadConfigFromString(std::string(kMinimal) +
                                "cluster: {bind_host: 10.0.0.5, token_file: /run/tok, tls_cert_file: c.pem, "
                                "tls_key_file: k.pem, tls_ca_file: ca.pem, deadline_s: 2.5, max_attempts: 5, "
                                "initial_backoff_s: 0.2, max_backoff_s: 4, max_message_bytes: 65536, "
-                               "compression: fp16}\n",
+                               "compression: fp16, keepalive_s: 0}\n",
                            "c.yaml");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->cluster.bind_host, "10.0.0.5");
@@ -985,6 +986,7 @@ TEST(ConfigClusterTest, DefaultsAndEveryKeyIsRead) {
   EXPECT_EQ(c->cluster.max_backoff_s, 4.0);
   EXPECT_EQ(c->cluster.max_message_bytes, 65536);
   EXPECT_EQ(c->cluster.compression, GradientCompression::kFp16);
+  EXPECT_EQ(c->cluster.keepalive_s, 0.0);
 }
 
 TEST(ConfigClusterTest, ValidateNamesTheKey) {
@@ -994,6 +996,8 @@ TEST(ConfigClusterTest, ValidateNamesTheKey) {
       {"{tls_ca_file: ca.pem}", "cluster.tls_ca_file: only meaningful with"},
       {"{deadline_s: 0}", "cluster.deadline_s: must be > 0, got 0"},
       {"{max_attempts: 0}", "cluster.max_attempts: must be >= 1, got 0"},
+      {"{keepalive_s: 0.01}", "cluster.keepalive_s: must be 0 (off) or in [0.1, 86400], got 0.01"},
+      {"{keepalive_s: -1}", "cluster.keepalive_s: must be 0 (off) or in [0.1, 86400], got -1"},
       {"{initial_backoff_s: 3}", "cluster.max_backoff_s: must be >= cluster.initial_backoff_s (3), got 2"},
       {"{max_message_bytes: 100}", "cluster.max_message_bytes: must be in [4096, 1073741824], got 100"},
       {"{bind_host: ''}", "cluster.bind_host: must not be empty"},

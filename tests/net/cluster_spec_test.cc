@@ -286,6 +286,7 @@ TEST(NetOptionsTest, FromClusterOptions) {
   cluster.deadline_s = 3;
   cluster.max_attempts = 4;
   cluster.max_message_bytes = 1 << 16;
+  cluster.keepalive_s = 2.5;
 
   // Loopback by default, with the spec's port.
   absl::StatusOr<PsServerOptions> server = MakePsServerOptions(cluster, *spec, {Role::kPs, 1});
@@ -296,6 +297,7 @@ TEST(NetOptionsTest, FromClusterOptions) {
   EXPECT_EQ(server->tls_cert_pem, "CERT");
   EXPECT_EQ(server->tls_key_pem, "KEY");
   EXPECT_EQ(server->max_message_bytes, 1 << 16);
+  EXPECT_EQ(server->keepalive_s, 2.5);
   cluster.bind_host = "::";
   server = MakePsServerOptions(cluster, *spec, {Role::kPs, 0});
   ASSERT_TRUE(server.ok()) << server.status();
@@ -310,6 +312,7 @@ TEST(NetOptionsTest, FromClusterOptions) {
   EXPECT_EQ(client->tls_root_pem, "CERT");  // no CA file: the certificate itself
   EXPECT_EQ(client->deadline_s, 3);
   EXPECT_EQ(client->max_attempts, 4);
+  EXPECT_EQ(client->keepalive_s, 2.5);
 
   // Without a token a non-loopback bind is refused; a missing file is named.
   ClusterOptions open;
