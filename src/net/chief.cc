@@ -4,6 +4,8 @@
 #include <grpcpp/resource_quota.h>
 
 #include <chrono>
+#include <map>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "core/status.h"
 #include "net/chief.grpc.pb.h"
 #include "net/grpc_util.h"
+#include "workers/coordinator.h"
 
 namespace shardwild {
 namespace {
@@ -48,6 +51,22 @@ struct SessionState {
   }
 };
 
+using FunctionStream = grpc::ServerReaderWriter<net::FunctionMessage, net::FunctionMessage>;
+
+// One worker task's Functions stream and the calls waiting for answers.
+// Shared by its handler (which reads the answers) and the callers (which
+// write calls).
+struct FunctionLink {
+  Mutex mu;
+  // Null once the handler has ended (the stream is gone with it).
+  grpc::ServerContext* context ABSL_GUARDED_BY(mu) = nullptr;
+  FunctionStream* stream ABSL_GUARDED_BY(mu) = nullptr;
+  CondVar changed;  // an answer arrived, or the stream ended
+  // Calls sent and not yet taken by their caller: the answer once it came.
+  std::map<uint64_t, std::optional<absl::StatusOr<std::string>>> pending ABSL_GUARDED_BY(mu);
+  uint64_t next_id ABSL_GUARDED_BY(mu) = 1;
+};
+
 // What the loop knows of one slot, shared with the handlers.
 struct SlotEntry {
   bool open = false;                 // a session may attach (Spawn'd, not reaped)
@@ -76,7 +95,9 @@ class SessionChannel final : public SlotChannel {
 class RemoteWorkers::Impl final : public net::Chief::Service {
  public:
   explicit Impl(const ChiefServerOptions& options)
-      : options_(options), slots_(static_cast<size_t>(options.worker_tasks * options.threads_per_task)) {}
+      : options_(options),
+        slots_(static_cast<size_t>(options.worker_tasks * options.threads_per_task)),
+        functions_(static_cast<size_t>(options.worker_tasks)) {}
 
   absl::Status Start() {
     grpc::ServerBuilder builder;
@@ -108,6 +129,17 @@ class RemoteWorkers::Impl final : public net::Chief::Service {
       }
     }
     for (auto& s : sessions) s->Cancel();
+    std::vector<std::shared_ptr<FunctionLink>> links;
+    {
+      MutexLock lock(&mu_);
+      for (std::shared_ptr<FunctionLink>& f : functions_) {
+        if (f) links.push_back(f);
+      }
+    }
+    for (auto& f : links) {
+      MutexLock lock(&f->mu);
+      if (f->context != nullptr) f->context->TryCancel();
+    }
     if (server_ != nullptr) {
       server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
       server_->Wait();
@@ -176,6 +208,111 @@ class RemoteWorkers::Impl final : public net::Chief::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status Functions(grpc::ServerContext* context, FunctionStream* stream) override {
+    if (grpc::Status s = CheckToken(*context, options_.server.token, options_.server.task_name); !s.ok()) return s;
+    net::FunctionMessage hello;
+    if (!stream->Read(&hello)) return grpc::Status(grpc::StatusCode::CANCELLED, "no hello");
+    const int task = hello.task();
+    if (task < 0 || task >= options_.worker_tasks) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat(options_.server.task_name, ": worker:", task, " is not a worker task of the "
+                                       "cluster (it has ", options_.worker_tasks, ")"));
+    }
+    auto link = std::make_shared<FunctionLink>();
+    {
+      MutexLock sl(&link->mu);
+      link->context = context;
+      link->stream = stream;
+    }
+    {
+      MutexLock lock(&mu_);
+      if (shut_down_) {
+        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                            absl::StrCat(options_.server.task_name, ": the job is over"));
+      }
+      if (functions_[task] != nullptr) {
+        return grpc::Status(grpc::StatusCode::ABORTED,
+                            absl::StrCat(options_.server.task_name, ": worker:", task,
+                                         " has a function stream still open; retry"));
+      }
+      functions_[task] = link;
+    }
+    functions_changed_.SignalAll();
+    net::FunctionMessage answer;
+    while (stream->Read(&answer)) {
+      MutexLock sl(&link->mu);
+      const auto it = link->pending.find(answer.id());
+      if (it == link->pending.end() || it->second.has_value()) continue;  // not asked for: ignored
+      if (answer.code() == 0) {
+        it->second.emplace(answer.payload());
+      } else {
+        const int code = answer.code();
+        it->second.emplace(absl::Status(code > 0 && code <= 16 ? static_cast<absl::StatusCode>(code)
+                                                               : absl::StatusCode::kUnknown,
+                                        answer.error()));
+      }
+      link->changed.SignalAll();
+    }
+    context->TryCancel();  // a caller's Write in flight fails now
+    {
+      MutexLock sl(&link->mu);
+      link->context = nullptr;
+      link->stream = nullptr;
+    }
+    link->changed.SignalAll();
+    {
+      MutexLock lock(&mu_);
+      if (functions_[task] == link) functions_[task].reset();
+    }
+    functions_changed_.SignalAll();
+    return grpc::Status::OK;
+  }
+
+  bool FunctionsConnected(int task) {
+    MutexLock lock(&mu_);
+    return functions_[task] != nullptr;
+  }
+
+  bool WaitForFunctions(int task, std::chrono::steady_clock::time_point deadline) {
+    MutexLock lock(&mu_);
+    return functions_changed_.WaitFor(&mu_, deadline - std::chrono::steady_clock::now(),
+                                      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return functions_[task] != nullptr; });
+  }
+
+  absl::StatusOr<std::string> CallFunction(int task, const std::string& name, const std::string& args) {
+    std::shared_ptr<FunctionLink> link;
+    {
+      MutexLock lock(&mu_);
+      link = functions_[task];
+    }
+    if (link == nullptr) {
+      return WorkerLostError(absl::StrCat("worker:", task, " is not connected for scheduled functions"));
+    }
+    MutexLock sl(&link->mu);
+    if (link->stream == nullptr) {
+      return WorkerLostError(absl::StrCat("worker:", task, "'s function stream has ended"));
+    }
+    const uint64_t id = link->next_id++;
+    link->pending[id];
+    net::FunctionMessage call;
+    call.set_id(id);
+    call.set_name(name);
+    call.set_payload(args);
+    if (!link->stream->Write(call)) {
+      link->pending.erase(id);
+      return WorkerLostError(absl::StrCat("worker:", task, "'s function stream has ended"));
+    }
+    link->changed.Wait(&link->mu, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(link->mu) {
+      return link->pending[id].has_value() || link->stream == nullptr;
+    });
+    std::optional<absl::StatusOr<std::string>> answer = std::move(link->pending[id]);
+    link->pending.erase(id);
+    if (!answer) {
+      return WorkerLostError(absl::StrCat("worker:", task, " was lost while it ran function '", name, "'"));
+    }
+    return *std::move(answer);
+  }
+
   // ---- The loop's side ----
 
   absl::StatusOr<std::shared_ptr<Inbox>> Open(int index) {
@@ -213,6 +350,7 @@ class RemoteWorkers::Impl final : public net::Chief::Service {
   }
 
   int port() const { return port_; }
+  int worker_tasks() const { return options_.worker_tasks; }
 
  private:
   const ChiefServerOptions options_;
@@ -221,6 +359,8 @@ class RemoteWorkers::Impl final : public net::Chief::Service {
 
   Mutex mu_;
   std::vector<SlotEntry> slots_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<FunctionLink>> functions_ ABSL_GUARDED_BY(mu_);  // [worker task]: its open stream
+  CondVar functions_changed_;  // a function stream opened or ended
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -292,5 +432,22 @@ void RemoteWorkers::ExitAll(double grace_s) {
 bool RemoteWorkers::awaiting(const Slot& slot) const { return slot.pid > 0 && impl_->Awaiting(slot.index); }
 
 int RemoteWorkers::port() const { return impl_->port(); }
+
+int RemoteWorkers::worker_tasks() const { return impl_->worker_tasks(); }
+
+bool RemoteWorkers::FunctionsConnected(int task) const {
+  return task >= 0 && task < worker_tasks() && impl_->FunctionsConnected(task);
+}
+
+bool RemoteWorkers::WaitForFunctions(int task, std::chrono::steady_clock::time_point deadline) const {
+  return task >= 0 && task < worker_tasks() && impl_->WaitForFunctions(task, deadline);
+}
+
+absl::StatusOr<std::string> RemoteWorkers::CallFunction(int task, const std::string& name, const std::string& args) {
+  if (task < 0 || task >= worker_tasks()) {
+    return absl::InvalidArgumentError(absl::StrCat("no worker task ", task, " (the cluster has ", worker_tasks(), ")"));
+  }
+  return impl_->CallFunction(task, name, args);
+}
 
 }  // namespace shardwild

@@ -16,6 +16,10 @@
 // previous session the loop has not reaped yet, with ABORTED (the worker
 // retries). Liveness between tasks is the task loop's heartbeat rule.
 //
+// Scheduled functions: besides its slots' sessions, each worker task keeps
+// one Functions stream open (cluster_functions.h); CallFunction sends a call
+// on it and waits for the answer.
+//
 // Security: the server binds options.server.bind_address (loopback unless
 // configured otherwise; a non-loopback bind needs a token), checks the token
 // of every session before reading it (PERMISSION_DENIED), and serves TLS
@@ -26,6 +30,7 @@
 // mutex and through each slot's Inbox.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -63,6 +68,20 @@ class RemoteWorkers final : public TaskWorkers {
 
   // The port the server listens on.
   int port() const;
+
+  // Scheduled functions (chief.proto Functions; cluster_functions.h). Each
+  // worker task keeps a function stream open while it serves; these may be
+  // called from any thread.
+  int worker_tasks() const;
+  // Whether worker task `task`'s function stream is open now.
+  bool FunctionsConnected(int task) const;
+  // Waits until it is open, or `deadline`; whether it is.
+  bool WaitForFunctions(int task, std::chrono::steady_clock::time_point deadline) const;
+  // Runs registered function `name` with `args` on worker task `task` and
+  // waits for its value or error (the worker task's, with its code). A
+  // task without an open stream, or whose stream ends before it answers,
+  // gives a WorkerLostError (workers/coordinator.h) naming the task.
+  absl::StatusOr<std::string> CallFunction(int task, const std::string& name, const std::string& args);
 
   class Impl;
 

@@ -10,6 +10,7 @@
 #include "core/mutex.h"
 #include "core/status.h"
 #include "net/chief.h"
+#include "net/cluster_functions.h"
 #include "net/cluster_setup.h"
 #include "net/cluster_store.h"
 #include "net/ps_client.h"
@@ -164,7 +165,8 @@ absl::Status CheckLayout(const StoreLayout& got, const ModelLayout& want) {
 }  // namespace
 
 absl::StatusOr<TrainSummary> RunChief(Job& job, const ClusterSpec& spec, ProgressReporter& progress,
-                                      TrainRunOptions options) {
+                                      TrainRunOptions options,
+                                      const std::function<absl::Status(ClusterCoordinator&)>& before_training) {
   const Config& config = job.config();
   if (job.has_local_store() || job.num_workers() > 0) {
     return absl::InvalidArgumentError("the chief's job holds the data only (JobOptions workers false)");
@@ -229,6 +231,12 @@ absl::StatusOr<TrainSummary> RunChief(Job& job, const ClusterSpec& spec, Progres
     SW_ASSIGN_OR_RETURN(std::unique_ptr<RemoteWorkers> w, RemoteWorkers::Start(co));
     progress.Line(absl::StrCat("chief: waiting for ", workers_tasks * threads, " worker threads on ",
                                co.server.bind_address));
+    if (before_training) {
+      SW_ASSIGN_OR_RETURN(std::unique_ptr<ClusterCoordinator> coordinator, ClusterCoordinator::Create(w.get()));
+      SW_RETURN_IF_ERROR(coordinator->WaitForWorkers(config.train.task_timeout_s));
+      SW_RETURN_IF_ERROR(before_training(*coordinator));
+      SW_RETURN_IF_ERROR(coordinator->Join());
+    }
     return std::unique_ptr<TaskWorkers>(std::move(w));
   };
   ext.write_checkpoint = [&](const CheckpointState& state,

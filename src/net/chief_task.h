@@ -31,6 +31,8 @@
 // chief.h).
 #pragma once
 
+#include <functional>
+
 #include "absl/status/statusor.h"
 #include "core/options.h"
 #include "net/cluster_spec.h"
@@ -40,12 +42,21 @@
 
 namespace shardwild {
 
+class ClusterCoordinator;
+
 // Trains as the chief of `spec` (spec.task must be chief:0). `job` holds
 // the data only (Job::Create with JobOptions workers false). `options` as
 // for RunTraining (its `external` is set here). Errors: the config's
 // (ps.update sync), a ps task's layout that differs from the chief's, an
 // unreachable ps task (Unavailable naming it), and RunTaskTraining's.
-absl::StatusOr<TrainSummary> RunChief(Job& job, const ClusterSpec& spec, ProgressReporter& progress,
-                                      TrainRunOptions options);
+//
+// `before_training`, if set, runs once every worker task has connected for
+// scheduled functions (within train.task_timeout_s), before the first task
+// is handed out (after a resume's restore), with a ClusterCoordinator over
+// the worker tasks (cluster_functions.h); the functions it scheduled are
+// joined after it returns. Its error, or the join's, stops the job.
+absl::StatusOr<TrainSummary> RunChief(
+    Job& job, const ClusterSpec& spec, ProgressReporter& progress, TrainRunOptions options,
+    const std::function<absl::Status(ClusterCoordinator&)>& before_training = nullptr);
 
 }  // namespace shardwild

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "core/status.h"
 #include "net/chief.grpc.pb.h"
+#include "net/cluster_functions.h"
 #include "net/grpc_util.h"
 #include "workers/job.h"
 #include "workers/task_workers.h"
@@ -95,7 +96,8 @@ absl::Status ServeSlot(const Config& config, const PsClientOptions& chief, net::
 
 }  // namespace
 
-absl::Status RunWorkerTask(const Config& config, const ClusterSpec& spec, int index, const TaskLog& log) {
+absl::Status RunWorkerTask(const Config& config, const ClusterSpec& spec, int index, const TaskLog& log,
+                           const FunctionRegistry* functions) {
   SW_RETURN_IF_ERROR(config.Validate());
   const TaskId task{Role::kWorker, index};
   SW_ASSIGN_OR_RETURN(std::unique_ptr<ClusterStoreConnection> connection,
@@ -111,8 +113,25 @@ absl::Status RunWorkerTask(const Config& config, const ClusterSpec& spec, int in
   for (int p = 0; p < store->num_ps(); ++p) local += store->is_local(p) ? 1 : 0;
   log(absl::StrCat(task.ToString(), ": ", job->num_workers(), " worker threads, ", job->train().count,
                    " training records; ", local, " of ", store->num_ps(), " ps tasks through shared memory"));
-  return job->pool().RunAll(
+  FunctionRegistry builtins;
+  if (functions == nullptr) {
+    SW_RETURN_IF_ERROR(AddBuiltinFunctions(&builtins));
+    functions = &builtins;
+  }
+  FunctionContext fc;
+  fc.task = index;
+  fc.config = &config;
+  fc.store = store;
+  fc.train = &job->train();
+  fc.test = job->test();
+  FunctionServer function_server(chief, *functions, fc, log);
+  // A refusal by the chief ends Run early, logged there; training goes on.
+  std::thread function_thread([&function_server] { (void)function_server.Run(); });
+  const absl::Status served = job->pool().RunAll(
       [&](int thread) { return ServeSlot(config, chief, *stub, *job, *store, index, thread, log); });
+  function_server.Stop();
+  function_thread.join();
+  return served;
 }
 
 }  // namespace shardwild

@@ -23,8 +23,14 @@
 
 namespace shardwild {
 
+class FunctionRegistry;
+
 // Runs worker task `index` of `spec`; returns when every thread has been
-// told to exit (OK) or one failed for good (its error).
-absl::Status RunWorkerTask(const Config& config, const ClusterSpec& spec, int index, const TaskLog& log);
+// told to exit (OK) or one failed for good (its error). Meanwhile the task
+// serves the chief's scheduled functions (cluster_functions.h) from
+// `functions` (not owned; nullptr = the built-ins, AddBuiltinFunctions) on
+// a thread of its own, one call at a time.
+absl::Status RunWorkerTask(const Config& config, const ClusterSpec& spec, int index, const TaskLog& log,
+                           const FunctionRegistry* functions = nullptr);
 
 }  // namespace shardwild
