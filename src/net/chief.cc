@@ -70,6 +70,7 @@ struct FunctionLink {
 // What the loop knows of one slot, shared with the handlers.
 struct SlotEntry {
   bool open = false;                 // a session may attach (Spawn'd, not reaped)
+  bool opened_before = false;        // Spawn'd at least once (else the loop has not started it yet)
   std::shared_ptr<Inbox> inbox;      // this opening's incoming lines
   std::shared_ptr<SessionState> session;  // attached, until reaped
 };
@@ -177,6 +178,13 @@ class RemoteWorkers::Impl final : public net::Chief::Service {
     {
       MutexLock lock(&mu_);
       SlotEntry& e = slots_[index];
+      if (!shut_down_ && !e.open && !e.opened_before) {
+        // The loop has not opened its slots yet (the chief is still setting
+        // up, or running scheduled functions before training).
+        return grpc::Status(grpc::StatusCode::ABORTED,
+                            absl::StrCat(options_.server.task_name, ": worker:", task, " thread ", thread,
+                                         ": the chief has not opened this slot yet; retry"));
+      }
       if (shut_down_ || !e.open) {
         return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                             absl::StrCat(options_.server.task_name, ": worker:", task, " thread ", thread,
@@ -320,6 +328,7 @@ class RemoteWorkers::Impl final : public net::Chief::Service {
     MutexLock lock(&mu_);
     SlotEntry& e = slots_[index];
     e.open = true;
+    e.opened_before = true;
     e.inbox = inbox;
     e.session.reset();
     return inbox;

@@ -14,7 +14,9 @@
 // again for the worker task's return. A hello for a slot that is not open
 // (given up on) is refused with FAILED_PRECONDITION; one for a slot whose
 // previous session the loop has not reaped yet, with ABORTED (the worker
-// retries). Liveness between tasks is the task loop's heartbeat rule.
+// retries), as is one for a slot the loop has not opened yet (the chief is
+// still setting up). Liveness between tasks is the task loop's heartbeat
+// rule.
 //
 // Scheduled functions: besides its slots' sessions, each worker task keeps
 // one Functions stream open (cluster_functions.h); CallFunction sends a call

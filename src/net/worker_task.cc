@@ -90,7 +90,9 @@ absl::Status ServeSlot(const Config& config, const PsClientOptions& chief, net::
           SecondsSince(contact), patience, last));
     }
     std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(backoff * 1e6)));
-    backoff = std::min(2 * backoff, chief.max_backoff_s);
+    // ABORTED: the chief is there and asks for a retry (its slot is not open
+    // yet, or still closing): soon, not after a growing wait.
+    if (s.error_code() != grpc::StatusCode::ABORTED) backoff = std::min(2 * backoff, chief.max_backoff_s);
   }
 }
 

@@ -3,6 +3,11 @@
 // in for two worker tasks, and a ClusterCoordinator scheduling on them.
 #include "net/cluster_functions.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -15,7 +20,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "../workers/test_config.h"
+#include "core/status.h"
 #include "net/chief.h"
+#include "net/chief_task.h"
+#include "net/cluster_spec.h"
+#include "net/ps_task.h"
+#include "net/worker_task.h"
 #include "ps_shm/shm_store.h"
 
 namespace shardwild {
@@ -263,6 +274,96 @@ TEST_F(ClusterFunctionsTest, RefusedStreamsEndTheServerWithTheChiefsError) {
   const absl::Status waited = (*c)->WaitForWorkers(0.2);
   EXPECT_EQ(waited.code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(waited.message().find("worker:0, worker:1 did not connect"), std::string::npos) << waited;
+}
+
+// `n` distinct ports the kernel says are free now.
+std::vector<int> FreePorts(int n) {
+  std::vector<int> fds, ports;
+  for (int i = 0; i < n; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      return {};
+    }
+    fds.push_back(fd);
+    ports.push_back(ntohs(a.sin_port));
+  }
+  for (int fd : fds) close(fd);
+  return ports;
+}
+
+// A whole cluster in this process (one ps task, two worker tasks of the
+// built-in functions, the chief): RunChief's before_training hook schedules
+// functions on the real worker tasks before the first task goes out; a hook
+// that fails stops the job with its error.
+TEST(ChiefBeforeTrainingTest, SchedulesOnTheWorkerTasksThenTrains) {
+  if (!testdata::HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not under /usr/share/datasets/fashion-mnist";
+  for (const bool fail : {false, true}) {
+    SCOPED_TRACE(fail ? "a failing hook" : "a hook that succeeds");
+    const std::vector<int> ports = FreePorts(5);
+    ASSERT_EQ(ports.size(), 5u);
+    absl::StatusOr<Config> config = testdata::LoadDefaultConfig(
+        {"train.workers=1", "train.intra_op_threads=1", "data.max_train_records=2000", "data.max_test_records=500",
+         "data.records_per_task=500", "train.epochs=3", "train.batch_size=32", "ps.shards=2",
+         // Worker tasks started before the chief retry often, so both join
+         // this short job.
+         "cluster.max_backoff_s=0.2", "train.task_timeout_s=5", absl::StrCat("ps.job_name=swtest-hook-", fail)});
+    ASSERT_TRUE(config.ok()) << config.status();
+    absl::StatusOr<ClusterSpec> spec = ParseClusterSpec(
+        absl::StrCat(R"({"cluster": {"chief": ["127.0.0.1:)", ports[0], R"("], "ps": ["127.0.0.1:)", ports[1],
+                     R"("], "worker": ["127.0.0.1:)", ports[2], R"(", "127.0.0.1:)", ports[3],
+                     R"("], "evaluator": ["127.0.0.1:)", ports[4], R"("]}, "task": {"type": "chief", "index": 0}})"),
+        "test");
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    const TaskLog quiet = [](const std::string&) {};
+    std::atomic<bool> stop{false};
+    absl::Status ps_status, worker_status[2];
+    std::thread ps([&] { ps_status = RunPsTask(*config, *spec, 0, stop, quiet); });
+    std::vector<std::thread> workers;
+    for (int w = 0; w < 2; ++w) {
+      workers.emplace_back([&, w] { worker_status[w] = RunWorkerTask(*config, *spec, w, quiet); });
+    }
+    JobOptions jo;
+    jo.workers = false;
+    absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(*config, jo);
+    ASSERT_TRUE(job.ok()) << job.status();
+    std::vector<std::string> seen;
+    const auto hook = [&](ClusterCoordinator& c) -> absl::Status {
+      for (const absl::StatusOr<std::string>& r : c.CallOnEach("records")) {
+        SW_RETURN_IF_ERROR(r.status());
+        seen.push_back(*r);
+      }
+      SW_ASSIGN_OR_RETURN(const std::string version, c.Schedule("version").Fetch());
+      seen.push_back(version);
+      if (fail) return absl::FailedPreconditionError("the hook says no");
+      return absl::OkStatus();
+    };
+    ProgressReporter silent = ProgressReporter::Silent();
+    absl::StatusOr<TrainSummary> summary = RunChief(**job, *spec, silent, TrainRunOptions{}, hook);
+    EXPECT_EQ(seen, (std::vector<std::string>{"2000 500", "2000 500", "0"}));
+    if (fail) {
+      EXPECT_EQ(summary.status().code(), absl::StatusCode::kFailedPrecondition) << summary.status();
+      EXPECT_NE(summary.status().message().find("the hook says no"), std::string::npos) << summary.status();
+    } else {
+      ASSERT_TRUE(summary.ok()) << summary.status();
+      EXPECT_EQ(summary->records_seen, 3 * 2000);
+      EXPECT_GT(summary->model_version, 0u);
+    }
+    // The worker tasks end when told to exit, or (the job stopped) once the
+    // chief has been gone for train.task_timeout_s.
+    for (std::thread& t : workers) t.join();
+    if (!fail) {
+      EXPECT_TRUE(worker_status[0].ok()) << worker_status[0];
+      EXPECT_TRUE(worker_status[1].ok()) << worker_status[1];
+    }
+    stop = true;
+    ps.join();
+    EXPECT_TRUE(ps_status.ok()) << ps_status;
+  }
 }
 
 TEST(FunctionRegistryTest, NamesAreUnique) {
