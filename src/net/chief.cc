@@ -62,8 +62,16 @@ struct FunctionLink {
   grpc::ServerContext* context ABSL_GUARDED_BY(mu) = nullptr;
   FunctionStream* stream ABSL_GUARDED_BY(mu) = nullptr;
   CondVar changed;  // an answer arrived, or the stream ended
+  // An answer as it came: plain values, turned into a Status by the caller
+  // (a Status made on one thread and dropped on another shares a reference
+  // count TSan cannot see in Debian's uninstrumented abseil).
+  struct Answer {
+    int code = 0;
+    std::string payload;
+    std::string error;
+  };
   // Calls sent and not yet taken by their caller: the answer once it came.
-  std::map<uint64_t, std::optional<absl::StatusOr<std::string>>> pending ABSL_GUARDED_BY(mu);
+  std::map<uint64_t, std::optional<Answer>> pending ABSL_GUARDED_BY(mu);
   uint64_t next_id ABSL_GUARDED_BY(mu) = 1;
 };
 
@@ -251,14 +259,7 @@ class RemoteWorkers::Impl final : public net::Chief::Service {
       MutexLock sl(&link->mu);
       const auto it = link->pending.find(answer.id());
       if (it == link->pending.end() || it->second.has_value()) continue;  // not asked for: ignored
-      if (answer.code() == 0) {
-        it->second.emplace(answer.payload());
-      } else {
-        const int code = answer.code();
-        it->second.emplace(absl::Status(code > 0 && code <= 16 ? static_cast<absl::StatusCode>(code)
-                                                               : absl::StatusCode::kUnknown,
-                                        answer.error()));
-      }
+      it->second.emplace(FunctionLink::Answer{answer.code(), answer.payload(), answer.error()});
       link->changed.SignalAll();
     }
     context->TryCancel();  // a caller's Write in flight fails now
@@ -313,12 +314,15 @@ class RemoteWorkers::Impl final : public net::Chief::Service {
     link->changed.Wait(&link->mu, [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(link->mu) {
       return link->pending[id].has_value() || link->stream == nullptr;
     });
-    std::optional<absl::StatusOr<std::string>> answer = std::move(link->pending[id]);
+    std::optional<FunctionLink::Answer> answer = std::move(link->pending[id]);
     link->pending.erase(id);
     if (!answer) {
       return WorkerLostError(absl::StrCat("worker:", task, " was lost while it ran function '", name, "'"));
     }
-    return *std::move(answer);
+    if (answer->code == 0) return std::move(answer->payload);
+    const int code = answer->code;
+    return absl::Status(code > 0 && code <= 16 ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown,
+                        answer->error);
   }
 
   // ---- The loop's side ----

@@ -182,6 +182,18 @@ using FetchResult = std::conditional_t<std::is_void_v<T>, absl::Status, absl::St
 
 namespace coordinator_internal {
 
+// A copy of `s` that shares nothing with it (message and payloads copied).
+// A result crosses threads (set by a dispatch thread, fetched by another);
+// an absl::Status shares its message by a reference count that Debian's
+// uninstrumented abseil updates out of ThreadSanitizer's sight, so each
+// side keeps a Status of its own.
+absl::Status DeepCopy(const absl::Status& s);
+template <typename T>
+absl::StatusOr<T> DeepCopy(const absl::StatusOr<T>& r) {
+  if (r.ok()) return r;
+  return DeepCopy(r.status());
+}
+
 // The result slot shared by a RemoteValue and the coordinator (like a
 // future's shared state; either side may be dropped first, hence shared_ptr).
 template <typename T>
@@ -192,14 +204,14 @@ class RemoteValueState {
     {
       MutexLock lock(&mu_);
       if (result_.has_value()) return;
-      result_.emplace(std::move(result));
+      result_.emplace(DeepCopy(result));
     }
     ready_.SignalAll();
   }
   FetchResult<T> Get() {
     MutexLock lock(&mu_);
     ready_.Wait(&mu_, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return result_.has_value(); });
-    return *result_;
+    return DeepCopy(*result_);
   }
   bool WaitFor(absl::Duration timeout) {
     MutexLock lock(&mu_);
