@@ -5,7 +5,7 @@
 // hands PsServer after its token check).
 //
 // Input: byte 0 picks the call (PullDense, PushDense, PullRows, PushRows,
-// GetLayout + Version, PullDenseBatch); the rest is a list of records, each a 2-byte
+// GetLayout + Version, PullDenseBatch, PullRowsBatch, PushRowsBatch); the rest is a list of records, each a 2-byte
 // little-endian length and that many bytes, each parsed as one message of
 // the call's request type (a stream for the pushes; the pulls use the first
 // record). Records that do not parse are skipped.
@@ -218,6 +218,30 @@ void WriteSeeds(const std::string& dir) {
   empty->set_row_begin(5);
   empty->set_row_end(5);
   write("pull_dense_batch", 5, record(pb));
+  // A step's rows: the pull above, a static part, an empty part; and a push
+  // of two parts of the static table and one of the dynamic one.
+  net::PullRowsBatchRequest rb;
+  *rb.add_parts() = pr;
+  net::PullRowsRequest* fixed = rb.add_parts();
+  fixed->set_table(kStaticTable);
+  for (uint64_t id : {4ull, 31ull, 4ull}) fixed->add_ids(id);
+  rb.add_parts()->set_table(kDynamicTable);
+  write("pull_rows_batch", 6, record(rb));
+  std::string push_batch;
+  for (int part = 0; part < 3; ++part) {
+    net::PushRowsRequest m;
+    if (part == 0) {
+      m.set_client_id(2);
+      m.set_sequence(1);
+      m.set_lr(0.05f);
+    }
+    m.set_part(part);
+    m.set_table(part == 1 ? kDynamicTable : kStaticTable);
+    for (uint64_t id : {uint64_t(part + 1), uint64_t(7)}) m.add_ids(id);
+    for (int i = 0; i < 2 * kDim; ++i) m.add_grads(0.05f * (i - part));
+    push_batch += record(m);
+  }
+  write("push_rows_batch", 7, push_batch);
 }
 
 }  // namespace
@@ -230,7 +254,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return MakeFixture();
   }();
   if (size == 0) return 0;
-  const int kind = data[0] % 6;
+  const int kind = data[0] % 8;
   const std::vector<std::string> records = Records(data + 1, size - 1);
   const std::string before = Snapshot(*f->store);
   absl::Status status;
@@ -286,6 +310,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 3: {
       net::PushResponse out;
       status = f->service->PushRows(StreamOf<net::PushRowsRequest>(records, &next), &out);
+      break;
+    }
+    case 6: {
+      net::PullRowsBatchRequest r;
+      if (records.empty() || !r.ParseFromString(records[0])) return 0;
+      // Each part's chunks contiguous from 0, parts in request order.
+      std::vector<ChunkCheck> checks(static_cast<size_t>(r.parts_size()));
+      int last = 0;
+      status = f->service->PullRowsBatch(r, [&](const net::RowsChunk& c) {
+        Expect(c.part() >= last && c.part() < r.parts_size(), "batch pull rows: a chunk of no part, or out of order");
+        last = c.part();
+        return checks[static_cast<size_t>(c.part())](c);
+      });
+      if (status.ok()) {
+        for (int i = 0; i < r.parts_size(); ++i) {
+          Expect(checks[i].received == r.parts(i).ids_size() * kDim, "batch pull rows answered the wrong number of floats");
+        }
+      }
+      break;
+    }
+    case 7: {
+      net::PushResponse out;
+      status = f->service->PushRowsBatch(StreamOf<net::PushRowsRequest>(records, &next), &out);
       break;
     }
     default: {
