@@ -5,8 +5,12 @@
 // file, key or line involved and what was expected.
 #pragma once
 
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/string_view.h"
 
 #define SW_CONCAT_INNER_(a, b) a##b
 #define SW_CONCAT_(a, b) SW_CONCAT_INNER_(a, b)
@@ -25,3 +29,25 @@
   auto tmp = (expr);                              \
   if (!tmp.ok()) return std::move(tmp).status();  \
   lhs = std::move(tmp).value()
+
+namespace shardwild {
+
+// A copy of `s` that shares nothing with it (message and payloads copied).
+// For a Status handed from one thread to another: an absl::Status shares its
+// message by a reference count that Debian's uninstrumented abseil updates
+// out of ThreadSanitizer's sight, so each side keeps a Status of its own.
+inline absl::Status DeepCopy(const absl::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  absl::Status copy(s.code(), std::string(s.message()));
+  s.ForEachPayload([&copy](absl::string_view url, const absl::Cord& payload) {
+    copy.SetPayload(url, absl::Cord(std::string(payload)));
+  });
+  return copy;
+}
+template <typename T>
+absl::StatusOr<T> DeepCopy(const absl::StatusOr<T>& r) {
+  if (r.ok()) return r;
+  return DeepCopy(r.status());
+}
+
+}  // namespace shardwild

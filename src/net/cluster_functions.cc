@@ -96,7 +96,7 @@ FunctionServer::FunctionServer(const PsClientOptions& chief, const FunctionRegis
 void FunctionServer::Stop() {
   MutexLock lock(&mu_);
   stop_ = true;
-  if (call_ != nullptr) static_cast<grpc::ClientContext*>(call_)->TryCancel();
+  if (call_ != nullptr) call_->TryCancel();
   stopped_.SignalAll();
 }
 
@@ -108,7 +108,7 @@ absl::Status FunctionServer::Run() {
   while (true) {
     // No deadline: the stream lasts as long as the job.
     grpc::ClientContext context;
-    if (!chief_.token.empty()) context.AddMetadata(kTokenMetadataKey, absl::StrCat("Bearer ", chief_.token));
+    AddToken(chief_, &context);
     {
       MutexLock lock(&mu_);
       if (stop_) return absl::OkStatus();
@@ -143,14 +143,13 @@ absl::Status FunctionServer::Run() {
     MutexLock lock(&mu_);
     call_ = nullptr;
     if (stop_) return absl::OkStatus();
-    if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT || s.error_code() == grpc::StatusCode::PERMISSION_DENIED ||
-        s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+    if (RefusedForGood(s.error_code())) {
       log_(absl::StrCat("worker:", context_.task, ": the chief refuses scheduled functions: ", s.error_message()));
       return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
     }
     stopped_.WaitFor(&mu_, std::chrono::microseconds(static_cast<int64_t>(backoff * 1e6)),
                      [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; });
-    backoff = std::min(2 * backoff, chief_.max_backoff_s);
+    backoff = NextBackoff(s.error_code(), backoff, chief_);
   }
 }
 

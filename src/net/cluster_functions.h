@@ -41,6 +41,10 @@
 #include "ps_shm/param_store.h"
 #include "workers/coordinator.h"
 
+namespace grpc {
+class ClientContext;
+}  // namespace grpc
+
 namespace shardwild {
 
 // What a function running on a worker task sees. Not owned; valid while the
@@ -107,7 +111,7 @@ class FunctionServer {
   Mutex mu_;
   CondVar stopped_;  // signalled by Stop
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  void* call_ ABSL_GUARDED_BY(mu_) = nullptr;  // the grpc::ClientContext of the open stream, to cancel
+  grpc::ClientContext* call_ ABSL_GUARDED_BY(mu_) = nullptr;  // the open stream's, to cancel
 };
 
 // A Coordinator (workers/coordinator.h) whose workers are the worker tasks

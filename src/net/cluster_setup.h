@@ -45,8 +45,8 @@ absl::StatusOr<std::vector<PsClientOptions>> PsClientsOf(const Config& config, c
 // ClusterParamStore over every ps task (ShardMap of ClusterShards), the ps
 // tasks on this task's host attached through shared memory
 // (AttachLocalPsStores), the others through gRPC. Pushes may be left in
-// flight (ClusterStoreOptions::async_pushes: 32 per worker thread, at most
-// 64: a step's dense push and its tables' row pushes): whoever trains on it
+// flight (ClusterStoreOptions::async_pushes: 2 per worker thread, at most
+// 64: a step's dense push and its batch of row pushes): whoever trains on it
 // calls Flush before reporting a task.
 struct ClusterStoreConnection {
   LocalPsStores local;                       // declared first: outlives `store`

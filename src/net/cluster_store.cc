@@ -87,6 +87,15 @@ void ClusterParamStore::LaneLoop(Lane* lane) {
   }
 }
 
+void ClusterParamStore::Enqueue(int p, std::function<void()> job) const {
+  Lane* lane = lanes_[p].get();
+  {
+    MutexLock lock(&lane->mu);
+    lane->queue.push_back(std::move(job));
+  }
+  lane->cv.SignalAll();
+}
+
 void ClusterParamStore::RunOnAll(absl::Span<const int> targets, const std::function<absl::Status(int)>& fn,
                                  std::vector<absl::Status>* statuses, bool grpc_only) const {
   statuses->assign(map_.num_ps(), absl::OkStatus());
@@ -101,20 +110,15 @@ void ClusterParamStore::RunOnAll(absl::Span<const int> targets, const std::funct
   // Every remote call first, so they are all in flight while the local ones run.
   for (int p : targets) {
     if (inline_here(p)) continue;
-    Lane* lane = lanes_[p].get();
     absl::Status* out = &(*statuses)[p];
-    {
-      MutexLock lock(&lane->mu);
-      lane->queue.push_back([&fn, &latch, out, p] {
-        absl::Status s = fn(p);
-        MutexLock done(&latch.mu);
-        *out = std::move(s);
-        // Signalled under the mutex: the waiter may destroy the latch as soon
-        // as it sees pending reach 0, which it cannot before we unlock.
-        if (--latch.pending == 0) latch.cv.SignalAll();
-      });
-    }
-    lane->cv.SignalAll();
+    Enqueue(p, [&fn, &latch, out, p] {
+      absl::Status s = fn(p);
+      MutexLock done(&latch.mu);
+      *out = std::move(s);
+      // Signalled under the mutex: the waiter may destroy the latch as soon
+      // as it sees pending reach 0, which it cannot before we unlock.
+      if (--latch.pending == 0) latch.cv.SignalAll();
+    });
   }
   for (int p : targets) {
     if (inline_here(p)) (*statuses)[p] = Local(p, fn(p));
@@ -324,22 +328,68 @@ absl::Status ClusterParamStore::Push(absl::Span<const DenseGrad> grads, float lr
   for (int p = 0; p < nps; ++p) {
     if (!remote[p].empty() || !whole[p].empty()) targets.push_back(p);
   }
-  if (options_.async_pushes > 0) return PushAsync(targets, whole, std::move(remote), lr);
-  std::vector<absl::Status> statuses;
-  RunOnAll(
-      targets,
-      [&](int p) -> absl::Status {
-        if (local_[p] != nullptr) {
-          SW_RETURN_IF_ERROR(local_[p]->Push(whole[p], lr));
-          SeeVersion(local_[p]->version());
+  std::function<absl::StatusOr<uint64_t>(int)> send;
+  if (options_.async_pushes > 0) {
+    // The remote rows are copied: the caller reuses its gradients at once.
+    struct Copies {
+      std::vector<std::vector<float>> rows;             // one per remote gradient
+      std::vector<std::vector<RemoteDenseGrad>> parts;  // [ps], into rows
+    };
+    auto copies = std::make_shared<Copies>();
+    copies->parts.resize(nps);
+    for (int p = 0; p < nps; ++p) {
+      for (const RemoteDenseGrad& g : remote[p]) {
+        // A copy's buffer stays put when `rows` grows: its vectors move.
+        copies->rows.emplace_back(g.grad.begin(), g.grad.end());
+        copies->parts[p].push_back({g.var, absl::MakeConstSpan(copies->rows.back()), g.offset});
+      }
+    }
+    send = [this, lr, copies](int p) { return clients_[p]->PushDense(copies->parts[p], lr); };
+  } else {
+    send = [this, lr, &remote](int p) { return clients_[p]->PushDense(remote[p], lr); };
+  }
+  return PushParts(targets, send, [&](int p) -> absl::Status {
+    SW_RETURN_IF_ERROR(local_[p]->Push(whole[p], lr));
+    SeeVersion(local_[p]->version());
+    return absl::OkStatus();
+  });
+}
+
+absl::Status ClusterParamStore::PushParts(absl::Span<const int> targets,
+                                          const std::function<absl::StatusOr<uint64_t>(int)>& send,
+                                          const std::function<absl::Status(int)>& local) {
+  if (options_.async_pushes == 0) {
+    std::vector<absl::Status> statuses;
+    RunOnAll(
+        targets,
+        [&](int p) -> absl::Status {
+          if (local_[p] != nullptr) return local(p);
+          SW_ASSIGN_OR_RETURN(const uint64_t v, send(p));
+          SeeVersion(v);
           return absl::OkStatus();
-        }
-        SW_ASSIGN_OR_RETURN(const uint64_t v, clients_[p]->PushDense(remote[p], lr));
-        SeeVersion(v);
-        return absl::OkStatus();
-      },
-      &statuses);
-  return FirstError(statuses);
+        },
+        &statuses);
+    return FirstError(statuses);
+  }
+  int remote = 0;
+  for (int p : targets) remote += local_[p] == nullptr ? 1 : 0;
+  if (remote > 0) {
+    SW_RETURN_IF_ERROR(BeginAsyncPush());
+    auto parts_left = std::make_shared<std::atomic<int>>(remote);
+    for (int p : targets) {
+      if (local_[p] != nullptr) continue;
+      Enqueue(p, [this, p, send, parts_left] {
+        absl::StatusOr<uint64_t> v = send(p);
+        if (v.ok()) SeeVersion(*v);
+        EndAsyncPart(v.status(), *parts_left);
+      });
+    }
+  }
+  // The local parts, on this thread, while the remote ones travel.
+  for (int p : targets) {
+    if (local_[p] != nullptr) SW_RETURN_IF_ERROR(Local(p, local(p)));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ClusterParamStore::BeginAsyncPush() {
@@ -359,61 +409,11 @@ absl::Status ClusterParamStore::BeginAsyncPush() {
 
 void ClusterParamStore::EndAsyncPart(const absl::Status& status, std::atomic<int>& parts_left) {
   MutexLock done(&async_mu_);
-  // A deep copy: a Status shares its message by a reference count that
-  // Debian's uninstrumented abseil updates out of TSan's sight.
-  if (!status.ok() && async_error_.ok()) async_error_ = absl::Status(status.code(), std::string(status.message()));
+  if (!status.ok() && async_error_.ok()) async_error_ = DeepCopy(status);  // handed to another thread
   if (parts_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     --in_flight_;
     async_cv_.SignalAll();
   }
-}
-
-absl::Status ClusterParamStore::PushAsync(absl::Span<const int> targets,
-                                          const std::vector<std::vector<DenseGrad>>& whole,
-                                          std::vector<std::vector<RemoteDenseGrad>> remote, float lr) {
-  int remote_parts = 0;
-  for (int p : targets) remote_parts += local_[p] == nullptr ? 1 : 0;
-  if (remote_parts > 0) {
-    SW_RETURN_IF_ERROR(BeginAsyncPush());
-    // The remote rows are copied: the caller reuses its gradients at once.
-    struct Pending {
-      std::vector<std::vector<float>> rows;  // [part]
-      std::vector<RemoteDenseGrad> grads;    // into rows
-      std::atomic<int> parts_left{0};
-    };
-    auto pending = std::make_shared<Pending>();
-    pending->parts_left.store(remote_parts, std::memory_order_relaxed);
-    // Spans into the copies, per ps task (a copy's buffer stays put when
-    // `rows` grows: its vectors move).
-    std::vector<std::vector<RemoteDenseGrad>> parts(map_.num_ps());
-    for (int p : targets) {
-      if (local_[p] != nullptr) continue;
-      for (const RemoteDenseGrad& g : remote[p]) {
-        pending->rows.emplace_back(g.grad.begin(), g.grad.end());
-        parts[p].push_back({g.var, absl::MakeConstSpan(pending->rows.back()), g.offset});
-      }
-    }
-    for (int p : targets) {
-      if (local_[p] != nullptr) continue;
-      Lane* lane = lanes_[p].get();
-      {
-        MutexLock lock(&lane->mu);
-        lane->queue.push_back([this, p, lr, pending, grads = std::move(parts[p])] {
-          absl::StatusOr<uint64_t> v = clients_[p]->PushDense(grads, lr);
-          if (v.ok()) SeeVersion(*v);
-          EndAsyncPart(v.status(), pending->parts_left);
-        });
-      }
-      lane->cv.SignalAll();
-    }
-  }
-  // The local parts, on this thread, while the remote ones travel.
-  for (int p : targets) {
-    if (local_[p] == nullptr) continue;
-    SW_RETURN_IF_ERROR(Local(p, local_[p]->Push(whole[p], lr)));
-    SeeVersion(local_[p]->version());
-  }
-  return absl::OkStatus();
 }
 
 absl::Status ClusterParamStore::Flush() {
@@ -486,13 +486,21 @@ struct GroupedParts {
   std::vector<IdGroups> groups;          // [part]
   std::vector<std::vector<float>> rows;  // [part] ids.size() * dim floats, grouped order
 
+  // Groups `ids` of `table` as part k (appended) with room for its rows.
+  void Add(int table, const TableSpec& spec, absl::Span<const uint64_t> ids, const ShardMap& map) {
+    tables.push_back(table);
+    dims.push_back(static_cast<size_t>(spec.dim));
+    groups.push_back(GroupByOwner(spec, ids, map));
+    rows.emplace_back(ids.size() * dims.back());
+  }
   // Part k's ids owned by ps p, and their rows.
   size_t count(size_t k, int p) const { return groups[k].offsets[p + 1] - groups[k].offsets[p]; }
   absl::Span<const uint64_t> ids(size_t k, int p) const {
     return {groups[k].ids.data() + groups[k].offsets[p], count(k, p)};
   }
-  float* rows_of(size_t k, int p) { return rows[k].data() + groups[k].offsets[p] * dims[k]; }
-  const float* rows_of(size_t k, int p) const { return rows[k].data() + groups[k].offsets[p] * dims[k]; }
+  absl::Span<float> rows_of(size_t k, int p) {
+    return {rows[k].data() + groups[k].offsets[p] * dims[k], count(k, p) * dims[k]};
+  }
   // The ps tasks owning any id of any part.
   std::vector<int> Targets(int nps) const {
     std::vector<int> targets;
@@ -506,18 +514,12 @@ struct GroupedParts {
     }
     return targets;
   }
-  // Part k's rows (grouped) as RowPush / RemoteRowPush parts of ps p.
-  std::vector<RowPush> LocalPushes(int p) const {
-    std::vector<RowPush> out;
+  // The parts of ps p, each made by make(k, ids, rows).
+  template <typename Part, typename Make>
+  std::vector<Part> PartsOf(int p, const Make& make) {
+    std::vector<Part> out;
     for (size_t k = 0; k < groups.size(); ++k) {
-      if (count(k, p) > 0) out.push_back({tables[k], ids(k, p), rows_of(k, p)});
-    }
-    return out;
-  }
-  std::vector<RemoteRowPush> RemotePushes(int p) const {
-    std::vector<RemoteRowPush> out;
-    for (size_t k = 0; k < groups.size(); ++k) {
-      if (count(k, p) > 0) out.push_back({tables[k], ids(k, p), {rows_of(k, p), count(k, p) * dims[k]}});
+      if (count(k, p) > 0) out.push_back(make(k, ids(k, p), rows_of(k, p)));
     }
     return out;
   }
@@ -525,16 +527,14 @@ struct GroupedParts {
 
 }  // namespace
 
-absl::Status ClusterParamStore::CheckRowParts(absl::Span<const int> tables, absl::Span<const absl::Span<const uint64_t>> ids,
-                                              absl::Span<const void* const> buffers, const char* what) const {
-  for (size_t k = 0; k < tables.size(); ++k) {
-    SW_RETURN_IF_ERROR(CheckIds(tables[k], ids[k], what));
-    if (!ids[k].empty() && buffers[k] == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": part ", k, " has ids but no rows"));
-    }
-    if (ids[k].size() > std::numeric_limits<uint32_t>::max()) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": more than 2^32-1 ids in one part"));
-    }
+absl::Status ClusterParamStore::CheckRowPart(size_t k, int table, absl::Span<const uint64_t> ids, const void* rows,
+                                             const char* what) const {
+  SW_RETURN_IF_ERROR(CheckIds(table, ids, what));
+  if (!ids.empty() && rows == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": part ", k, " has ids but no rows"));
+  }
+  if (ids.size() > std::numeric_limits<uint32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": more than 2^32-1 ids in one part"));
   }
   return absl::OkStatus();
 }
@@ -547,50 +547,34 @@ absl::Status ClusterParamStore::PullRows(int table, absl::Span<const uint64_t> i
 
 absl::Status ClusterParamStore::PushRows(int table, absl::Span<const uint64_t> ids, const float* grads, float lr,
                                          RowScratch* scratch) {
-  const RowPush part{table, ids, grads};
+  const RowGrad part{table, ids, grads};
   return PushRowsBatch({&part, 1}, lr, scratch);
 }
 
 absl::Status ClusterParamStore::PullRowsBatch(absl::Span<const RowPull> parts, PullMode mode, RowScratch*) {
-  std::vector<int> tables;
-  std::vector<absl::Span<const uint64_t>> ids;
-  std::vector<const void*> buffers;
-  for (const RowPull& part : parts) {
-    tables.push_back(part.table);
-    ids.push_back(part.ids);
-    buffers.push_back(part.out);
+  for (size_t k = 0; k < parts.size(); ++k) {
+    SW_RETURN_IF_ERROR(CheckRowPart(k, parts[k].table, parts[k].ids, parts[k].out, "pull rows"));
   }
-  SW_RETURN_IF_ERROR(CheckRowParts(tables, ids, buffers, "pull rows"));
   GroupedParts g;
-  g.tables = std::move(tables);
-  for (const RowPull& part : parts) {
-    const TableSpec& spec = layout_.tables[part.table];
-    g.dims.push_back(static_cast<size_t>(spec.dim));
-    g.groups.push_back(GroupByOwner(spec, part.ids, map_));
-    g.rows.emplace_back(part.ids.size() * spec.dim);
-  }
-  const std::vector<int> targets = g.Targets(map_.num_ps());
-  if (targets.empty()) return absl::OkStatus();
+  for (const RowPull& part : parts) g.Add(part.table, layout_.tables[part.table], part.ids, map_);
   std::vector<absl::Status> statuses;
   RunOnAll(
-      targets,
+      g.Targets(map_.num_ps()),
       [&](int p) -> absl::Status {
         if (local_[p] != nullptr) {
-          std::vector<RowPull> mine;
-          for (size_t k = 0; k < parts.size(); ++k) {
-            if (g.count(k, p) > 0) mine.push_back({g.tables[k], g.ids(k, p), g.rows_of(k, p)});
-          }
           RowScratch scratch;
-          return local_[p]->PullRowsBatch(mine, mode, &scratch);
+          return local_[p]->PullRowsBatch(
+              g.PartsOf<RowPull>(p, [&](size_t k, absl::Span<const uint64_t> ids, absl::Span<float> rows) {
+                return RowPull{g.tables[k], ids, rows.data()};
+              }),
+              mode, &scratch);
         }
         // Every part of this ps task in one call (batched per step).
-        std::vector<RemoteRowPull> mine;
-        for (size_t k = 0; k < parts.size(); ++k) {
-          if (g.count(k, p) > 0) {
-            mine.push_back({g.tables[k], g.ids(k, p), {g.rows_of(k, p), g.count(k, p) * g.dims[k]}});
-          }
-        }
-        return clients_[p]->PullRowsBatch(mine, mode);
+        return clients_[p]->PullRowsBatch(
+            g.PartsOf<RemoteRowPull>(p, [&](size_t k, absl::Span<const uint64_t> ids, absl::Span<float> rows) {
+              return RemoteRowPull{g.tables[k], ids, rows};
+            }),
+            mode);
       },
       &statuses);
   SW_RETURN_IF_ERROR(FirstError(statuses));
@@ -604,77 +588,40 @@ absl::Status ClusterParamStore::PullRowsBatch(absl::Span<const RowPull> parts, P
   return absl::OkStatus();
 }
 
-absl::Status ClusterParamStore::PushRowsBatch(absl::Span<const RowPush> parts, float lr, RowScratch*) {
-  std::vector<int> tables;
-  std::vector<absl::Span<const uint64_t>> ids;
-  std::vector<const void*> buffers;
-  for (const RowPush& part : parts) {
-    tables.push_back(part.table);
-    ids.push_back(part.ids);
-    buffers.push_back(part.grads);
+absl::Status ClusterParamStore::PushRowsBatch(absl::Span<const RowGrad> parts, float lr, RowScratch*) {
+  for (size_t k = 0; k < parts.size(); ++k) {
+    SW_RETURN_IF_ERROR(CheckRowPart(k, parts[k].table, parts[k].ids, parts[k].grads, "push rows"));
   }
-  SW_RETURN_IF_ERROR(CheckRowParts(tables, ids, buffers, "push rows"));
   // The gradient rows in grouped order (batch order within each ps task, so
-  // repeated ids are summed in the order a single store sums them). With
-  // asynchronous pushes the remote parts own them until they are sent.
+  // repeated ids are summed in the order a single store sums them), owned
+  // by the remote sends (asynchronous pushes keep them until sent).
   auto g = std::make_shared<GroupedParts>();
-  g->tables = std::move(tables);
-  for (const RowPush& part : parts) {
-    const TableSpec& spec = layout_.tables[part.table];
-    const size_t dim = static_cast<size_t>(spec.dim);
-    g->dims.push_back(dim);
-    g->groups.push_back(GroupByOwner(spec, part.ids, map_));
-    std::vector<float>& grouped = g->rows.emplace_back(part.ids.size() * dim);
+  for (const RowGrad& part : parts) {
+    g->Add(part.table, layout_.tables[part.table], part.ids, map_);
+    const size_t dim = g->dims.back();
     const std::vector<uint32_t>& positions = g->groups.back().positions;
+    float* grouped = g->rows.back().data();
     for (size_t i = 0; i < positions.size(); ++i) {
-      std::memcpy(grouped.data() + i * dim, part.grads + positions[i] * dim, dim * sizeof(float));
+      std::memcpy(grouped + i * dim, part.grads + positions[i] * dim, dim * sizeof(float));
     }
   }
-  const std::vector<int> targets = g->Targets(map_.num_ps());
-  if (targets.empty()) return absl::OkStatus();
-  if (options_.async_pushes > 0) {
-    // As PushAsync: the remote parts travel (one PushRowsBatch per ps task)
-    // while the local ones are applied here.
-    int remote_parts = 0;
-    for (int p : targets) remote_parts += local_[p] == nullptr ? 1 : 0;
-    if (remote_parts > 0) {
-      SW_RETURN_IF_ERROR(BeginAsyncPush());
-      auto parts_left = std::make_shared<std::atomic<int>>(remote_parts);
-      for (int p : targets) {
-        if (local_[p] != nullptr) continue;
-        Lane* lane = lanes_[p].get();
-        {
-          MutexLock lock(&lane->mu);
-          lane->queue.push_back([this, p, lr, g, parts_left] {
-            absl::StatusOr<uint64_t> v = clients_[p]->PushRowsBatch(g->RemotePushes(p), lr);
-            if (v.ok()) SeeVersion(*v);
-            EndAsyncPart(v.status(), *parts_left);
-          });
-        }
-        lane->cv.SignalAll();
-      }
-    }
-    for (int p : targets) {
-      if (local_[p] == nullptr) continue;
-      RowScratch scratch;
-      SW_RETURN_IF_ERROR(Local(p, local_[p]->PushRowsBatch(g->LocalPushes(p), lr, &scratch)));
-    }
-    return absl::OkStatus();
-  }
-  std::vector<absl::Status> statuses;
-  RunOnAll(
-      targets,
-      [&](int p) -> absl::Status {
-        if (local_[p] != nullptr) {
-          RowScratch scratch;
-          return local_[p]->PushRowsBatch(g->LocalPushes(p), lr, &scratch);
-        }
-        SW_ASSIGN_OR_RETURN(const uint64_t v, clients_[p]->PushRowsBatch(g->RemotePushes(p), lr));
-        SeeVersion(v);
-        return absl::OkStatus();
+  return PushParts(
+      g->Targets(map_.num_ps()),
+      [this, lr, g](int p) {
+        return clients_[p]->PushRowsBatch(
+            g->PartsOf<RemoteRowPush>(p, [&](size_t k, absl::Span<const uint64_t> ids, absl::Span<float> rows) {
+              return RemoteRowPush{g->tables[k], ids, rows};
+            }),
+            lr);
       },
-      &statuses);
-  return FirstError(statuses);
+      [&](int p) {
+        RowScratch scratch;
+        return local_[p]->PushRowsBatch(
+            g->PartsOf<RowGrad>(p, [&](size_t k, absl::Span<const uint64_t> ids, absl::Span<float> rows) {
+              return RowGrad{g->tables[k], ids, rows.data()};
+            }),
+            lr, &scratch);
+      });
 }
 
 void ClusterParamStore::SeeVersion(uint64_t v) const {

@@ -123,7 +123,7 @@ class ClusterParamStore final : public ParamStore {
   // store's batch call). Every part is checked before any ps task is called.
   // PullRows / PushRows are a batch of one part.
   absl::Status PullRowsBatch(absl::Span<const RowPull> parts, PullMode mode, RowScratch* scratch) override;
-  absl::Status PushRowsBatch(absl::Span<const RowPush> parts, float lr, RowScratch* scratch) override;
+  absl::Status PushRowsBatch(absl::Span<const RowGrad> parts, float lr, RowScratch* scratch) override;
   // The largest model version over the ps tasks (as ShmParamStore::version
   // is the largest over its shards): the number of dense pushes when every
   // push touched every ps task. One Version call per remote ps task, in
@@ -142,7 +142,7 @@ class ClusterParamStore final : public ParamStore {
   // (with nullopt: their newest checkpoints differ).
   absl::StatusOr<int64_t> RestoreShards(std::optional<int64_t> step);
 
-  // Waits until no dense push is in flight (ClusterStoreOptions::
+  // Waits until no push is in flight (ClusterStoreOptions::
   // async_pushes) and returns the first error of those since the last
   // report, naming its ps task; OK at once without asynchronous pushes.
   // Call it before a task reports done, so a checkpoint taken then holds
@@ -172,9 +172,9 @@ class ClusterParamStore final : public ParamStore {
   // Prefixes a local store's error with "ps:<p> (local): ".
   absl::Status Local(int p, absl::Status s) const;
   absl::Status CheckIds(int table, absl::Span<const uint64_t> ids, const char* what) const;
-  // CheckIds of every part, and a non-null buffer wherever there are ids.
-  absl::Status CheckRowParts(absl::Span<const int> tables, absl::Span<const absl::Span<const uint64_t>> ids,
-                             absl::Span<const void* const> buffers, const char* what) const;
+  // Part k of a row batch: CheckIds, and a non-null `rows` when it has ids.
+  absl::Status CheckRowPart(size_t k, int table, absl::Span<const uint64_t> ids, const void* rows,
+                            const char* what) const;
   void SeeVersion(uint64_t v) const;
 
   // One remote ps task's threads and their queue.
@@ -186,10 +186,15 @@ class ClusterParamStore final : public ParamStore {
     std::vector<std::thread> threads;  // started in Connect, joined in the destructor
   };
   static void LaneLoop(Lane* lane);
-  // Push with ClusterStoreOptions::async_pushes > 0: local parts here,
-  // remote ones queued on their lanes (copies of the rows), not awaited.
-  absl::Status PushAsync(absl::Span<const int> targets, const std::vector<std::vector<DenseGrad>>& whole,
-                         std::vector<std::vector<RemoteDenseGrad>> remote, float lr);
+  // Queues `job` on ps task p's lane.
+  void Enqueue(int p, std::function<void()> job) const;
+  // One push (dense or rows) to the ps tasks in `targets`: send(p) for a
+  // remote one (returns the model version), local(p) for a local one.
+  // Without async_pushes all run at once and are awaited; with them the
+  // remote sends are queued on their lanes and not awaited (send must then
+  // own what it sends), the local parts run here.
+  absl::Status PushParts(absl::Span<const int> targets, const std::function<absl::StatusOr<uint64_t>(int)>& send,
+                         const std::function<absl::Status(int)>& local);
   // An asynchronous push (dense or rows) starts: reports (and clears) the
   // failure of an earlier one, then waits for room (async_pushes) and
   // counts it in flight.
@@ -216,7 +221,7 @@ class ClusterParamStore final : public ParamStore {
   // The largest version seen (relaxed: a hint for when a ps is unreachable).
   mutable std::atomic<uint64_t> last_version_{0};
 
-  // Asynchronous dense pushes (ClusterStoreOptions::async_pushes).
+  // Asynchronous pushes (ClusterStoreOptions::async_pushes).
   Mutex async_mu_;
   CondVar async_cv_;
   int in_flight_ ABSL_GUARDED_BY(async_mu_) = 0;      // pushes with remote parts not done

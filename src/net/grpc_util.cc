@@ -105,7 +105,20 @@ std::shared_ptr<grpc::Channel> MakeChannel(const PsClientOptions& options) {
 void PrepareContext(const PsClientOptions& options, grpc::ClientContext* context) {
   context->set_deadline(std::chrono::system_clock::now() +
                         std::chrono::microseconds(static_cast<int64_t>(options.deadline_s * 1e6)));
+  AddToken(options, context);
+}
+
+void AddToken(const PsClientOptions& options, grpc::ClientContext* context) {
   if (!options.token.empty()) context->AddMetadata(kTokenMetadataKey, absl::StrCat("Bearer ", options.token));
+}
+
+bool RefusedForGood(grpc::StatusCode code) {
+  return code == grpc::StatusCode::INVALID_ARGUMENT || code == grpc::StatusCode::PERMISSION_DENIED ||
+         code == grpc::StatusCode::UNAUTHENTICATED;
+}
+
+double NextBackoff(grpc::StatusCode code, double backoff, const PsClientOptions& options) {
+  return code == grpc::StatusCode::ABORTED ? backoff : std::min(2 * backoff, options.max_backoff_s);
 }
 
 void QuietGrpcLogs() {

@@ -45,6 +45,17 @@ std::shared_ptr<grpc::Channel> MakeChannel(const PsClientOptions& options);
 // Adds the token (if any) and a deadline options.deadline_s from now to
 // `context`.
 void PrepareContext(const PsClientOptions& options, grpc::ClientContext* context);
+// Adds the token (if any) alone: a stream that lasts as long as the job
+// (a worker task's sessions with the chief) has no deadline.
+void AddToken(const PsClientOptions& options, grpc::ClientContext* context);
+
+// Whether a long-lived stream the chief ended with `code` is refused for
+// good (a wrong token, a hello it will never take): not retried.
+bool RefusedForGood(grpc::StatusCode code);
+// The wait before opening such a stream again after it ended with `code`:
+// ABORTED (the chief asks for a retry) keeps `backoff`; anything else
+// doubles it, up to options.max_backoff_s.
+double NextBackoff(grpc::StatusCode code, double backoff, const PsClientOptions& options);
 
 // gRPC writes its own lines to stderr (a port in use, a peer gone, ...);
 // the command line reports each failure as one line of its own, so they are

@@ -142,10 +142,9 @@ class PsClient::Impl {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat(options_.task_name, ": ", what));
   }
 
-  // A row push of `parts` with one stream: PushRows (batch false: one part,
-  // the table in the first message) or PushRowsBatch (every message names
+  // A row push of `parts` in one PushRowsBatch stream (every message names
   // its part and table; parts without ids are left out).
-  absl::StatusOr<uint64_t> PushRowParts(bool batch, absl::Span<const RemoteRowPush> parts, float lr) {
+  absl::StatusOr<uint64_t> PushRowParts(absl::Span<const RemoteRowPush> parts, float lr) {
     const std::string& task = options_.task_name;
     struct Part {
       int index = 0;
@@ -158,30 +157,28 @@ class PsClient::Impl {
     std::vector<Part> sent;
     for (size_t k = 0; k < parts.size(); ++k) {
       const RemoteRowPush& p = parts[k];
-      const std::string what = batch ? absl::StrCat(task, ": push rows: part ", k, ": ") : absl::StrCat(task, ": push rows: ");
+      auto bad = [&](auto... what) {
+        return absl::InvalidArgumentError(absl::StrCat(task, ": push rows: part ", k, ": ", what...));
+      };
       Part part;
       part.index = static_cast<int>(k);
       part.table = p.table;
       if (!p.ids.empty()) {
         if (p.grads.size() % p.ids.size() != 0 || p.grads.empty()) {
-          return absl::InvalidArgumentError(absl::StrCat(what, p.grads.size(),
-                                                         " gradient floats are not a whole row for each of ",
-                                                         p.ids.size(), " ids"));
+          return bad(p.grads.size(), " gradient floats are not a whole row for each of ", p.ids.size(), " ids");
         }
         part.dim = static_cast<int64_t>(p.grads.size() / p.ids.size());
       } else if (!p.grads.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(what, "gradients without ids"));
+        return bad("gradients without ids");
       }
-      if (batch && p.ids.empty()) continue;
+      if (p.ids.empty()) continue;
       SumRepeated(p.ids, p.grads, part.dim, &part.ids, &part.grads);
       const int64_t row_bytes = 10 + (encoding_ == net::ENCODING_FLOAT32 ? 4 : 2) * part.dim;
       part.rows_per_message = (options_.max_message_bytes - 1024) / std::max<int64_t>(1, row_bytes);
-      if (!part.ids.empty() && part.rows_per_message < 1) {
-        return absl::InvalidArgumentError(absl::StrCat(what, "a row of ", part.dim,
-                                                       " floats does not fit in cluster.max_message_bytes = ",
-                                                       options_.max_message_bytes));
+      if (part.rows_per_message < 1) {
+        return bad("a row of ", part.dim, " floats does not fit in cluster.max_message_bytes = ",
+                   options_.max_message_bytes);
       }
-      part.rows_per_message = std::max<int64_t>(1, part.rows_per_message);
       sent.push_back(std::move(part));
     }
     if (sent.empty()) {
@@ -199,8 +196,7 @@ class PsClient::Impl {
     net::PushResponse response;
     SW_RETURN_IF_ERROR(Call([&](grpc::ClientContext* c) {
       response.Clear();
-      std::unique_ptr<grpc::ClientWriter<net::PushRowsRequest>> writer =
-          batch ? stub_->PushRowsBatch(c, &response) : stub_->PushRows(c, &response);
+      std::unique_ptr<grpc::ClientWriter<net::PushRowsRequest>> writer = stub_->PushRowsBatch(c, &response);
       net::PushRowsRequest msg;
       bool open = true;
       bool first = true;
@@ -219,8 +215,8 @@ class PsClient::Impl {
             msg.set_lr(lr);
             first = false;
           }
-          if (batch || begin == 0) msg.set_table(part.table);
-          if (batch) msg.set_part(part.index);
+          msg.set_table(part.table);
+          msg.set_part(part.index);
           msg.mutable_ids()->Assign(part.ids.begin() + begin, part.ids.begin() + begin + n);
           if (encoding_ == net::ENCODING_FLOAT32) {
             msg.mutable_grads()->Assign(part.grads.begin() + begin * part.dim,
@@ -428,60 +424,18 @@ absl::StatusOr<uint64_t> PsClient::PushDense(absl::Span<const RemoteDenseGrad> g
 }
 
 absl::Status PsClient::PullRows(int table, absl::Span<const uint64_t> ids, absl::Span<float> out, PullMode mode) {
-  if (ids.empty()) {
-    if (!out.empty()) return absl::InvalidArgumentError(absl::StrCat(impl_->options_.task_name, ": pull rows: no ids but `out` holds ", out.size(), " floats"));
-    return absl::OkStatus();
-  }
-  if (out.size() % ids.size() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(impl_->options_.task_name, ": pull rows: `out` holds ",
-                                                   out.size(), " floats, not a multiple of the ", ids.size(), " ids"));
-  }
-  const int64_t dim = static_cast<int64_t>(out.size() / ids.size());
-  // An id takes at most 10 bytes on the wire.
-  const int64_t per_request = std::max<int64_t>(1, (impl_->options_.max_message_bytes - 1024) / 10);
-  for (int64_t begin = 0; begin < static_cast<int64_t>(ids.size()); begin += per_request) {
-    const int64_t n = std::min<int64_t>(per_request, ids.size() - begin);
-    net::PullRowsRequest request;
-    request.set_table(table);
-    request.set_mode(mode == PullMode::kInsert ? net::PULL_MODE_INSERT : net::PULL_MODE_READ_ONLY);
-    request.mutable_ids()->Assign(ids.begin() + begin, ids.begin() + begin + n);
-    absl::Span<float> part = out.subspan(begin * dim, n * dim);
-    SW_RETURN_IF_ERROR(impl_->Call([&](grpc::ClientContext* c) {
-      std::unique_ptr<grpc::ClientReader<net::RowsChunk>> reader = impl_->stub_->PullRows(c, request);
-      net::RowsChunk chunk;
-      int64_t received = 0;
-      while (reader->Read(&chunk)) {
-        if (chunk.offset() != received || chunk.values_size() > static_cast<int64_t>(part.size()) - received) {
-          grpc::Status s = impl_->Mismatch(c, absl::StrCat("pull rows of table ", table, ": the answer has floats ",
-                                                           chunk.offset(), "..", chunk.offset() + chunk.values_size(),
-                                                           ", expected ", part.size(), " (", n, " ids x ", dim, ")"));
-          reader->Finish();
-          return s;
-        }
-        std::copy(chunk.values().begin(), chunk.values().end(), part.begin() + received);
-        received += chunk.values_size();
-        impl_->Received(chunk);
-      }
-      grpc::Status s = reader->Finish();
-      if (s.ok() && received != static_cast<int64_t>(part.size())) {
-        return impl_->Mismatch(c, absl::StrCat("pull rows of table ", table, ": the answer has ", received,
-                                               " floats, expected ", part.size(), " (", n, " ids x ", dim,
-                                               "; is dim right?)"));
-      }
-      return s;
-    }));
-  }
-  return absl::OkStatus();
+  const RemoteRowPull part{table, ids, out};
+  return PullRowsBatch({&part, 1}, mode);
 }
 
 absl::StatusOr<uint64_t> PsClient::PushRows(int table, absl::Span<const uint64_t> ids, absl::Span<const float> grads,
                                             float lr) {
   const RemoteRowPush part{table, ids, grads};
-  return impl_->PushRowParts(/*batch=*/false, {&part, 1}, lr);
+  return impl_->PushRowParts({&part, 1}, lr);
 }
 
 absl::StatusOr<uint64_t> PsClient::PushRowsBatch(absl::Span<const RemoteRowPush> parts, float lr) {
-  return impl_->PushRowParts(/*batch=*/true, parts, lr);
+  return impl_->PushRowParts(parts, lr);
 }
 
 absl::Status PsClient::PullRowsBatch(absl::Span<const RemoteRowPull> parts, PullMode mode) {

@@ -120,13 +120,13 @@ class PsClient {
   // returns the model version after it.
   absl::StatusOr<uint64_t> PushDense(absl::Span<const RemoteDenseGrad> grads, float lr);
   // Rows of `ids` of table `table` into `out` (ids.size() * dim floats).
-  // Ids may repeat.
+  // Ids may repeat. A PullRowsBatch of one part.
   absl::Status PullRows(int table, absl::Span<const uint64_t> ids, absl::Span<float> out,
                         PullMode mode = PullMode::kInsert);
   // One step of the table's optimizer with `lr` on the rows of `ids`
   // (gradients ids.size() * dim floats; dim = grads.size() / ids.size()).
   // Repeated ids are summed here first (in batch order), so each row goes
-  // over the wire once; the server sums again across its stream.
+  // over the wire once. A PushRowsBatch of one part.
   absl::StatusOr<uint64_t> PushRows(int table, absl::Span<const uint64_t> ids, absl::Span<const float> grads,
                                     float lr);
   // Every part's rows in one call (PullRowsBatch; several calls only when
@@ -136,8 +136,8 @@ class PsClient {
   // means nothing is pulled in that call.
   absl::Status PullRowsBatch(absl::Span<const RemoteRowPull> parts, PullMode mode = PullMode::kInsert);
   // Every part's row push in one stream (PushRowsBatch), applied by the
-  // server in part order, each part as PushRows applies one push (repeated
-  // ids of a part summed here first). Parts without ids are left out.
+  // server in part order, each part one optimizer step on its rows
+  // (repeated ids of a part summed here first). Parts without ids are left out.
   // Returns the model version after it. Nothing is applied when any part is
   // invalid.
   absl::StatusOr<uint64_t> PushRowsBatch(absl::Span<const RemoteRowPush> parts, float lr);

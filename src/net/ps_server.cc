@@ -136,18 +136,6 @@ class PsServer::Impl {
       return impl_->Finish(impl_->service_.PushDense(
           [reader](net::PushDenseRequest* m) { return reader->Read(m); }, response));
     }
-    grpc::Status PullRows(grpc::ServerContext* context, const net::PullRowsRequest* request,
-                          grpc::ServerWriter<net::RowsChunk>* writer) override {
-      if (grpc::Status s = impl_->Admit(context); !s.ok()) return s;
-      return impl_->Finish(
-          impl_->service_.PullRows(*request, [writer](const net::RowsChunk& c) { return writer->Write(c); }));
-    }
-    grpc::Status PushRows(grpc::ServerContext* context, grpc::ServerReader<net::PushRowsRequest>* reader,
-                          net::PushResponse* response) override {
-      if (grpc::Status s = impl_->Admit(context); !s.ok()) return s;
-      return impl_->Finish(
-          impl_->service_.PushRows([reader](net::PushRowsRequest* m) { return reader->Read(m); }, response));
-    }
     grpc::Status PullRowsBatch(grpc::ServerContext* context, const net::PullRowsBatchRequest* request,
                                grpc::ServerWriter<net::RowsChunk>* writer) override {
       if (grpc::Status s = impl_->Admit(context); !s.ok()) return s;

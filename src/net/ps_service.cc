@@ -317,7 +317,7 @@ absl::Status PsService::StreamRows(const net::PullRowsRequest& request, PullMode
   std::vector<float> block;
   net::RowsChunk msg;
   msg.set_version(version);
-  if (part >= 0) msg.set_part(part);
+  msg.set_part(part);
   int64_t offset = 0;
   bool sent = false;
   for (int64_t i = 0; i < ids.size(); i += ids_per_block) {
@@ -352,12 +352,6 @@ absl::Status PsService::StreamRows(const net::PullRowsRequest& request, PullMode
   return absl::OkStatus();
 }
 
-absl::Status PsService::PullRows(const net::PullRowsRequest& request, const Writer<net::RowsChunk>& write) const {
-  // Every id first, so a bad one anywhere sends nothing.
-  SW_ASSIGN_OR_RETURN(const PullMode mode, CheckRowPull(request, "pull rows"));
-  return StreamRows(request, mode, -1, store_->version(), write);
-}
-
 absl::Status PsService::PullRowsBatch(const net::PullRowsBatchRequest& request,
                                       const Writer<net::RowsChunk>& write) const {
   std::vector<PullMode> modes;
@@ -373,7 +367,7 @@ absl::Status PsService::PullRowsBatch(const net::PullRowsBatchRequest& request,
   return absl::OkStatus();
 }
 
-absl::Status PsService::ReadRowPush(const Reader<net::PushRowsRequest>& read, bool batch, RowPushRequest* out) const {
+absl::Status PsService::ReadRowPush(const Reader<net::PushRowsRequest>& read, RowPushRequest* out) const {
   const StoreLayout& l = store_->layout();
   net::PushRowsRequest msg;
   int64_t bytes = 0;
@@ -386,10 +380,10 @@ absl::Status PsService::ReadRowPush(const Reader<net::PushRowsRequest>& read, bo
       out->lr = msg.lr();
       if (!std::isfinite(out->lr)) return Invalid(absl::StrCat("push rows: the learning rate is ", out->lr));
     }
-    // A new part starts with the first message, and (in a batch) with each
-    // message naming a later part; its table is read from that message.
-    const bool starts = count == 0 || (batch && msg.part() != out->parts.back().part);
-    if (batch && count > 0 && msg.part() < out->parts.back().part) {
+    // A new part starts with the first message, and with each message
+    // naming a later part; its table is read from that message.
+    const bool starts = count == 0 || msg.part() != out->parts.back().part;
+    if (count > 0 && msg.part() < out->parts.back().part) {
       return Invalid(absl::StrCat("push rows: message ", count, " is of part ", msg.part(), " after part ",
                                   out->parts.back().part, " (parts go in increasing order)"));
     }
@@ -402,8 +396,8 @@ absl::Status PsService::ReadRowPush(const Reader<net::PushRowsRequest>& read, bo
       // Each part costs its bookkeeping too, so empty messages cannot grow
       // the request without bound.
       bytes += 64;
-      out->parts.push_back({batch ? msg.part() : 0, t, {}, {}});
-    } else if (batch && msg.table() != out->parts.back().table) {
+      out->parts.push_back({msg.part(), t, {}, {}});
+    } else if (msg.table() != out->parts.back().table) {
       return Invalid(absl::StrCat("push rows: message ", count, " of part ", msg.part(), " names table ", msg.table(),
                                   ", the part's first message names ", out->parts.back().table));
     }
@@ -462,15 +456,9 @@ absl::Status PsService::ApplyRowPush(const RowPushRequest& request, net::PushRes
   return absl::OkStatus();
 }
 
-absl::Status PsService::PushRows(const Reader<net::PushRowsRequest>& read, net::PushResponse* out) {
-  RowPushRequest request;
-  SW_RETURN_IF_ERROR(ReadRowPush(read, /*batch=*/false, &request));
-  return ApplyRowPush(request, out);
-}
-
 absl::Status PsService::PushRowsBatch(const Reader<net::PushRowsRequest>& read, net::PushResponse* out) {
   RowPushRequest request;
-  SW_RETURN_IF_ERROR(ReadRowPush(read, /*batch=*/true, &request));
+  SW_RETURN_IF_ERROR(ReadRowPush(read, &request));
   return ApplyRowPush(request, out);
 }
 

@@ -65,11 +65,9 @@ class PsService {
   // each is streamed as PullDense would, its chunks marked with its index.
   absl::Status PullDenseBatch(const net::PullDenseBatchRequest& request, const Writer<net::DenseChunk>& write) const;
   absl::Status PushDense(const Reader<net::PushDenseRequest>& read, net::PushResponse* out);
-  absl::Status PullRows(const net::PullRowsRequest& request, const Writer<net::RowsChunk>& write) const;
-  // Every part is checked first (nothing is sent when one is bad), then each
-  // is streamed as PullRows would, its chunks marked with its index.
+  // ps.proto PullRowsBatch: every part is checked first (nothing is sent
+  // when one is bad), then each is streamed, its chunks marked with its index.
   absl::Status PullRowsBatch(const net::PullRowsBatchRequest& request, const Writer<net::RowsChunk>& write) const;
-  absl::Status PushRows(const Reader<net::PushRowsRequest>& read, net::PushResponse* out);
   // ps.proto PushRowsBatch: the parts are read and checked in full, then
   // applied in order, each as one PushRows.
   absl::Status PushRowsBatch(const Reader<net::PushRowsRequest>& read, net::PushResponse* out);
@@ -93,14 +91,14 @@ class PsService {
   // Streams one checked slice; its chunks carry `slice`.
   absl::Status StreamPull(const net::PullDenseRequest& request, int slice, uint64_t version,
                           const Writer<net::DenseChunk>& write) const;
-  // PullRows' checks of one request (`where` starts the message); its mode.
+  // The checks of one part of a row pull (`where` starts the message); its mode.
   absl::StatusOr<PullMode> CheckRowPull(const net::PullRowsRequest& request, const std::string& where) const;
-  // Streams one checked request's rows; its chunks carry `part` (>= 0).
+  // Streams one checked part of a row pull; its chunks carry `part`.
   absl::Status StreamRows(const net::PullRowsRequest& request, PullMode mode, int part, uint64_t version,
                           const Writer<net::RowsChunk>& write) const;
   // A row push as read from its stream, every id checked.
   struct RowPushPart {
-    int part = 0;  // PushRowsRequest.part (0 for PushRows)
+    int part = 0;  // PushRowsRequest.part
     int table = 0;
     std::vector<uint64_t> ids;
     std::vector<float> grads;
@@ -110,8 +108,8 @@ class PsService {
     float lr = 0;
     std::vector<RowPushPart> parts;
   };
-  // Reads and checks a PushRows stream (batch: PushRowsBatch's parts).
-  absl::Status ReadRowPush(const Reader<net::PushRowsRequest>& read, bool batch, RowPushRequest* out) const;
+  // Reads and checks a PushRowsBatch stream.
+  absl::Status ReadRowPush(const Reader<net::PushRowsRequest>& read, RowPushRequest* out) const;
   // Applies a checked row push once per (client, sequence).
   absl::Status ApplyRowPush(const RowPushRequest& request, net::PushResponse* out);
   // "this server hosts shards f..l of S", for messages.

@@ -68,17 +68,14 @@ absl::Status RemoteParamStore::CheckTable(int table, const char* what) const {
 
 absl::Status RemoteParamStore::PullRows(int table, absl::Span<const uint64_t> ids, float* out, PullMode mode,
                                         RowScratch* scratch) {
-  SW_RETURN_IF_ERROR(CheckTable(table, "pull rows"));
-  return client_->PullRows(table, ids, absl::MakeSpan(out, ids.size() * layout_.tables[table].dim), mode);
+  const RowPull part{table, ids, out};
+  return PullRowsBatch({&part, 1}, mode, scratch);
 }
 
 absl::Status RemoteParamStore::PushRows(int table, absl::Span<const uint64_t> ids, const float* grads, float lr,
                                         RowScratch* scratch) {
-  SW_RETURN_IF_ERROR(CheckTable(table, "push rows"));
-  SW_ASSIGN_OR_RETURN(const uint64_t v, client_->PushRows(table, ids,
-                                                          absl::MakeConstSpan(grads, ids.size() * layout_.tables[table].dim), lr));
-  SeeVersion(v);
-  return absl::OkStatus();
+  const RowGrad part{table, ids, grads};
+  return PushRowsBatch({&part, 1}, lr, scratch);
 }
 
 absl::Status RemoteParamStore::PullRowsBatch(absl::Span<const RowPull> parts, PullMode mode, RowScratch*) {
@@ -91,10 +88,10 @@ absl::Status RemoteParamStore::PullRowsBatch(absl::Span<const RowPull> parts, Pu
   return client_->PullRowsBatch(remote, mode);
 }
 
-absl::Status RemoteParamStore::PushRowsBatch(absl::Span<const RowPush> parts, float lr, RowScratch*) {
+absl::Status RemoteParamStore::PushRowsBatch(absl::Span<const RowGrad> parts, float lr, RowScratch*) {
   std::vector<RemoteRowPush> remote;
   remote.reserve(parts.size());
-  for (const RowPush& part : parts) {
+  for (const RowGrad& part : parts) {
     SW_RETURN_IF_ERROR(CheckTable(part.table, "push rows"));
     remote.push_back(
         {part.table, part.ids, absl::MakeConstSpan(part.grads, part.ids.size() * layout_.tables[part.table].dim)});

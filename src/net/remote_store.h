@@ -45,9 +45,10 @@ class RemoteParamStore final : public ParamStore {
                         RowScratch* scratch) override;
   absl::Status PushRows(int table, absl::Span<const uint64_t> ids, const float* grads, float lr,
                         RowScratch* scratch) override;
-  // One PullRowsBatch / PushRowsBatch call for all parts.
+  // One PullRowsBatch / PushRowsBatch call for all parts (PullRows /
+  // PushRows: a batch of one).
   absl::Status PullRowsBatch(absl::Span<const RowPull> parts, PullMode mode, RowScratch* scratch) override;
-  absl::Status PushRowsBatch(absl::Span<const RowPush> parts, float lr, RowScratch* scratch) override;
+  absl::Status PushRowsBatch(absl::Span<const RowGrad> parts, float lr, RowScratch* scratch) override;
   // The server's model version (a Version call). If the server cannot be
   // reached, the last version seen by any call of this store: the next pull
   // or push reports the error.

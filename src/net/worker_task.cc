@@ -21,13 +21,6 @@ using Clock = std::chrono::steady_clock;
 
 double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// Session codes that end the worker task: the chief will never take this
-// slot (or this caller).
-bool Final(grpc::StatusCode code) {
-  return code == grpc::StatusCode::INVALID_ARGUMENT || code == grpc::StatusCode::PERMISSION_DENIED ||
-         code == grpc::StatusCode::UNAUTHENTICATED;
-}
-
 // One worker thread's part: sessions with the chief until `exit`.
 absl::Status ServeSlot(const Config& config, const PsClientOptions& chief, net::Chief::Stub& stub, Job& job,
                        ClusterParamStore& store, int task, int thread, const TaskLog& log) {
@@ -43,7 +36,7 @@ absl::Status ServeSlot(const Config& config, const PsClientOptions& chief, net::
   while (true) {
     // No deadline: the session lasts as long as the job.
     grpc::ClientContext context;
-    if (!chief.token.empty()) context.AddMetadata(kTokenMetadataKey, absl::StrCat("Bearer ", chief.token));
+    AddToken(chief, &context);
     std::unique_ptr<grpc::ClientReaderWriter<net::SessionLine, net::SessionLine>> stream = stub.Session(&context);
     auto write = [&stream](const std::string& line) {
       net::SessionLine m;
@@ -75,7 +68,7 @@ absl::Status ServeSlot(const Config& config, const PsClientOptions& chief, net::
       }
     }
     const grpc::Status s = stream->Finish();
-    if (Final(s.error_code())) {
+    if (RefusedForGood(s.error_code())) {
       return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
     }
     if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
@@ -90,9 +83,7 @@ absl::Status ServeSlot(const Config& config, const PsClientOptions& chief, net::
           SecondsSince(contact), patience, last));
     }
     std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(backoff * 1e6)));
-    // ABORTED: the chief is there and asks for a retry (its slot is not open
-    // yet, or still closing): soon, not after a growing wait.
-    if (s.error_code() != grpc::StatusCode::ABORTED) backoff = std::min(2 * backoff, chief.max_backoff_s);
+    backoff = NextBackoff(s.error_code(), backoff, chief);
   }
 }
 

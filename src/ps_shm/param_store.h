@@ -108,9 +108,10 @@ struct RowPull {
   float* out = nullptr;
 };
 
-// One lookup of a step's row pushes (ParamStore::PushRowsBatch): gradients
+// One table's row gradients of a worker's step (ParamStore::PushRows'
+// arguments; a part of PushRowsBatch, SyncAggregator::Contribute):
 // grads[ids.size() x dim] for the rows of `ids` of table `table`.
-struct RowPush {
+struct RowGrad {
   int table = 0;
   absl::Span<const uint64_t> ids;
   const float* grads = nullptr;
@@ -232,8 +233,8 @@ class ParamStore {
   // are). Stores that pay per call send all parts to each owner in one call;
   // the default runs PushRows part by part. Errors as PushRows; a store that
   // batches checks every part's ids before any row changes.
-  virtual absl::Status PushRowsBatch(absl::Span<const RowPush> parts, float lr, RowScratch* scratch) {
-    for (const RowPush& part : parts) {
+  virtual absl::Status PushRowsBatch(absl::Span<const RowGrad> parts, float lr, RowScratch* scratch) {
+    for (const RowGrad& part : parts) {
       if (part.ids.empty()) continue;
       if (absl::Status s = PushRows(part.table, part.ids, part.grads, lr, scratch); !s.ok()) return s;
     }

@@ -49,14 +49,6 @@
 
 namespace shardwild {
 
-// One table's row gradients of a worker's step (ParamStore::PushRows'
-// arguments): grads is ids.size() x the table's dim floats.
-struct RowGrad {
-  int table = 0;
-  absl::Span<const uint64_t> ids;
-  const float* grads = nullptr;
-};
-
 class SyncAggregator {
  public:
   // Sizes the buffers from store->layout(): one slot of every variable's

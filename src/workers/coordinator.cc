@@ -5,15 +5,6 @@
 
 namespace shardwild {
 
-absl::Status coordinator_internal::DeepCopy(const absl::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  absl::Status copy(s.code(), std::string(s.message()));
-  s.ForEachPayload([&copy](absl::string_view url, const absl::Cord& payload) {
-    copy.SetPayload(url, absl::Cord(std::string(payload)));
-  });
-  return copy;
-}
-
 namespace {
 
 // The payload that marks a status as "the worker was lost".
@@ -203,7 +194,7 @@ std::string Coordinator::AllLostMessageLocked(uint64_t id) const {
 }
 
 void Coordinator::RecordErrorLocked(const absl::Status& status) {
-  if (error_.ok()) error_ = coordinator_internal::DeepCopy(status);  // Join hands it to another thread
+  if (error_.ok()) error_ = DeepCopy(status);  // Join hands it to another thread
 }
 
 absl::Status Coordinator::Join() {

@@ -75,6 +75,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "core/mutex.h"
+#include "core/status.h"
 
 namespace shardwild {
 
@@ -182,20 +183,10 @@ using FetchResult = std::conditional_t<std::is_void_v<T>, absl::Status, absl::St
 
 namespace coordinator_internal {
 
-// A copy of `s` that shares nothing with it (message and payloads copied).
-// A result crosses threads (set by a dispatch thread, fetched by another);
-// an absl::Status shares its message by a reference count that Debian's
-// uninstrumented abseil updates out of ThreadSanitizer's sight, so each
-// side keeps a Status of its own.
-absl::Status DeepCopy(const absl::Status& s);
-template <typename T>
-absl::StatusOr<T> DeepCopy(const absl::StatusOr<T>& r) {
-  if (r.ok()) return r;
-  return DeepCopy(r.status());
-}
-
 // The result slot shared by a RemoteValue and the coordinator (like a
 // future's shared state; either side may be dropped first, hence shared_ptr).
+// The result crosses threads (set by a dispatch thread, fetched by others),
+// so each side keeps a DeepCopy (core/status.h) of its own.
 template <typename T>
 class RemoteValueState {
  public:

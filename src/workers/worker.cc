@@ -65,9 +65,8 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(int index, const ModelOpt
                                                         "' (dim ", tables[t].dim, ")"));
     }
   }
+  w->row_pulls_.resize(w->model_->num_lookups());
   w->row_pushes_.resize(w->model_->num_lookups());
-  w->row_pull_parts_.reserve(w->model_->num_lookups());
-  w->row_push_parts_.reserve(w->model_->num_lookups());
   w->batch_records_.assign(batch, 0);
   try {
     w->stream_ = dnnl::stream(engine);
@@ -78,14 +77,10 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(int index, const ModelOpt
 }
 
 absl::Status Worker::PullRows(PullMode mode) {
-  row_pull_parts_.clear();
-  for (int l = 0; l < model_->num_lookups(); ++l) {
-    const absl::Span<const uint64_t> ids = model_->ids(l);
-    if (ids.empty()) continue;
-    row_pull_parts_.push_back({model_->lookup(l).table, ids, model_->rows(l)});
-  }
-  if (row_pull_parts_.empty()) return absl::OkStatus();
-  return store_->PullRowsBatch(row_pull_parts_, mode, &row_scratch_);
+  const int lookups = model_->num_lookups();
+  if (lookups == 0) return absl::OkStatus();
+  for (int l = 0; l < lookups; ++l) row_pulls_[l] = RowPull{model_->lookup(l).table, model_->ids(l), model_->rows(l)};
+  return store_->PullRowsBatch(row_pulls_, mode, &row_scratch_);
 }
 
 absl::Status Worker::CheckShape(const Dataset& data, const char* what) const {
@@ -187,25 +182,17 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
     const LossResult loss = model_->Backward(valid, stream_);
     const auto t5 = Clock::now();
     auto t6 = t5;
+    for (int l = 0; l < lookups; ++l) {
+      row_pushes_[l] = RowGrad{model_->lookup(l).table, model_->ids(l), model_->row_grads(l)};
+    }
     if (sync != nullptr) {
-      for (int l = 0; l < lookups; ++l) {
-        row_pushes_[l] = RowGrad{model_->lookup(l).table, model_->ids(l), model_->row_grads(l)};
-      }
       SW_RETURN_IF_ERROR(sync->Contribute(index_, pushes_, lr, row_pushes_, sparse_lr));
       t6 = Clock::now();
     } else {
       if (!pushes_.empty()) SW_RETURN_IF_ERROR(store_->Push(pushes_, lr));
       if (update_.replicas != nullptr) SW_RETURN_IF_ERROR(update_.replicas->StepDone());
       t6 = Clock::now();
-      row_push_parts_.clear();
-      for (int l = 0; l < lookups; ++l) {
-        const absl::Span<const uint64_t> ids = model_->ids(l);
-        if (ids.empty()) continue;
-        row_push_parts_.push_back({model_->lookup(l).table, ids, model_->row_grads(l)});
-      }
-      if (!row_push_parts_.empty()) {
-        SW_RETURN_IF_ERROR(store_->PushRowsBatch(row_push_parts_, sparse_lr, &row_scratch_));
-      }
+      if (lookups > 0) SW_RETURN_IF_ERROR(store_->PushRowsBatch(row_pushes_, sparse_lr, &row_scratch_));
     }
     const auto t7 = Clock::now();
     t.data += Seconds(t0, t1);

@@ -176,9 +176,8 @@ class Worker {
   dnnl::stream stream_;
   std::vector<int32_t> batch_records_;  // [batch] the records of the step being loaded
   RowScratch row_scratch_;
-  std::vector<RowGrad> row_pushes_;     // one per lookup (sync mode)
-  std::vector<RowPull> row_pull_parts_; // one per lookup, rebuilt each step (PullRowsBatch)
-  std::vector<RowPush> row_push_parts_; // one per lookup, rebuilt each step (PushRowsBatch)
+  std::vector<RowPull> row_pulls_;      // [lookup], set each step (PullRowsBatch)
+  std::vector<RowGrad> row_pushes_;     // [lookup], set each step (PushRowsBatch, or the sync round)
   std::vector<PullSlice> pulls_;      // one per variable, into the model's params
   std::vector<DenseGrad> pushes_;     // one per variable, from the model's grads
   WorkerCounters counters_;

@@ -11,13 +11,13 @@
 //   * a ps task SIGKILLed: the chief stops within the deadline with one
 //     Unavailable line naming it; the cluster restarted resumes from the
 //     last checkpoint and finishes, records exact;
+//   * a worker task frozen (SIGSTOP) is found by keepalive alone, and its
+//     task re-queued;
 //   * a ps task SIGKILLed and restarted within the deadline: it reloads its
 //     shards from the last checkpoint and the job goes on without a restart
 //     of the chief;
 //   * roles given to the wrong command are one clear error line.
 // Skipped without Fashion-MNIST.
-#include <netinet/in.h>
-#include <sys/socket.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -30,9 +30,12 @@
 
 #include "cli_child.h"
 #include "gtest/gtest.h"
+#include "../net/free_ports.h"
 
 namespace shardwild::clitest {
 namespace {
+
+using testing_ports::FreePorts;
 
 using SteadyClock = std::chrono::steady_clock;
 
@@ -41,27 +44,6 @@ using SteadyClock = std::chrono::steady_clock;
 
 bool Has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
-// `n` distinct ports the kernel says are free now (bound to port 0 together,
-// then released).
-std::vector<int> FreePorts(int n) {
-  std::vector<int> fds, ports;
-  for (int i = 0; i < n; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = 0;
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      return {};
-    }
-    fds.push_back(fd);
-    ports.push_back(ntohs(a.sin_port));
-  }
-  for (int fd : fds) close(fd);
-  return ports;
-}
 
 // Waits until `pred(out)` holds for the child's stdout, or it ends, or
 // `limit` passes; returns whether pred held.

@@ -3,10 +3,6 @@
 // in for two worker tasks, and a ClusterCoordinator scheduling on them.
 #include "net/cluster_functions.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -20,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "free_ports.h"
 #include "../workers/test_config.h"
 #include "core/status.h"
 #include "net/chief.h"
@@ -31,6 +28,8 @@
 
 namespace shardwild {
 namespace {
+
+using testing_ports::FreePorts;
 
 constexpr char kToken[] = "0123456789abcdef-functions-token";
 
@@ -276,25 +275,6 @@ TEST_F(ClusterFunctionsTest, RefusedStreamsEndTheServerWithTheChiefsError) {
   EXPECT_NE(waited.message().find("worker:0, worker:1 did not connect"), std::string::npos) << waited;
 }
 
-// `n` distinct ports the kernel says are free now.
-std::vector<int> FreePorts(int n) {
-  std::vector<int> fds, ports;
-  for (int i = 0; i < n; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      return {};
-    }
-    fds.push_back(fd);
-    ports.push_back(ntohs(a.sin_port));
-  }
-  for (int fd : fds) close(fd);
-  return ports;
-}
 
 // A whole cluster in this process (one ps task, two worker tasks of the
 // built-in functions, the chief): RunChief's before_training hook schedules

@@ -180,7 +180,7 @@ std::vector<float> Exercise(ParamStore& store, ClusterParamStore* flush = nullpt
       pulls.push_back({tables[k], ids[k], rows[k].data()});
     }
     EXPECT_TRUE(store.PullRowsBatch(pulls, PullMode::kInsert, &scratch).ok());
-    std::vector<RowPush> pushes;
+    std::vector<RowGrad> pushes;
     for (int k = 0; k < 4; ++k) {
       seen.insert(seen.end(), rows[k].begin(), rows[k].end());
       for (size_t i = 0; i < rows[k].size(); ++i) rows[k][i] = 0.2f * std::cos(0.5f * i + step + k);
@@ -240,7 +240,7 @@ TEST(ClusterParamStoreTest, SameBitsAsOneFullStore) {
     std::vector<float> before(2 * kDim), after(2 * kDim);
     const uint64_t good[] = {3, 4};
     ASSERT_TRUE(cs.PullRows(0, good, before.data(), PullMode::kReadOnly, nullptr).ok());
-    const RowPush batch[] = {{0, good, out.data()}, {0, ids, out.data()}};
+    const RowGrad batch[] = {{0, good, out.data()}, {0, ids, out.data()}};
     const absl::Status bad_batch = cs.PushRowsBatch(batch, 0.1f, nullptr);
     EXPECT_EQ(bad_batch.code(), absl::StatusCode::kInvalidArgument) << bad_batch;
     ASSERT_TRUE(cs.PullRows(0, good, after.data(), PullMode::kReadOnly, nullptr).ok());

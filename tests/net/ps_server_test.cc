@@ -117,13 +117,14 @@ std::unique_ptr<PsServer> Serve(ShmParamStore* store, const std::string& token =
   return std::move(*s);
 }
 
-PsClientOptions ClientOptions(const PsServer& server, const std::string& token = kToken) {
+PsClientOptions ClientOptions(const PsServer& server, const std::string& token = kToken,
+                              int64_t max_message_bytes = 4 << 20) {
   PsClientOptions o;
   o.address = server.address();
   o.task_name = "ps:0";
   o.token = token;
   o.deadline_s = 5;
-  o.max_message_bytes = 4 << 20;
+  o.max_message_bytes = max_message_bytes;
   return o;
 }
 
@@ -259,25 +260,21 @@ struct RawStub {
     net::PushResponse resp;
     return Stream(stub->PushDense(&c, &resp), msgs);
   }
-  grpc::Status PullRows(const net::PullRowsRequest& r, const std::string& token = kToken) {
+  grpc::Status PullRowsBatch(const net::PullRowsBatchRequest& r, const std::string& token = kToken,
+                             std::vector<net::RowsChunk>* chunks = nullptr) {
     grpc::ClientContext c;
     Prepare(&c, token);
-    return Drain(stub->PullRows(&c, r), static_cast<std::vector<net::RowsChunk>*>(nullptr));
-  }
-  grpc::Status PushRows(const std::vector<net::PushRowsRequest>& msgs, const std::string& token = kToken) {
-    grpc::ClientContext c;
-    Prepare(&c, token);
-    net::PushResponse resp;
-    return Stream(stub->PushRows(&c, &resp), msgs);
-  }
-  grpc::Status PullRowsBatch(const net::PullRowsBatchRequest& r, std::vector<net::RowsChunk>* chunks = nullptr) {
-    grpc::ClientContext c;
-    Prepare(&c, kToken);
     return Drain(stub->PullRowsBatch(&c, r), chunks);
   }
-  grpc::Status PushRowsBatch(const std::vector<net::PushRowsRequest>& msgs) {
+  // A row pull of the one part `r`.
+  grpc::Status PullRows(const net::PullRowsRequest& r, const std::string& token = kToken) {
+    net::PullRowsBatchRequest batch;
+    *batch.add_parts() = r;
+    return PullRowsBatch(batch, token);
+  }
+  grpc::Status PushRowsBatch(const std::vector<net::PushRowsRequest>& msgs, const std::string& token = kToken) {
     grpc::ClientContext c;
-    Prepare(&c, kToken);
+    Prepare(&c, token);
     net::PushResponse resp;
     return Stream(stub->PushRowsBatch(&c, &resp), msgs);
   }
@@ -335,7 +332,7 @@ TEST(PsServerTest, MissingOrWrongTokenIsRejectedAndTheShardIsUnchanged) {
     grpc::Status s = raw.PushDense({DenseMsg(0, 0, Ramp(37 * 5, 1)), DenseMsg(1, 0, Ramp(5, 1))}, token);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
     EXPECT_HAS(s.error_message(), token.empty() ? "carries no token" : "token is wrong");
-    s = raw.PushRows({RowsMsg(kStatic, {1, 2}, Ramp(2 * kStaticDim, 1))}, token);
+    s = raw.PushRowsBatch({RowsMsg(kStatic, {1, 2}, Ramp(2 * kStaticDim, 1))}, token);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
     net::PullRowsRequest pr;
     pr.set_table(kDynamic);
@@ -451,25 +448,25 @@ TEST(PsServerTest, MalformedRequestsAreInvalidArgumentAndTheServerStaysUp) {
        "id 100 (item 1) is not a row of table emb (ids are in [0, 100))"},
       {"pull rows: reserved dynamic id", [&] { return pull_rows(kDynamic, {~uint64_t{0}}); }, "2^64-1 is reserved"},
       {"pull rows: unknown mode", [&] { return pull_rows(kStatic, {1}, 7); }, "unknown mode 7"},
-      {"push rows: unknown table", [&] { return raw.PushRows({RowsMsg(-3, {1}, Ramp(4, 1))}); }, "unknown table -3"},
-      {"push rows: gradient length", [&] { return raw.PushRows({RowsMsg(kStatic, {1, 2}, Ramp(7, 1))}); },
+      {"push rows: unknown table", [&] { return raw.PushRowsBatch({RowsMsg(-3, {1}, Ramp(4, 1))}); }, "unknown table -3"},
+      {"push rows: gradient length", [&] { return raw.PushRowsBatch({RowsMsg(kStatic, {1, 2}, Ramp(7, 1))}); },
        "2 ids of table emb need 2 x 4 = 8 gradient floats, got 7"},
       {"push rows: bad id in the second message",
        [&] {
-         return raw.PushRows({RowsMsg(kStatic, {1, 2}, Ramp(8, 1)), RowsMsg(kStatic, {3, 500}, Ramp(8, 1))});
+         return raw.PushRowsBatch({RowsMsg(kStatic, {1, 2}, Ramp(8, 1)), RowsMsg(kStatic, {3, 500}, Ramp(8, 1))});
        },
        "id 500 (message 1, item 1) is not a row of table emb"},
-      {"push rows: reserved dynamic id", [&] { return raw.PushRows({RowsMsg(kDynamic, {~uint64_t{0}}, Ramp(3, 1))}); },
+      {"push rows: reserved dynamic id", [&] { return raw.PushRowsBatch({RowsMsg(kDynamic, {~uint64_t{0}}, Ramp(3, 1))}); },
        "2^64-1 is reserved"},
       {"push rows: infinite learning rate",
-       [&] { return raw.PushRows({RowsMsg(kStatic, {1}, Ramp(4, 1), INFINITY)}); }, "the learning rate is inf"},
-      {"push rows: empty stream", [&] { return raw.PushRows({}); }, "carries no message"},
+       [&] { return raw.PushRowsBatch({RowsMsg(kStatic, {1}, Ramp(4, 1), INFINITY)}); }, "the learning rate is inf"},
+      {"push rows: empty stream", [&] { return raw.PushRowsBatch({}); }, "carries no message"},
       {"push rows: 16-bit gradient length",
        [&] {
          net::PushRowsRequest m = RowsMsg(kStatic, {1, 2}, {});
          m.set_encoding(net::ENCODING_FP16);
          m.set_half_grads(std::string(2 * 7, '\0'));
-         return raw.PushRows({m});
+         return raw.PushRowsBatch({m});
        },
        "2 ids of table emb need 2 x 4 = 8 gradient floats, got 7"},
   };
@@ -554,9 +551,7 @@ TEST(PsServerTest, OversizePullIsChunked) {
   EXPECT_GT(static_cast<int64_t>(all.ByteSizeLong()), kLimit);
 
   // The client: a chunked push and a chunked pull of many rows.
-  PsClientOptions o = ClientOptions(*server);
-  o.max_message_bytes = kLimit;
-  std::unique_ptr<PsClient> client = Connect(o);
+  std::unique_ptr<PsClient> client = Connect(ClientOptions(*server, kToken, kLimit));
   ASSERT_TRUE(client);
   const std::vector<float> g = Ramp(kRows * 5, 1.5f), gb = Ramp(5, 1);
   const RemoteDenseGrad rg[] = {{0, g}, {1, gb}};
@@ -596,9 +591,7 @@ TEST(PsServerTest, BatchPullEqualsSlicePullsAndChecksEverySliceFirst) {
   ASSERT_TRUE(served);
   std::unique_ptr<PsServer> server = Serve(served.get(), kToken, kLimit);
   ASSERT_TRUE(server);
-  PsClientOptions o = ClientOptions(*server);
-  o.max_message_bytes = kLimit;
-  std::unique_ptr<PsClient> client = Connect(o);
+  std::unique_ptr<PsClient> client = Connect(ClientOptions(*server, kToken, kLimit));
   ASSERT_TRUE(client);
   const std::vector<float> g = Ramp(kRows * 5, 0.5f), gb = Ramp(5, 1);
   const RemoteDenseGrad rg[] = {{0, g}, {1, gb}};
@@ -667,9 +660,7 @@ TEST(PsServerTest, BatchRowCallsEqualOneCallPerPartAndCheckEveryPartFirst) {
   ASSERT_TRUE(served && local);
   std::unique_ptr<PsServer> server = Serve(served.get(), kToken, kLimit);
   ASSERT_TRUE(server);
-  PsClientOptions o = ClientOptions(*server);
-  o.max_message_bytes = kLimit;
-  std::unique_ptr<PsClient> client = Connect(o);
+  std::unique_ptr<PsClient> client = Connect(ClientOptions(*server, kToken, kLimit));
   ASSERT_TRUE(client);
   RowScratch scratch;
   std::vector<uint64_t> many(1500), dyn = {5, 1u << 31, 77777777777ull, 5}, few = {3, 99, 3};
@@ -715,7 +706,7 @@ TEST(PsServerTest, BatchRowCallsEqualOneCallPerPartAndCheckEveryPartFirst) {
     x->mutable_ids()->Assign(ids.begin(), ids.end());
   }
   std::vector<net::RowsChunk> chunks;
-  grpc::Status st = raw.PullRowsBatch(r, &chunks);
+  grpc::Status st = raw.PullRowsBatch(r, kToken, &chunks);
   ASSERT_TRUE(st.ok()) << st.error_message();
   ASSERT_EQ(chunks.size(), 3u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(chunks[i].part(), i);
@@ -723,7 +714,7 @@ TEST(PsServerTest, BatchRowCallsEqualOneCallPerPartAndCheckEveryPartFirst) {
   // One part with an id out of range: INVALID_ARGUMENT naming the part, no chunk at all.
   r.mutable_parts(2)->add_ids(100);
   chunks.clear();
-  st = raw.PullRowsBatch(r, &chunks);
+  st = raw.PullRowsBatch(r, kToken, &chunks);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_HAS(st.error_message(), "pull rows: part 2: id 100 (item 3)");
   EXPECT_TRUE(chunks.empty());
