@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 
 namespace shardwild {
 namespace {
@@ -10,6 +11,10 @@ namespace {
 static_assert(std::atomic_ref<float>::is_always_lock_free, "Hogwild needs lock-free float atomics");
 
 constexpr int64_t kBlock = 64;
+
+// Adam's repair acts only past this multiple of the bound: rounding in a
+// history no race has torn stays far below it.
+constexpr float kAdamRepairSlack = 1.01f;
 
 inline void LoadBlock(const float* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
@@ -57,6 +62,21 @@ void Momentum(float lr, float mu, bool nesterov, float* p, float* v, const float
   }
 }
 
+}  // namespace
+
+float AdamMomentRatioBound(float beta1, float beta2, int64_t step) {
+  const double b1 = beta1, b2 = beta2;
+  if (!(b2 > 0)) return std::numeric_limits<float>::infinity();  // v holds only the last g^2
+  const double t = static_cast<double>(std::max<int64_t>(step, 1));
+  const double r = b1 * b1 / b2;
+  // sum_{k<t} r^k, or its limit when that is finite (then for every t).
+  const double s = r < 1 ? 1.0 / (1.0 - r) : r == 1 ? t : std::expm1(t * std::log(r)) / (r - 1.0);
+  const double c = (1.0 - b1) * std::sqrt(s / (1.0 - b2));
+  return c < std::numeric_limits<float>::max() ? static_cast<float>(c) : std::numeric_limits<float>::infinity();
+}
+
+namespace {
+
 void Adam(const OptimizerOptions& o, const UpdateParams& up, float* p, float* m1, float* m2, const float* g,
           int64_t n) {
   const double t = static_cast<double>(std::max<int64_t>(up.step, 1));
@@ -65,6 +85,11 @@ void Adam(const OptimizerOptions& o, const UpdateParams& up, float* p, float* m1
   const float alpha = static_cast<float>(up.lr * c2 / c1);
   const float eps_hat = static_cast<float>(o.epsilon * c2);
   const float b1 = o.beta1, b2 = o.beta2;
+  // Hogwild repair of a torn moment pair (see optimizer.h): v is raised to
+  // (|m| / bound)^2 where it is below. The slack keeps rounding in an untorn
+  // history from ever reaching it; 0 (no bound) leaves v as it is.
+  const float bound = AdamMomentRatioBound(o.beta1, o.beta2, up.step) * kAdamRepairSlack;
+  const float inv_bound = std::isfinite(bound) ? 1.0f / bound : 0.0f;
   alignas(64) float bp[kBlock];
   alignas(64) float bm[kBlock];
   alignas(64) float bv[kBlock];
@@ -78,6 +103,8 @@ void Adam(const OptimizerOptions& o, const UpdateParams& up, float* p, float* m1
       const float gi = gb[i];
       bm[i] = b1 * bm[i] + (1.0f - b1) * gi;
       bv[i] = b2 * bv[i] + (1.0f - b2) * gi * gi;
+      const float floor = std::fabs(bm[i]) * inv_bound;
+      bv[i] = std::max(bv[i], floor * floor);
       bp[i] -= alpha * bm[i] / (std::sqrt(bv[i]) + eps_hat);
     }
     StoreBlock(bm, m1 + b, m);

@@ -33,12 +33,29 @@ struct UpdateParams {
   int64_t step = 1;    // 1-based count of updates applied to this span (Adam's bias correction)
 };
 
+// The largest |m| / sqrt(v) Adam's moments reach after `step` updates from
+// m = v = 0, for any gradients: by Cauchy-Schwarz,
+//   |m| = (1-b1) |sum_k b1^k g_k| <= (1-b1) sqrt(sum_{k<t} (b1^2/b2)^k) sqrt(v / (1-b2)),
+// and the sum is bounded by 1 / (1 - b1^2/b2) for every t where b1^2 < b2
+// (the defaults: 7.27). Infinite where there is no bound (b2 = 0) or it
+// overflows a float.
+float AdamMomentRatioBound(float beta1, float beta2, int64_t step);
+
 // Applies one update of `n` parameters with gradient `grad`.
 //   sgd:       p -= lr * g
 //   momentum:  v = m * v + g;  p -= lr * v                (nesterov: p -= lr * (g + m * v))
 //   adam:      m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 //              p -= lr * sqrt(1-b2^t)/(1-b1^t) * m / (sqrt(v) + eps * sqrt(1-b2^t))
 //              (the "epsilon hat" form of Kingma & Ba, section 2, as in TensorFlow)
+//              Hogwild repair: before the step, v = max(v, (|m| / (1.01 B))^2)
+//              with B = AdamMomentRatioBound(b1, b2, t). An update history
+//              keeps |m| <= B sqrt(v), so this never acts on a pair that no
+//              race has torn. A race can tear one: thread A stores m, thread B
+//              loads that m but the v from before A's store, and B's store
+//              leaves a large m over v ~ 0. Where g is then 0 (a dead unit, a
+//              pixel that is always 0) the step would be m / eps_hat, tens per
+//              step, and the model diverges. The repair bounds it by lr * 1.01 B,
+//              the largest step an untorn history can take.
 //   adagrad:   a += g^2;  p -= lr * g / (sqrt(a) + eps)
 //              (Keras / TF ApplyAdagradV2; slot 0 = a starts at initial_accumulator_value)
 //   rmsprop:   s = rho s + (1-rho) g^2;  p -= lr * g / (sqrt(s) + eps)

@@ -212,6 +212,91 @@ TEST(ApplyUpdateFormulaTest, AdamFirstStepIsSignTimesLr) {
   EXPECT_NEAR(p[2], 0.99f, 1e-6);
 }
 
+// The bound in closed form, written out independently: (1-b1) / sqrt((1-b2) (1 - b1^2/b2)).
+TEST(AdamMomentRatioBoundTest, ClosedFormAndItsFiniteStepForm) {
+  EXPECT_NEAR(AdamMomentRatioBound(0.9f, 0.999f, 1), 0.1 / std::sqrt(0.001 * (1 - 0.81 / 0.999)), 1e-4);  // 0.9f is not 0.9
+  EXPECT_NEAR(AdamMomentRatioBound(0.9f, 0.999f, 1000000), AdamMomentRatioBound(0.9f, 0.999f, 1), 0);
+  EXPECT_NEAR(AdamMomentRatioBound(0.0f, 0.5f, 3), std::sqrt(2.0), 1e-6);  // m = g, v >= g^2 / 2
+  // b1^2 >= b2: the sum grows with t. At t = 1, |m| = (1-b1)|g| and v = (1-b2) g^2.
+  EXPECT_NEAR(AdamMomentRatioBound(0.99f, 0.9f, 1), 0.01 / std::sqrt(0.1), 1e-6);
+  EXPECT_GT(AdamMomentRatioBound(0.99f, 0.9f, 50), AdamMomentRatioBound(0.99f, 0.9f, 10));
+  EXPECT_TRUE(std::isinf(AdamMomentRatioBound(0.99f, 0.9f, 100000)));
+  EXPECT_TRUE(std::isinf(AdamMomentRatioBound(0.9f, 0.0f, 2)));
+}
+
+// Runs one element through `grads` with ApplyUpdate and with the textbook
+// update (no repair) in double; the two agree at every step.
+void ExpectUntornAdamIsTextbookAdam(float b1, float b2, const std::vector<double>& grads) {
+  OptimizerOptions opt;
+  opt.type = OptimizerType::kAdam;
+  opt.beta1 = b1;
+  opt.beta2 = b2;
+  opt.epsilon = 1e-8f;  // the eps where a torn pair hurts most
+  float p = 0.5f, m = 0.0f, v = 0.0f;
+  float* slots[2] = {&m, &v};
+  RefState ref{{0.5}, {0.0}, {0.0}};
+  for (size_t k = 0; k < grads.size(); ++k) {
+    const int64_t t = static_cast<int64_t>(k) + 1;
+    const float g = static_cast<float>(grads[k]);
+    ApplyUpdate(opt, UpdateParams{1e-3f, t}, &p, slots, &g, 1);
+    RefUpdate(opt, 1e-3, t, {static_cast<double>(g)}, &ref);
+    ASSERT_NEAR(v, ref.s1[0], 1e-4 * ref.s1[0]) << "step " << t << " b1 " << b1 << " b2 " << b2;
+    ASSERT_NEAR(m, ref.s0[0], 1e-4 * std::abs(ref.s0[0]) + 1e-30) << "step " << t;
+    ASSERT_NEAR(p, ref.p[0], 1e-4) << "step " << t;
+  }
+}
+
+// The histories that come closest to the bound never trigger the repair:
+// one gradient then zeros (m over sqrt(v) shrinks), and the Cauchy-Schwarz
+// equality case, g at lag k proportional to (b1/b2)^k.
+TEST(ApplyUpdateFormulaTest, AdamRepairNeverActsOnAnUntornHistory) {
+  for (const auto& [b1, b2, steps] : std::vector<std::tuple<float, float, int>>{
+           {0.9f, 0.999f, 300}, {0.85f, 0.99f, 200}, {0.99f, 0.9f, 40}, {0.0f, 0.5f, 20}}) {
+    std::vector<double> pulse(steps, 0.0);
+    pulse[0] = 0.3;
+    ExpectUntornAdamIsTextbookAdam(b1, b2, pulse);
+    std::vector<double> worst(steps);
+    const double growth = b1 > 0 ? static_cast<double>(b2) / b1 : 1.0;
+    for (int j = 0; j < steps; ++j) worst[j] = 1e-3 * std::pow(growth, j);
+    ExpectUntornAdamIsTextbookAdam(b1, b2, worst);
+    // How close the equality case came: within the slack of the bound.
+    double m = 0, v = 0;
+    for (double g : worst) {
+      m = b1 * m + (1 - b1) * g;
+      v = b2 * v + (1 - b2) * g * g;
+    }
+    if (b1 > 0) {
+      EXPECT_GT(m / std::sqrt(v), 0.9 * AdamMomentRatioBound(b1, b2, steps)) << b1 << " " << b2;
+    }
+  }
+}
+
+// The state a Hogwild race leaves (see optimizer.h): m from one thread's store,
+// v from before it. With g = 0 the textbook step is alpha * m / eps_hat, about
+// 26 here; the repaired step is at most lr * c2/c1 * 1.01 B, and v is left
+// consistent with m, so the following steps stay small too.
+TEST(ApplyUpdateFormulaTest, AdamRepairsATornMomentPair) {
+  OptimizerOptions opt;
+  opt.type = OptimizerType::kAdam;
+  opt.epsilon = 1e-8f;
+  const double lr = 1e-3, b1 = opt.beta1, b2 = opt.beta2;
+  float p = 0.0f, m = 1.44e-4f, v = 0.0f;
+  float* slots[2] = {&m, &v};
+  const float g = 0.0f;
+  double moved = 0;
+  for (int64_t t = 2; t <= 40; ++t) {
+    const float before = p;
+    ApplyUpdate(opt, UpdateParams{static_cast<float>(lr), t}, &p, slots, &g, 1);
+    const double c2 = std::sqrt(1 - std::pow(b2, t)), c1 = 1 - std::pow(b1, t);
+    const double bound = AdamMomentRatioBound(opt.beta1, opt.beta2, t);
+    EXPECT_LE(std::abs(p - before), lr * c2 / c1 * 1.01 * bound * (1 + 1e-5)) << "step " << t;
+    EXPECT_GE(std::sqrt(v) * 1.01 * bound * (1 + 1e-5), std::abs(m)) << "step " << t;
+    moved += std::abs(p - before);
+  }
+  EXPECT_GT(moved, 0.0);
+  EXPECT_LT(std::abs(p), 40 * lr * 8);  // without the repair: thousands
+}
+
 TEST(ApplyUpdateFormulaTest, MomentumUsesExistingVelocity) {
   OptimizerOptions opt;
   opt.type = OptimizerType::kMomentum;
