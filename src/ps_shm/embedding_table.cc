@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -60,9 +61,10 @@ struct EmbeddingTableHeader {
   char name[kMaxNameBytes];
   uint64_t checksum;     // Checksum() of the bytes from format_version up to here
 
-  // Row allocation (relaxed: uniqueness comes from the atomicity of the RMW;
-  // nothing is published through them). next_row: rows handed out, i.e.
-  // size() of a dynamic table. reserved (kError): rows promised to inserters
+  // Row allocation (uniqueness comes from the atomicity of the RMW; nothing
+  // is published through them, except that a kError insert's fetch_add on
+  // next_row is a release, for Reserve's "full" check). next_row: rows handed
+  // out, i.e. size() of a dynamic table. reserved (kError): rows promised to inserters
   // that have not yet claimed their index slot; never exceeds capacity.
   alignas(64) uint64_t next_row;
   uint64_t reserved;
@@ -109,6 +111,9 @@ constexpr uint32_t kRowEvicting = 2u << kStateShift;
 
 constexpr int kEvictSamples = 8;   // as Redis' maxmemory-samples (5 by default)
 constexpr int kEvictRounds = 64;   // sampling rounds before a full scan
+// How long an inserter waits for a rival's reservation before the table
+// counts as full (see "Concurrency" in the header).
+constexpr std::chrono::seconds kReserveWait{1};
 constexpr int kPrefetchDistance = 8;
 
 // An atomic view of a word in the region (const words are only loaded).
@@ -608,6 +613,40 @@ void EmbeddingTable::Release(int64_t row) const {
 
 // kError (and any table that never evicts): rows never move, so a published
 // (key, row) pair is final. See "Concurrency" in the header.
+absl::StatusOr<bool> EmbeddingTable::Reserve(uint64_t id, int64_t* row) {
+  const uint64_t capacity = static_cast<uint64_t>(capacity_);
+  int spins = 0;
+  std::chrono::steady_clock::time_point since;
+  uint64_t n = Atomic(header_->reserved).load(std::memory_order_relaxed);
+  for (;;) {
+    if (n < capacity) {
+      if (Atomic(header_->reserved).compare_exchange_weak(n, n + 1, std::memory_order_relaxed)) return true;
+      continue;  // n is the current count
+    }
+    // Every row is promised. Rows taken so far, read before the probe below:
+    // acquire pairs with the inserters' release fetch_add, so the probe sees
+    // the index slot of every one of those rows.
+    const uint64_t taken = Atomic(header_->next_row).load(std::memory_order_acquire);
+    // The id may have arrived meanwhile: another thread held the last
+    // promise for this very id.
+    SW_RETURN_IF_ERROR(AcquireDynamicNoEvict(id, /*insert=*/false, row));
+    if (*row >= 0) return false;
+    // Full once every promise became a row. Until then a promise may belong
+    // to a rival inserter of an id whose slot another thread is claiming; it
+    // gives the promise back in a few instructions. One held past
+    // kReserveWait belongs to a stopped thread or a dead process: full.
+    if (taken >= capacity) return FullError();
+    const auto now = std::chrono::steady_clock::now();
+    if (spins == 0) {
+      since = now;
+    } else if (now - since > kReserveWait) {
+      return FullError();
+    }
+    SpinWait(&spins);
+    n = Atomic(header_->reserved).load(std::memory_order_relaxed);
+  }
+}
+
 absl::Status EmbeddingTable::AcquireDynamicNoEvict(uint64_t id, bool insert, int64_t* row) {
   const uint64_t key = id + 1;
   bool have_reservation = false;
@@ -639,22 +678,16 @@ absl::Status EmbeddingTable::AcquireDynamicNoEvict(uint64_t id, bool insert, int
         return absl::OkStatus();
       }
       if (!have_reservation) {
-        uint64_t n = Atomic(header_->reserved).load(std::memory_order_relaxed);
-        do {
-          if (n >= static_cast<uint64_t>(capacity_)) {
-            // Full, unless the id arrived meanwhile (another thread holds
-            // the last reservation for this very id).
-            SW_RETURN_IF_ERROR(AcquireDynamicNoEvict(id, /*insert=*/false, row));
-            return *row >= 0 ? absl::OkStatus() : FullError();
-          }
-        } while (!Atomic(header_->reserved).compare_exchange_weak(n, n + 1, std::memory_order_relaxed));
-        have_reservation = true;
+        SW_ASSIGN_OR_RETURN(have_reservation, Reserve(id, row));
+        if (!have_reservation) return absl::OkStatus();  // the id arrived meanwhile: *row is its row
       }
       uint64_t expected = 0;
       // Relaxed: the single modification order of the key word alone makes
       // exactly one claimer win.
       if (Atomic(index_[s].key).compare_exchange_strong(expected, key, std::memory_order_relaxed)) {
-        const uint64_t r = Atomic(header_->next_row).fetch_add(1, std::memory_order_relaxed);
+        // Release: a Reserve that reads the count after this add also sees
+        // the key stored above (see Reserve).
+        const uint64_t r = Atomic(header_->next_row).fetch_add(1, std::memory_order_release);
         InitRow(static_cast<int64_t>(r), id, 0);
         Atomic(header_->initializations).fetch_add(1, std::memory_order_relaxed);
         // Release: publishes the initialised row to readers of `row`.

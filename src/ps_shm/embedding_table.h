@@ -67,7 +67,12 @@
 //     by storing row+1 into the slot's `row` word with memory_order_release.
 //     A loser of the CAS for the same id gives its reservation back and uses
 //     the winner's row. So every id gets exactly one row and no row is
-//     initialised twice.
+//     initialised twice. Rival inserters of one id may both hold a
+//     reservation for a moment, so `reserved` at capacity is not yet "full":
+//     an inserter that finds no room waits (pause, then yield) until a
+//     reservation comes back, its id appears, or `next_row` reaches the
+//     capacity; a reservation held past 1 s (a stopped thread, a dead
+//     process) counts as taken.
 //   * Lookup: loads the key (relaxed); on a match loads `row` with acquire.
 //     Zero means "being initialised": it spins (pause) until it is non-zero.
 //     The acquire load that reads the published row+1 synchronises with the
@@ -344,6 +349,10 @@ class EmbeddingTable {
   absl::Status Acquire(uint64_t id, bool insert, uint64_t tick, int64_t* row);
   void Release(int64_t row) const;
   absl::Status AcquireDynamicNoEvict(uint64_t id, bool insert, int64_t* row);
+  // kError: promises the caller one row for inserting `id` (true), or finds
+  // that `id` arrived meanwhile and sets *row (false). ResourceExhausted
+  // when every row is taken, or a promise stays held past kReserveWait.
+  absl::StatusOr<bool> Reserve(uint64_t id, int64_t* row);
   absl::Status AcquireLru(uint64_t id, bool insert, uint64_t tick, int64_t* row);
   // LRU: under the eviction lock.
   absl::Status InsertLruLocked(uint64_t id, uint64_t tick, int64_t* row);

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -485,6 +486,51 @@ TEST(EmbeddingTableTest, ConcurrentInsertsGiveEveryIdExactlyOneRow) {
       EXPECT_EQ(PullOne(t, ids[i]), Initial(o, ids[i]));
     }
   }
+}
+
+// Two threads insert the same id into a table with room for one row, at the
+// same moment, over many fresh tables. Both may promise themselves the one
+// row (`reserved` reaches the capacity) before either claims the id's index
+// slot; the one that then finds no room must wait for the other's insert,
+// not report the table full.
+TEST(EmbeddingTableTest, RivalInsertsOfOneIdIntoTheLastRowNeverSeeAFullTable) {
+  constexpr int kTables = 4000;
+  const EmbeddingTableOptions o = DynamicOptions(4, 1);
+  const size_t bytes = EmbeddingTable::BytesFor(o);
+  std::vector<std::unique_ptr<Region>> regions;
+  std::vector<EmbeddingTable> tables;
+  for (int i = 0; i < kTables; ++i) {
+    regions.push_back(std::make_unique<Region>(bytes));
+    auto t = EmbeddingTable::Create(regions.back()->data(), bytes, o);
+    ASSERT_TRUE(t.ok()) << t.status();
+    tables.push_back(*t);
+  }
+  const uint64_t id = 0x9e3779b97f4a7c15ULL;
+  std::atomic<int> arrived{0};
+  std::string errors[2];
+  auto insert_all = [&](int k) {
+    std::vector<float> out(4);
+    for (int i = 0; i < kTables; ++i) {
+      // Both threads start table i together.
+      arrived.fetch_add(1);
+      while (arrived.load() < 2 * (i + 1)) std::this_thread::yield();
+      const absl::Status st = tables[i].Pull({&id, 1}, out.data());
+      if (!st.ok() && errors[k].empty()) errors[k] = absl::StrCat("table ", i, ": ", st.ToString());
+    }
+  };
+  std::thread other(insert_all, 1);
+  insert_all(0);
+  other.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  for (int i = 0; i < kTables; ++i) {
+    ASSERT_EQ(tables[i].size(), 1) << i;
+    ASSERT_EQ(tables[i].initializations(), 1) << i;
+  }
+  // A second id finds the table really full.
+  const uint64_t extra = 7;
+  std::vector<float> out(4);
+  EXPECT_EQ(tables[0].Pull({&extra, 1}, out.data()).code(), absl::StatusCode::kResourceExhausted);
 }
 
 TEST(EmbeddingTableTest, FullTableWithErrorPolicyIsResourceExhausted) {
