@@ -124,9 +124,25 @@ class Cluster {
     for (int i = 0; i < workers_; ++i) StartWorker(i);
     StartChief();
   }
+  // For tests that act once every worker task has joined: the chief starts
+  // only when every worker task is set up (connected to the ps tasks, data
+  // loaded) and polling for it, so all join within cluster.max_backoff_s of
+  // its start instead of racing a short job on a loaded machine.
+  bool StartWorkersFirst(std::chrono::seconds limit) {
+    for (int i = 0; i < ps_; ++i) StartPs(i);
+    for (int i = 0; i < workers_; ++i) StartWorker(i);
+    for (int i = 0; i < workers_; ++i) {
+      if (!WaitForOutput(worker(i), [](const std::string& out) { return Has(out, "training records;"); }, limit)) {
+        return false;
+      }
+    }
+    StartChief();
+    return true;
+  }
   Child& ps(int i) { return *ps_tasks_[i]; }
   Child& worker(int i) { return *worker_tasks_[i]; }
   Child& chief() { return *chief_; }
+  bool chief_started() const { return chief_ != nullptr; }
 
   // Stops the ps tasks (SIGTERM: they shut down and unlink their memory)
   // and waits for every task.
@@ -165,8 +181,16 @@ std::vector<std::string> Settings(const std::string& job, std::vector<std::strin
   return s;
 }
 
+// For the tests that act once both worker tasks have joined: a worker task
+// waiting for the chief retries after a backoff that doubles up to
+// cluster.max_backoff_s (2 s by default), and the 2-epoch job takes about
+// 2.5 s, so on a loaded machine a task could join after the job ended. With
+// a cap of 0.25 s (and Cluster::StartWorkersFirst) both join within a
+// fraction of the first epoch.
+constexpr const char* kPromptJoin = "cluster.max_backoff_s=0.25";
+
 std::string Describe(Cluster& c, int ps, int workers) {
-  std::string s = "chief:\n" + c.chief().out() + c.chief().err();
+  std::string s = c.chief_started() ? "chief:\n" + c.chief().out() + c.chief().err() : "chief: not started\n";
   for (int i = 0; i < ps; ++i) s += "\nps:" + std::to_string(i) + ":\n" + c.ps(i).out() + c.ps(i).err();
   for (int i = 0; i < workers; ++i) {
     s += "\nworker:" + std::to_string(i) + ":\n" + c.worker(i).out() + c.worker(i).err();
@@ -210,9 +234,9 @@ TEST(ClusterTrainTest, TwoPsTwoWorkersTrainLikeOneNode) {
 
 TEST(ClusterTrainTest, KilledWorkerTaskIsRequeuedAndCountsStayExact) {
   SKIP_WITHOUT_DATA();
-  Cluster c(2, 2, Settings("cl-kill-worker", {"train.epochs=3"}));
+  Cluster c(2, 2, Settings("cl-kill-worker", {"train.epochs=3", kPromptJoin}));
   ASSERT_TRUE(c.ok());
-  c.StartAll();
+  ASSERT_TRUE(c.StartWorkersFirst(std::chrono::seconds(120))) << Describe(c, 2, 2);
   // Both worker tasks joined and epoch 1 is under way.
   ASSERT_TRUE(WaitForOutput(c.chief(), [](const std::string& out) {
     return Has(out, "worker 0: pid") && Has(out, "worker 1: pid") && Has(out, "\nepoch 1/");
@@ -238,9 +262,9 @@ TEST(ClusterTrainTest, KilledWorkerTaskIsRequeuedAndCountsStayExact) {
 // task is re-queued and the job finishes with exact counts.
 TEST(ClusterTrainTest, FrozenWorkerTaskIsFoundByKeepalive) {
   SKIP_WITHOUT_DATA();
-  Cluster c(2, 2, Settings("cl-keepalive", {"train.task_timeout_s=3600", "cluster.keepalive_s=1"}));
+  Cluster c(2, 2, Settings("cl-keepalive", {"train.task_timeout_s=3600", "cluster.keepalive_s=1", kPromptJoin}));
   ASSERT_TRUE(c.ok());
-  c.StartAll();
+  ASSERT_TRUE(c.StartWorkersFirst(std::chrono::seconds(120))) << Describe(c, 2, 2);
   ASSERT_TRUE(WaitForOutput(c.chief(), [](const std::string& out) {
     return Has(out, "worker 0: pid") && Has(out, "worker 1: pid") && Has(out, "\nepoch 1/");
   }, std::chrono::seconds(120))) << Describe(c, 2, 2);
