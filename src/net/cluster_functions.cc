@@ -97,7 +97,6 @@ void FunctionServer::Stop() {
   MutexLock lock(&mu_);
   stop_ = true;
   if (call_ != nullptr) call_->TryCancel();
-  stopped_.SignalAll();
 }
 
 absl::Status FunctionServer::Run() {
@@ -140,15 +139,19 @@ absl::Status FunctionServer::Run() {
       }
     }
     const grpc::Status s = stream->Finish();
-    MutexLock lock(&mu_);
-    call_ = nullptr;
-    if (stop_) return absl::OkStatus();
+    {
+      MutexLock lock(&mu_);
+      call_ = nullptr;
+      if (stop_) return absl::OkStatus();
+    }
     if (RefusedForGood(s.error_code())) {
       log_(absl::StrCat("worker:", context_.task, ": the chief refuses scheduled functions: ", s.error_message()));
       return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
     }
-    stopped_.WaitFor(&mu_, std::chrono::microseconds(static_cast<int64_t>(backoff * 1e6)),
-                     [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; });
+    BackOff(*channel, backoff, [this] {
+      MutexLock lock(&mu_);
+      return stop_;
+    });
     backoff = NextBackoff(s.error_code(), backoff, chief_);
   }
 }

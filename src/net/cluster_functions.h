@@ -109,7 +109,6 @@ class FunctionServer {
   const TaskLog log_;
 
   Mutex mu_;
-  CondVar stopped_;  // signalled by Stop
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext* call_ ABSL_GUARDED_BY(mu_) = nullptr;  // the open stream's, to cancel
 };

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -119,6 +120,24 @@ bool RefusedForGood(grpc::StatusCode code) {
 
 double NextBackoff(grpc::StatusCode code, double backoff, const PsClientOptions& options) {
   return code == grpc::StatusCode::ABORTED ? backoff : std::min(2 * backoff, options.max_backoff_s);
+}
+
+void BackOff(grpc::Channel& channel, double seconds, const std::function<bool()>& stop) {
+  using SystemClock = std::chrono::system_clock;
+  const SystemClock::time_point end =
+      SystemClock::now() + std::chrono::microseconds(static_cast<int64_t>(std::max(0.0, seconds) * 1e6));
+  while (!(stop && stop())) {
+    const SystemClock::time_point now = SystemClock::now();
+    if (now >= end) return;
+    const SystemClock::time_point slice = std::min(end, now + std::chrono::milliseconds(100));
+    const grpc_connectivity_state state = channel.GetState(/*try_to_connect=*/true);
+    if (state == GRPC_CHANNEL_READY) {
+      std::this_thread::sleep_until(slice);
+    } else {
+      // Returns at a state change or at `slice`; polls the attempt meanwhile.
+      (void)channel.WaitForStateChange(state, slice);
+    }
+  }
 }
 
 void QuietGrpcLogs() {

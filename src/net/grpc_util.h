@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -56,6 +57,17 @@ bool RefusedForGood(grpc::StatusCode code);
 // ABORTED (the chief asks for a retry) keeps `backoff`; anything else
 // doubles it, up to options.max_backoff_s.
 double NextBackoff(grpc::StatusCode code, double backoff, const PsClientOptions& options);
+
+// Waits `seconds` between two attempts on `channel` (or until `stop`, asked
+// every 100 ms, says true), driving the channel's connection attempts the
+// while. A synchronous client polls its connections only inside a call,
+// and a call on a channel in TRANSIENT_FAILURE fails at once: a thread
+// that only slept between attempts would leave the background reconnect
+// to gRPC's backup poller, which runs every 5 s, so a peer that comes up
+// (a chief started after its workers, a restarted ps task) would be
+// reached only about 5 s later, or not at all when the connect deadline
+// passes first. Every retry loop of a client waits here.
+void BackOff(grpc::Channel& channel, double seconds, const std::function<bool()>& stop = nullptr);
 
 // gRPC writes its own lines to stderr (a port in use, a peer gone, ...);
 // the command line reports each failure as one line of its own, so they are

@@ -7,7 +7,6 @@
 #include <chrono>
 #include <functional>
 #include <random>
-#include <thread>
 #include <unordered_map>
 
 #include "absl/strings/match.h"
@@ -116,7 +115,7 @@ class PsClient::Impl {
                          last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
       if (!retry) return Convert(last);
       if (attempts >= options_.max_attempts) break;
-      std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(backoff * 1e6)));
+      BackOff(*channel_, backoff);
       backoff = std::min(2 * backoff, options_.max_backoff_s);
     }
     const double spent = std::chrono::duration<double>(Clock::now() - start).count();

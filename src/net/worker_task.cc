@@ -22,8 +22,9 @@ using Clock = std::chrono::steady_clock;
 double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // One worker thread's part: sessions with the chief until `exit`.
-absl::Status ServeSlot(const Config& config, const PsClientOptions& chief, net::Chief::Stub& stub, Job& job,
-                       ClusterParamStore& store, int task, int thread, const TaskLog& log) {
+absl::Status ServeSlot(const Config& config, const PsClientOptions& chief, grpc::Channel& channel,
+                       net::Chief::Stub& stub, Job& job, ClusterParamStore& store, int task, int thread,
+                       const TaskLog& log) {
   const Dataset* test = InlineEvaluation(config) ? job.test() : nullptr;
   TaskRunner runner(config, job.worker(thread), job.train(), test, [&store] { return store.Flush(); });
   const std::string hello = absl::StrCat("hello ", task, " ", thread, " ", job.num_workers());
@@ -82,7 +83,7 @@ absl::Status ServeSlot(const Config& config, const PsClientOptions& chief, net::
           "chief:0 (%s) is unavailable: no session for %.1f s (train.task_timeout_s %g), last: %s", chief.address,
           SecondsSince(contact), patience, last));
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(backoff * 1e6)));
+    BackOff(channel, backoff);
     backoff = NextBackoff(s.error_code(), backoff, chief);
   }
 }
@@ -121,7 +122,7 @@ absl::Status RunWorkerTask(const Config& config, const ClusterSpec& spec, int in
   // A refusal by the chief ends Run early, logged there; training goes on.
   std::thread function_thread([&function_server] { (void)function_server.Run(); });
   const absl::Status served = job->pool().RunAll(
-      [&](int thread) { return ServeSlot(config, chief, *stub, *job, *store, index, thread, log); });
+      [&](int thread) { return ServeSlot(config, chief, *channel, *stub, *job, *store, index, thread, log); });
   function_server.Stop();
   function_thread.join();
   return served;

@@ -186,7 +186,11 @@ std::vector<std::string> Settings(const std::string& job, std::vector<std::strin
 // cluster.max_backoff_s (2 s by default), and the 2-epoch job takes about
 // 2.5 s, so on a loaded machine a task could join after the job ended. With
 // a cap of 0.25 s (and Cluster::StartWorkersFirst) both join within a
-// fraction of the first epoch.
+// fraction of the first epoch. These tests also guard the worker task's
+// reconnection: its first sessions are refused (no chief yet), and ctest
+// turns gRPC's backup poller off, so unless its backoff drives the
+// channel's reconnection (BackOff, net/grpc_util.h) it never joins (with
+// the poller on, it joined about 5 s late and sometimes after the job).
 constexpr const char* kPromptJoin = "cluster.max_backoff_s=0.25";
 
 std::string Describe(Cluster& c, int ps, int workers) {
