@@ -1,6 +1,7 @@
 #include "net/grpc_util.h"
 
 #include <grpc/support/log.h>
+#include <grpc/support/time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -123,19 +124,24 @@ double NextBackoff(grpc::StatusCode code, double backoff, const PsClientOptions&
 }
 
 void BackOff(grpc::Channel& channel, double seconds, const std::function<bool()>& stop) {
-  using SystemClock = std::chrono::system_clock;
-  const SystemClock::time_point end =
-      SystemClock::now() + std::chrono::microseconds(static_cast<int64_t>(std::max(0.0, seconds) * 1e6));
+  // Steady time throughout: a wall-clock step (NTP) must not stretch or cut
+  // a backoff, so each slice's gRPC deadline is on gRPC's monotonic clock.
+  using SteadyClock = std::chrono::steady_clock;
+  constexpr std::chrono::milliseconds kSlice(100);
+  const SteadyClock::time_point end =
+      SteadyClock::now() + std::chrono::microseconds(static_cast<int64_t>(std::max(0.0, seconds) * 1e6));
   while (!(stop && stop())) {
-    const SystemClock::time_point now = SystemClock::now();
+    const SteadyClock::time_point now = SteadyClock::now();
     if (now >= end) return;
-    const SystemClock::time_point slice = std::min(end, now + std::chrono::milliseconds(100));
+    const auto slice = std::min<SteadyClock::duration>(end - now, kSlice);
     const grpc_connectivity_state state = channel.GetState(/*try_to_connect=*/true);
     if (state == GRPC_CHANNEL_READY) {
-      std::this_thread::sleep_until(slice);
+      std::this_thread::sleep_for(slice);
     } else {
-      // Returns at a state change or at `slice`; polls the attempt meanwhile.
-      (void)channel.WaitForStateChange(state, slice);
+      // Returns at a state change or after `slice`; polls the attempt meanwhile.
+      const int64_t micros = std::chrono::duration_cast<std::chrono::microseconds>(slice).count();
+      (void)channel.WaitForStateChange(
+          state, gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_micros(micros, GPR_TIMESPAN)));
     }
   }
 }

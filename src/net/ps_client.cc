@@ -116,7 +116,7 @@ class PsClient::Impl {
       if (!retry) return Convert(last);
       if (attempts >= options_.max_attempts) break;
       BackOff(*channel_, backoff);
-      backoff = std::min(2 * backoff, options_.max_backoff_s);
+      backoff = NextBackoff(last.error_code(), backoff, options_);
     }
     const double spent = std::chrono::duration<double>(Clock::now() - start).count();
     return absl::UnavailableError(absl::StrFormat("%s (%s) is unavailable: %d attempt%s in %.1f s, last: %s: %s",
