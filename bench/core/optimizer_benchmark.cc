@@ -1,55 +1,108 @@
-// Optimizer kernels (the fused push's arithmetic) next to a STREAM triad over
-// the same number of bytes, measured in the same run.
+// The optimizer kernels (the fused push's arithmetic) on every dispatch
+// target, each next to a STREAM triad compiled for the same target, in cache
+// and out of cache, measured in the same run.
 //
 //   build/bench/core/optimizer_benchmark --benchmark_counters_tabular=true
+//
+// Rows are named BM_<what>/<target>/n:<floats>; compare an optimizer's
+// bytes/s with the triad's of the same target and n. bytes/s counts the
+// arrays each moves: triad 3 (two read, one written), an optimizer
+// 2 * (1 + slots) + 1 (params and slots read and written, gradient read).
+// n = 65536 keeps every array of Adam (5 x 256 KiB) in L2 of a server core;
+// n = 2^24 (64 MiB per array) is memory-bound.
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "bench/core/optimizer_benchmark.cc"
+#define HWY_COMPILE_ALL_ATTAINABLE
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace shardwild {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// a[i] = b[i] + s * c[i]
+void TriadImpl(float* a, const float* b, const float* c, float s, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto vs = hn::Set(d, s);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(hn::MulAdd(vs, hn::LoadU(d, c + i), hn::LoadU(d, b + i)), d, a + i);
+  for (; i < n; ++i) a[i] = b[i] + s * c[i];
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace shardwild
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
 #include <benchmark/benchmark.h>
 
+#include <string>
 #include <vector>
 
+#include "core/hogwild_kernels.h"
 #include "core/optimizer.h"
 
 namespace shardwild {
 namespace {
 
-// The bound: a[i] = b[i] + s * c[i] (STREAM triad), counted as 3 arrays moved.
-void BM_StreamTriad(benchmark::State& state) {
+HWY_EXPORT(TriadImpl);
+
+constexpr int64_t kSizes[] = {65536, int64_t{1} << 24};
+
+void BM_StreamTriad(benchmark::State& state, std::string target) {
+  ScopedHogwildKernelTarget scoped(target);
   const int64_t n = state.range(0);
   std::vector<float> a(n), b(n, 1.0f), c(n, 2.0f);
-  const float s = 0.5f;
   for (auto _ : state) {
-    for (int64_t i = 0; i < n; ++i) a[i] = b[i] + s * c[i];
+    HWY_DYNAMIC_DISPATCH(TriadImpl)(a.data(), b.data(), c.data(), 0.5f, n);
     benchmark::DoNotOptimize(a.data());
     benchmark::ClobberMemory();
   }
   state.counters["bytes/s"] = benchmark::Counter(3.0 * n * sizeof(float), benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(target);
 }
-BENCHMARK(BM_StreamTriad)->ArgName("n")->Arg(235146)->Arg(1 << 24);
 
-void BM_ApplyUpdate(benchmark::State& state) {
-  const OptimizerType type = static_cast<OptimizerType>(state.range(0));
-  const int64_t n = state.range(1);
+void BM_ApplyUpdate(benchmark::State& state, std::string target, OptimizerType type) {
+  ScopedHogwildKernelTarget scoped(target);
+  const int64_t n = state.range(0);
   OptimizerOptions opt;
   opt.type = type;
   const int slots = NumSlots(type);
   std::vector<float> p(n, 0.1f), g(n, 0.01f);
-  std::vector<std::vector<float>> s(slots, std::vector<float>(n, 0.0f));
+  std::vector<std::vector<float>> s(slots, std::vector<float>(n, 0.1f));
   float* sp[2] = {slots > 0 ? s[0].data() : nullptr, slots > 1 ? s[1].data() : nullptr};
   int64_t step = 0;
   for (auto _ : state) {
     ApplyUpdate(opt, UpdateParams{1e-3f, ++step}, p.data(), sp, g.data(), n);
     benchmark::ClobberMemory();
   }
-  // Bytes moved: params and slots read and written, gradient read.
   const double bytes = (2.0 * (1 + slots) + 1.0) * n * sizeof(float);
   state.counters["bytes/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["params/s"] = benchmark::Counter(n, benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(OptimizerTypeName(type));
+  state.SetLabel(target + " " + OptimizerTypeName(type));
 }
-BENCHMARK(BM_ApplyUpdate)
-    ->ArgNames({"optimizer", "n"})
-    ->ArgsProduct({{static_cast<int>(OptimizerType::kSgd), static_cast<int>(OptimizerType::kMomentum),
-                    static_cast<int>(OptimizerType::kAdam)},
-                   {235146, 1 << 24}});
+
+// Registered per target the CPU supports, so each row names its target.
+[[maybe_unused]] const bool kRegistered = [] {
+  const OptimizerType types[] = {OptimizerType::kSgd,     OptimizerType::kMomentum, OptimizerType::kAdam,
+                                 OptimizerType::kAdagrad, OptimizerType::kRmsprop,  OptimizerType::kFtrl};
+  for (const std::string& target : HogwildKernelTargets()) {
+    auto* triad = benchmark::RegisterBenchmark(("BM_StreamTriad/" + target).c_str(), BM_StreamTriad, target);
+    triad->ArgName("n");
+    for (int64_t n : kSizes) triad->Arg(n);
+    for (OptimizerType type : types) {
+      auto* b = benchmark::RegisterBenchmark(("BM_" + std::string(OptimizerTypeName(type)) + "/" + target).c_str(),
+                                             BM_ApplyUpdate, target, type);
+      b->ArgName("n");
+      for (int64_t n : kSizes) b->Arg(n);
+    }
+  }
+  return true;
+}();
 
 }  // namespace
 }  // namespace shardwild
+#endif  // HWY_ONCE

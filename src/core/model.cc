@@ -407,6 +407,23 @@ void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n) {
   FinishLoad(n);
 }
 
+void Model::PrefetchRecords(const Dataset& data, const int32_t* records, int64_t n) const {
+  // Into L2 (locality 2): the step's compute runs before these are read.
+  auto fetch = [](const void* begin, size_t bytes) {
+    const char* p = static_cast<const char*>(begin);
+    for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 2);
+  };
+  for (int64_t s = 0; s < n; ++s) {
+    const int64_t r = records[s];
+    if (dense_dim_ > 0) fetch(data.dense.data() + r * dense_dim_, dense_dim_ * sizeof(float));
+    for (size_t l = 0; l < lookups_.size(); ++l) {
+      const SparseField& f = data.fields[spec_.lookups[l].data_field];
+      const int64_t b = f.offsets[r], e = f.offsets[r + 1];
+      if (e > b) fetch(f.ids.data() + b, static_cast<size_t>(e - b) * sizeof(f.ids[0]));
+    }
+  }
+}
+
 void Model::LoadRange(const Dataset& data, int64_t first, int64_t n) {
   for (LookupState& st : lookups_) st.count = 0;
   for (int64_t s = 0; s < n; ++s) LoadRecord(data, first + s, s);

@@ -111,6 +111,11 @@ class Model {
   void LoadBatch(const Dataset& data, const int32_t* records, int64_t n);
   // The same for the consecutive records [first, first + n).
   void LoadRange(const Dataset& data, int64_t first, int64_t n);
+  // Asks the CPU to start fetching what LoadBatch(data, records, n) will read
+  // (software prefetch: dense inputs, labels, each lookup's ids), so that a
+  // batch loaded after the current step's compute comes from cache. Only a
+  // hint: changes nothing, never faults, allocates nothing.
+  void PrefetchRecords(const Dataset& data, const int32_t* records, int64_t n) const;
 
   // Forward pass over the loaded batch and pulled rows. `training` applies dropout.
   void Forward(bool training, const dnnl::stream& stream);

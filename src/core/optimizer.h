@@ -2,12 +2,12 @@
 //
 // The same kernel serves a slice of a dense variable and an embedding row.
 // Parameters and slots may be shared with other threads that update them at
-// the same time (Hogwild). Every access to them goes through
-// std::atomic_ref<float> with memory_order_relaxed: each float is read and
-// written whole, updates from different threads may interleave element by
-// element, and no ordering with other memory is implied. The arithmetic runs
-// on a small stack block so that it vectorises; the block is loaded from and
-// stored back to the shared memory element by element.
+// the same time (Hogwild). The arithmetic runs in the SIMD kernels of
+// core/hogwild_kernels.h (Google Highway, dispatched at run time to the best
+// instruction set of the CPU): they load and store whole vectors of
+// parameters and slots, so updates from different threads may interleave
+// lane by lane, and no ordering with other memory is implied. Those kernels
+// are the only code allowed to race, and stay out of ThreadSanitizer's view.
 #pragma once
 
 #include <cstdint>
@@ -77,7 +77,11 @@ float AdamMomentRatioBound(float beta1, float beta2, int64_t step);
 // `slots` holds NumSlots(type) pointers, each to `n` floats, in the order
 // above. `grad` is private to the caller. `opt` must have passed Validate().
 // Thread-safe in the Hogwild sense described above; never allocates.
+// Every instruction-set target gives bit-identical results: the formulas
+// above, evaluated left to right in float with no fused multiply-add.
+// With `params_copy` (a private buffer of n floats, or null) the updated
+// parameters are also written there in the same pass (a fused pull).
 void ApplyUpdate(const OptimizerOptions& opt, const UpdateParams& up, float* params, float* const* slots,
-                 const float* grad, int64_t n);
+                 const float* grad, int64_t n, float* params_copy = nullptr);
 
 }  // namespace shardwild

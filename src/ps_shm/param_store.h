@@ -186,6 +186,19 @@ class ParamStore {
   // Applies the optimizer with learning rate `lr` to each variable with its
   // gradient, then advances the model version by one.
   virtual absl::Status Push(absl::Span<const DenseGrad> grads, float lr) = 0;
+  // Push, then Pull of `pulls`: each slice receives the parameters as they
+  // stand once this push has been applied (ps-lite's PushPull). A store that
+  // can fuses the two, writing the updated parameters to the slices in the
+  // same pass as the update, so a worker that refreshes its copy every step
+  // reads the parameters once instead of twice. The result is what Push
+  // followed at once by Pull may return (Hogwild: other threads' pushes may
+  // land before, during or after). Errors as Push and Pull; if the push
+  // fails, the slices are left as they were or partly written.
+  // Default: Push, then Pull.
+  virtual absl::Status PushPull(absl::Span<const DenseGrad> grads, float lr, absl::Span<const PullSlice> pulls) {
+    if (absl::Status s = Push(grads, lr); !s.ok()) return s;
+    return Pull(pulls);
+  }
 
   // Copies the rows of `ids` of embedding table `table` (layout().tables)
   // into out[ids.size() x dim]. Ids may repeat. mode kInsert gives a missing

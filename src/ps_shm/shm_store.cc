@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/hogwild_kernels.h"
 #include "core/optimizer.h"
 #include "core/random.h"
 #include "core/status.h"
@@ -91,11 +92,6 @@ uint64_t LoadRelaxed(uint64_t* p) { return std::atomic_ref<uint64_t>(*p).load(st
 // Bytes of the row sequence words of a part holding `rows` rows (shard_format.h).
 uint64_t SeqBytes(int64_t rows) { return AlignUp(static_cast<uint64_t>(rows) * sizeof(uint32_t), 64); }
 
-inline void CopyRelaxed(const float* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    dst[i] = std::atomic_ref<float>(const_cast<float&>(src[i])).load(std::memory_order_relaxed);
-  }
-}
 
 }  // namespace
 
@@ -676,14 +672,11 @@ absl::Status ShmParamStore::Pull(absl::Span<const PullSlice> slices) {
         const int64_t cols = spec.cols;
         for (int64_t r = 0; r < e - b; ++r) {
           ReadRowConsistent(p.row_seq + (b - p.row_begin) + r,
-                            [&] { CopyRelaxed(src + r * cols, dst + r * cols, cols); });
+                            [&] { HogwildCopyFrom(src + r * cols, dst + r * cols, cols); });
         }
         continue;
       }
-      const int64_t n = (e - b) * spec.cols;
-      for (int64_t i = 0; i < n; ++i) {
-        dst[i] = std::atomic_ref<float>(const_cast<float&>(src[i])).load(std::memory_order_relaxed);
-      }
+      HogwildCopyFrom(src, dst, (e - b) * spec.cols);
     }
   }
   return absl::OkStatus();
@@ -711,9 +704,9 @@ absl::Status ShmParamStore::ReadRows(int var, int64_t row_begin, int64_t row_end
       const int64_t src_off = (row - p.row_begin) * cols;
       const int64_t dst_off = (row - row_begin) * cols;
       auto copy = [&] {
-        CopyRelaxed(p.params + src_off, params + dst_off, cols);
+        HogwildCopyFrom(p.params + src_off, params + dst_off, cols);
         for (size_t k = 0; k < slots.size(); ++k) {
-          if (slots[k] != nullptr) CopyRelaxed(p.slots[k] + src_off, slots[k] + dst_off, cols);
+          if (slots[k] != nullptr) HogwildCopyFrom(p.slots[k] + src_off, slots[k] + dst_off, cols);
         }
       };
       if (update_mode_ == UpdateMode::kRowLock) {
@@ -821,7 +814,36 @@ absl::Status ShmParamStore::PushHosted(absl::Span<const DenseGrad> grads, float 
   return PushImpl(grads, lr, true);
 }
 
-absl::Status ShmParamStore::PushImpl(absl::Span<const DenseGrad> grads, float lr, bool from_hosted) {
+absl::Status ShmParamStore::PushPull(absl::Span<const DenseGrad> grads, float lr,
+                                     absl::Span<const PullSlice> pulls) {
+  // Which slices the update writes (a fixed-size mask: no allocation). More
+  // than 64 slices, or a row_lock store, go the plain way.
+  uint64_t fused = 0;
+  if (update_mode_ != UpdateMode::kRowLock && pulls.size() <= 64) {
+    for (size_t i = 0; i < pulls.size(); ++i) {
+      const PullSlice& sl = pulls[i];
+      if (sl.var < 0 || sl.var >= static_cast<int>(parts_.size()) || sl.out == nullptr) continue;
+      const int64_t rows = layout_.variables[sl.var].rows;
+      const RowRange hosted = hosted_rows_[sl.var];
+      if (sl.row_begin != 0 || sl.row_end != rows || hosted.begin != 0 || hosted.end != rows) continue;
+      // Fused only if the variable is pushed exactly once.
+      int pushed = 0;
+      for (const DenseGrad& g : grads) pushed += g.var == sl.var;
+      if (pushed != 1) continue;
+      bool first = true;  // one slice per variable
+      for (size_t j = 0; j < i; ++j) first = first && !((fused >> j) & 1 && pulls[j].var == sl.var);
+      if (first) fused |= uint64_t{1} << i;
+    }
+  }
+  SW_RETURN_IF_ERROR(PushImpl(grads, lr, /*from_hosted=*/false, pulls, fused));
+  for (size_t i = 0; i < pulls.size(); ++i) {
+    if (!((fused >> i) & 1)) SW_RETURN_IF_ERROR(Pull(pulls.subspan(i, 1)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmParamStore::PushImpl(absl::Span<const DenseGrad> grads, float lr, bool from_hosted,
+                                     absl::Span<const PullSlice> pulls, uint64_t fused) {
   const int nshards = layout_.num_shards;
   // Which shards this push touched (a fixed-size mask keeps the hot path free of allocation).
   uint64_t touched_small = 0;
@@ -833,6 +855,11 @@ absl::Status ShmParamStore::PushImpl(absl::Span<const DenseGrad> grads, float lr
     const int64_t cols = layout_.variables[g.var].cols;
     // The row g.grad starts at: 0, or the first hosted row (PushHosted).
     const int64_t base = from_hosted ? hosted_rows_[g.var].begin : 0;
+    // The fused pull's destination for this variable, if any (PushPull).
+    float* copy = nullptr;
+    for (size_t i = 0; i < pulls.size(); ++i) {
+      if ((fused >> i) & 1 && pulls[i].var == g.var) copy = pulls[i].out;
+    }
     for (int s = 0; s < nshards; ++s) {
       const Part& p = parts_[g.var][s];
       if (p.row_end == p.row_begin) continue;
@@ -849,7 +876,7 @@ absl::Status ShmParamStore::PushImpl(absl::Span<const DenseGrad> grads, float lr
         }
       } else {
         ApplyUpdate(optimizer_, up, p.params, p.slots, g.grad + (p.row_begin - base) * cols,
-                    (p.row_end - p.row_begin) * cols);
+                    (p.row_end - p.row_begin) * cols, copy != nullptr ? copy + p.row_begin * cols : nullptr);
       }
       const int k = s - first_hosted_;  // hosted: parts of other shards have no rows
       if (k < 64) touched_small |= uint64_t{1} << k; else touched_all = true;

@@ -72,6 +72,11 @@ class ShmParamStore final : public ParamStore {
   const std::string& name() const override { return name_; }
   absl::Status Pull(absl::Span<const PullSlice> slices) override;
   absl::Status Push(absl::Span<const DenseGrad> grads, float lr) override;
+  // Fused where it can be: a slice that covers a whole variable being
+  // pushed, in a mode other than row_lock, fully hosted here, is written by
+  // the optimizer kernel in the same pass as the update; other slices are
+  // pulled after the push.
+  absl::Status PushPull(absl::Span<const DenseGrad> grads, float lr, absl::Span<const PullSlice> pulls) override;
   uint64_t version() const override;
   absl::Status PullRows(int table, absl::Span<const uint64_t> ids, float* out, PullMode mode,
                         RowScratch* scratch) override;
@@ -201,7 +206,10 @@ class ShmParamStore final : public ParamStore {
   ShmParamStore() = default;
   absl::Status BuildParts();
   // Push and PushHosted (from_hosted: gradients start at the hosted rows).
-  absl::Status PushImpl(absl::Span<const DenseGrad> grads, float lr, bool from_hosted);
+  // Push or PushHosted; with `pulls`, slices marked in `fused` (bit i: pulls[i])
+  // receive their variable's updated parameters from the update itself.
+  absl::Status PushImpl(absl::Span<const DenseGrad> grads, float lr, bool from_hosted,
+                        absl::Span<const PullSlice> pulls = {}, uint64_t fused = 0);
   // hosted_rows_ from layout_ and the hosted block; FailedPrecondition when
   // a variable's hosted parts are not one contiguous row range.
   absl::Status ComputeHostedRows();

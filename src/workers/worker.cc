@@ -135,6 +135,12 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
   const int64_t batch = model_->batch();
   const int64_t steps = max_steps >= 0 ? max_steps : (count + batch - 1) / batch;
   const int lookups = model_->num_lookups();
+  // Pulling every step, straight from the store to this worker: the push of
+  // step k also writes the updated parameters to the local copy (PushPull),
+  // which is step k + 1's pull, so the parameters are read once a step, not
+  // twice. Not with sync rounds (the round applies the push) nor replicas
+  // (StepDone may average after the push): those pull at each step's start.
+  const bool fuse_pull = sync == nullptr && update_.replicas == nullptr && update_.pull_every == 1;
   int64_t cursor = 0;
   PhaseTimes t;
   for (int64_t step = 0; step < steps; ++step) {
@@ -153,6 +159,12 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
       batch_records_[valid++] = order[cursor++];
     }
     model_->LoadBatch(*train_, batch_records_.data(), valid);
+    // Start fetching the next batch's records, so they arrive while this
+    // step computes and the next data phase reads them from cache.
+    if (step + 1 < steps) {
+      const int64_t next = cursor == count ? 0 : cursor;  // a cycling run wraps
+      model_->PrefetchRecords(*train_, order + next, std::min(batch, count - next));
+    }
     const auto t1 = Clock::now();
     // Read params: refresh the local copy on the first step of the call, every
     // pull_every steps, when the store has moved more than max_staleness
@@ -166,9 +178,10 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
       version = store_->version();
     }
     if (pull) {
-      // The version is read before the pull, so the copy is at least that new.
+      // The version is read before the pull, so the copy is at least that
+      // new. After the first step a fused pull came with the last push.
       version_at_pull_ = version;
-      SW_RETURN_IF_ERROR(PullAll());
+      if (!(fuse_pull && step > 0)) SW_RETURN_IF_ERROR(PullAll());
       counters_.pulls.fetch_add(1, std::memory_order_relaxed);
     }
     const auto t2 = Clock::now();
@@ -189,7 +202,13 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
       SW_RETURN_IF_ERROR(sync->Contribute(index_, pushes_, lr, row_pushes_, sparse_lr));
       t6 = Clock::now();
     } else {
-      if (!pushes_.empty()) SW_RETURN_IF_ERROR(store_->Push(pushes_, lr));
+      if (!pushes_.empty()) {
+        if (fuse_pull && step + 1 < steps) {
+          SW_RETURN_IF_ERROR(store_->PushPull(pushes_, lr, pulls_));
+        } else {
+          SW_RETURN_IF_ERROR(store_->Push(pushes_, lr));
+        }
+      }
       if (update_.replicas != nullptr) SW_RETURN_IF_ERROR(update_.replicas->StepDone());
       t6 = Clock::now();
       if (lookups > 0) SW_RETURN_IF_ERROR(store_->PushRowsBatch(row_pushes_, sparse_lr, &row_scratch_));

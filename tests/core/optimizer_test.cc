@@ -4,6 +4,7 @@
 #include "core/optimizer.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <ostream>
@@ -12,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/hogwild_kernels.h"
 #include "core/options.h"
 #include "gtest/gtest.h"
 
@@ -120,11 +122,22 @@ void RefUpdate(const OptimizerOptions& o, double lr, int64_t t, const std::vecto
   return ::testing::AssertionFailure() << what << "[" << i << "]: got " << got << ", want " << want;
 }
 
-class ApplyUpdateTest : public ::testing::TestWithParam<std::tuple<Case, int64_t>> {};
+// (optimizer case, n, instruction-set target of the kernels).
+class ApplyUpdateTest : public ::testing::TestWithParam<std::tuple<Case, int64_t, std::string>> {};
 
+// Every optimizer on every dispatch target the CPU supports equals the
+// double-precision textbook reference, single-threaded.
 TEST_P(ApplyUpdateTest, MatchesReferenceOverSteps) {
   const OptimizerOptions& opt = std::get<0>(GetParam()).opt;
   const int64_t n = std::get<1>(GetParam());
+  const std::string& target = std::get<2>(GetParam());
+  const std::vector<std::string> supported = HogwildKernelTargets();
+  if (std::find(supported.begin(), supported.end(), target) == supported.end()) {
+    GTEST_SKIP() << "this CPU does not support " << target;
+  }
+  ScopedHogwildKernelTarget scoped(target);
+  ASSERT_TRUE(scoped.ok());
+  ASSERT_EQ(ActiveHogwildKernelTarget(), target);
   const int slots = NumSlots(opt.type);
   const double slot1_floor = std::get<0>(GetParam()).slot1_floor;
   std::mt19937 rng(static_cast<uint32_t>(n) * 31 + static_cast<uint32_t>(opt.type) * 7 + opt.nesterov);
@@ -191,11 +204,86 @@ std::vector<Case> Cases() {
           {"ftrl_l1_l2", MakeFtrl(0.05f, 0.1f), 1.0}};
 }
 
+// Every x86 target Highway compiles for; those this CPU lacks are skipped.
+const std::vector<std::string> kTargets = {"AVX3", "AVX2", "SSE4", "SSSE3", "SCALAR", "EMU128"};
+
 INSTANTIATE_TEST_SUITE_P(AllOptimizers, ApplyUpdateTest,
-                         ::testing::Combine(::testing::ValuesIn(Cases()), ::testing::Values(0, 1, 63, 64, 100, 130)),
+                         ::testing::Combine(::testing::ValuesIn(Cases()), ::testing::Values(0, 1, 63, 64, 100, 130),
+                                            ::testing::ValuesIn(kTargets)),
                          [](const ::testing::TestParamInfo<ApplyUpdateTest::ParamType>& info) {
-                           return std::get<0>(info.param).name + "_n" + std::to_string(std::get<1>(info.param));
+                           return std::get<0>(info.param).name + "_n" + std::to_string(std::get<1>(info.param)) +
+                                  "_" + std::get<2>(info.param);
                          });
+
+// Runs 5 updates of `opt` on `target` from fixed inputs; returns params and slots.
+std::vector<float> RunOn(const std::string& target, const OptimizerOptions& opt, int64_t n) {
+  ScopedHogwildKernelTarget scoped(target);
+  EXPECT_TRUE(scoped.ok()) << target;
+  std::mt19937 rng(99);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> p(n), s0(n, SlotInitialValue(opt, 0)), s1(n, SlotInitialValue(opt, 1)), g(n);
+  for (float& x : p) x = dist(rng);
+  float* slots[2] = {s0.data(), s1.data()};
+  for (int t = 1; t <= 5; ++t) {
+    for (float& x : g) x = dist(rng) * (t == 3 ? 1e-4f : 1.0f);
+    ApplyUpdate(opt, UpdateParams{0.1f / t, t}, p.data(), slots, g.data(), n);
+  }
+  p.insert(p.end(), s0.begin(), s0.end());
+  p.insert(p.end(), s1.begin(), s1.end());
+  return p;
+}
+
+// Every target computes the same bits as the portable one (no fused
+// multiply-add anywhere), so runs reproduce across machines.
+TEST(HogwildKernelTargetsTest, EveryTargetIsBitIdenticalToTheScalarOne) {
+  const std::vector<std::string> targets = HogwildKernelTargets();
+  for (const Case& c : Cases()) {
+    const std::vector<float> want = RunOn(targets.back(), c.opt, 1000);
+    for (const std::string& target : targets) {
+      const std::vector<float> got = RunOn(target, c.opt, 1000);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+            << c.name << " on " << target << ", element " << i << ": " << got[i] << " vs " << want[i];
+      }
+    }
+  }
+}
+
+// The fused pull writes exactly the updated parameters.
+TEST(ApplyUpdateFormulaTest, FusedCopyEqualsTheUpdatedParameters) {
+  for (const Case& c : Cases()) {
+    std::vector<float> p(77, 0.5f), s0(77, SlotInitialValue(c.opt, 0)), s1(77, SlotInitialValue(c.opt, 1));
+    std::vector<float> g(77), copy(78, kSentinel);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = 0.01f * static_cast<float>(i % 13) - 0.05f;
+    float* slots[2] = {s0.data(), s1.data()};
+    ApplyUpdate(c.opt, UpdateParams{0.1f, 1}, p.data(), slots, g.data(), 77, copy.data());
+    for (size_t i = 0; i < p.size(); ++i) ASSERT_EQ(copy[i], p[i]) << c.name << " " << i;
+    EXPECT_EQ(copy[77], kSentinel) << c.name;
+    EXPECT_NE(p[1], 0.5f) << c.name;
+  }
+  // FTRL skips a step at lr 0, and the copy still holds the parameters.
+  std::vector<float> p(5, 0.25f), s0(5, 0.1f), s1(5, 0.0f), g(5, 1.0f), copy(5, 0.0f);
+  float* slots[2] = {s0.data(), s1.data()};
+  ApplyUpdate(MakeFtrl(0, 0), UpdateParams{0.0f, 1}, p.data(), slots, g.data(), 5, copy.data());
+  for (float x : copy) EXPECT_EQ(x, 0.25f);
+}
+
+TEST(HogwildKernelTargetsTest, BestTargetIsTheDefaultAndScalarIsCompiledIn) {
+  const std::vector<std::string> targets = HogwildKernelTargets();
+  ASSERT_FALSE(targets.empty());
+  EXPECT_EQ(ActiveHogwildKernelTarget(), targets.front());
+  // A portable fallback is always there, whatever the CPU.
+  EXPECT_TRUE(targets.back() == "SCALAR" || targets.back() == "EMU128") << targets.back();
+  {
+    ScopedHogwildKernelTarget scoped(targets.back());
+    EXPECT_EQ(ActiveHogwildKernelTarget(), targets.back());
+  }
+  EXPECT_EQ(ActiveHogwildKernelTarget(), targets.front());
+  ScopedHogwildKernelTarget unknown("NO_SUCH_TARGET");
+  EXPECT_FALSE(unknown.ok());
+  EXPECT_EQ(ActiveHogwildKernelTarget(), targets.front());
+}
 
 TEST(ApplyUpdateFormulaTest, AdamFirstStepIsSignTimesLr) {
   // With zero slots and eps -> 0, Adam's first step is lr * sign(g) whatever |g| is.

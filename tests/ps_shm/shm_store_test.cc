@@ -1055,3 +1055,54 @@ TEST(ShmStoreTest, PlacerFailureIsReportedAndLeavesNothingBehind) {
 
 }  // namespace
 }  // namespace shardwild
+
+namespace shardwild {
+namespace {
+
+// PushPull equals Push followed at once by Pull, fused or not: whole-variable
+// slices (fused), a partial slice and a slice of a variable not pushed (both
+// pulled after the push), over several shards and in every update mode.
+TEST(ShmStoreTest, PushPullEqualsPushThenPull) {
+  for (UpdateMode mode : {UpdateMode::kHogwild, UpdateMode::kRowLock}) {
+    for (OptimizerType type : {OptimizerType::kSgd, OptimizerType::kAdam}) {
+      OptimizerOptions opt;
+      opt.type = type;
+      OpenStoreOptions o = StoreOptionsFor(opt, 3, /*seed=*/5);
+      o.store.update = mode;
+      o.store.partitioner.kind = PartitionerOptions::Kind::kFixedShards;
+      o.store.partitioner.max_shards = 3;  // w's 13 rows over 3 shards
+      std::unique_ptr<ShmParamStore> fused = MakeStore(o);
+      o.store.job_name = "swtest-store-b";
+      std::unique_ptr<ShmParamStore> plain = MakeStore(o);
+      ASSERT_NE(fused, nullptr);
+      ASSERT_NE(plain, nullptr);
+      const std::vector<VariableSpec> vars = TestVariables();
+      for (int step = 0; step < 3; ++step) {
+        const std::vector<float> gw = Ramp(vars[0].size(), 0.25f, static_cast<float>(step));
+        const std::vector<float> gb = Ramp(vars[1].size(), -0.5f, 1.0f);
+        // Only w is pushed; b's slice is pulled after the push.
+        const DenseGrad grads[] = {{0, gw.data()}};
+        std::vector<float> w(vars[0].size() + 1, -9.0f), b(vars[1].size(), -9.0f), part(2 * 4, -9.0f);
+        const PullSlice slices[] = {{0, 0, 13, w.data()}, {1, 0, 4, b.data()}, {0, 5, 7, part.data()}};
+        ASSERT_TRUE(fused->PushPull(grads, 0.05f, slices).ok());
+        ASSERT_TRUE(plain->Push(grads, 0.05f).ok());
+        EXPECT_EQ(fused->version(), plain->version());
+        const std::vector<float> want_w = PullAll(*plain, 0), want_b = PullAll(*plain, 1);
+        EXPECT_TRUE(BitEqual(PullAll(*fused, 0), want_w)) << "step " << step;
+        EXPECT_TRUE(BitEqual(std::vector<float>(w.begin(), w.end() - 1), want_w)) << "step " << step;
+        EXPECT_EQ(w.back(), -9.0f);  // nothing past the slice
+        EXPECT_TRUE(BitEqual(b, want_b)) << "step " << step;
+        EXPECT_TRUE(BitEqual(part, std::vector<float>(want_w.begin() + 5 * 4, want_w.begin() + 7 * 4)));
+      }
+      // A bad slice is reported after the push, as Pull reports it.
+      const std::vector<float> g(vars[0].size(), 1.0f);
+      const DenseGrad grads[] = {{0, g.data()}};
+      std::vector<float> out(4);
+      const PullSlice bad[] = {{1, 2, 9, out.data()}};
+      EXPECT_EQ(fused->PushPull(grads, 0.05f, bad).code(), absl::StatusCode::kInvalidArgument);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace shardwild
