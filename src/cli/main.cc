@@ -485,7 +485,9 @@ int Bench(const std::string& path, const std::vector<std::string>& sets, bool as
               {"model_gflops", r->model_gflops},
               {"peak_gflops", r->peak.gflops},
               {"peak_shape", {r->peak.m, r->peak.n, r->peak.k}},
-              {"peak_fraction", r->peak_fraction}};
+              {"peak_fraction", r->peak_fraction},
+              {"kernel_target", r->kernel_target},
+              {"kernel_targets", r->kernel_targets}};
     if (r->wire_bytes_per_step >= 0) {
       j["wire_bytes_per_step"] = r->wire_bytes_per_step;
       j["compression"] = GradientCompressionName(config->cluster.compression);

@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/hogwild_kernels.h"
 #include "core/optimizer.h"
 #include "core/partitioner.h"
 #include "core/status.h"
@@ -96,6 +98,8 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
   r.model_gflops = total_steps * r.flops_per_step / r.wall_s / 1e9;
   SW_ASSIGN_OR_RETURN(r.peak, MeasureMatmulPeak(job.pool(), r.intra_op_threads, 1024, cfg.bench.peak_seconds));
   r.peak_fraction = r.peak.gflops > 0 ? r.model_gflops / r.peak.gflops : 0;
+  r.kernel_target = ActiveHogwildKernelTarget();
+  r.kernel_targets = HogwildKernelTargets();
   r.data_load_s = job.data_load_seconds();
   r.data_records = job.train().count;
   if (job.train().tokens > 0 && job.train().count > 0) {
@@ -169,6 +173,7 @@ std::string FormatBenchReport(const BenchReport& r) {
   absl::StrAppendFormat(&s, "matmul peak (same run, sgemm %dx%dx%d on %d threads x %d OpenMP): %.2f GFLOP/s\n",
                         r.peak.m, r.peak.n, r.peak.k, r.peak.threads, r.peak.omp_threads_per_worker, r.peak.gflops);
   absl::StrAppendFormat(&s, "fraction of peak: %.3f\n", r.peak_fraction);
+  absl::StrAppendFormat(&s, "update kernels: %s (this CPU: %s)\n", r.kernel_target, absl::StrJoin(r.kernel_targets, " "));
   if (r.wire_bytes_per_step >= 0) {
     const double t = r.phases.total();
     const double store = r.phases.read_params + r.phases.pull_rows + r.phases.push + r.phases.push_rows;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "workers/job.h"
@@ -45,6 +46,10 @@ struct BenchReport {
   double model_gflops = 0;      // achieved, all workers
   MatmulPeak peak;
   double peak_fraction = 0;     // model_gflops / peak.gflops
+  // The instruction set the Hogwild kernels (optimizer updates, pulls, row
+  // gathers; core/hogwild_kernels.h) ran on, and every one this CPU offers.
+  std::string kernel_target;
+  std::vector<std::string> kernel_targets;
 
   // Embedding tables (models with sparse features; zero otherwise).
   // rows_per_s: ids gathered per second (= ids whose gradients were pushed),

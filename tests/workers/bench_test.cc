@@ -51,9 +51,14 @@ TEST(BenchTest, TinyRunReportsEveryFigure) {
   EXPECT_GT(r->peak_fraction, 0);
   EXPECT_TRUE(std::isfinite(r->peak_fraction));
 
+  // The kernels ran on the best target this CPU offers, and the report says which.
+  ASSERT_FALSE(r->kernel_targets.empty());
+  EXPECT_EQ(r->kernel_target, r->kernel_targets.front());
+
   const std::string text = FormatBenchReport(*r);
   EXPECT_NE(text.find("samples/s"), std::string::npos) << text;
   EXPECT_NE(text.find("fraction of peak"), std::string::npos) << text;
+  EXPECT_NE(text.find("update kernels: " + r->kernel_target), std::string::npos) << text;
 }
 
 TEST(BenchTest, MatmulPeakOnBarePool) {
