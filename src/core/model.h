@@ -111,10 +111,10 @@ class Model {
   void LoadBatch(const Dataset& data, const int32_t* records, int64_t n);
   // The same for the consecutive records [first, first + n).
   void LoadRange(const Dataset& data, int64_t first, int64_t n);
-  // Asks the CPU to start fetching what LoadBatch(data, records, n) will read
-  // (software prefetch: dense inputs, labels, each lookup's ids), so that a
-  // batch loaded after the current step's compute comes from cache. Only a
-  // hint: changes nothing, never faults, allocates nothing.
+  // Asks the CPU to start fetching each lookup's id lists that
+  // LoadBatch(data, records, n) will read (software prefetch), so that a
+  // batch loaded after the current step's compute finds them in cache. Only
+  // a hint: changes nothing, never faults, allocates nothing.
   void PrefetchRecords(const Dataset& data, const int32_t* records, int64_t n) const;
 
   // Forward pass over the loaded batch and pulled rows. `training` applies dropout.
