@@ -85,6 +85,41 @@ void BM_ApplyUpdate(benchmark::State& state, std::string target, OptimizerType t
   state.SetLabel(target + " " + OptimizerTypeName(type));
 }
 
+// The push of the default MLP (235,146 parameters, Adam) from every thread at
+// once, on one shared set of parameters and slots (Hogwild: each thread's
+// update pulls in the lines the others wrote) or on a private set per thread
+// (no sharing): the bound a 2-worker step's push phase can reach, next to
+// what sharing costs. Run with --benchmark_filter=MlpPush.
+constexpr int64_t kMlpParams = 235146;
+
+struct SharedAdamState {
+  std::vector<float> p = std::vector<float>(kMlpParams, 0.1f);
+  std::vector<float> m = std::vector<float>(kMlpParams, 0.0f);
+  std::vector<float> v = std::vector<float>(kMlpParams, 0.0f);
+};
+
+void BM_MlpPush(benchmark::State& state, bool shared) {
+  static SharedAdamState shared_state;
+  SharedAdamState private_state;
+  SharedAdamState& st = shared ? shared_state : private_state;
+  OptimizerOptions opt;
+  opt.type = OptimizerType::kAdam;
+  std::vector<float> g(kMlpParams, 0.01f), copy(kMlpParams);
+  float* sp[2] = {st.m.data(), st.v.data()};
+  int64_t step = 0;
+  for (auto _ : state) {
+    // The fused pull writes the worker's copy too, as the step does.
+    ApplyUpdate(opt, UpdateParams{1e-3f, ++step}, st.p.data(), sp, g.data(), kMlpParams, copy.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["params/s"] = benchmark::Counter(kMlpParams, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["bytes/s"] =
+      benchmark::Counter(8.0 * kMlpParams * sizeof(float), benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(shared ? "one shared copy (Hogwild)" : "a private copy per thread");
+}
+BENCHMARK_CAPTURE(BM_MlpPush, shared, true)->Threads(1)->Threads(2)->UseRealTime();
+BENCHMARK_CAPTURE(BM_MlpPush, private, false)->Threads(1)->Threads(2)->UseRealTime();
+
 // Registered per target the CPU supports, so each row names its target.
 [[maybe_unused]] const bool kRegistered = [] {
   const OptimizerType types[] = {OptimizerType::kSgd,     OptimizerType::kMomentum, OptimizerType::kAdam,
