@@ -345,7 +345,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelOptions& given, 
   return m;
 }
 
-void Model::LoadRecord(const Dataset& data, int64_t r, int64_t slot) {
+void Model::LoadRecord(const Dataset& data, int64_t r, int64_t slot, const PackedIds* packed) {
   if (dense_dim_ > 0) {
     std::memcpy(input_.data() + slot * dense_dim_, data.dense.data() + r * dense_dim_, dense_dim_ * sizeof(float));
   }
@@ -367,11 +367,22 @@ void Model::LoadRecord(const Dataset& data, int64_t r, int64_t slot) {
       label_offsets_[slot + 1] = base + 1;
     }
   }
+  // The packed block of record r: counts, then ids (PackedIds).
+  const uint64_t* block = packed != nullptr ? packed->words.data() + packed->start[r] : nullptr;
+  const uint64_t* packed_ids = block != nullptr ? block + (lookups_.size() + 1) / 2 : nullptr;
   for (size_t l = 0; l < lookups_.size(); ++l) {
     const Lookup& lk = spec_.lookups[l];
     LookupState& st = lookups_[l];
     const SparseField& f = data.fields[lk.data_field];
-    const int64_t b = f.offsets[r], e = f.offsets[r + 1];
+    int64_t b = 0, e = 0;
+    if (block != nullptr) {
+      uint32_t c = 0;
+      std::memcpy(&c, reinterpret_cast<const char*>(block) + l * sizeof(uint32_t), sizeof(c));
+      e = c;
+    } else {
+      b = f.offsets[r];
+      e = f.offsets[r + 1];
+    }
     const size_t need = st.count + static_cast<size_t>(e - b);
     if (st.ids.size() < need) {
       // Grows to the largest batch seen, then never again.
@@ -380,8 +391,13 @@ void Model::LoadRecord(const Dataset& data, int64_t r, int64_t slot) {
       st.row_grads.resize(st.ids.size() * lk.dim);
       if (lk.weighted) st.weights.resize(st.ids.size());
     }
-    const int64_t rows = static_rows_[l];
-    for (int64_t i = b; i < e; ++i) st.ids[st.count + (i - b)] = StoreId(f.ids[i], rows);
+    if (block != nullptr) {
+      std::copy(packed_ids, packed_ids + e, st.ids.begin() + st.count);
+      packed_ids += e;
+    } else {
+      const int64_t rows = static_rows_[l];
+      for (int64_t i = b; i < e; ++i) st.ids[st.count + (i - b)] = StoreId(f.ids[i], rows);
+    }
     if (lk.weighted) {
       if (f.weights.empty()) {
         std::fill(st.weights.begin() + st.count, st.weights.begin() + need, 1.0f);
@@ -392,6 +408,38 @@ void Model::LoadRecord(const Dataset& data, int64_t r, int64_t slot) {
     st.count = need;
     st.offsets[slot + 1] = static_cast<int64_t>(need);
   }
+}
+
+std::optional<PackedIds> Model::PackIds(const Dataset& data) const {
+  const size_t nl = lookups_.size();
+  if (nl == 0) return std::nullopt;
+  size_t total_ids = 0;
+  for (size_t l = 0; l < nl; ++l) {
+    const SparseField& f = data.fields[spec_.lookups[l].data_field];
+    if (spec_.lookups[l].weighted && !f.weights.empty()) return std::nullopt;
+    total_ids += f.ids.size();
+  }
+  PackedIds p;
+  p.num_lookups = static_cast<int>(nl);
+  p.records = data.count;
+  const size_t head = (nl + 1) / 2;
+  p.start.resize(static_cast<size_t>(data.count) + 1);
+  p.words.assign(static_cast<size_t>(data.count) * head + total_ids, 0);
+  uint64_t at = 0;
+  for (int64_t r = 0; r < data.count; ++r) {
+    p.start[r] = at;
+    char* counts = reinterpret_cast<char*>(p.words.data() + at);
+    at += head;
+    for (size_t l = 0; l < nl; ++l) {
+      const SparseField& f = data.fields[spec_.lookups[l].data_field];
+      const int64_t b = f.offsets[r], e = f.offsets[r + 1];
+      const uint32_t c = static_cast<uint32_t>(e - b);
+      std::memcpy(counts + l * sizeof(uint32_t), &c, sizeof(c));
+      for (int64_t i = b; i < e; ++i) p.words[at++] = StoreId(f.ids[i], static_rows_[l]);
+    }
+  }
+  p.start[data.count] = at;
+  return p;
 }
 
 void Model::FinishLoad(int64_t n) {
@@ -407,32 +455,33 @@ void Model::FinishLoad(int64_t n) {
   }
 }
 
-void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n) {
+void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedIds* packed) {
   for (LookupState& st : lookups_) st.count = 0;
   // Records are scattered over the data set: keep the next few in flight
   // while one is copied (a copy alone waits for each record's first lines).
+  // A packed record is found through start[r], itself a miss: its word is
+  // fetched twice as far ahead as the block it points to.
   constexpr int64_t kAhead = 3;
   const size_t dense_bytes = static_cast<size_t>(dense_dim_) * sizeof(float);
-  for (int64_t s = 0; s < std::min(kAhead, n); ++s) PrefetchLines(data.dense.data() + records[s] * dense_dim_, dense_bytes);
+  auto prefetch = [&](int64_t s) {
+    const int64_t r = records[s];
+    PrefetchLines(data.dense.data() + r * dense_dim_, dense_bytes);
+    if (packed != nullptr) {
+      const uint64_t b = packed->start[r], e = packed->start[r + 1];
+      PrefetchLines(packed->words.data() + b, (e - b) * sizeof(uint64_t));
+    }
+  };
+  auto prefetch_start = [&](int64_t s) {
+    if (packed != nullptr) __builtin_prefetch(packed->start.data() + records[s], 0, 2);
+  };
+  for (int64_t s = 0; s < std::min(2 * kAhead, n); ++s) prefetch_start(s);
+  for (int64_t s = 0; s < std::min(kAhead, n); ++s) prefetch(s);
   for (int64_t s = 0; s < n; ++s) {
-    if (s + kAhead < n) PrefetchLines(data.dense.data() + records[s + kAhead] * dense_dim_, dense_bytes);
-    LoadRecord(data, records[s], s);
+    if (s + 2 * kAhead < n) prefetch_start(s + 2 * kAhead);
+    if (s + kAhead < n) prefetch(s + kAhead);
+    LoadRecord(data, records[s], s, packed);
   }
   FinishLoad(n);
-}
-
-void Model::PrefetchRecords(const Dataset& data, const int32_t* records, int64_t n) const {
-  // The id lists only: a few lines per record, scattered over one array per
-  // field. Dense inputs are fetched by LoadBatch itself, a few records ahead
-  // (prefetching a whole batch of them at once stalls on the fill buffers).
-  for (int64_t s = 0; s < n; ++s) {
-    const int64_t r = records[s];
-    for (size_t l = 0; l < lookups_.size(); ++l) {
-      const SparseField& f = data.fields[spec_.lookups[l].data_field];
-      const int64_t b = f.offsets[r], e = f.offsets[r + 1];
-      if (e > b) PrefetchLines(f.ids.data() + b, static_cast<size_t>(e - b) * sizeof(f.ids[0]));
-    }
-  }
 }
 
 void Model::LoadRange(const Dataset& data, int64_t first, int64_t n) {

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,21 @@ struct ModelSpec {
   int64_t interaction_width = 0;        // the top tower's input width
 };
 
+// A data set's sparse ids as one model loads them: record by record, already
+// mapped to store ids (Model::PackIds). Loading a record then reads one
+// contiguous block instead of an offset and an id list per field, scattered
+// over as many arrays as there are fields. Read-only once built: every
+// worker of a job shares one.
+struct PackedIds {
+  // Record r's block is words[start[r], start[r + 1]): (num_lookups + 1) / 2
+  // words holding one uint32 count per lookup (lookup order, little end
+  // first), then those counts' store ids, lookup after lookup.
+  std::vector<uint64_t> start;  // [records + 1]
+  std::vector<uint64_t> words;
+  int num_lookups = 0;
+  int64_t records = 0;
+};
+
 class Model {
  public:
   // The variables, tables and lookups of `options` on data of `shape`.
@@ -108,14 +124,15 @@ class Model {
   // Copies records[0..n) of `data` (n <= batch) into the batch: dense
   // inputs, labels and each lookup's ids; rows n..batch are padding (zero
   // inputs, empty bags). `data` must have the shape the model was made for.
-  void LoadBatch(const Dataset& data, const int32_t* records, int64_t n);
+  // With `packed` (PackIds(data), or null) the ids come from there.
+  void LoadBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedIds* packed = nullptr);
   // The same for the consecutive records [first, first + n).
   void LoadRange(const Dataset& data, int64_t first, int64_t n);
-  // Asks the CPU to start fetching each lookup's id lists that
-  // LoadBatch(data, records, n) will read (software prefetch), so that a
-  // batch loaded after the current step's compute finds them in cache. Only
-  // a hint: changes nothing, never faults, allocates nothing.
-  void PrefetchRecords(const Dataset& data, const int32_t* records, int64_t n) const;
+  // `data`'s ids packed for this model's lookups (PackedIds), or nullopt
+  // where that does not apply: no lookups, or a weighted lookup whose field
+  // carries weights (they stay in `data`). Runs once per data set, in one
+  // pass over its ids; `data` must have the shape the model was made for.
+  std::optional<PackedIds> PackIds(const Dataset& data) const;
 
   // Forward pass over the loaded batch and pulled rows. `training` applies dropout.
   void Forward(bool training, const dnnl::stream& stream);
@@ -147,7 +164,8 @@ class Model {
     int64_t z_offset = 0;             // where its pooled vector goes in a row of z_ (deep lookups)
   };
   Model() = default;
-  void LoadRecord(const Dataset& data, int64_t record, int64_t slot);
+  // With `packed`, the lookups' ids come from its block of `record`.
+  void LoadRecord(const Dataset& data, int64_t record, int64_t slot, const PackedIds* packed = nullptr);
   void FinishLoad(int64_t n);
   void AddWide();  // adds the wide lookups' terms to the logits
 

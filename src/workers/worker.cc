@@ -158,13 +158,7 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
       }
       batch_records_[valid++] = order[cursor++];
     }
-    model_->LoadBatch(*train_, batch_records_.data(), valid);
-    // Start fetching the next batch's id lists, so they arrive while this
-    // step computes and the next data phase reads them from cache.
-    if (lookups > 0 && step + 1 < steps) {
-      const int64_t next = cursor == count ? 0 : cursor;  // a cycling run wraps
-      model_->PrefetchRecords(*train_, order + next, std::min(batch, count - next));
-    }
+    model_->LoadBatch(*train_, batch_records_.data(), valid, packed_ids_);
     const auto t1 = Clock::now();
     // Read params: refresh the local copy on the first step of the call, every
     // pull_every steps, when the store has moved more than max_staleness
