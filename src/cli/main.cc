@@ -185,6 +185,7 @@ void PrintTrainSummary(const TrainSummary& s, Job& job, bool as_json) {
               {"store", {{"name", s.store_name}, {"bytes", s.store_bytes}}}};
     if (job.has_local_store()) {
       j["store"]["memory"] = StoreMemoryJson(job.replicas());
+      j["store"]["setup_s"] = job.store_setup_seconds();
       j["store"]["replication"] = ReplicationJson(job.replicas());
       j["store"]["shards"] = ShardsJson(job);
       j["store"]["huge_pages"] = HugePagesJson(job.store().huge_pages());
