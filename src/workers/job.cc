@@ -153,6 +153,9 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
     so.seed = config.train.seed;
     so.num_shards = shards;
     so.placer = job->topology_.get();
+    // Every core the workers will run on initialises the store.
+    so.init_threads = 0;
+    for (const WorkerPlacement& w : job->placement_.workers) so.init_threads += static_cast<int>(w.cores.size());
     so.tables = TableSpecsOf(spec);
     const auto setup_start = std::chrono::steady_clock::now();
     SW_ASSIGN_OR_RETURN(job->store_, ReplicatedStore::Create(so, std::move(vars), std::move(replication)));
