@@ -516,6 +516,9 @@ int Bench(const std::string& path, const std::vector<std::string>& sets, bool as
       j["store_fraction"] =
           frac(r->phases.read_params + r->phases.pull_rows + r->phases.push + r->phases.push_rows);
     }
+    if ((*job)->has_local_store()) {
+      j["store"] = {{"memory", StoreMemoryJson((*job)->replicas())}, {"setup_s", (*job)->store_setup_seconds()}};
+    }
     std::printf("%s\n", j.dump().c_str());
   }
   return 0;
