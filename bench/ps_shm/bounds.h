@@ -57,16 +57,18 @@ class Mapping {
   void* data_;
 };
 
-// The row stride of an EmbeddingTable of `dim` floats and `slots` slot arrays
-// per row (params, slots, row metadata, padded to 64 bytes).
+// The row stride of a static EmbeddingTable of `dim` floats and `slots` slot
+// arrays per row (params and slots, padded as embedding_table.h says). The
+// region grows by 64 strides from 64 to 128 rows (its header, side words and
+// 64-byte rounding of the total stay the same).
 inline size_t TableRowStride(int64_t dim, int slots) {
   EmbeddingTableOptions o;
   o.dim = dim;
-  o.capacity = 1;
+  o.capacity = 64;
   o.num_slots = slots;
-  const size_t one = EmbeddingTable::BytesFor(o);
-  o.capacity = 2;
-  return EmbeddingTable::BytesFor(o) - one;
+  const size_t base = EmbeddingTable::BytesFor(o);
+  o.capacity = 128;
+  return (EmbeddingTable::BytesFor(o) - base) / 64;
 }
 
 // The array the RMW bound works on, kept across runs of the same shape.

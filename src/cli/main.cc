@@ -97,7 +97,10 @@ absl::StatusOr<Config> LoadWithOverrides(const std::string& path, const std::vec
 
 json Optional(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
 
-// Summed over the replicas.
+// store.memory of the train summary, summed over the replicas: bytes of
+// parameters, optimizer slots and everything else, and per embedding table
+// the bytes a row takes (bytes_per_row, of which meta_bytes_per_row are
+// metadata) and the same split.
 json StoreMemoryJson(ReplicatedStore& store) {
   ShmParamStore::Memory m;
   for (int r = 0; r < store.num_replicas(); ++r) {
@@ -105,8 +108,28 @@ json StoreMemoryJson(ReplicatedStore& store) {
     m.params += rm.params;
     m.slots += rm.slots;
     m.overhead += rm.overhead;
+    if (r == 0) {
+      m.tables = rm.tables;
+      continue;
+    }
+    for (size_t t = 0; t < rm.tables.size(); ++t) {
+      m.tables[t].rows += rm.tables[t].rows;
+      m.tables[t].params += rm.tables[t].params;
+      m.tables[t].slots += rm.tables[t].slots;
+      m.tables[t].overhead += rm.tables[t].overhead;
+    }
   }
-  return {{"params_bytes", m.params}, {"slots_bytes", m.slots}, {"overhead_bytes", m.overhead}};
+  json tables = json::array();
+  for (const ShmParamStore::TableMemory& t : m.tables) {
+    tables.push_back({{"name", t.name},
+                      {"rows", t.rows},
+                      {"bytes_per_row", t.bytes_per_row},
+                      {"meta_bytes_per_row", t.meta_bytes_per_row},
+                      {"params_bytes", t.params},
+                      {"slot_bytes", t.slots},
+                      {"overhead_bytes", t.overhead}});
+  }
+  return {{"params_bytes", m.params}, {"slot_bytes", m.slots}, {"overhead_bytes", m.overhead}, {"tables", tables}};
 }
 
 // store.replication of the train summary: what ps.replication chose and why.
@@ -185,6 +208,7 @@ void PrintTrainSummary(const TrainSummary& s, Job& job, bool as_json) {
               {"store", {{"name", s.store_name}, {"bytes", s.store_bytes}}}};
     if (job.has_local_store()) {
       j["store"]["memory"] = StoreMemoryJson(job.replicas());
+      j["store"]["setup_s"] = job.store_setup_seconds();
       j["store"]["replication"] = ReplicationJson(job.replicas());
       j["store"]["shards"] = ShardsJson(job);
       j["store"]["huge_pages"] = HugePagesJson(job.store().huge_pages());
@@ -493,6 +517,9 @@ int Bench(const std::string& path, const std::vector<std::string>& sets, bool as
       j["compression"] = GradientCompressionName(config->cluster.compression);
       j["store_fraction"] =
           frac(r->phases.read_params + r->phases.pull_rows + r->phases.push + r->phases.push_rows);
+    }
+    if ((*job)->has_local_store()) {
+      j["store"] = {{"memory", StoreMemoryJson((*job)->replicas())}, {"setup_s", (*job)->store_setup_seconds()}};
     }
     std::printf("%s\n", j.dump().c_str());
   }

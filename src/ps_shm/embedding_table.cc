@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <thread>
@@ -29,7 +30,9 @@ namespace shardwild {
 // with the ordering its comment gives.
 
 inline constexpr uint64_t kEmbeddingMagic = 0x314445424D455753ULL;  // "SWEMBED1" little-endian
-inline constexpr uint32_t kEmbeddingFormatVersion = 2;  // 2: row_lock
+// 2: row_lock; 3: lean rows (static rows carry no metadata; 16-byte RowMeta;
+// side words; strides below 64 bytes).
+inline constexpr uint32_t kEmbeddingFormatVersion = 3;
 inline constexpr size_t kHeaderBytes = 4096;
 inline constexpr int kMaxNameBytes = 48;
 
@@ -51,10 +54,12 @@ struct EmbeddingTableHeader {
   float init_b;
   float init_stddev;
   float slot_init[kMaxEmbeddingSlots];
-  uint32_t row_lock;     // 0 or 1: rows are updated under their seqlock (RowMeta::seq)
-  uint32_t reserved_flags;
-  uint64_t row_stride;   // bytes between row blocks, a multiple of 64
-  uint64_t meta_offset;  // RowMeta within a row block
+  uint32_t row_lock;     // 0 or 1: rows are updated under their seqlock word
+  uint32_t tick_shift;   // LRU: a row's 16-bit tick is clock >> tick_shift (TickShift); else 0
+  uint64_t row_stride;   // bytes between row blocks (RowStride)
+  uint64_t meta_offset;  // dynamic: RowMeta within a row block; static: 0 (no RowMeta)
+  uint64_t side_offset;  // static: byte offset of the side words from the region start; else 0
+  uint64_t side_stride;  // static: bytes of side words per row (0, 4 or 8); dynamic: 0
   uint64_t index_slots;  // dynamic: a power of two; static: 0
   uint64_t index_offset; // byte offset of the index from the region start
   uint64_t rows_offset;  // byte offset of row 0, a multiple of 4096
@@ -92,22 +97,36 @@ struct EmbeddingIndexEntry {
 };
 static_assert(sizeof(EmbeddingIndexEntry) == 16);
 
+// After the floats of a dynamic table's row block (static rows have none).
+// What word0 and word1 hold depends on the table; see "Per-row metadata" in
+// the header comment.
+struct EmbeddingRowMeta {
+  uint64_t key;    // id + 1 of the row's id; 0 until a kError row is initialised
+  uint32_t word0;  // LRU: the state word; kError: the seqlock word (row_lock)
+  uint32_t word1;  // the update count and/or (LRU) the seqlock word
+};
+static_assert(sizeof(EmbeddingRowMeta) == 16);
+
 namespace {
 
-// After the floats of a row block.
-struct RowMeta {
-  uint64_t id;            // dynamic: the row's id (written before the row is published)
-  uint64_t update_count;  // Adam steps applied to this row (relaxed fetch_add: each update gets its own t)
-  uint64_t last_access;   // LRU tick (relaxed: a hint)
-  uint32_t state;         // kStateShift.. state, low bits: pin count (LRU); see the header comment
-  uint32_t seq;           // row_lock tables: the row's seqlock word (row_seqlock.h); else unused
-};
-static_assert(sizeof(RowMeta) == 32);
+using RowMeta = EmbeddingRowMeta;
 
-constexpr uint32_t kStateShift = 24;
-constexpr uint32_t kPinMask = (1u << kStateShift) - 1;
-constexpr uint32_t kRowReady = 1u << kStateShift;
-constexpr uint32_t kRowEvicting = 2u << kStateShift;
+// The LRU state word: [state: 2 bits][tick: 16 bits][pins: 14 bits].
+constexpr uint32_t kPinBits = 14;
+constexpr uint32_t kPinMask = (1u << kPinBits) - 1;
+constexpr uint32_t kTickMask = 0xffffu << kPinBits;
+constexpr uint32_t kStateMask = 3u << 30;
+constexpr uint32_t kRowReady = 1u << 30;
+constexpr uint32_t kRowEvicting = 2u << 30;
+static_assert((kPinMask & kTickMask) == 0 && (kTickMask & kStateMask) == 0);
+
+inline uint32_t TickBits(uint16_t tick) { return static_cast<uint32_t>(tick) << kPinBits; }
+inline uint16_t TickOf(uint32_t state) { return static_cast<uint16_t>((state & kTickMask) >> kPinBits); }
+
+// A packed count-and-seqlock word (LRU row_lock tables that count updates):
+// [count: 24 bits][seq: 8 bits]. The count saturates.
+constexpr uint32_t kPackedSeqMask = 0xffu;
+constexpr uint32_t kMaxPackedCount = (1u << 24) - 1;
 
 constexpr int kEvictSamples = 8;   // as Redis' maxmemory-samples (5 by default)
 constexpr int kEvictRounds = 64;   // sampling rounds before a full scan
@@ -146,6 +165,29 @@ inline uint64_t HomeHash(uint64_t id) { return Mix(id ^ 0x5157454d42ULL); }
 
 constexpr size_t RoundUp(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
+// Row strides: a block of at most 64 bytes takes the next power of two
+// (16, 32 or 64), so it never straddles a cache line; a larger one is
+// rounded up to 16 bytes (the alignment of a SIMD load).
+constexpr uint64_t RowStride(uint64_t bytes) {
+  if (bytes > 64) return RoundUp(bytes, 16);
+  uint64_t p = 16;
+  while (p < bytes) p <<= 1;
+  return p;
+}
+
+// LRU: a row's tick is the clock shifted right by this many bits, so that
+// the 16-bit ticks span at least 2^16 * capacity / 4096 calls: rows older
+// than that compare by a wrapped age (a coarse LRU, as documented).
+uint32_t TickShift(int64_t capacity) {
+  uint32_t bits = 0;
+  while (bits < 63 && (uint64_t{1} << bits) <= static_cast<uint64_t>(capacity)) ++bits;
+  return bits > 12 ? bits - 12 : 0;
+}
+
+// Whether rows keep an update count (Adam's step t): tables with at least
+// two slots, which is what Adam needs.
+constexpr bool CountsUpdates(int num_slots) { return num_slots >= 2; }
+
 uint64_t NextPow2(uint64_t x) {
   uint64_t p = 1;
   while (p < x) p <<= 1;
@@ -155,25 +197,37 @@ uint64_t NextPow2(uint64_t x) {
 struct Layout {
   uint64_t row_stride = 0;
   uint64_t meta_offset = 0;
+  uint64_t side_offset = 0;
+  uint64_t side_stride = 0;
   uint64_t index_slots = 0;
   uint64_t index_offset = 0;
   uint64_t rows_offset = 0;
   uint64_t total_bytes = 0;
+  uint32_t tick_shift = 0;
 };
 
 // The index holds at most capacity keys in >= capacity / 0.7 slots.
-Layout ComputeLayout(EmbeddingKind kind, int64_t dim, int64_t capacity, int num_slots) {
+Layout ComputeLayout(const EmbeddingTableOptions& o) {
   Layout l;
-  const uint64_t float_bytes = static_cast<uint64_t>(1 + num_slots) * static_cast<uint64_t>(dim) * sizeof(float);
-  l.meta_offset = RoundUp(float_bytes, alignof(RowMeta));
-  l.row_stride = RoundUp(l.meta_offset + sizeof(RowMeta), 64);
-  if (kind == EmbeddingKind::kDynamic) {
-    const uint64_t min_slots = (static_cast<uint64_t>(capacity) * 10 + 6) / 7;
+  const uint64_t float_bytes =
+      static_cast<uint64_t>(1 + o.num_slots) * static_cast<uint64_t>(o.dim) * sizeof(float);
+  if (o.kind == EmbeddingKind::kDynamic) {
+    l.meta_offset = RoundUp(float_bytes, alignof(RowMeta));
+    l.row_stride = RowStride(l.meta_offset + sizeof(RowMeta));
+    const uint64_t min_slots = (static_cast<uint64_t>(o.capacity) * 10 + 6) / 7;
     l.index_slots = NextPow2(std::max<uint64_t>(min_slots, 8));
+    if (o.on_full == CapacityPolicy::kEvictLru) l.tick_shift = TickShift(o.capacity);
+  } else {
+    l.row_stride = RowStride(float_bytes);
+    l.side_stride = sizeof(uint32_t) * ((o.row_lock ? 1 : 0) + (CountsUpdates(o.num_slots) ? 1 : 0));
   }
   l.index_offset = kHeaderBytes;
-  l.rows_offset = RoundUp(l.index_offset + l.index_slots * sizeof(EmbeddingIndexEntry), 4096);
-  l.total_bytes = l.rows_offset + static_cast<uint64_t>(capacity) * l.row_stride;
+  const uint64_t after_index = l.index_offset + l.index_slots * sizeof(EmbeddingIndexEntry);
+  if (l.side_stride > 0) l.side_offset = RoundUp(after_index, 64);
+  l.rows_offset = RoundUp(l.side_offset + static_cast<uint64_t>(o.capacity) * l.side_stride,
+                          4096);
+  l.rows_offset = std::max<uint64_t>(l.rows_offset, RoundUp(after_index, 4096));
+  l.total_bytes = RoundUp(l.rows_offset + static_cast<uint64_t>(o.capacity) * l.row_stride, 64);
   return l;
 }
 
@@ -336,8 +390,8 @@ absl::Status EmbeddingTableOptions::Validate() const {
   }
   // dim <= 2^20, slots <= 4, capacity <= 2^40: a row block is < 2^25 bytes;
   // keep the region below 2^56 bytes so offsets never overflow.
-  const Layout l = ComputeLayout(kind, dim, capacity, num_slots);
-  if (static_cast<long double>(capacity) * l.row_stride > 0x1.0p56L) {
+  const Layout l = ComputeLayout(*this);
+  if (static_cast<long double>(capacity) * (l.row_stride + l.side_stride) > 0x1.0p56L) {
     return bad("capacity", absl::StrCat(capacity, " rows of ", l.row_stride, " bytes exceed 2^56 bytes"));
   }
   return absl::OkStatus();
@@ -356,17 +410,25 @@ void InitialRowValue(const EmbeddingTableOptions& options, uint64_t id, float* o
 
 size_t EmbeddingTable::BytesFor(const EmbeddingTableOptions& options) {
   if (!options.Validate().ok()) return 0;
-  return ComputeLayout(options.kind, options.dim, options.capacity, options.num_slots).total_bytes;
+  return ComputeLayout(options).total_bytes;
 }
 
 absl::StatusOr<EmbeddingTable> EmbeddingTable::Create(void* region, size_t bytes,
+                                                      const EmbeddingTableOptions& options) {
+  SW_ASSIGN_OR_RETURN(EmbeddingTable t, Format(region, bytes, options));
+  if (t.kind_ == EmbeddingKind::kStatic) t.InitRows(0, t.capacity_);
+  t.Publish();
+  return t;
+}
+
+absl::StatusOr<EmbeddingTable> EmbeddingTable::Format(void* region, size_t bytes,
                                                       const EmbeddingTableOptions& options) {
   SW_RETURN_IF_ERROR(options.Validate());
   if (region == nullptr || reinterpret_cast<uintptr_t>(region) % 64 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("embedding table '", options.name, "': the region must be 64-byte aligned"));
   }
-  const Layout l = ComputeLayout(options.kind, options.dim, options.capacity, options.num_slots);
+  const Layout l = ComputeLayout(options);
   if (bytes < l.total_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("embedding table '", options.name, "': the region has ", bytes,
                                                    " bytes, the table needs ", l.total_bytes));
@@ -390,8 +452,11 @@ absl::StatusOr<EmbeddingTable> EmbeddingTable::Create(void* region, size_t bytes
   h->init_stddev = options.init.stddev;
   for (int k = 0; k < kMaxEmbeddingSlots; ++k) h->slot_init[k] = options.slot_init[k];
   h->row_lock = options.row_lock ? 1 : 0;
+  h->tick_shift = l.tick_shift;
   h->row_stride = l.row_stride;
   h->meta_offset = l.meta_offset;
+  h->side_offset = l.side_offset;
+  h->side_stride = l.side_stride;
   h->index_slots = l.index_slots;
   h->index_offset = l.index_offset;
   h->rows_offset = l.rows_offset;
@@ -403,13 +468,32 @@ absl::StatusOr<EmbeddingTable> EmbeddingTable::Create(void* region, size_t bytes
   EmbeddingTable t;
   t.Bind(options, base);
   if (options.kind == EmbeddingKind::kStatic) {
-    // Dynamic rows are first touched by the thread that inserts them.
-    for (int64_t r = 0; r < options.capacity; ++r) t.InitRow(r, static_cast<uint64_t>(r), 0);
+    // Every row is counted now; InitRows gives them their values before
+    // Publish. Dynamic rows are first touched by the thread that inserts them.
     h->next_row = static_cast<uint64_t>(options.capacity);
     h->initializations = static_cast<uint64_t>(options.capacity);
   }
-  Atomic(h->magic).store(kEmbeddingMagic, std::memory_order_release);
   return t;
+}
+
+void EmbeddingTable::InitRows(int64_t begin, int64_t end) const {
+  if (kind_ != EmbeddingKind::kStatic) return;
+  begin = std::clamp<int64_t>(begin, 0, capacity_);
+  end = std::clamp<int64_t>(end, begin, capacity_);
+  if (side_stride_ > 0) {
+    // The side words start at zero: seq even (unlocked), count 0.
+    char* side = side_ + static_cast<size_t>(begin) * side_stride_;
+    const size_t n = static_cast<size_t>(end - begin) * side_stride_ / sizeof(uint32_t);
+    auto* words = reinterpret_cast<uint32_t*>(side);
+    for (size_t i = 0; i < n; ++i) Atomic(words[i]).store(0, std::memory_order_relaxed);
+  }
+  for (int64_t r = begin; r < end; ++r) InitRowValues(r, static_cast<uint64_t>(r));
+}
+
+void EmbeddingTable::Publish() const {
+  // Release: pairs with Attach's acquire load, so an attacher that sees the
+  // magic sees the header and every initialised row.
+  Atomic(header_->magic).store(kEmbeddingMagic, std::memory_order_release);
 }
 
 absl::StatusOr<EmbeddingTable> EmbeddingTable::Attach(void* region, size_t bytes) {
@@ -460,13 +544,16 @@ absl::StatusOr<EmbeddingTable> EmbeddingTable::FromHeader(void* region, size_t b
   if (h->row_lock > 1) return bad(absl::StrCat("row_lock is ", h->row_lock, ", expected 0 or 1"));
   o.row_lock = h->row_lock == 1;
   if (absl::Status s = o.Validate(); !s.ok()) return bad(std::string(s.message()));
-  const Layout l = ComputeLayout(o.kind, o.dim, o.capacity, o.num_slots);
+  const Layout l = ComputeLayout(o);
   struct Field {
     const char* name;
     uint64_t got, want;
   };
   for (const Field& f : {Field{"row_stride", h->row_stride, l.row_stride},
                          Field{"meta_offset", h->meta_offset, l.meta_offset},
+                         Field{"side_offset", h->side_offset, l.side_offset},
+                         Field{"side_stride", h->side_stride, l.side_stride},
+                         Field{"tick_shift", h->tick_shift, l.tick_shift},
                          Field{"index_slots", h->index_slots, l.index_slots},
                          Field{"index_offset", h->index_offset, l.index_offset},
                          Field{"rows_offset", h->rows_offset, l.rows_offset},
@@ -495,7 +582,7 @@ absl::StatusOr<EmbeddingTable> EmbeddingTable::FromHeader(void* region, size_t b
 }
 
 void EmbeddingTable::Bind(const EmbeddingTableOptions& o, char* base) {
-  const Layout l = ComputeLayout(o.kind, o.dim, o.capacity, o.num_slots);
+  const Layout l = ComputeLayout(o);
   options_ = o;
   kind_ = o.kind;
   on_full_ = o.on_full;
@@ -506,17 +593,34 @@ void EmbeddingTable::Bind(const EmbeddingTableOptions& o, char* base) {
   num_slots_ = o.num_slots;
   row_stride_ = l.row_stride;
   meta_offset_ = l.meta_offset;
+  side_stride_ = l.side_stride;
+  tick_shift_ = l.tick_shift;
+  counts_ = CountsUpdates(o.num_slots);
+  // Where the seqlock word and the update count live, as byte offsets into
+  // MetaWords(row): the side words (static) or the RowMeta (dynamic).
+  seq_at_ = count_at_ = -1;
+  if (o.kind == EmbeddingKind::kStatic) {
+    if (row_lock_) seq_at_ = 0;
+    if (counts_) count_at_ = row_lock_ ? 4 : 0;
+  } else if (!lru_) {
+    if (row_lock_) seq_at_ = offsetof(RowMeta, word0);
+    if (counts_) count_at_ = offsetof(RowMeta, word1);
+  } else {
+    if (row_lock_) seq_at_ = offsetof(RowMeta, word1);
+    if (counts_) count_at_ = offsetof(RowMeta, word1);
+  }
+  packed_ = seq_at_ >= 0 && seq_at_ == count_at_;
   index_mask_ = l.index_slots == 0 ? 0 : l.index_slots - 1;
   header_ = reinterpret_cast<EmbeddingTableHeader*>(base);
   index_ = reinterpret_cast<EmbeddingIndexEntry*>(base + l.index_offset);
+  side_ = base + l.side_offset;
   rows_ = base + l.rows_offset;
 }
 
 // ---- Rows -------------------------------------------------------------------------
 
-void EmbeddingTable::InitRow(int64_t row, uint64_t id, uint64_t tick) {
-  char* block = RowBlock(row);
-  float* p = reinterpret_cast<float*>(block);
+void EmbeddingTable::InitRowValues(int64_t row, uint64_t id) const {
+  float* p = reinterpret_cast<float*>(RowBlock(row));
   const uint64_t key = RowKey(options_.seed, options_.table_id, id);
   alignas(64) float chunk[64];
   for (int64_t j = 0; j < dim_; j += 64) {
@@ -529,16 +633,42 @@ void EmbeddingTable::InitRow(int64_t row, uint64_t id, uint64_t tick) {
     float* slot = p + (k + 1) * dim_;
     for (int64_t i = 0; i < dim_; ++i) Atomic(slot[i]).store(v, std::memory_order_relaxed);
   }
-  auto* meta = reinterpret_cast<RowMeta*>(block + meta_offset_);
-  Atomic(meta->id).store(id, std::memory_order_relaxed);
-  Atomic(meta->update_count).store(0, std::memory_order_relaxed);
-  Atomic(meta->last_access).store(tick, std::memory_order_relaxed);
+}
+
+void EmbeddingTable::InitRow(int64_t row, uint64_t id) {
+  InitRowValues(row, id);
+  RowMeta* meta = Meta(row);
   // No reader or writer can be inside the row here: a new row is not yet
   // published, and an evicted one is held in state evicting with no pins.
-  Atomic(meta->seq).store(0, std::memory_order_relaxed);
-  // LRU tables publish the state themselves (InsertLruLocked); the others are
-  // published through the index (or by Create) and never change state.
-  if (!lru_) Atomic(meta->state).store(kRowReady, std::memory_order_relaxed);
+  // So the seqlock and count words restart at zero.
+  Atomic(meta->word1).store(0, std::memory_order_relaxed);
+  if (lru_) {
+    // Published by the state word (InsertLruLocked).
+    Atomic(meta->key).store(id + 1, std::memory_order_relaxed);
+  } else {
+    Atomic(meta->word0).store(0, std::memory_order_relaxed);
+    // Release, last: ReadRowAt's acquire load of a non-zero key sees the
+    // row's values and words. (Lookups are published through the index.)
+    Atomic(meta->key).store(id + 1, std::memory_order_release);
+  }
+}
+
+uint64_t EmbeddingTable::LoadCount(int64_t row) const {
+  if (count_at_ < 0) return 0;
+  const uint32_t w = Atomic(*CountWord(row)).load(std::memory_order_relaxed);
+  return packed_ ? w >> 8 : w;
+}
+
+void EmbeddingTable::Touch(RowMeta* meta, uint64_t tick) const {
+  const uint16_t now = static_cast<uint16_t>(tick >> tick_shift_);
+  uint32_t w = Atomic(meta->word0).load(std::memory_order_relaxed);
+  // Forward only: a thread holding an older tick never moves it back. The
+  // CAS keeps the state and pin bits it saw, and fails if they changed.
+  while (static_cast<int16_t>(static_cast<uint16_t>(now - TickOf(w))) > 0) {
+    if (Atomic(meta->word0).compare_exchange_weak(w, (w & ~kTickMask) | TickBits(now), std::memory_order_relaxed)) {
+      break;
+    }
+  }
 }
 
 // Software pipelining of a batch: element i + kPrefetchDistance's row and
@@ -548,12 +678,16 @@ void EmbeddingTable::InitRow(int64_t row, uint64_t id, uint64_t tick) {
 // useless prefetch, never a wrong answer).
 void EmbeddingTable::PrefetchAhead(absl::Span<const uint64_t> ids, size_t i, int lines) const {
   auto row_lines = [&](const char* b) {
-    for (int l = 0; l < lines; ++l) __builtin_prefetch(b + 64 * l, 1);
+    const uintptr_t first = reinterpret_cast<uintptr_t>(b) & ~uintptr_t{63};
+    for (int l = 0; l < lines; ++l) __builtin_prefetch(reinterpret_cast<const char*>(first + 64 * l), 1);
   };
   if (kind_ == EmbeddingKind::kStatic) {
     if (i + kPrefetchDistance < ids.size()) {
       const uint64_t id = ids[i + kPrefetchDistance];
-      if (id < static_cast<uint64_t>(capacity_)) row_lines(RowBlock(static_cast<int64_t>(id)));
+      if (id < static_cast<uint64_t>(capacity_)) {
+        row_lines(RowBlock(static_cast<int64_t>(id)));
+        if (side_stride_ > 0) __builtin_prefetch(MetaWords(static_cast<int64_t>(id)), 1);
+      }
     }
     return;
   }
@@ -605,10 +739,9 @@ absl::Status EmbeddingTable::Acquire(uint64_t id, bool insert, uint64_t tick, in
 
 void EmbeddingTable::Release(int64_t row) const {
   if (!lru_) return;
-  auto* meta = reinterpret_cast<RowMeta*>(RowBlock(row) + meta_offset_);
   // Release: this thread's updates of the row happen before an evictor's CAS
   // (acquire) that takes the row.
-  Atomic(meta->state).fetch_sub(1, std::memory_order_release);
+  Atomic(Meta(row)->word0).fetch_sub(1, std::memory_order_release);
 }
 
 // kError (and any table that never evicts): rows never move, so a published
@@ -688,7 +821,7 @@ absl::Status EmbeddingTable::AcquireDynamicNoEvict(uint64_t id, bool insert, int
         // Release: a Reserve that reads the count after this add also sees
         // the key stored above (see Reserve).
         const uint64_t r = Atomic(header_->next_row).fetch_add(1, std::memory_order_release);
-        InitRow(static_cast<int64_t>(r), id, 0);
+        InitRow(static_cast<int64_t>(r), id);
         Atomic(header_->initializations).fetch_add(1, std::memory_order_relaxed);
         // Release: publishes the initialised row to readers of `row`.
         Atomic(index_[s].row).store(r + 1, std::memory_order_release);
@@ -711,9 +844,9 @@ static inline bool TryPin(RowMeta* meta, uint64_t id) {
   // Acquire: pairs with the release RMW that made the row ready, so its id
   // and initial values are visible; and keeps the evictor's CAS from seeing
   // zero pins until we unpin.
-  const uint32_t w = Atomic(meta->state).fetch_add(1, std::memory_order_acquire);
-  if ((w & ~kPinMask) == kRowReady && Atomic(meta->id).load(std::memory_order_relaxed) == id) return true;
-  Atomic(meta->state).fetch_sub(1, std::memory_order_release);
+  const uint32_t w = Atomic(meta->word0).fetch_add(1, std::memory_order_acquire);
+  if ((w & kStateMask) == kRowReady && Atomic(meta->key).load(std::memory_order_relaxed) == id + 1) return true;
+  Atomic(meta->word0).fetch_sub(1, std::memory_order_release);
   return false;
 }
 
@@ -732,11 +865,9 @@ absl::Status EmbeddingTable::AcquireLru(uint64_t id, bool insert, uint64_t tick,
       if (k == key) {
         const uint64_t r = Atomic(index_[s].row).load(std::memory_order_relaxed);
         if (r != 0 && r <= static_cast<uint64_t>(capacity_)) {
-          auto* meta = reinterpret_cast<RowMeta*>(RowBlock(static_cast<int64_t>(r - 1)) + meta_offset_);
+          RowMeta* meta = Meta(static_cast<int64_t>(r - 1));
           if (TryPin(meta, id)) {
-            if (insert && Atomic(meta->last_access).load(std::memory_order_relaxed) < tick) {
-              Atomic(meta->last_access).store(tick, std::memory_order_relaxed);
-            }
+            if (insert) Touch(meta, tick);
             *row = static_cast<int64_t>(r - 1);
             return absl::OkStatus();
           }
@@ -779,11 +910,9 @@ absl::Status EmbeddingTable::InsertLruLocked(uint64_t id, uint64_t tick, int64_t
     // Inserted by another thread since our probe; under the lock it cannot be
     // evicted, and its row is ready.
     const uint64_t r = Atomic(index_[s].row).load(std::memory_order_relaxed) - 1;
-    auto* meta = reinterpret_cast<RowMeta*>(RowBlock(static_cast<int64_t>(r)) + meta_offset_);
+    RowMeta* meta = Meta(static_cast<int64_t>(r));
     if (!TryPin(meta, id)) return absl::InternalError("embedding table: index and row disagree");
-    if (Atomic(meta->last_access).load(std::memory_order_relaxed) < tick) {
-      Atomic(meta->last_access).store(tick, std::memory_order_relaxed);
-    }
+    Touch(meta, tick);
     *row = static_cast<int64_t>(r);
     return absl::OkStatus();
   }
@@ -796,18 +925,20 @@ absl::Status EmbeddingTable::InsertLruLocked(uint64_t id, uint64_t tick, int64_t
   } else {
     SW_RETURN_IF_ERROR(EvictOneLocked(&r));
   }
-  InitRow(r, id, tick);
-  auto* meta = reinterpret_cast<RowMeta*>(RowBlock(r) + meta_offset_);
+  InitRow(r, id);
+  RowMeta* meta = Meta(r);
+  const uint32_t now = TickBits(static_cast<uint16_t>(tick >> tick_shift_));
   // Release: readers that pin the row (acquire) see its id and values. The
-  // row comes back pinned once, for the caller.
+  // row comes back pinned once, for the caller, with the tick of this call.
   if (fresh) {
     // No other thread can know a row that was never in the index.
-    Atomic(meta->state).store(kRowReady | 1, std::memory_order_release);
+    Atomic(meta->word0).store(kRowReady | now | 1, std::memory_order_release);
     Atomic(header_->next_row).store(used + 1, std::memory_order_relaxed);
   } else {
-    // evicting -> ready, plus our pin; keeps the pins of readers that
-    // touched the row meanwhile (they back off and unpin).
-    Atomic(meta->state).fetch_sub((kRowEvicting - kRowReady) - 1, std::memory_order_release);
+    // evicting (tick 0) -> ready with this tick, plus our pin; an add keeps
+    // the pins of readers that touched the row meanwhile (they back off and
+    // unpin). Unsigned arithmetic wraps, so the sum is exact.
+    Atomic(meta->word0).fetch_add(kRowReady + now + 1 - kRowEvicting, std::memory_order_release);
   }
   Atomic(header_->initializations).fetch_add(1, std::memory_order_relaxed);
   // Add the index entry at the first empty slot. Filling an empty slot needs
@@ -821,53 +952,63 @@ absl::Status EmbeddingTable::InsertLruLocked(uint64_t id, uint64_t tick, int64_t
 }
 
 absl::Status EmbeddingTable::EvictOneLocked(int64_t* row) {
-  auto meta_of = [&](int64_t r) { return reinterpret_cast<RowMeta*>(RowBlock(r) + meta_offset_); };
-  // Takes row r if it is ready and unpinned. Acquire: pairs with the last
-  // unpin (release), so every update made under a pin happens before the
-  // row is reinitialised.
-  auto take = [&](int64_t r) {
-    uint32_t expected = kRowReady;
-    return Atomic(meta_of(r)->state)
-        .compare_exchange_strong(expected, kRowEvicting, std::memory_order_acquire, std::memory_order_relaxed);
+  // Ages are counted in coarse ticks back from now; a tick ahead of now (a
+  // row touched after this load of the clock) is age 0, and rows untouched
+  // for 2^15 coarse ticks or more alias to younger ages (a coarse LRU).
+  const uint16_t now = static_cast<uint16_t>(Atomic(header_->clock).load(std::memory_order_relaxed) >> tick_shift_);
+  auto age_of = [&](uint32_t w) {
+    return std::max<int32_t>(0, static_cast<int16_t>(static_cast<uint16_t>(now - TickOf(w))));
   };
+  // Takes row r if its state word still is `seen` (ready, unpinned). Acquire:
+  // pairs with the last unpin (release), so every update made under a pin
+  // happens before the row is reinitialised.
+  auto take = [&](int64_t r, uint32_t seen) {
+    return Atomic(Meta(r)->word0)
+        .compare_exchange_strong(seen, kRowEvicting, std::memory_order_acquire, std::memory_order_relaxed);
+  };
+  auto evictable = [](uint32_t w) { return (w & (kStateMask | kPinMask)) == kRowReady; };
   int64_t victim = -1;
   for (int round = 0; round < kEvictRounds && victim < 0; ++round) {
     int64_t best = -1;
-    uint64_t best_tick = std::numeric_limits<uint64_t>::max();
+    int32_t best_age = -1;
+    uint32_t best_word = 0;
     for (int i = 0; i < kEvictSamples; ++i) {
       const uint64_t draw = Atomic(header_->evict_draws).fetch_add(1, std::memory_order_relaxed);
       const int64_t r = static_cast<int64_t>(Mix(draw ^ options_.seed) % static_cast<uint64_t>(capacity_));
-      RowMeta* m = meta_of(r);
-      if (Atomic(m->state).load(std::memory_order_relaxed) != kRowReady) continue;  // pinned
-      const uint64_t t = Atomic(m->last_access).load(std::memory_order_relaxed);
-      if (t < best_tick) {
-        best_tick = t;
+      const uint32_t w = Atomic(Meta(r)->word0).load(std::memory_order_relaxed);
+      if (!evictable(w)) continue;  // pinned
+      if (age_of(w) > best_age) {
+        best_age = age_of(w);
         best = r;
+        best_word = w;
       }
     }
-    if (best >= 0 && take(best)) victim = best;
+    if (best >= 0 && take(best, best_word)) victim = best;
+  }
+  // Every sample was pinned (or changed under us): scan the whole table for
+  // the oldest free row, a few times before giving up.
+  for (int scan = 0; scan < 4 && victim < 0; ++scan) {
+    int64_t best = -1;
+    int32_t best_age = -1;
+    uint32_t best_word = 0;
+    for (int64_t r = 0; r < capacity_; ++r) {
+      const uint32_t w = Atomic(Meta(r)->word0).load(std::memory_order_relaxed);
+      if (!evictable(w)) continue;
+      if (age_of(w) > best_age) {
+        best_age = age_of(w);
+        best = r;
+        best_word = w;
+      }
+    }
+    if (best < 0) break;
+    if (take(best, best_word)) victim = best;
   }
   if (victim < 0) {
-    // Every sample was pinned: scan the whole table for the oldest free row.
-    int64_t best = -1;
-    uint64_t best_tick = std::numeric_limits<uint64_t>::max();
-    for (int64_t r = 0; r < capacity_; ++r) {
-      RowMeta* m = meta_of(r);
-      if (Atomic(m->state).load(std::memory_order_relaxed) != kRowReady) continue;
-      const uint64_t t = Atomic(m->last_access).load(std::memory_order_relaxed);
-      if (t < best_tick) {
-        best_tick = t;
-        best = r;
-      }
-    }
-    if (best < 0 || !take(best)) {
-      return absl::ResourceExhaustedError(absl::StrCat("embedding table '", options_.name, "' (id ",
-                                                       options_.table_id, ") is full (", capacity_,
-                                                       " rows) and every row is in use by a concurrent pull or push"));
-    }
-    victim = best;
+    return absl::ResourceExhaustedError(absl::StrCat("embedding table '", options_.name, "' (id ", options_.table_id,
+                                                     ") is full (", capacity_,
+                                                     " rows) and every row is in use by a concurrent pull or push"));
   }
-  RemoveFromIndexLocked(Atomic(meta_of(victim)->id).load(std::memory_order_relaxed));
+  RemoveFromIndexLocked(Atomic(Meta(victim)->key).load(std::memory_order_relaxed) - 1);
   Atomic(header_->evictions).fetch_add(1, std::memory_order_relaxed);
   *row = victim;
   return absl::OkStatus();
@@ -911,7 +1052,7 @@ absl::Status EmbeddingTable::Pull(absl::Span<const uint64_t> ids, float* out, Pu
   SW_RETURN_IF_ERROR(CheckIds(ids));
   const bool insert = mode == PullMode::kInsert;
   const uint64_t tick = (lru_ && insert) ? Atomic(header_->clock).fetch_add(1, std::memory_order_relaxed) + 1 : 0;
-  const int lines = static_cast<int>(std::min<size_t>((dim_ * sizeof(float) + 63) / 64, 16));
+  const int lines = LinesFor(static_cast<size_t>(dim_) * sizeof(float));
   const size_t n = ids.size();
   for (size_t i = 0; i < n; ++i) {
     PrefetchAhead(ids, i, lines);
@@ -928,7 +1069,7 @@ absl::Status EmbeddingTable::Pull(absl::Span<const uint64_t> ids, float* out, Pu
       for (int64_t j = 0; j < dim_; ++j) dst[j] = Atomic(p[j]).load(std::memory_order_relaxed);
     };
     if (row_lock_) {
-      ReadRowConsistent(&reinterpret_cast<const RowMeta*>(block + meta_offset_)->seq, copy);
+      ReadRowConsistent(SeqWord(row), copy);
     } else {
       copy();
     }
@@ -1025,7 +1166,7 @@ absl::Status EmbeddingTable::Push(absl::Span<const uint64_t> ids, const float* g
   const bool counts_steps = optimizer.type == OptimizerType::kAdam;
   const uint64_t tick = lru_ ? Atomic(header_->clock).fetch_add(1, std::memory_order_relaxed) + 1 : 0;
   // The hardware streams the rest of a long row once its first lines are requested.
-  const int lines = static_cast<int>(std::min<size_t>(row_stride_ / 64, 16));
+  const int lines = LinesFor(row_stride_);
   const size_t m = sc.unique_ids_.size();
   const absl::Span<const uint64_t> unique(sc.unique_ids_);
   float* slots[kMaxSlots] = {};
@@ -1036,17 +1177,48 @@ absl::Status EmbeddingTable::Push(absl::Span<const uint64_t> ids, const float* g
     char* block = RowBlock(row);
     float* params = reinterpret_cast<float*>(block);
     for (int k = 0; k < num_slots_; ++k) slots[k] = params + (k + 1) * d;
-    auto* meta = reinterpret_cast<RowMeta*>(block + meta_offset_);
-    const uint32_t odd = row_lock_ ? LockRow(&meta->seq) : 0;
     UpdateParams up;
     up.lr = lr;
-    if (counts_steps) {
-      up.step = static_cast<int64_t>(Atomic(meta->update_count).fetch_add(1, std::memory_order_relaxed) + 1);
-    }
     const float* g = sc.sum_of_[i] >= 0 ? sc.summed_.data() + static_cast<size_t>(sc.sum_of_[i]) * d
                                         : grads + static_cast<size_t>(sc.first_row_[i]) * d;
-    ApplyUpdate(optimizer, up, params, slots, g, dim_);
-    if (row_lock_) UnlockRow(&meta->seq, odd);
+    if (row_lock_) {
+      uint32_t* seq = SeqWord(row);
+      const uint32_t odd = LockRow(seq);
+      // Under the lock the count has no other writer: a plain increment.
+      uint32_t count_bits = odd & ~kPackedSeqMask;  // packed: the count, kept unless counted
+      if (counts_steps) {
+        if (packed_) {
+          const uint32_t c = std::min((odd >> 8) + 1, kMaxPackedCount);
+          count_bits = c << 8;
+          up.step = c;
+        } else {
+          uint32_t* cw = CountWord(row);
+          const uint32_t c = Atomic(*cw).load(std::memory_order_relaxed);
+          const uint32_t next = c == std::numeric_limits<uint32_t>::max() ? c : c + 1;
+          Atomic(*cw).store(next, std::memory_order_relaxed);
+          up.step = next;
+        }
+      }
+      ApplyUpdate(optimizer, up, params, slots, g, dim_);
+      if (packed_) {
+        // As UnlockRow (release), with the count in the upper bits.
+        Atomic(*seq).store(count_bits | ((odd + 1) & kPackedSeqMask), std::memory_order_release);
+      } else {
+        UnlockRow(seq, odd);
+      }
+    } else {
+      if (counts_steps) {
+        // Each concurrent update takes its own t (the CAS orders them);
+        // t saturates instead of wrapping to 0.
+        uint32_t* cw = CountWord(row);
+        uint32_t c = Atomic(*cw).load(std::memory_order_relaxed);
+        while (c != std::numeric_limits<uint32_t>::max() &&
+               !Atomic(*cw).compare_exchange_weak(c, c + 1, std::memory_order_relaxed)) {
+        }
+        up.step = c == std::numeric_limits<uint32_t>::max() ? c : c + 1;
+      }
+      ApplyUpdate(optimizer, up, params, slots, g, dim_);
+    }
     Release(row);
   }
   return absl::OkStatus();
@@ -1054,9 +1226,7 @@ absl::Status EmbeddingTable::Push(absl::Span<const uint64_t> ids, const float* g
 
 void EmbeddingTable::CopyRowState(int64_t row, float* params, absl::Span<float* const> slots,
                                   uint64_t* update_count) const {
-  const char* block = RowBlock(row);
-  const float* p = reinterpret_cast<const float*>(block);
-  const auto* meta = reinterpret_cast<const RowMeta*>(block + meta_offset_);
+  const float* p = reinterpret_cast<const float*>(RowBlock(row));
   auto copy = [&] {
     if (params != nullptr) {
       for (int64_t j = 0; j < dim_; ++j) params[j] = Atomic(p[j]).load(std::memory_order_relaxed);
@@ -1066,10 +1236,10 @@ void EmbeddingTable::CopyRowState(int64_t row, float* params, absl::Span<float* 
       const float* slot = p + (k + 1) * dim_;
       for (int64_t j = 0; j < dim_; ++j) slots[k][j] = Atomic(slot[j]).load(std::memory_order_relaxed);
     }
-    if (update_count != nullptr) *update_count = Atomic(meta->update_count).load(std::memory_order_relaxed);
+    if (update_count != nullptr) *update_count = LoadCount(row);
   };
   if (row_lock_) {
-    ReadRowConsistent(&meta->seq, copy);
+    ReadRowConsistent(SeqWord(row), copy);
   } else {
     copy();
   }
@@ -1107,10 +1277,10 @@ absl::StatusOr<bool> EmbeddingTable::ReadRowAt(int64_t row, uint64_t* id, float*
     CopyRowState(row, params, slots, update_count);
     return true;
   }
-  auto* meta = reinterpret_cast<RowMeta*>(RowBlock(row) + meta_offset_);
+  RowMeta* meta = Meta(row);
   if (lru_) {
     // Pin it under the id it holds now, as a lookup would.
-    const uint64_t held = Atomic(meta->id).load(std::memory_order_relaxed);
+    const uint64_t held = Atomic(meta->key).load(std::memory_order_relaxed) - 1;
     if (!TryPin(meta, held)) return false;
     *id = held;
     CopyRowState(row, params, slots, update_count);
@@ -1118,9 +1288,10 @@ absl::StatusOr<bool> EmbeddingTable::ReadRowAt(int64_t row, uint64_t* id, float*
     return true;
   }
   // kError: a row below size() is handed out; it is in use once initialised
-  // (InitRow marks it ready last).
-  if ((Atomic(meta->state).load(std::memory_order_acquire) & ~kPinMask) != kRowReady) return false;
-  *id = Atomic(meta->id).load(std::memory_order_relaxed);
+  // (InitRow stores its key last, with release).
+  const uint64_t key = Atomic(meta->key).load(std::memory_order_acquire);
+  if (key == 0) return false;
+  *id = key - 1;
   CopyRowState(row, params, slots, update_count);
   return true;
 }
@@ -1136,23 +1307,34 @@ absl::Status EmbeddingTable::WriteRowState(uint64_t id, const float* params, abs
   const uint64_t tick = lru_ ? Atomic(header_->clock).fetch_add(1, std::memory_order_relaxed) + 1 : 0;
   int64_t row;
   SW_RETURN_IF_ERROR(Acquire(id, /*insert=*/true, tick, &row));
-  char* block = RowBlock(row);
-  float* p = reinterpret_cast<float*>(block);
-  auto* meta = reinterpret_cast<RowMeta*>(block + meta_offset_);
-  const uint32_t odd = row_lock_ ? LockRow(&meta->seq) : 0;
+  float* p = reinterpret_cast<float*>(RowBlock(row));
+  uint32_t* seq = row_lock_ ? SeqWord(row) : nullptr;
+  const uint32_t odd = row_lock_ ? LockRow(seq) : 0;
   for (int64_t j = 0; j < dim_; ++j) Atomic(p[j]).store(params[j], std::memory_order_relaxed);
   for (size_t k = 0; k < slots.size(); ++k) {
     if (slots[k] == nullptr) continue;
     float* slot = p + (k + 1) * dim_;
     for (int64_t j = 0; j < dim_; ++j) Atomic(slot[j]).store(slots[k][j], std::memory_order_relaxed);
   }
-  Atomic(meta->update_count).store(update_count, std::memory_order_relaxed);
-  if (row_lock_) UnlockRow(&meta->seq, odd);
+  if (packed_) {
+    const uint32_t c = static_cast<uint32_t>(std::min<uint64_t>(update_count, kMaxPackedCount));
+    Atomic(*seq).store((c << 8) | ((odd + 1) & kPackedSeqMask), std::memory_order_release);
+  } else {
+    if (count_at_ >= 0) {
+      const uint32_t c = static_cast<uint32_t>(std::min<uint64_t>(update_count, std::numeric_limits<uint32_t>::max()));
+      Atomic(*CountWord(row)).store(c, std::memory_order_relaxed);
+    }
+    if (row_lock_) UnlockRow(seq, odd);
+  }
   Release(row);
   return absl::OkStatus();
 }
 
 // ---- Counters and test hooks -----------------------------------------------------------
+
+size_t EmbeddingTable::meta_bytes_per_row() const {
+  return kind_ == EmbeddingKind::kStatic ? side_stride_ : sizeof(RowMeta);
+}
 
 int64_t EmbeddingTable::size() const {
   return static_cast<int64_t>(Atomic(header_->next_row).load(std::memory_order_relaxed));
@@ -1193,11 +1375,12 @@ absl::Status EmbeddingTable::CheckConsistencyForTest() const {
     if (row_seen[r]) return absl::InternalError(absl::StrCat("row ", r, " is named by two index entries"));
     row_seen[r] = true;
     if (!ids.insert(id).second) return absl::InternalError(absl::StrCat("id ", id, " has two index entries"));
-    const auto* meta = reinterpret_cast<const RowMeta*>(RowBlock(r) + meta_offset_);
-    if (Atomic(meta->id).load(std::memory_order_relaxed) != id) {
-      return absl::InternalError(absl::StrCat("row ", r, " holds id ", Atomic(meta->id).load(), ", index says ", id));
+    const RowMeta* meta = Meta(r);
+    const uint64_t key = Atomic(meta->key).load(std::memory_order_relaxed);
+    if (key != id + 1) {
+      return absl::InternalError(absl::StrCat("row ", r, " holds key ", key, " (id + 1), index says id ", id));
     }
-    if ((Atomic(meta->state).load(std::memory_order_relaxed) & ~kPinMask) != kRowReady) {
+    if (lru_ && (Atomic(meta->word0).load(std::memory_order_relaxed) & kStateMask) != kRowReady) {
       return absl::InternalError(absl::StrCat("row ", r, " of id ", id, " is not ready"));
     }
     if (ProbeLocked(id) != static_cast<int64_t>(s)) {

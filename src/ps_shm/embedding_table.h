@@ -6,15 +6,40 @@
 //
 //   [EmbeddingTableHeader, 4096 bytes]
 //   [index: index_slots x IndexEntry]          (dynamic tables only)
-//   [rows: capacity x row_stride bytes]        (64-byte aligned)
+//   [side words: capacity x side_stride bytes] (static tables that need them; 64-byte aligned)
+//   [rows: capacity x row_stride bytes]        (4096-byte aligned)
 //
-// Row block (row_stride bytes, a multiple of 64, 64-byte aligned):
+// Row layout (format 3, "lean rows"). A static row block is only its floats:
 //
-//   [params: dim floats][slot 0: dim floats]...[slot num_slots-1][RowMeta][pad]
+//   [params: dim floats][slot 0: dim floats]...[slot num_slots-1][pad]
 //
-// so one update touches one contiguous block: parameters, optimizer slots and
-// the row's own step count. RowMeta holds the id (dynamic), the row's update
-// count, its last-access tick (LRU) and a state word.
+// and a dynamic one ends with a 16-byte RowMeta:
+//
+//   [params][slots][pad to 8][RowMeta: key (8) | word0 (4) | word1 (4)][pad]
+//
+// so one update touches one contiguous block. row_stride is the block's
+// bytes rounded up to a power of two (16, 32 or 64) when they are at most
+// 64, so such a block never straddles a cache line, and to a multiple of 16
+// above 64. Static SGD of dim 16 takes exactly 64 bytes a row.
+//
+// Per-row metadata, only where the table's mode needs it:
+//   * Static tables: none in the row. A row_lock table keeps a 4-byte
+//     seqlock word per row, and a table with two or more slots (Adam's
+//     count; FTRL also has two slots and keeps an unused count) a 4-byte
+//     update count, in a side array indexed by row: [seq][count], 0, 4 or 8
+//     bytes a row. An update of such a row touches one more cache line.
+//   * Dynamic tables: the 16-byte RowMeta. key = id + 1 (0: a kError row
+//     handed out but not yet initialised). kError: word0 is the seqlock
+//     word (row_lock), word1 the update count. LRU: word0 is the state word
+//     [state: 2 bits][tick: 16 bits][pins: 14 bits] and word1 the update
+//     count or the seqlock word; a row_lock LRU table that counts updates
+//     packs both into word1 as [count: 24 bits][seq: 8 bits] (below).
+//   * Update counts are 32 bits and saturate at 2^32 - 1 (24 bits and
+//     2^24 - 1 when packed): Adam's bias correction 1 - beta^t is then 1 in
+//     float for any beta2 <= 1 - 1e-6, so a saturated t changes nothing a
+//     float can show. A table with fewer than two slots keeps no count:
+//     ReadRowState reports 0 and WriteRowState ignores the count it is
+//     given (no optimizer that needs one fits such a table).
 //
 // Two kinds of table:
 //   * kStatic: a bounded vocabulary. Row id in [0, capacity) indexes the row
@@ -39,11 +64,19 @@
 // caller's Scratch) and never lock, except for the first touch of a new id
 // in an LRU table (below) and, in a row_lock table, the row being updated.
 //
-// Update mode row_lock (EmbeddingTableOptions::row_lock): RowMeta holds a
-// seqlock word per row (ps_shm/row_seqlock.h). Push holds it, row by row,
+// Update mode row_lock (EmbeddingTableOptions::row_lock): each row has a
+// seqlock word (ps_shm/row_seqlock.h; where it lives: "Per-row metadata"). Push holds it, row by row,
 // while it updates the row's parameters, slots and update count; Pull copies
 // a row's parameters inside a seqlock read and retries if a push overlapped.
 // So a row is never seen, nor updated, half-way through another update.
+// Packed count-and-seq word (LRU, row_lock, two or more slots): LockRow's
+// CAS sets the low bit as usual (an even low byte + 1 never carries), and
+// the unlock is a release store of [count after this update][seq + 1 mod
+// 2^8]. A reader's copy is accepted only if the whole 32-bit word is equal
+// before and after; a push always changes it (the count grows, or the seq
+// byte moves on), so a torn read passes unnoticed only if 128 k writes
+// overlap one copy while the count stands still (saturated, or set back by
+// WriteRowState).
 //
 // Thread safety: Pull and Push may be called concurrently from any number of
 // threads in any number of processes attached to the same region (Hogwild).
@@ -80,13 +113,20 @@
 //
 // Dynamic tables with CapacityPolicy::kEvictLru reuse rows, so a reader must
 // never update a row after it has been given to another id. Rows are pinned:
-//   * A row's state word packs a state (ready / evicting) and a pin count
-//     (24 bits: at most 2^24 - 1 threads may hold one row at once).
+//   * A row's state word packs a state (ready / evicting), its 16-bit LRU
+//     tick and a pin count (14 bits: at most 2^14 - 1 threads may hold one
+//     row at once; each Pull, Push or checkpoint read holds one row at a
+//     time).
 //     A reader that found row r for id K pins it (fetch_add, acquire), then
-//     checks that the state is ready and RowMeta::id == K; otherwise it
+//     checks that the state is ready and RowMeta::key == K + 1; otherwise it
 //     unpins and looks the id up again. While pinned, r keeps id K: the
-//     evictor takes a row only by a CAS from (ready, 0 pins) to (evicting),
-//     and gives it back with a release RMW that keeps concurrent pin counts.
+//     evictor takes a row only by a CAS from (ready, any tick, 0 pins) to
+//     (evicting, tick 0), and gives it back with a release RMW (an add)
+//     that keeps concurrent pin counts. A pinned reader moves the tick
+//     forward with a relaxed CAS on the whole word that keeps the state and
+//     pins it saw (and fails if they changed); an RMW, so it continues the
+//     release sequence of the unpins before it, and the evictor's acquire
+//     CAS still synchronises with every unpin.
 //     So an update can never land on another id's row, and an eviction
 //     never races an update of its victim. (A worker whose id was evicted
 //     between its Pull and its Push gets a fresh row at the initial value,
@@ -107,8 +147,14 @@
 //     ThreadSanitizer does not model). An inserting miss re-probes under
 //     the lock anyway, where no index writer runs concurrently.
 //   * Victims are chosen by approximate LRU, as Redis does: 8 occupied rows
-//     are sampled and the unpinned one with the oldest last-access tick is
-//     evicted. The tick is a header counter advanced once per Pull/Push call.
+//     are sampled and the unpinned one with the oldest tick is evicted. The
+//     header clock advances once per Pull/Push call; a row's 16-bit tick is
+//     clock >> tick_shift, where tick_shift = max(0, bit_width(capacity) -
+//     12), so ticks are exact for tables of up to 4095 rows and coarser
+//     above. Ages are (now - tick) mod 2^16 read as signed: a row untouched
+//     for 2^15 coarse ticks (at least 8 x capacity calls) or more may look
+//     young, which only makes the LRU rougher, never a row evicted while
+//     pinned.
 //   If a process dies while holding a pin, that row is never evicted again;
 //   if it dies holding the eviction lock, inserts into that table hang. The
 //   owner of the segment restarts the job from a checkpoint in either case.
@@ -116,9 +162,13 @@
 // Non-goals of this unit: sharding ids across shards (the caller hashes ids
 // to shards), NUMA placement (the caller maps and binds the region; dynamic
 // rows are first touched by the thread that inserts them, static rows by the
-// thread that calls Create), and checkpointing.
+// threads that call InitRows, or Create's), and checkpointing. The region's
+// row memory must read as zeros before Create or Format (fresh shared or
+// anonymous memory does): a dynamic row's RowMeta is only written when the
+// row is first handed out.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -135,6 +185,7 @@ namespace shardwild {
 // The on-memory format (embedding_table.cc); only EmbeddingTable reads it.
 struct EmbeddingTableHeader;
 struct EmbeddingIndexEntry;
+struct EmbeddingRowMeta;
 
 inline constexpr int kMaxEmbeddingSlots = 4;
 
@@ -241,6 +292,22 @@ class EmbeddingTable {
   // Errors: InvalidArgument for bad options, a misaligned or short region.
   static absl::StatusOr<EmbeddingTable> Create(void* region, size_t bytes, const EmbeddingTableOptions& options);
 
+  // Create in three steps, so that several threads can initialise a static
+  // table's rows: Format writes the header and the empty index (and takes
+  // the same arguments and gives the same errors as Create), InitRows
+  // initialises static rows [begin, end) (clamped to [0, capacity); a no-op
+  // for a dynamic table), and Publish makes the table attachable. Rows hold
+  // exactly what Create gives them whatever the split and order, since a
+  // row's values depend only on (seed, table_id, id). InitRows is the first
+  // touch of its rows and their side words: call it on threads bound to
+  // the region's NUMA node. Calls on disjoint ranges may run concurrently;
+  // every range must be initialised, and every InitRows call must happen
+  // before Publish (e.g. by joining the threads). Until Publish, nothing but
+  // InitRows may be called on the table, and Attach fails ("not created yet").
+  static absl::StatusOr<EmbeddingTable> Format(void* region, size_t bytes, const EmbeddingTableOptions& options);
+  void InitRows(int64_t begin, int64_t end) const;
+  void Publish() const;
+
   // Attaches to a table that Create formatted, possibly in another process
   // and at another address. Validates the header: magic, format version,
   // checksum, every field's range and that the layout it describes fits in
@@ -324,6 +391,11 @@ class EmbeddingTable {
   int num_slots() const { return num_slots_; }
   // Bytes between consecutive row blocks.
   size_t row_stride() const { return row_stride_; }
+  // Bytes of the region per row: the row block plus its side words.
+  size_t bytes_per_row() const { return row_stride_ + side_stride_; }
+  // Bytes of per-row metadata: the RowMeta (dynamic) or the side words
+  // (static); row padding is not metadata.
+  size_t meta_bytes_per_row() const;
   // The options the table was created with (read back from the header).
   const EmbeddingTableOptions& options() const { return options_; }
 
@@ -342,6 +414,25 @@ class EmbeddingTable {
   void Bind(const EmbeddingTableOptions& options, char* base);
 
   char* RowBlock(int64_t row) const { return rows_ + static_cast<size_t>(row) * row_stride_; }
+  EmbeddingRowMeta* Meta(int64_t row) const {
+    return reinterpret_cast<EmbeddingRowMeta*>(RowBlock(row) + meta_offset_);
+  }
+  // The row's metadata words: its side words (static) or its RowMeta.
+  char* MetaWords(int64_t row) const {
+    return kind_ == EmbeddingKind::kStatic ? side_ + static_cast<size_t>(row) * side_stride_
+                                           : RowBlock(row) + meta_offset_;
+  }
+  // The row's seqlock word (row_lock tables) and update count word (tables
+  // that count updates); the same word when packed_.
+  uint32_t* SeqWord(int64_t row) const { return reinterpret_cast<uint32_t*>(MetaWords(row) + seq_at_); }
+  uint32_t* CountWord(int64_t row) const { return reinterpret_cast<uint32_t*>(MetaWords(row) + count_at_); }
+  // The row's update count (0 in a table that keeps none).
+  uint64_t LoadCount(int64_t row) const;
+  // Cache lines a span of `bytes` from the start of a row block may touch.
+  int LinesFor(size_t bytes) const {
+    if (row_stride_ <= 64) return 1;  // a power-of-two stride: a block never straddles a line
+    return static_cast<int>(std::min<size_t>((bytes + 48 + 63) / 64, 16));  // blocks start 16-byte aligned
+  }
 
   // Resolves `id` to its row; inserts it when `insert`. Sets *row = -1 for a
   // miss in read-only mode. In an LRU table a found row comes back pinned and
@@ -360,7 +451,13 @@ class EmbeddingTable {
   void RemoveFromIndexLocked(uint64_t id);
   int64_t ProbeLocked(uint64_t id) const;  // index slot of id, or -1
 
-  void InitRow(int64_t row, uint64_t id, uint64_t tick);
+  // Params and slots of `row` to their initial values for `id`.
+  void InitRowValues(int64_t row, uint64_t id) const;
+  // Dynamic: InitRowValues plus the RowMeta (key, zero count and seqlock);
+  // an LRU row's state word is left to the caller.
+  void InitRow(int64_t row, uint64_t id);
+  // LRU: moves a pinned row's tick forward to `tick` (coarsened).
+  void Touch(EmbeddingRowMeta* meta, uint64_t tick) const;
   // Copies a row's params, slots and update count (seqlock read in row_lock).
   void CopyRowState(int64_t row, float* params, absl::Span<float* const> slots, uint64_t* update_count) const;
   void PrefetchAhead(absl::Span<const uint64_t> ids, size_t i, int lines) const;
@@ -378,11 +475,18 @@ class EmbeddingTable {
   int64_t capacity_ = 0;
   int num_slots_ = 0;
   size_t row_stride_ = 0;
-  size_t meta_offset_ = 0;    // RowMeta within a row block
+  size_t meta_offset_ = 0;    // RowMeta within a row block (dynamic)
+  size_t side_stride_ = 0;    // bytes of side words per row (static)
+  uint32_t tick_shift_ = 0;   // LRU: coarse tick = clock >> tick_shift_
+  bool counts_ = false;       // rows keep an update count
+  bool packed_ = false;       // the count shares the seqlock word (LRU row_lock)
+  int seq_at_ = -1;           // byte offset of the seqlock word in MetaWords(row), or -1
+  int count_at_ = -1;         // byte offset of the update count in MetaWords(row), or -1
   uint64_t index_mask_ = 0;   // index_slots - 1 (dynamic)
   // Non-owning views into the region.
   EmbeddingTableHeader* header_ = nullptr;
   EmbeddingIndexEntry* index_ = nullptr;
+  char* side_ = nullptr;  // static: the side words
   char* rows_ = nullptr;
 };
 

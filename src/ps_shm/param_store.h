@@ -147,6 +147,11 @@ struct OpenStoreOptions {
   int first_hosted_shard = 0;
   int num_hosted_shards = -1;
   MemoryPlacer* placer = nullptr; // not owned; nullptr = first touch by the calling thread
+  // Threads that first-touch each shard's memory and initialise its static
+  // embedding rows: the placer's thread for the shard's node and helpers it
+  // starts (which inherit its binding). Shards are set up one after
+  // another. 0 = one per hardware thread.
+  int init_threads = 0;
 };
 
 // Per-thread scratch of PullRows/PushRows: ids grouped by shard and the

@@ -39,8 +39,9 @@ namespace shardwild {
 
 inline constexpr uint64_t kShardMagic = 0x3153445241485753ULL;  // "SWHARDS1" little-endian
 // 2: row sequence words, update_mode; 3: embedding tables (TableEntry);
-// 4: partial stores (hosted shard block, GlobalPart).
-inline constexpr uint32_t kShardFormatVersion = 4;
+// 4: partial stores (hosted shard block, GlobalPart); 5: lean embedding rows
+// (the tables' regions use embedding table format 3, embedding_table.cc).
+inline constexpr uint32_t kShardFormatVersion = 5;
 inline constexpr int kMaxNameBytes = 64;
 
 struct ShardHeader {

@@ -92,6 +92,21 @@ uint64_t LoadRelaxed(uint64_t* p) { return std::atomic_ref<uint64_t>(*p).load(st
 // Bytes of the row sequence words of a part holding `rows` rows (shard_format.h).
 uint64_t SeqBytes(int64_t rows) { return AlignUp(static_cast<uint64_t>(rows) * sizeof(uint32_t), 64); }
 
+// Runs fn(i) once for every i in [0, n) on `threads` threads (the calling
+// one and threads it starts, which inherit its CPU and memory binding).
+// Items are handed out in order from a shared counter.
+void ParallelFor(int threads, int64_t n, const std::function<void(int64_t)>& fn) {
+  std::atomic<int64_t> next{0};
+  auto run = [&] {
+    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) fn(i);
+  };
+  const int helpers = static_cast<int>(std::min<int64_t>(std::max(threads, 1), n)) - 1;
+  std::vector<std::thread> pool;
+  pool.reserve(std::max(helpers, 0));
+  for (int k = 0; k < helpers; ++k) pool.emplace_back(run);
+  run();
+  for (std::thread& t : pool) t.join();
+}
 
 }  // namespace
 
@@ -137,6 +152,9 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Create(const OpenS
                                                      " bytes and rows, cols >= 1"));
     }
   }
+  const int init_threads = options.init_threads > 0
+                               ? options.init_threads
+                               : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const OptimizerOptions sparse = options.sparse_optimizer.value_or(options.optimizer);
   if (options.sparse_optimizer) {
     if (absl::Status s = options.sparse_optimizer->Validate(); !s.ok()) {
@@ -258,18 +276,47 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Create(const OpenS
     auto create = [&]() -> absl::Status {
       SW_ASSIGN_OR_RETURN(seg, ShmSegment::Create(SegmentName(st->name_, k), total));
       if (want_huge_pages && !AdviseHugePages(seg->data(), seg->size())) st->huge_pages_requested_ = false;
-      // Touch every page from this (node-bound) thread.
-      std::memset(seg->data(), 0, seg->size());
+      // Touch every page from threads bound to this node (this one and the
+      // helpers it starts, which inherit its binding), a chunk at a time.
+      char* base = static_cast<char*>(seg->data());
+      const uint64_t size = seg->size();
+      constexpr uint64_t kTouchChunk = uint64_t{4} << 20;
+      ParallelFor(init_threads, static_cast<int64_t>((size + kTouchChunk - 1) / kTouchChunk), [&](int64_t c) {
+        const uint64_t begin = static_cast<uint64_t>(c) * kTouchChunk;
+        std::memset(base + begin, 0, std::min(kTouchChunk, size - begin));
+      });
       // posix_fallocate reserved the pages before the mapping was marked, so
       // under huge=advise they are small: ask for them to be collapsed (on
       // this thread, so the huge pages come from this node too).
       if (want_huge_pages) CollapseHugePages(seg->data(), seg->size());
-      // Format the tables here too: a static table's rows are initialised,
-      // and so first touched, by this node-bound thread.
+      // Format the tables here too, and initialise (so first touch) their
+      // static rows on the same node-bound threads, in pieces of kRowPiece
+      // rows. A row's values depend only on (seed, table_id, id), so the
+      // split does not change them.
+      std::vector<EmbeddingTable> formatted;
+      struct Piece {
+        int table;
+        int64_t begin, end;
+      };
+      constexpr int64_t kRowPiece = 32768;
+      std::vector<Piece> pieces;
       for (int t = 0; t < ntables; ++t) {
-        char* region = static_cast<char*>(seg->data()) + table_entries[t].offset;
-        SW_ASSIGN_OR_RETURN(EmbeddingTable table, EmbeddingTable::Create(region, table_entries[t].bytes, table_options[t]));
-        st->tables_[t].push_back(table);
+        SW_ASSIGN_OR_RETURN(EmbeddingTable table,
+                            EmbeddingTable::Format(base + table_entries[t].offset, table_entries[t].bytes, table_options[t]));
+        formatted.push_back(table);
+        if (table.kind() != EmbeddingKind::kStatic) continue;
+        for (int64_t b = 0; b < table.capacity(); b += kRowPiece) {
+          pieces.push_back({t, b, std::min(b + kRowPiece, table.capacity())});
+        }
+      }
+      ParallelFor(init_threads, static_cast<int64_t>(pieces.size()), [&](int64_t i) {
+        const Piece& p = pieces[i];
+        formatted[p.table].InitRows(p.begin, p.end);
+      });
+      // The helpers have been joined: every row is initialised before this.
+      for (int t = 0; t < ntables; ++t) {
+        formatted[t].Publish();
+        st->tables_[t].push_back(formatted[t]);
       }
       return absl::OkStatus();
     };
@@ -1121,12 +1168,23 @@ ShmParamStore::Memory ShmParamStore::memory() const {
     m.params += static_cast<uint64_t>(hosted_rows_[v].size() * layout_.variables[v].cols) * sizeof(float);
   }
   m.slots = m.params * static_cast<uint64_t>(num_slots_);
-  for (const std::vector<EmbeddingTable>& table : tables_) {
-    for (const EmbeddingTable& part : table) {
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    TableMemory tm;
+    tm.name = layout_.tables[t].name;
+    for (const EmbeddingTable& part : tables_[t]) {
+      const uint64_t rows = static_cast<uint64_t>(part.capacity());
       const uint64_t row_bytes = static_cast<uint64_t>(part.dim()) * sizeof(float);
-      m.params += static_cast<uint64_t>(part.capacity()) * row_bytes;
-      m.slots += static_cast<uint64_t>(part.capacity()) * row_bytes * static_cast<uint64_t>(part.num_slots());
+      tm.rows += rows;
+      tm.params += rows * row_bytes;
+      tm.slots += rows * row_bytes * static_cast<uint64_t>(part.num_slots());
+      tm.overhead += EmbeddingTable::BytesFor(part.options());
+      tm.bytes_per_row = part.bytes_per_row();
+      tm.meta_bytes_per_row = part.meta_bytes_per_row();
     }
+    tm.overhead -= tm.params + tm.slots;
+    m.params += tm.params;
+    m.slots += tm.slots;
+    m.tables.push_back(std::move(tm));
   }
   m.overhead = total_bytes() - m.params - m.slots;
   return m;

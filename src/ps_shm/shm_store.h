@@ -150,8 +150,20 @@ class ShmParamStore final : public ParamStore {
   // indexes and row metadata). Embedding tables count with the rows they
   // can hold (every hosted shard's capacity), dense variables with their
   // size (a partial store: their hosted rows).
+  // Per embedding table (layout().tables order), summed over the hosted
+  // shards: rows is their capacity, bytes_per_row the region bytes a row
+  // takes (row block plus side words, EmbeddingTable::bytes_per_row), of
+  // which meta_bytes_per_row are per-row metadata; overhead is everything
+  // of the tables' regions that is neither params nor slots (headers,
+  // indexes, metadata, padding).
+  struct TableMemory {
+    std::string name;
+    uint64_t rows = 0, bytes_per_row = 0, meta_bytes_per_row = 0;
+    uint64_t params = 0, slots = 0, overhead = 0;
+  };
   struct Memory {
     uint64_t params = 0, slots = 0, overhead = 0;
+    std::vector<TableMemory> tables;
   };
   Memory memory() const;
   // Model version of one shard (a global index; must be hosted).

@@ -153,8 +153,14 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
     so.seed = config.train.seed;
     so.num_shards = shards;
     so.placer = job->topology_.get();
+    // Every core the workers will run on initialises the store.
+    so.init_threads = 0;
+    for (const WorkerPlacement& w : job->placement_.workers) so.init_threads += static_cast<int>(w.cores.size());
     so.tables = TableSpecsOf(spec);
+    const auto setup_start = std::chrono::steady_clock::now();
     SW_ASSIGN_OR_RETURN(job->store_, ReplicatedStore::Create(so, std::move(vars), std::move(replication)));
+    job->store_setup_seconds_ =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
     // Stale segments of the job are found (and acted on) by the first replica.
     if (const auto& removed = job->store().removed_stale_segments(); !removed.empty()) {
       spdlog::warn("removed {} stale shared-memory segment(s) of job '{}' left by processes that are gone: {}",

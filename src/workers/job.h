@@ -83,6 +83,9 @@ class Job {
   const Dataset* test() const { return test_ ? &*test_ : nullptr; }
   // Seconds spent reading and parsing the data sets in Create.
   double data_load_seconds() const { return data_load_seconds_; }
+  // Seconds spent creating and initialising the local store in Create (0
+  // with JobOptions::store).
+  double store_setup_seconds() const { return store_setup_seconds_; }
   // The step barrier of ps.update sync; nullptr in the other modes.
   SyncAggregator* sync() { return sync_.get(); }
 
@@ -95,6 +98,7 @@ class Job {
   Dataset train_;
   std::optional<Dataset> test_;
   double data_load_seconds_ = 0;
+  double store_setup_seconds_ = 0;
   dnnl::engine engine_;
   std::unique_ptr<ReplicatedStore> store_;  // null with JobOptions::store
   ParamStore* external_store_ = nullptr;    // JobOptions::store (not owned)

@@ -222,8 +222,8 @@ TEST_F(CliTrainTest, LastLineIsJsonSummary) {
   // Memory: the MLP 784-256-128-10 has 235146 parameters; Adam keeps 2 slots each.
   const json& mem = j["store"]["memory"];
   EXPECT_EQ(mem["params_bytes"].get<uint64_t>(), 235146u * 4) << j.dump();
-  EXPECT_EQ(mem["slots_bytes"].get<uint64_t>(), 2u * 235146u * 4) << j.dump();
-  EXPECT_EQ(mem["params_bytes"].get<uint64_t>() + mem["slots_bytes"].get<uint64_t>() +
+  EXPECT_EQ(mem["slot_bytes"].get<uint64_t>(), 2u * 235146u * 4) << j.dump();
+  EXPECT_EQ(mem["params_bytes"].get<uint64_t>() + mem["slot_bytes"].get<uint64_t>() +
                 mem["overhead_bytes"].get<uint64_t>(),
             j["store"]["bytes"].get<uint64_t>());
   ASSERT_TRUE(j["store"]["shards"].is_array()) << j.dump();

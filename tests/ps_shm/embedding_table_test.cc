@@ -124,17 +124,175 @@ TEST(EmbeddingTableTest, ValidateNamesTheKey) {
   EXPECT_EQ(EmbeddingTable::BytesFor(o), 0u);
 }
 
-TEST(EmbeddingTableTest, RowsAreCacheLineBlocks) {
+// The stride rule (embedding_table.h, "Row layout"): a power of two 16..64
+// for blocks of at most 64 bytes, else a multiple of 16.
+size_t ExpectedStride(size_t bytes) {
+  if (bytes > 64) return (bytes + 15) / 16 * 16;
+  size_t p = 16;
+  while (p < bytes) p *= 2;
+  return p;
+}
+
+TEST(EmbeddingTableTest, StaticRowsCarryNoMetadata) {
   for (int slots : {0, 1, 2, 4}) {
     for (int64_t dim : {1, 7, 16, 64, 100}) {
-      const EmbeddingTableOptions o = StaticOptions(dim, 3, slots);
-      Region region(EmbeddingTable::BytesFor(o));
-      auto t = EmbeddingTable::Create(region.data(), region.size(), o);
-      ASSERT_TRUE(t.ok()) << t.status();
-      EXPECT_EQ(t->row_stride() % 64, 0u);
-      EXPECT_GE(t->row_stride(), (1 + slots) * dim * sizeof(float) + 32);
-      EXPECT_LT(t->row_stride(), (1 + slots) * dim * sizeof(float) + 32 + 64);
+      for (bool row_lock : {false, true}) {
+        EmbeddingTableOptions o = StaticOptions(dim, 3, slots);
+        o.row_lock = row_lock;
+        Region region(EmbeddingTable::BytesFor(o));
+        auto t = EmbeddingTable::Create(region.data(), region.size(), o);
+        ASSERT_TRUE(t.ok()) << t.status();
+        const size_t floats = (1 + slots) * dim * sizeof(float);
+        EXPECT_EQ(t->row_stride(), ExpectedStride(floats)) << "slots " << slots << " dim " << dim;
+        // Side words: the seqlock word (row_lock) and the update count
+        // (two or more slots, as Adam has); nothing else.
+        const size_t side = 4 * ((row_lock ? 1 : 0) + (slots >= 2 ? 1 : 0));
+        EXPECT_EQ(t->meta_bytes_per_row(), side);
+        EXPECT_EQ(t->bytes_per_row(), t->row_stride() + side);
+        // A block of at most 64 bytes never straddles a cache line.
+        if (t->row_stride() <= 64) {
+          EXPECT_EQ(64 % t->row_stride(), 0u);
+        }
+      }
     }
+  }
+}
+
+TEST(EmbeddingTableTest, StaticSgdDim16RowIs64Bytes) {
+  const EmbeddingTableOptions o = StaticOptions(16, 1000, 0);
+  Region region(EmbeddingTable::BytesFor(o));
+  auto t = EmbeddingTable::Create(region.data(), region.size(), o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->row_stride(), 64u);
+  EXPECT_EQ(t->bytes_per_row(), 64u);
+  EXPECT_EQ(t->meta_bytes_per_row(), 0u);
+  // The region: one page of header, then the rows.
+  EXPECT_EQ(EmbeddingTable::BytesFor(o), 4096u + 1000u * 64);
+}
+
+TEST(EmbeddingTableTest, DynamicRowMetadataIsAtMost16Bytes) {
+  for (CapacityPolicy on_full : {CapacityPolicy::kError, CapacityPolicy::kEvictLru}) {
+    for (int slots : {0, 1, 2, 4}) {
+      for (bool row_lock : {false, true}) {
+        EmbeddingTableOptions o = DynamicOptions(16, 10, on_full);
+        o.num_slots = slots;
+        o.row_lock = row_lock;
+        Region region(EmbeddingTable::BytesFor(o));
+        auto t = EmbeddingTable::Create(region.data(), region.size(), o);
+        ASSERT_TRUE(t.ok()) << t.status();
+        EXPECT_LE(t->meta_bytes_per_row(), 16u);
+        EXPECT_EQ(t->bytes_per_row(), t->row_stride());
+        EXPECT_EQ(t->row_stride(), ExpectedStride((1 + slots) * 16 * sizeof(float) + 16));
+      }
+    }
+  }
+}
+
+TEST(EmbeddingTableTest, DlrmTablesOverheadIsAtMost5PercentOfParams) {
+  // configs/ctr_dlrm.yaml: 26 static tables of 1,000,000 rows, dim 16, SGD.
+  uint64_t params = 0, bytes = 0;
+  for (uint32_t t = 0; t < 26; ++t) {
+    EmbeddingTableOptions o = StaticOptions(16, 1'000'000, 0);
+    o.table_id = t;
+    bytes += EmbeddingTable::BytesFor(o);
+    params += uint64_t{1'000'000} * 16 * sizeof(float);
+  }
+  EXPECT_LE(bytes - params, params / 20) << bytes << " bytes for " << params << " bytes of params";
+}
+
+TEST(EmbeddingTableTest, InitRowsInParallelPiecesGivesCreatesBytes) {
+  for (int slots : {0, 2}) {
+    for (bool row_lock : {false, true}) {
+      EmbeddingTableOptions o = StaticOptions(12, 5000, slots);
+      o.row_lock = row_lock;
+      o.slot_init[0] = 0.25f;
+      o.init.kind = RowInitializer::Kind::kTruncatedNormal;
+      const size_t bytes = EmbeddingTable::BytesFor(o);
+      Region sequential(bytes), parallel(bytes);
+      ASSERT_TRUE(EmbeddingTable::Create(sequential.data(), bytes, o).ok());
+      auto t = EmbeddingTable::Format(parallel.data(), bytes, o);
+      ASSERT_TRUE(t.ok()) << t.status();
+      // Before Publish the table cannot be attached.
+      EXPECT_TRUE(MessageContains(EmbeddingTable::Attach(parallel.data(), bytes).status(), {"not created"}));
+      // Uneven pieces, handed to 4 threads in reverse order.
+      std::vector<std::pair<int64_t, int64_t>> pieces;
+      for (int64_t b = 0; b < o.capacity; b += 333) pieces.push_back({b, std::min<int64_t>(b + 333, o.capacity)});
+      std::reverse(pieces.begin(), pieces.end());
+      std::atomic<size_t> next{0};
+      std::vector<std::thread> threads;
+      for (int k = 0; k < 4; ++k) {
+        threads.emplace_back([&] {
+          for (size_t i; (i = next.fetch_add(1)) < pieces.size();) t->InitRows(pieces[i].first, pieces[i].second);
+        });
+      }
+      for (std::thread& th : threads) th.join();
+      t->Publish();
+      EXPECT_EQ(std::memcmp(sequential.data(), parallel.data(), bytes), 0)
+          << "slots " << slots << " row_lock " << row_lock;
+      auto attached = EmbeddingTable::Attach(parallel.data(), bytes);
+      ASSERT_TRUE(attached.ok()) << attached.status();
+      EXPECT_EQ(PullOne(*attached, 4999), Initial(o, 4999));
+    }
+  }
+}
+
+TEST(EmbeddingTableTest, AttachRefusesAnotherFormatVersion) {
+  const EmbeddingTableOptions o = StaticOptions(16, 10, 0);
+  const size_t bytes = EmbeddingTable::BytesFor(o);
+  Region region(bytes);
+  ASSERT_TRUE(EmbeddingTable::Create(region.data(), bytes, o).ok());
+  // format_version follows the 8-byte magic. Version 2 had 32-byte RowMeta
+  // in every row; this build must not read its rows.
+  uint32_t version = 0;
+  std::memcpy(&version, static_cast<char*>(region.data()) + 8, sizeof(version));
+  EXPECT_EQ(version, 3u);
+  const uint32_t old = 2;
+  std::memcpy(static_cast<char*>(region.data()) + 8, &old, sizeof(old));
+  const auto s = EmbeddingTable::Attach(region.data(), bytes);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(MessageContains(s.status(), {"format_version is 2", "reads 3"}));
+}
+
+TEST(EmbeddingTableTest, UpdateCountsSurviveEveryMetadataLayout) {
+  // Adam's per-row step t lives in a side word (static), in RowMeta (kError),
+  // or packed with the seqlock word (LRU row_lock): each counts every push.
+  struct Case {
+    EmbeddingKind kind;
+    CapacityPolicy on_full;
+    bool row_lock;
+  };
+  for (const Case& c : {Case{EmbeddingKind::kStatic, CapacityPolicy::kError, false},
+                        Case{EmbeddingKind::kStatic, CapacityPolicy::kError, true},
+                        Case{EmbeddingKind::kDynamic, CapacityPolicy::kError, false},
+                        Case{EmbeddingKind::kDynamic, CapacityPolicy::kError, true},
+                        Case{EmbeddingKind::kDynamic, CapacityPolicy::kEvictLru, false},
+                        Case{EmbeddingKind::kDynamic, CapacityPolicy::kEvictLru, true}}) {
+    EmbeddingTableOptions o = c.kind == EmbeddingKind::kStatic ? StaticOptions(4, 16, 2) : DynamicOptions(4, 16, c.on_full);
+    o.row_lock = c.row_lock;
+    Region region(EmbeddingTable::BytesFor(o));
+    auto t = EmbeddingTable::Create(region.data(), region.size(), o);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EmbeddingTable::Scratch scratch;
+    const uint64_t id = 7;
+    std::vector<float> grad(4, 0.5f);
+    for (int i = 0; i < 300; ++i) {
+      ASSERT_TRUE(t->Push({&id, 1}, grad.data(), Optimizer(OptimizerType::kAdam), 0.01f, &scratch).ok());
+    }
+    std::vector<float> params(4), m(4), v(4);
+    float* slots[] = {m.data(), v.data()};
+    uint64_t count = 0;
+    ASSERT_TRUE(t->ReadRowState(id, params.data(), slots, &count).ok());
+    EXPECT_EQ(count, 300u) << "kind " << static_cast<int>(c.kind) << " lru " << (c.on_full == CapacityPolicy::kEvictLru)
+                           << " row_lock " << c.row_lock;
+    // A checkpoint import sets it; the next push continues from there.
+    ASSERT_TRUE(t->WriteRowState(id, params.data(), {m.data(), v.data()}, 1000).ok());
+    ASSERT_TRUE(t->Push({&id, 1}, grad.data(), Optimizer(OptimizerType::kAdam), 0.01f, &scratch).ok());
+    ASSERT_TRUE(t->ReadRowState(id, params.data(), slots, &count).ok());
+    EXPECT_EQ(count, 1001u);
+    // SGD does not count.
+    ASSERT_TRUE(t->Push({&id, 1}, grad.data(), Optimizer(OptimizerType::kSgd), 0.01f, &scratch).ok());
+    ASSERT_TRUE(t->ReadRowState(id, params.data(), slots, &count).ok());
+    EXPECT_EQ(count, 1001u);
   }
 }
 

@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "core/optimizer.h"
 #include "core/options.h"
 #include "gtest/gtest.h"
@@ -523,6 +524,78 @@ TEST(ShmStoreTables, MemoryCountsTables) {
   EXPECT_EQ(m.params, 40u * 4 + table_rows * kDim * 4);
   EXPECT_EQ(m.slots, 2u * (40u * 4 + table_rows * kDim * 4));
   EXPECT_EQ(m.params + m.slots + m.overhead, store->total_bytes());
+  ASSERT_EQ(m.tables.size(), 2u);
+  EXPECT_EQ(m.tables[0].name, "emb");
+  EXPECT_EQ(m.tables[1].name, "dyn");
+  uint64_t table_params = 0;
+  for (const ShmParamStore::TableMemory& t : m.tables) {
+    EXPECT_EQ(t.slots, 2 * t.params);
+    table_params += t.params;
+  }
+  EXPECT_EQ(table_params, table_rows * kDim * 4);
+  EXPECT_EQ(m.tables[0].rows, 100u);
+  // Adam dim 8: 96 bytes of floats; a static row adds its 4-byte update
+  // count as a side word, a dynamic one a 16-byte RowMeta (112 bytes).
+  EXPECT_EQ(m.tables[0].bytes_per_row, 96u + 4);
+  EXPECT_EQ(m.tables[0].meta_bytes_per_row, 4u);
+  EXPECT_EQ(m.tables[1].bytes_per_row, 112u);
+  EXPECT_EQ(m.tables[1].meta_bytes_per_row, 16u);
+}
+
+// configs/ctr_dlrm.yaml in small: 26 static tables, dim 16, SGD, hogwild.
+OpenStoreOptions DlrmLikeOptions(int64_t rows, int shards) {
+  std::vector<TableSpec> tables;
+  for (int t = 0; t < 26; ++t) {
+    TableSpec spec = Table(EmbeddingKind::kStatic, rows);
+    spec.name = absl::StrCat("C", t + 1);
+    spec.dim = 16;
+    tables.push_back(spec);
+  }
+  return Options(Optimizer(OptimizerType::kSgd, 0.1f), std::move(tables), shards);
+}
+
+TEST(ShmStoreTables, DlrmLikeStoreOverheadIsAtMost5PercentOfParams) {
+  std::unique_ptr<ShmParamStore> store = MakeStore(DlrmLikeOptions(20000, 1));
+  ASSERT_NE(store, nullptr);
+  const ShmParamStore::Memory m = store->memory();
+  EXPECT_EQ(m.params, 26u * 20000 * 16 * 4);
+  EXPECT_EQ(m.slots, 0u);
+  EXPECT_LE(m.overhead, m.params / 20) << m.overhead << " bytes of overhead";
+  EXPECT_EQ(m.params + m.slots + m.overhead, store->total_bytes());
+  for (const ShmParamStore::TableMemory& t : m.tables) {
+    EXPECT_EQ(t.bytes_per_row, 64u) << t.name;
+    EXPECT_EQ(t.meta_bytes_per_row, 0u) << t.name;
+  }
+}
+
+TEST(ShmStoreTables, ParallelInitGivesTheRowsOfSequentialInit) {
+  for (int shards : {1, 3}) {
+    OpenStoreOptions one = DlrmLikeOptions(70000, shards);  // several pieces per table
+    one.tables.resize(3);
+    one.tables[2].kind = EmbeddingKind::kDynamic;  // no rows to initialise
+    one.init_threads = 1;
+    OpenStoreOptions many = one;
+    many.init_threads = 4;
+    std::unique_ptr<ShmParamStore> a = MakeStore(one);
+    std::unique_ptr<ShmParamStore> b = MakeStore(many);
+    ASSERT_NE(a, nullptr);
+    ASSERT_NE(b, nullptr);
+    for (int t = 0; t < 2; ++t) {
+      for (int s = 0; s < shards; ++s) {
+        const EmbeddingTable& ta = a->table_shard(t, s);
+        const EmbeddingTable& tb = b->table_shard(t, s);
+        ASSERT_EQ(ta.capacity(), tb.capacity());
+        std::vector<float> ra(16), rb(16);
+        for (int64_t id = 0; id < ta.capacity(); ++id) {
+          EmbeddingTable ca = ta, cb = tb;  // handles share the table
+          ASSERT_TRUE(ca.ReadRowState(static_cast<uint64_t>(id), ra.data(), {}).ok());
+          ASSERT_TRUE(cb.ReadRowState(static_cast<uint64_t>(id), rb.data(), {}).ok());
+          ASSERT_EQ(std::memcmp(ra.data(), rb.data(), 16 * sizeof(float)), 0) << "table " << t << " shard " << s
+                                                                               << " row " << id;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
