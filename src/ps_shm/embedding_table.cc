@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/hogwild_kernels.h"
 #include "core/optimizer.h"
 #include "core/random.h"
 #include "core/status.h"
@@ -626,12 +627,12 @@ void EmbeddingTable::InitRowValues(int64_t row, uint64_t id) const {
   for (int64_t j = 0; j < dim_; j += 64) {
     const int64_t n = std::min<int64_t>(64, dim_ - j);
     FillInitial(options_.init, key, j, n, chunk);
-    for (int64_t i = 0; i < n; ++i) Atomic(p[j + i]).store(chunk[i], std::memory_order_relaxed);
+    HogwildCopyTo(chunk, p + j, n);
   }
   for (int k = 0; k < num_slots_; ++k) {
     const float v = options_.slot_init[k];
     float* slot = p + (k + 1) * dim_;
-    for (int64_t i = 0; i < dim_; ++i) Atomic(slot[i]).store(v, std::memory_order_relaxed);
+    HogwildFill(v, slot, dim_);
   }
 }
 
@@ -1066,7 +1067,7 @@ absl::Status EmbeddingTable::Pull(absl::Span<const uint64_t> ids, float* out, Pu
     const char* block = RowBlock(row);
     const float* p = reinterpret_cast<const float*>(block);
     auto copy = [&] {
-      for (int64_t j = 0; j < dim_; ++j) dst[j] = Atomic(p[j]).load(std::memory_order_relaxed);
+      HogwildCopyFrom(p, dst, dim_);
     };
     if (row_lock_) {
       ReadRowConsistent(SeqWord(row), copy);

@@ -80,10 +80,12 @@
 //
 // Thread safety: Pull and Push may be called concurrently from any number of
 // threads in any number of processes attached to the same region (Hogwild).
-// Parameters and slots are read and written through std::atomic_ref<float>
-// with memory_order_relaxed (core/optimizer.h): concurrent pushes to one row
-// interleave element by element, and a pull racing a push may see a mix of
-// old and new values. Everything else (index, row metadata, counters) is
+// Parameters and slots are read and written by the Hogwild kernels
+// (core/hogwild_kernels.h: SIMD loads and stores, the optimizer updates,
+// row copies and fills) or, in cold paths (checkpoint reads and writes),
+// through std::atomic_ref<float> with memory_order_relaxed: concurrent
+// pushes to one row interleave lane by lane, and a pull racing a push may
+// see a mix of old and new values. Everything else (index, row metadata, counters) is
 // race-free; see "Concurrency" below.
 //
 // Concurrency

@@ -5,6 +5,7 @@
 #include "core/model.h"
 
 #include <algorithm>
+#include <optional>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -198,6 +199,51 @@ TEST_F(ModelTest, LoadBatchMapsIdsPoolsWeightsAndPads) {
   // A second, smaller batch reuses the buffers: counts restart.
   m.LoadRange(d, 1, 1);
   EXPECT_EQ(static_cast<int64_t>(m.ids(2).size()), 1);
+}
+
+// Ids packed by PackIds load exactly as ids read from the fields: every
+// lookup's ids (static ones mapped, dynamic ones raw, empty bags and repeats
+// included), offsets and labels, over batches of several sizes.
+TEST_F(ModelTest, PackedIdsLoadAsTheFieldsDo) {
+  Dataset d = SmallData(40, 2, 3, false, 3);
+  d.fields[0].weights.clear();  // a weighted field with weights is not packed (below)
+  auto packed_model = Model::Create(SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, true, true),
+                                    DataShape::Of(d), /*batch=*/8, engine_, 1);
+  auto plain_model = Model::Create(SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, true, true),
+                                   DataShape::Of(d), /*batch=*/8, engine_, 1);
+  ASSERT_TRUE(packed_model.ok()) << packed_model.status();
+  ASSERT_TRUE(plain_model.ok()) << plain_model.status();
+  Model& pm = **packed_model;
+  Model& m = **plain_model;
+  const std::optional<PackedIds> packed = pm.PackIds(d);
+  ASSERT_TRUE(packed.has_value());
+  EXPECT_EQ(packed->records, d.count);
+  EXPECT_EQ(packed->num_lookups, pm.num_lookups());
+  ASSERT_EQ(packed->start.size(), static_cast<size_t>(d.count) + 1);
+  EXPECT_EQ(packed->start.back(), packed->words.size());
+  const std::vector<std::vector<int32_t>> batches = {{39, 0, 17, 17, 5, 22, 8, 31}, {3}, {12, 1, 30}, {}};
+  for (const std::vector<int32_t>& records : batches) {
+    const int64_t n = static_cast<int64_t>(records.size());
+    pm.LoadBatch(d, records.data(), n, &*packed);
+    m.LoadBatch(d, records.data(), n);
+    for (int l = 0; l < m.num_lookups(); ++l) {
+      EXPECT_EQ(std::vector<uint64_t>(pm.ids(l).begin(), pm.ids(l).end()),
+                std::vector<uint64_t>(m.ids(l).begin(), m.ids(l).end()))
+          << "lookup " << l << ", batch of " << n;
+    }
+    for (int64_t i = 0; i < 8; ++i) EXPECT_EQ(pm.labels()[i], m.labels()[i]) << i;
+    // Same bags: pooling all-ones rows gives each bag's size in both.
+    for (Model* x : {&pm, &m}) {
+      for (int l = 0; l < x->num_lookups(); ++l) {
+        std::fill(x->rows(l), x->rows(l) + x->ids(l).size() * x->lookup(l).dim, 1.0f);
+      }
+      for (int v = 0; v < x->num_variables(); ++v) std::fill(x->params(v), x->params(v) + x->variable(v).size(), 0.5f);
+      x->Forward(false, stream_);
+    }
+    for (int64_t i = 0; i < 8 * 3; ++i) EXPECT_EQ(pm.logits()[i], m.logits()[i]) << i;
+  }
+  // A weighted lookup whose field carries weights keeps reading the fields.
+  EXPECT_FALSE(pm.PackIds(SmallData(5, 2, 3, false, 3)).has_value());
 }
 
 // (interaction, head, wide, bottom)
