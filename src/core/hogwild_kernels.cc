@@ -212,6 +212,16 @@ SHARDWILD_HOGWILD_KERNEL void UpdateImpl(const UpdateKernelArgs& a, float* p, fl
   }
 }
 
+SHARDWILD_HOGWILD_KERNEL void UpdateRowsImpl(const UpdateKernelArgs& a, float* const* rows, const float* const* grads,
+                                             int64_t count, int64_t dim) {
+  constexpr int64_t kAhead = 4;
+  for (int64_t r = 0; r < count; ++r) {
+    if (r + kAhead < count) hwy::Prefetch(rows[r + kAhead]);
+    float* p = rows[r];
+    Update<false>(a, p, p + dim, p + 2 * dim, grads[r], dim, nullptr);
+  }
+}
+
 struct CopyOp {
   const float* src;
   float* dst;
@@ -252,6 +262,7 @@ HWY_AFTER_NAMESPACE();
 namespace shardwild {
 
 HWY_EXPORT(UpdateImpl);
+HWY_EXPORT(UpdateRowsImpl);
 HWY_EXPORT(CopyImpl);
 HWY_EXPORT(FillImpl);
 HWY_EXPORT(GatherRowsImpl);
@@ -261,6 +272,11 @@ void HogwildUpdate(const UpdateKernelArgs& args, float* p, float* s0, float* s1,
                    float* p_copy) {
   if (n <= 0) return;
   HWY_DYNAMIC_DISPATCH(UpdateImpl)(args, p, s0, s1, g, n, p_copy);
+}
+
+void HogwildUpdateRows(const UpdateKernelArgs& args, float* const* rows, const float* const* grads, int64_t count,
+                       int64_t dim) {
+  if (count > 0 && dim > 0) HWY_DYNAMIC_DISPATCH(UpdateRowsImpl)(args, rows, grads, count, dim);
 }
 
 void HogwildCopyFrom(const float* src, float* dst, int64_t n) {

@@ -59,6 +59,13 @@ struct UpdateKernelArgs {
 void HogwildUpdate(const UpdateKernelArgs& args, float* p, float* s0, float* s1, const float* g, int64_t n,
                    float* p_copy = nullptr);
 
+// The same update of `count` rows of `dim` parameters: row r's parameters
+// start at rows[r] and its slots follow them, slot k at rows[r] + (k + 1) *
+// dim (an embedding row's block); its gradient is grads[r][0, dim). One call
+// for a batch of rows, prefetching a few rows ahead. Rows must be distinct.
+void HogwildUpdateRows(const UpdateKernelArgs& args, float* const* rows, const float* const* grads, int64_t count,
+                       int64_t dim);
+
 // dst[0, n) = src[0, n), where src is parameter memory that other threads may
 // be writing (a pull) and dst is the caller's private buffer.
 void HogwildCopyFrom(const float* src, float* dst, int64_t n);

@@ -43,9 +43,12 @@ float SlotInitialValue(const OptimizerOptions& opt, int slot) {
   return accumulator ? opt.initial_accumulator_value : 0.0f;
 }
 
-void ApplyUpdate(const OptimizerOptions& opt, const UpdateParams& up, float* params, float* const* slots,
-                 const float* grad, int64_t n, float* params_copy) {
-  UpdateKernelArgs a;
+namespace {
+
+// The kernel's scalars for one update; false where the update is skipped
+// (FTRL at lr <= 0: it divides by lr, and a schedule's end at 0 means no step).
+bool MakeKernelArgs(const OptimizerOptions& opt, const UpdateParams& up, UpdateKernelArgs* out) {
+  UpdateKernelArgs& a = *out;
   a.type = opt.type;
   a.lr = up.lr;
   switch (opt.type) {
@@ -78,19 +81,34 @@ void ApplyUpdate(const OptimizerOptions& opt, const UpdateParams& up, float* par
       a.rho = opt.rho;
       break;
     case OptimizerType::kFtrl:
-      // FTRL divides by lr; a zero rate (the end of a schedule to 0) skips the step.
-      if (!(up.lr > 0)) {
-        if (params_copy != nullptr) HogwildCopyFrom(params, params_copy, n);
-        return;
-      }
+      if (!(up.lr > 0)) return false;
       a.l1 = opt.l1;
       a.two_l2 = 2.0f * opt.l2;
       a.inv_lr = static_cast<float>(1.0 / static_cast<double>(up.lr));
       break;
   }
+  return true;
+}
+
+}  // namespace
+
+void ApplyUpdate(const OptimizerOptions& opt, const UpdateParams& up, float* params, float* const* slots,
+                 const float* grad, int64_t n, float* params_copy) {
+  UpdateKernelArgs a;
+  if (!MakeKernelArgs(opt, up, &a)) {
+    if (params_copy != nullptr) HogwildCopyFrom(params, params_copy, n);
+    return;
+  }
   const int nslots = NumSlots(opt.type);
   HogwildUpdate(a, params, nslots > 0 ? slots[0] : nullptr, nslots > 1 ? slots[1] : nullptr, grad, n,
                 params_copy);
+}
+
+void ApplyUpdateRows(const OptimizerOptions& opt, const UpdateParams& up, float* const* rows,
+                     const float* const* grads, int64_t count, int64_t dim) {
+  UpdateKernelArgs a;
+  if (!MakeKernelArgs(opt, up, &a)) return;
+  HogwildUpdateRows(a, rows, grads, count, dim);
 }
 
 }  // namespace shardwild

@@ -84,4 +84,13 @@ float AdamMomentRatioBound(float beta1, float beta2, int64_t step);
 void ApplyUpdate(const OptimizerOptions& opt, const UpdateParams& up, float* params, float* const* slots,
                  const float* grad, int64_t n, float* params_copy = nullptr);
 
+// One update, the same UpdateParams for every row, of `count` rows of `dim`
+// parameters laid out as embedding rows (rows[r]: dim parameters, then the
+// optimizer's slots, dim floats each) with gradients grads[r]: ApplyUpdate
+// of each row, in one call. For optimizers whose step does not depend on a
+// row's own update count (all but Adam, whose t is per row). Rows must be
+// distinct. Thread-safe and allocation-free as ApplyUpdate.
+void ApplyUpdateRows(const OptimizerOptions& opt, const UpdateParams& up, float* const* rows,
+                     const float* const* grads, int64_t count, int64_t dim);
+
 }  // namespace shardwild

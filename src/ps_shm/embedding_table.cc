@@ -1055,6 +1055,37 @@ absl::Status EmbeddingTable::Pull(absl::Span<const uint64_t> ids, float* out, Pu
   const uint64_t tick = (lru_ && insert) ? Atomic(header_->clock).fetch_add(1, std::memory_order_relaxed) + 1 : 0;
   const int lines = LinesFor(static_cast<size_t>(dim_) * sizeof(float));
   const size_t n = ids.size();
+  if (!row_lock_ && !lru_) {
+    // Rows that never move: gathered in batches, one kernel call each. The
+    // pending rows fill out[first, first + k); a missing row (kReadOnly)
+    // is written at its initial value in between.
+    constexpr size_t kRowBatch = 64;
+    const float* src[kRowBatch];
+    size_t first = 0, k = 0;
+    auto flush = [&] {
+      HogwildGatherRows(src, static_cast<int64_t>(k), dim_, out + first * static_cast<size_t>(dim_));
+      first += k;
+      k = 0;
+    };
+    for (size_t i = 0; i < n; ++i) {
+      PrefetchAhead(ids, i, lines);
+      int64_t row;
+      if (absl::Status st = Acquire(ids[i], insert, tick, &row); !st.ok()) {
+        flush();
+        return st;
+      }
+      if (row < 0) {
+        flush();
+        InitialRowValue(options_, ids[i], out + i * static_cast<size_t>(dim_));
+        first = i + 1;
+        continue;
+      }
+      src[k++] = reinterpret_cast<const float*>(RowBlock(row));
+      if (k == kRowBatch) flush();
+    }
+    flush();
+    return absl::OkStatus();
+  }
   for (size_t i = 0; i < n; ++i) {
     PrefetchAhead(ids, i, lines);
     int64_t row;
@@ -1170,6 +1201,38 @@ absl::Status EmbeddingTable::Push(absl::Span<const uint64_t> ids, const float* g
   const int lines = LinesFor(row_stride_);
   const size_t m = sc.unique_ids_.size();
   const absl::Span<const uint64_t> unique(sc.unique_ids_);
+  auto grad_of = [&](size_t i) {
+    return sc.sum_of_[i] >= 0 ? sc.summed_.data() + static_cast<size_t>(sc.sum_of_[i]) * d
+                              : grads + static_cast<size_t>(sc.first_row_[i]) * d;
+  };
+  if (!row_lock_ && !counts_steps && !lru_) {
+    // Rows that never move (static, kError) under an optimizer with no
+    // per-row step: one kernel call per batch of rows. (An LRU table pins
+    // each row while it is updated, and a batch of pins could starve its own
+    // evictions; Adam's t and row_lock's seqlock are per row.)
+    constexpr size_t kRowBatch = 64;
+    float* rows[kRowBatch];
+    const float* row_grads[kRowBatch];
+    size_t k = 0;
+    UpdateParams up;
+    up.lr = lr;
+    for (size_t i = 0; i < m; ++i) {
+      PrefetchAhead(unique, i, lines);
+      int64_t row;
+      if (absl::Status st = Acquire(sc.unique_ids_[i], /*insert=*/true, tick, &row); !st.ok()) {
+        ApplyUpdateRows(optimizer, up, rows, row_grads, static_cast<int64_t>(k), dim_);  // as row by row would have
+        return st;
+      }
+      rows[k] = reinterpret_cast<float*>(RowBlock(row));
+      row_grads[k] = grad_of(i);
+      if (++k == kRowBatch) {
+        ApplyUpdateRows(optimizer, up, rows, row_grads, static_cast<int64_t>(k), dim_);
+        k = 0;
+      }
+    }
+    ApplyUpdateRows(optimizer, up, rows, row_grads, static_cast<int64_t>(k), dim_);
+    return absl::OkStatus();
+  }
   float* slots[kMaxSlots] = {};
   for (size_t i = 0; i < m; ++i) {
     PrefetchAhead(unique, i, lines);
@@ -1180,8 +1243,7 @@ absl::Status EmbeddingTable::Push(absl::Span<const uint64_t> ids, const float* g
     for (int k = 0; k < num_slots_; ++k) slots[k] = params + (k + 1) * d;
     UpdateParams up;
     up.lr = lr;
-    const float* g = sc.sum_of_[i] >= 0 ? sc.summed_.data() + static_cast<size_t>(sc.sum_of_[i]) * d
-                                        : grads + static_cast<size_t>(sc.first_row_[i]) * d;
+    const float* g = grad_of(i);
     if (row_lock_) {
       uint32_t* seq = SeqWord(row);
       const uint32_t odd = LockRow(seq);
