@@ -22,7 +22,8 @@ enum class OptimizerType { kSgd, kMomentum, kAdam, kAdagrad, kRmsprop, kFtrl }; 
 enum class LrSchedule { kConstant, kCosine, kStep };
 // How pushes reach the parameters (ps.update). Values are stored in shm
 // headers: append only.
-//   hogwild:  no locks; relaxed std::atomic_ref loads and stores, races allowed.
+//   hogwild:  no locks; the SIMD Hogwild kernels (core/hogwild_kernels.h) read
+//             and write parameter memory, races on it allowed.
 //   row_lock: a per-row seqlock; a push changes a row's params and slots
 //             together, and a pull or ReadRows sees whole rows.
 //   sync:     every worker's gradient of a step is averaged, then applied once
