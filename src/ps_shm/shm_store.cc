@@ -281,9 +281,23 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Create(const OpenS
       char* base = static_cast<char*>(seg->data());
       const uint64_t size = seg->size();
       constexpr uint64_t kTouchChunk = uint64_t{4} << 20;
+      // Static rows are written whole by InitRows below, on these same
+      // threads: a chunk that lies wholly inside them is left to that first
+      // touch (the segment's pages start zeroed, so the memset only places
+      // them), which saves a pass over most of a large table's memory.
+      std::vector<std::pair<uint64_t, uint64_t>> row_areas;  // [begin, end) in the segment
+      for (int t = 0; t < ntables; ++t) {
+        if (table_options[t].kind != EmbeddingKind::kStatic) continue;
+        const auto [first, bytes] = EmbeddingTable::RowsRange(table_options[t]);
+        row_areas.emplace_back(table_entries[t].offset + first, table_entries[t].offset + first + bytes);
+      }
       ParallelFor(init_threads, static_cast<int64_t>((size + kTouchChunk - 1) / kTouchChunk), [&](int64_t c) {
         const uint64_t begin = static_cast<uint64_t>(c) * kTouchChunk;
-        std::memset(base + begin, 0, std::min(kTouchChunk, size - begin));
+        const uint64_t end = std::min(begin + kTouchChunk, size);
+        for (const auto& [a, b] : row_areas) {
+          if (begin >= a && end <= b) return;
+        }
+        std::memset(base + begin, 0, end - begin);
       });
       // posix_fallocate reserved the pages before the mapping was marked, so
       // under huge=advise they are small: ask for them to be collapsed (on
