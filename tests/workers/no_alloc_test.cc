@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -257,6 +258,18 @@ TEST(NoAllocationTest, SparseStepAllocatesNothing) {
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_EQ(g_allocations.load() - before, 0) << "allocations during a sparse epoch after a warm one";
   EXPECT_GT((*worker)->counters().rows_pulled.load(), 2 * data.count);
+
+  // The same from the training set's packed ids (as a Job sets them).
+  const std::optional<PackedIds> packed = (*worker)->model().PackIds(data);
+  ASSERT_TRUE(packed.has_value());
+  (*worker)->set_packed_ids(&*packed);
+  ASSERT_TRUE((*worker)->Train(order.data(), data.count, -1, so.optimizer, 0, 1, nullptr).ok());
+  const int64_t before_packed = g_allocations.load();
+  t_counting = true;
+  const absl::Status sp = (*worker)->Train(order.data(), data.count, -1, so.optimizer, 0, 1, nullptr);
+  t_counting = false;
+  ASSERT_TRUE(sp.ok()) << sp;
+  EXPECT_EQ(g_allocations.load() - before_packed, 0) << "allocations during a sparse epoch from packed ids";
 #endif
 }
 
