@@ -51,6 +51,11 @@ struct UpdateKernelArgs {
   float l1 = 0, two_l2 = 0, inv_lr = 0;  // ftrl (lr > 0)
 };
 
+// The update kernels below run with subnormals flushed to zero (inputs read
+// as 0, results stored as 0), restoring the caller's floating-point mode:
+// decaying optimizer slots would otherwise reach subnormal values, which x86
+// computes tens of times slower (hogwild_kernels.cc).
+//
 // One update of n parameters `p` with slots s0, s1 (as many as the optimizer
 // has; the others may be null) and gradient g (private to the caller). With
 // `p_copy` (the caller's private buffer, or null) the new parameters are

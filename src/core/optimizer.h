@@ -78,7 +78,10 @@ float AdamMomentRatioBound(float beta1, float beta2, int64_t step);
 // above. `grad` is private to the caller. `opt` must have passed Validate().
 // Thread-safe in the Hogwild sense described above; never allocates.
 // Every instruction-set target gives bit-identical results: the formulas
-// above, evaluated left to right in float with no fused multiply-add.
+// above, evaluated left to right in float with no fused multiply-add, with
+// subnormal inputs and results flushed to 0 (as TensorFlow's CPU threads
+// do: a slot decaying where the gradient stays 0 would otherwise make every
+// update of it tens of times slower once it passes FLT_MIN).
 // With `params_copy` (a private buffer of n floats, or null) the updated
 // parameters are also written there in the same pass (a fused pull).
 void ApplyUpdate(const OptimizerOptions& opt, const UpdateParams& up, float* params, float* const* slots,

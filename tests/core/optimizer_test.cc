@@ -288,6 +288,32 @@ TEST(ApplyUpdateFormulaTest, RowsInOneCallEqualRowByRow) {
   }
 }
 
+// A slot decaying where the gradient is 0 reaches 0 instead of subnormal
+// values (x86 computes those tens of times slower), on every target, and
+// the caller's floating-point mode is left as it was.
+TEST(ApplyUpdateFormulaTest, SubnormalsAreFlushedToZero) {
+  for (const std::string& target : HogwildKernelTargets()) {
+    ScopedHogwildKernelTarget scoped(target);
+    OptimizerOptions adam = Make(OptimizerType::kAdam);
+    adam.beta1 = 0.5f;
+    std::vector<float> p(19, 0.5f), m(19, 2e-38f), v(19, 1e-6f), g(19, 0.0f);
+    float* slots[2] = {m.data(), v.data()};
+    ApplyUpdate(adam, UpdateParams{1e-3f, 10}, p.data(), slots, g.data(), 19);
+    // 0.5 * 2e-38 = 1e-38 < FLT_MIN: flushed.
+    for (float x : m) EXPECT_EQ(x, 0.0f) << target;
+    // A subnormal input reads as 0: momentum's velocity stays 0.
+    OptimizerOptions momentum = Make(OptimizerType::kMomentum);
+    std::vector<float> vel(19, 5e-39f), p2(19, 1.0f);
+    float* mslots[1] = {vel.data()};
+    ApplyUpdate(momentum, UpdateParams{0.1f, 1}, p2.data(), mslots, g.data(), 19);
+    for (float x : vel) EXPECT_EQ(x, 0.0f) << target;
+  }
+  // Outside the kernels subnormals still exist (the mode was restored).
+  volatile float tiny = 2e-38f;
+  volatile float half = tiny * 0.5f;
+  EXPECT_GT(half, 0.0f);
+}
+
 // The fused pull writes exactly the updated parameters.
 TEST(ApplyUpdateFormulaTest, FusedCopyEqualsTheUpdatedParameters) {
   for (const Case& c : Cases()) {
