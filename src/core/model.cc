@@ -1,5 +1,7 @@
 #include "core/model.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -18,6 +20,20 @@ absl::Status Bad(const std::string& key, const std::string& what) {
 // The id the store sees: a static table takes the raw id modulo its rows
 // (DLRM's hex % max_ind_range); a dynamic one takes it as is, but for the
 // reserved empty-slot id 2^64-1, which moves to its neighbour.
+// Reserves room for n elements in *v (empty) and asks the kernel to back it
+// with transparent huge pages before it is written: a batch reads records
+// scattered over the whole array, and on 4 KiB pages each one costs a TLB
+// miss (a nested page walk under virtualisation), which software prefetches
+// do not hide. Only advice: where the kernel declines, nothing changes.
+template <typename T>
+void ReserveOnHugePages(std::vector<T>* v, size_t n) {
+  v->reserve(n);
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(v->data()) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(v->data()) + n * sizeof(T)) & ~(kHuge - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+}
+
 // Asks for [begin, begin + bytes) to be brought into L2 (a hint: no fault, no effect on values).
 inline void PrefetchLines(const void* begin, size_t bytes) {
   const char* p = static_cast<const char*>(begin);
@@ -345,9 +361,16 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelOptions& given, 
   return m;
 }
 
-void Model::LoadRecord(const Dataset& data, int64_t r, int64_t slot, const PackedIds* packed) {
+void Model::LoadRecord(const Dataset& data, int64_t r, int64_t slot, const PackedRecords* packed) {
   if (dense_dim_ > 0) {
-    std::memcpy(input_.data() + slot * dense_dim_, data.dense.data() + r * dense_dim_, dense_dim_ * sizeof(float));
+    float* dst = input_.data() + slot * dense_dim_;
+    if (packed != nullptr && packed->has_dense_bytes()) {
+      // The same division as the IDX reader's: the very same floats.
+      const uint8_t* src = packed->dense_bytes.data() + r * dense_dim_;
+      for (int64_t j = 0; j < dense_dim_; ++j) dst[j] = static_cast<float>(src[j]) / 255.0f;
+    } else {
+      std::memcpy(dst, data.dense.data() + r * dense_dim_, dense_dim_ * sizeof(float));
+    }
   }
   if (head_ == HeadType::kRegression) {
     targets_[slot] = data.targets[r];
@@ -367,8 +390,8 @@ void Model::LoadRecord(const Dataset& data, int64_t r, int64_t slot, const Packe
       label_offsets_[slot + 1] = base + 1;
     }
   }
-  // The packed block of record r: counts, then ids (PackedIds).
-  const uint64_t* block = packed != nullptr ? packed->words.data() + packed->start[r] : nullptr;
+  // The packed block of record r: counts, then ids (PackedRecords).
+  const uint64_t* block = packed != nullptr && packed->has_ids() ? packed->words.data() + packed->start[r] : nullptr;
   const uint64_t* packed_ids = block != nullptr ? block + (lookups_.size() + 1) / 2 : nullptr;
   for (size_t l = 0; l < lookups_.size(); ++l) {
     const Lookup& lk = spec_.lookups[l];
@@ -410,35 +433,57 @@ void Model::LoadRecord(const Dataset& data, int64_t r, int64_t slot, const Packe
   }
 }
 
-std::optional<PackedIds> Model::PackIds(const Dataset& data) const {
+std::optional<PackedRecords> Model::PackRecords(const Dataset& data) const {
+  PackedRecords p;
+  p.records = data.count;
   const size_t nl = lookups_.size();
-  if (nl == 0) return std::nullopt;
+  bool pack_ids = nl > 0;
   size_t total_ids = 0;
   for (size_t l = 0; l < nl; ++l) {
     const SparseField& f = data.fields[spec_.lookups[l].data_field];
-    if (spec_.lookups[l].weighted && !f.weights.empty()) return std::nullopt;
+    if (spec_.lookups[l].weighted && !f.weights.empty()) pack_ids = false;
     total_ids += f.ids.size();
   }
-  PackedIds p;
-  p.num_lookups = static_cast<int>(nl);
-  p.records = data.count;
-  const size_t head = (nl + 1) / 2;
-  p.start.resize(static_cast<size_t>(data.count) + 1);
-  p.words.assign(static_cast<size_t>(data.count) * head + total_ids, 0);
-  uint64_t at = 0;
-  for (int64_t r = 0; r < data.count; ++r) {
-    p.start[r] = at;
-    char* counts = reinterpret_cast<char*>(p.words.data() + at);
-    at += head;
-    for (size_t l = 0; l < nl; ++l) {
-      const SparseField& f = data.fields[spec_.lookups[l].data_field];
-      const int64_t b = f.offsets[r], e = f.offsets[r + 1];
-      const uint32_t c = static_cast<uint32_t>(e - b);
-      std::memcpy(counts + l * sizeof(uint32_t), &c, sizeof(c));
-      for (int64_t i = b; i < e; ++i) p.words[at++] = StoreId(f.ids[i], static_rows_[l]);
+  if (pack_ids) {
+    p.num_lookups = static_cast<int>(nl);
+    const size_t head = (nl + 1) / 2;
+    ReserveOnHugePages(&p.start, static_cast<size_t>(data.count) + 1);
+    ReserveOnHugePages(&p.words, static_cast<size_t>(data.count) * head + total_ids);
+    p.start.resize(static_cast<size_t>(data.count) + 1);
+    p.words.assign(static_cast<size_t>(data.count) * head + total_ids, 0);
+    uint64_t at = 0;
+    for (int64_t r = 0; r < data.count; ++r) {
+      p.start[r] = at;
+      char* counts = reinterpret_cast<char*>(p.words.data() + at);
+      at += head;
+      for (size_t l = 0; l < nl; ++l) {
+        const SparseField& f = data.fields[spec_.lookups[l].data_field];
+        const int64_t b = f.offsets[r], e = f.offsets[r + 1];
+        const uint32_t c = static_cast<uint32_t>(e - b);
+        std::memcpy(counts + l * sizeof(uint32_t), &c, sizeof(c));
+        for (int64_t i = b; i < e; ++i) p.words[at++] = StoreId(f.ids[i], static_rows_[l]);
+      }
     }
+    p.start[data.count] = at;
   }
-  p.start[data.count] = at;
+  // Dense bytes, only if every value is exactly k / 255.0f (checked value
+  // by value, so the loads give back the same floats).
+  const size_t nd = static_cast<size_t>(data.count) * static_cast<size_t>(dense_dim_);
+  if (nd > 0 && data.dense.size() == nd) {
+    std::vector<uint8_t> bytes;
+    ReserveOnHugePages(&bytes, nd);
+    bytes.resize(nd);
+    bool exact = true;
+    for (size_t i = 0; i < nd && exact; ++i) {
+      const float v = data.dense[i];
+      const float k = std::nearbyint(v * 255.0f);
+      exact = k >= 0.0f && k <= 255.0f && static_cast<float>(static_cast<uint8_t>(k)) / 255.0f == v &&
+              !std::signbit(v);
+      bytes[i] = exact ? static_cast<uint8_t>(k) : 0;
+    }
+    if (exact) p.dense_bytes = std::move(bytes);
+  }
+  if (!p.has_ids() && !p.has_dense_bytes()) return std::nullopt;
   return p;
 }
 
@@ -455,7 +500,7 @@ void Model::FinishLoad(int64_t n) {
   }
 }
 
-void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedIds* packed) {
+void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed) {
   for (LookupState& st : lookups_) st.count = 0;
   // Records are scattered over the data set: keep the next few in flight
   // while one is copied (a copy alone waits for each record's first lines).
@@ -465,14 +510,18 @@ void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, co
   const size_t dense_bytes = static_cast<size_t>(dense_dim_) * sizeof(float);
   auto prefetch = [&](int64_t s) {
     const int64_t r = records[s];
-    PrefetchLines(data.dense.data() + r * dense_dim_, dense_bytes);
-    if (packed != nullptr) {
+    if (packed != nullptr && packed->has_dense_bytes()) {
+      PrefetchLines(packed->dense_bytes.data() + r * dense_dim_, static_cast<size_t>(dense_dim_));
+    } else {
+      PrefetchLines(data.dense.data() + r * dense_dim_, dense_bytes);
+    }
+    if (packed != nullptr && packed->has_ids()) {
       const uint64_t b = packed->start[r], e = packed->start[r + 1];
       PrefetchLines(packed->words.data() + b, (e - b) * sizeof(uint64_t));
     }
   };
   auto prefetch_start = [&](int64_t s) {
-    if (packed != nullptr) __builtin_prefetch(packed->start.data() + records[s], 0, 2);
+    if (packed != nullptr && packed->has_ids()) __builtin_prefetch(packed->start.data() + records[s], 0, 2);
   };
   for (int64_t s = 0; s < std::min(2 * kAhead, n); ++s) prefetch_start(s);
   for (int64_t s = 0; s < std::min(kAhead, n); ++s) prefetch(s);

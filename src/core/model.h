@@ -71,19 +71,31 @@ struct ModelSpec {
   int64_t interaction_width = 0;        // the top tower's input width
 };
 
-// A data set's sparse ids as one model loads them: record by record, already
-// mapped to store ids (Model::PackIds). Loading a record then reads one
-// contiguous block instead of an offset and an id list per field, scattered
-// over as many arrays as there are fields. Read-only once built: every
-// worker of a job shares one.
-struct PackedIds {
-  // Record r's block is words[start[r], start[r + 1]): (num_lookups + 1) / 2
-  // words holding one uint32 count per lookup (lookup order, little end
-  // first), then those counts' store ids, lookup after lookup.
+// A data set laid out for fast batch loads by one model (Model::PackRecords),
+// built once per job and read-only after: every worker of a job shares one.
+// Either part may be absent (empty), and loads then read `Dataset` itself.
+//   * ids: each record's sparse ids, already mapped to store ids, in one
+//     contiguous block, instead of an offset and an id list per field
+//     scattered over as many arrays as there are fields.
+//   * dense bytes: when every dense value is exactly k / 255.0f for a byte k
+//     (IDX images as the reader scales them), the bytes k, a quarter of the
+//     memory traffic of the floats; a load computes k / 255.0f again, so the
+//     batch holds the very same floats.
+struct PackedRecords {
+  // Record r's id block is words[start[r], start[r + 1]): (num_lookups + 1)
+  // / 2 words holding one uint32 count per lookup (lookup order, little end
+  // first), then those counts' store ids, lookup after lookup. Both empty
+  // when the ids are not packed.
   std::vector<uint64_t> start;  // [records + 1]
   std::vector<uint64_t> words;
   int num_lookups = 0;
   int64_t records = 0;
+  // [records x dense_dim] bytes k with dense value k / 255.0f; empty when
+  // the dense values are not all of that form.
+  std::vector<uint8_t> dense_bytes;
+
+  bool has_ids() const { return !start.empty(); }
+  bool has_dense_bytes() const { return !dense_bytes.empty(); }
 };
 
 class Model {
@@ -124,15 +136,16 @@ class Model {
   // Copies records[0..n) of `data` (n <= batch) into the batch: dense
   // inputs, labels and each lookup's ids; rows n..batch are padding (zero
   // inputs, empty bags). `data` must have the shape the model was made for.
-  // With `packed` (PackIds(data), or null) the ids come from there.
-  void LoadBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedIds* packed = nullptr);
+  // With `packed` (PackRecords(data), or null) the ids come from there.
+  void LoadBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed = nullptr);
   // The same for the consecutive records [first, first + n).
   void LoadRange(const Dataset& data, int64_t first, int64_t n);
-  // `data`'s ids packed for this model's lookups (PackedIds), or nullopt
-  // where that does not apply: no lookups, or a weighted lookup whose field
-  // carries weights (they stay in `data`). Runs once per data set, in one
-  // pass over its ids; `data` must have the shape the model was made for.
-  std::optional<PackedIds> PackIds(const Dataset& data) const;
+  // `data` packed for this model (PackedRecords): the ids unless there are
+  // no lookups or a weighted lookup's field carries weights (they stay in
+  // `data`), the dense bytes where every value is k / 255.0f. nullopt when
+  // neither part applies. One pass over `data`, which must have the shape
+  // the model was made for.
+  std::optional<PackedRecords> PackRecords(const Dataset& data) const;
 
   // Forward pass over the loaded batch and pulled rows. `training` applies dropout.
   void Forward(bool training, const dnnl::stream& stream);
@@ -165,7 +178,7 @@ class Model {
   };
   Model() = default;
   // With `packed`, the lookups' ids come from its block of `record`.
-  void LoadRecord(const Dataset& data, int64_t record, int64_t slot, const PackedIds* packed = nullptr);
+  void LoadRecord(const Dataset& data, int64_t record, int64_t slot, const PackedRecords* packed = nullptr);
   void FinishLoad(int64_t n);
   void AddWide();  // adds the wide lookups' terms to the logits
 

@@ -212,12 +212,12 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
   }
   if (job->store_ && job->store_->num_replicas() > 1) update.replicas = job->store_.get();
   for (auto& w : job->workers_) w->set_update_options(update);
-  // The training set's ids, packed once for every worker's loads
-  // (PackedIds): a record's ids are then one block, not one list per field.
+  // The training set packed once for every worker's loads (PackedRecords): a
+  // record's ids in one block, not one list per field; IDX pixels as bytes.
   if (!job->workers_.empty()) {
-    job->packed_train_ = job->workers_[0]->model().PackIds(job->train_);
+    job->packed_train_ = job->workers_[0]->model().PackRecords(job->train_);
     if (job->packed_train_) {
-      for (auto& w : job->workers_) w->set_packed_ids(&*job->packed_train_);
+      for (auto& w : job->workers_) w->set_packed_records(&*job->packed_train_);
     }
   }
   return job;

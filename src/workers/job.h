@@ -96,7 +96,7 @@ class Job {
   std::unique_ptr<Topology> topology_;
   Placement placement_;
   Dataset train_;
-  std::optional<PackedIds> packed_train_;  // train_'s ids for the workers' model (Model::PackIds)
+  std::optional<PackedRecords> packed_train_;  // train_'s ids for the workers' model (Model::PackRecords)
   std::optional<Dataset> test_;
   double data_load_seconds_ = 0;
   double store_setup_seconds_ = 0;

@@ -158,7 +158,7 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
       }
       batch_records_[valid++] = order[cursor++];
     }
-    model_->LoadBatch(*train_, batch_records_.data(), valid, packed_ids_);
+    model_->LoadBatch(*train_, batch_records_.data(), valid, packed_);
     const auto t1 = Clock::now();
     // Read params: refresh the local copy on the first step of the call, every
     // pull_every steps, when the store has moved more than max_staleness

@@ -156,11 +156,11 @@ class Worker {
   void set_update_options(const WorkerUpdateOptions& options) { update_ = options; }
   const WorkerUpdateOptions& update_options() const { return update_; }
 
-  // The training data's ids packed for this worker's model (Model::PackIds
-  // of the data given to Create), which training steps then load from; not
+  // The training data packed for this worker's model (Model::PackRecords of
+  // the data given to Create), which training steps then load from; not
   // owned, must outlive the training calls; null (the default) = load from
   // the data set's fields. Call as set_update_options.
-  void set_packed_ids(const PackedIds* packed) { packed_ids_ = packed; }
+  void set_packed_records(const PackedRecords* packed) { packed_ = packed; }
 
  private:
   Worker() = default;
@@ -189,7 +189,7 @@ class Worker {
   WorkerCounters counters_;
   WorkerUpdateOptions update_;
   uint64_t version_at_pull_ = 0;      // store->version() read just before the last training pull
-  const PackedIds* packed_ids_ = nullptr;  // set_packed_ids
+  const PackedRecords* packed_ = nullptr;  // set_packed_records
 };
 
 }  // namespace shardwild

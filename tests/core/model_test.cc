@@ -5,6 +5,7 @@
 #include "core/model.h"
 
 #include <algorithm>
+#include <bit>
 #include <optional>
 #include <cmath>
 #include <cstdint>
@@ -201,10 +202,10 @@ TEST_F(ModelTest, LoadBatchMapsIdsPoolsWeightsAndPads) {
   EXPECT_EQ(static_cast<int64_t>(m.ids(2).size()), 1);
 }
 
-// Ids packed by PackIds load exactly as ids read from the fields: every
+// Ids packed by PackRecords load exactly as ids read from the fields: every
 // lookup's ids (static ones mapped, dynamic ones raw, empty bags and repeats
 // included), offsets and labels, over batches of several sizes.
-TEST_F(ModelTest, PackedIdsLoadAsTheFieldsDo) {
+TEST_F(ModelTest, PackedRecordsLoadAsTheFieldsDo) {
   Dataset d = SmallData(40, 2, 3, false, 3);
   d.fields[0].weights.clear();  // a weighted field with weights is not packed (below)
   auto packed_model = Model::Create(SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, true, true),
@@ -215,7 +216,7 @@ TEST_F(ModelTest, PackedIdsLoadAsTheFieldsDo) {
   ASSERT_TRUE(plain_model.ok()) << plain_model.status();
   Model& pm = **packed_model;
   Model& m = **plain_model;
-  const std::optional<PackedIds> packed = pm.PackIds(d);
+  const std::optional<PackedRecords> packed = pm.PackRecords(d);
   ASSERT_TRUE(packed.has_value());
   EXPECT_EQ(packed->records, d.count);
   EXPECT_EQ(packed->num_lookups, pm.num_lookups());
@@ -243,7 +244,46 @@ TEST_F(ModelTest, PackedIdsLoadAsTheFieldsDo) {
     for (int64_t i = 0; i < 8 * 3; ++i) EXPECT_EQ(pm.logits()[i], m.logits()[i]) << i;
   }
   // A weighted lookup whose field carries weights keeps reading the fields.
-  EXPECT_FALSE(pm.PackIds(SmallData(5, 2, 3, false, 3)).has_value());
+  EXPECT_FALSE(pm.PackRecords(SmallData(5, 2, 3, false, 3)).has_value());
+}
+
+// Dense values that are all k / 255.0f (IDX pixels) pack as bytes and load
+// as the very same floats; other values are not packed.
+TEST_F(ModelTest, DenseBytesLoadAsTheSameFloats) {
+  Dataset d;
+  d.count = 9;
+  d.dense_dim = 37;  // not a multiple of any vector width
+  d.num_classes = 2;
+  for (int64_t i = 0; i < d.count * d.dense_dim; ++i) d.dense.push_back(static_cast<float>((i * 37) % 256) / 255.0f);
+  for (int64_t r = 0; r < d.count; ++r) d.labels.push_back(static_cast<int32_t>(r % 2));
+  ModelOptions m;
+  m.head = HeadType::kSoftmax;
+  m.layers = {{"dense", 2, Activation::kNone}};
+  auto packed_model = Model::Create(m, DataShape::Of(d), /*batch=*/4, engine_, 1);
+  auto plain_model = Model::Create(m, DataShape::Of(d), /*batch=*/4, engine_, 1);
+  ASSERT_TRUE(packed_model.ok()) << packed_model.status();
+  ASSERT_TRUE(plain_model.ok()) << plain_model.status();
+  const std::optional<PackedRecords> packed = (*packed_model)->PackRecords(d);
+  ASSERT_TRUE(packed.has_value());
+  EXPECT_TRUE(packed->has_dense_bytes());
+  EXPECT_FALSE(packed->has_ids());
+  const int32_t records[] = {8, 0, 3, 3};
+  (*packed_model)->LoadBatch(d, records, 4, &*packed);
+  (*plain_model)->LoadBatch(d, records, 4);
+  for (int v = 0; v < 2; ++v) {
+    Model& x = v == 0 ? **packed_model : **plain_model;
+    for (int k = 0; k < x.num_variables(); ++k) std::fill(x.params(k), x.params(k) + x.variable(k).size(), 0.25f);
+    x.Forward(false, stream_);
+  }
+  for (int i = 0; i < 4 * 2; ++i) {
+    EXPECT_EQ(std::bit_cast<uint32_t>((*packed_model)->logits()[i]), std::bit_cast<uint32_t>((*plain_model)->logits()[i]));
+  }
+  // One value off the grid (or negative zero) and the floats stay as they are.
+  for (float bad : {0.3f, -0.0f, 2.0f}) {
+    Dataset off = d;
+    off.dense[40] = bad;
+    EXPECT_FALSE((*packed_model)->PackRecords(off).has_value()) << bad;
+  }
 }
 
 // (interaction, head, wide, bottom)

@@ -260,9 +260,9 @@ TEST(NoAllocationTest, SparseStepAllocatesNothing) {
   EXPECT_GT((*worker)->counters().rows_pulled.load(), 2 * data.count);
 
   // The same from the training set's packed ids (as a Job sets them).
-  const std::optional<PackedIds> packed = (*worker)->model().PackIds(data);
+  const std::optional<PackedRecords> packed = (*worker)->model().PackRecords(data);
   ASSERT_TRUE(packed.has_value());
-  (*worker)->set_packed_ids(&*packed);
+  (*worker)->set_packed_records(&*packed);
   ASSERT_TRUE((*worker)->Train(order.data(), data.count, -1, so.optimizer, 0, 1, nullptr).ok());
   const int64_t before_packed = g_allocations.load();
   t_counting = true;
