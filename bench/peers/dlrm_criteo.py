@@ -167,24 +167,8 @@ def main():
     model = Dlrm(args.rows, 16, bottom=[512, 256, 64], top=[512, 256])
     model.share_memory()
 
-    ctx = mp.get_context("fork")
-    barrier = ctx.Barrier(args.workers)
-    results = ctx.SimpleQueue()
-    procs = [ctx.Process(target=worker, args=(r, args, model, dtr, itr, ltr, barrier, results))
-             for r in range(args.workers)]
-    for p in procs:
-        p.start()
-    reports = [results.get() for _ in procs]
-    for p in procs:
-        p.join()
-    errors = [r for r in reports if r[0] == "error"]
-    if errors or any(p.exitcode != 0 for p in procs):
-        for e in errors:
-            print(f"worker {e[1]} failed:\n{e[2]}", file=sys.stderr)
-        peer_common.fail("a worker process failed")
-    train_s = max(r[3] for r in reports) - min(r[2] for r in reports)
-    records = sum(r[4] for r in reports) * args.epochs
-    train_loss = sum(r[5] for r in reports) / max(1, sum(r[6] for r in reports))
+    train_s, records, train_loss = peer_common.run_hogwild(mp, args.workers, worker, (args, model, dtr, itr, ltr))
+    records *= args.epochs
 
     torch.set_num_threads(args.workers)
     test_auc, test_logloss, test_accuracy = evaluate(model, dte, ite, lte)

@@ -211,3 +211,30 @@ def auc(scores, labels, np):
     ranks = np.empty(n, dtype=np.float64)
     ranks[order] = np.repeat(avg_rank, ends - starts)
     return float((ranks[labels].sum() - pos * (pos + 1) / 2.0) / (pos * neg))
+
+
+def run_hogwild(mp, workers, target, args):
+    """Runs target(rank, *args, barrier, results) in `workers` processes forked
+    through `mp` (torch.multiprocessing)
+    (PyTorch Hogwild: the model's shared memory is inherited) and returns
+    (train_s, records_per_epoch, train_loss) from their reports: each sends
+    ("ok", rank, start, end, records, loss_sum, loss_count) or ("error", rank, text).
+    A failed worker ends the script with one error line."""
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(workers)
+    results = ctx.SimpleQueue()
+    procs = [ctx.Process(target=target, args=(r, *args, barrier, results)) for r in range(workers)]
+    for p in procs:
+        p.start()
+    reports = [results.get() for _ in procs]
+    for p in procs:
+        p.join()
+    errors = [r for r in reports if r[0] == "error"]
+    if errors or any(p.exitcode != 0 for p in procs):
+        for e in errors:
+            print(f"worker {e[1]} failed:\n{e[2]}", file=sys.stderr)
+        fail("a worker process failed")
+    train_s = max(r[3] for r in reports) - min(r[2] for r in reports)
+    records = sum(r[4] for r in reports)
+    train_loss = sum(r[5] for r in reports) / max(1, sum(r[6] for r in reports))
+    return train_s, records, train_loss
