@@ -383,7 +383,8 @@ void AddOptimizerLeaves(Section* s, OptimizerOptions* o, EpochKeys* epoch_keys) 
   s->leaves["l2"] = Real(&o->l2);
   s->leaves["schedule"] = Enum(&o->schedule, {{"constant", LrSchedule::kConstant},
                                               {"cosine", LrSchedule::kCosine},
-                                              {"step", LrSchedule::kStep}});
+                                              {"step", LrSchedule::kStep},
+                                              {"linear", LrSchedule::kLinear}});
   s->leaves["final_lr"] = Real(&o->final_lr);
   s->leaves["decay_rate"] = Real(&o->decay_rate);
   s->leaves["decay_every"] = epoch_keys->Fraction(&o->decay_every);
@@ -391,6 +392,8 @@ void AddOptimizerLeaves(Section* s, OptimizerOptions* o, EpochKeys* epoch_keys) 
   s->leaves["warmup"] = epoch_keys->Fraction(&o->warmup);
   s->leaves["warmup_epochs"] = epoch_keys->Epochs("warmup", /*warmup=*/true, &o->warmup);
   s->leaves["warmup_start_lr"] = Real(&o->warmup_start_lr);
+  s->leaves["loss_reduction"] = Enum(&o->loss_reduction, {{"sum_over_batch_size", LossReduction::kSumOverBatchSize},
+                                                          {"sum", LossReduction::kSum}});
 }
 
 absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {

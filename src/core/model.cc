@@ -606,7 +606,7 @@ LossResult Model::Loss(int64_t valid) {
   return {};
 }
 
-LossResult Model::Backward(int64_t valid, const dnnl::stream& stream) {
+LossResult Model::Backward(int64_t valid, const dnnl::stream& stream, GradientReduction reduction) {
   LossResult r;
   switch (head_) {
     case HeadType::kBinary:
@@ -621,13 +621,22 @@ LossResult Model::Backward(int64_t valid, const dnnl::stream& stream) {
       break;
   }
   const int64_t k = spec_.outputs;
+  // The losses give the mean loss's gradient; a sum reduction multiplies it
+  // by the records. The dense factor goes into dlogits (after the wide rows
+  // have read them), so the deep rows, downstream of it, take the ratio.
+  const float records = static_cast<float>(std::max<int64_t>(valid, 1));
+  const float dense_scale = reduction.dense == LossReduction::kSum ? records : 1.0f;
+  const float sparse_scale = reduction.sparse == LossReduction::kSum ? records : 1.0f;
   // Wide rows first: the top tower's backward may change dlogits in place.
   for (size_t l = 0; l < lookups_.size(); ++l) {
     const Lookup& lk = spec_.lookups[l];
     if (!lk.wide) continue;
     LookupState& st = lookups_[l];
     EmbeddingBagBackward(dlogits_, k, k, st.offsets.data(), st.weights.data(), batch_, valid, Pooling::kSum,
-                         st.row_grads.data());
+                         st.row_grads.data(), sparse_scale);
+  }
+  if (dense_scale != 1.0f) {
+    for (int64_t i = 0; i < valid * k; ++i) dlogits_[i] *= dense_scale;
   }
   top_->Backward(stream);
   if (direct_) {
@@ -651,7 +660,8 @@ LossResult Model::Backward(int64_t valid, const dnnl::stream& stream) {
     if (lk.wide) continue;
     LookupState& st = lookups_[l];
     EmbeddingBagBackward(dz_.data() + st.z_offset, zw, lk.dim, st.offsets.data(),
-                         lk.weighted ? st.weights.data() : nullptr, batch_, valid, lk.pooling, st.row_grads.data());
+                         lk.weighted ? st.weights.data() : nullptr, batch_, valid, lk.pooling, st.row_grads.data(),
+                         sparse_scale / dense_scale);
   }
   if (bottom_) {
     // Gather the gradient wrt the dense vector into the bottom's output gradient.

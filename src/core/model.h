@@ -98,6 +98,14 @@ struct PackedRecords {
   bool has_dense_bytes() const { return !dense_bytes.empty(); }
 };
 
+// How Model::Backward reduces the records' gradients over a batch, for the
+// dense variables (grads()) and for the embedding rows (row_grads(), the
+// wide part's included): the optimizers' loss_reduction (core/options.h).
+struct GradientReduction {
+  LossReduction dense = LossReduction::kSumOverBatchSize;
+  LossReduction sparse = LossReduction::kSumOverBatchSize;
+};
+
 class Model {
  public:
   // The variables, tables and lookups of `options` on data of `shape`.
@@ -150,9 +158,11 @@ class Model {
   // Forward pass over the loaded batch and pulled rows. `training` applies dropout.
   void Forward(bool training, const dnnl::stream& stream);
   // The head's loss over the first `valid` rows, then the backward pass:
-  // gradients of the mean loss into grads() and row_grads(). Call after
-  // Forward(true, ...).
-  LossResult Backward(int64_t valid, const dnnl::stream& stream);
+  // gradients into grads() and row_grads(), of the mean loss over the
+  // `valid` records, or with LossReduction::kSum of their summed loss
+  // (`valid` times the mean's), as `reduction` says for each. The returned
+  // loss is the sum either way. Call after Forward(true, ...).
+  LossResult Backward(int64_t valid, const dnnl::stream& stream, GradientReduction reduction = {});
   // The head's loss over `valid` rows of the last Forward, no gradients.
   LossResult Loss(int64_t valid);
 

@@ -49,6 +49,14 @@ const char* ReplicationPolicyName(ReplicationPolicy p) {
   return "?";
 }
 
+const char* LossReductionName(LossReduction r) {
+  switch (r) {
+    case LossReduction::kSumOverBatchSize: return "sum_over_batch_size";
+    case LossReduction::kSum: return "sum";
+  }
+  return "?";
+}
+
 namespace {
 absl::Status Bad(const std::string& key, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(key, ": ", what));
@@ -204,6 +212,11 @@ float OptimizerOptions::LrAt(double progress) const {
       const double q = rest > 0 ? std::min(t / rest, 1.0) : 1.0;
       return static_cast<float>(final_lr + 0.5 * (static_cast<double>(lr) - final_lr) * (1.0 + std::cos(M_PI * q)));
     }
+    case LrSchedule::kLinear: {
+      const double rest = 1.0 - warmup;
+      const double q = rest > 0 ? std::min(t / rest, 1.0) : 1.0;
+      return static_cast<float>(final_lr + (static_cast<double>(lr) - final_lr) * (1.0 - q));
+    }
     case LrSchedule::kStep: {
       if (!(decay_every > 0)) return lr;  // rejected by Validate
       // The 1e-9 absorbs rounding: progress (e-1)/E over a period k/E must
@@ -246,6 +259,15 @@ absl::Status OptimizerOptions::Validate() const {
   if (!(rho >= 0 && rho < 1)) return Bad("optimizer.rho", absl::StrCat("must be in [0, 1), got ", rho));
   if (!(l1 >= 0) || !std::isfinite(l1)) return Bad("optimizer.l1", absl::StrCat("must be a finite number >= 0, got ", l1));
   if (!(l2 >= 0) || !std::isfinite(l2)) return Bad("optimizer.l2", absl::StrCat("must be a finite number >= 0, got ", l2));
+  if (loss_reduction != LossReduction::kSumOverBatchSize && loss_reduction != LossReduction::kSum) {
+    return Bad("optimizer.loss_reduction",
+               absl::StrCat("must be sum_over_batch_size or sum, got value ", static_cast<int>(loss_reduction)));
+  }
+  if (schedule != LrSchedule::kConstant && schedule != LrSchedule::kCosine && schedule != LrSchedule::kStep &&
+      schedule != LrSchedule::kLinear) {
+    return Bad("optimizer.schedule",
+               absl::StrCat("must be constant, cosine, step or linear, got value ", static_cast<int>(schedule)));
+  }
   return absl::OkStatus();
 }
 

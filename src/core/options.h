@@ -19,7 +19,12 @@ namespace shardwild {
 enum class Activation { kNone, kRelu, kSigmoid, kTanh };
 enum class LossType { kSoftmaxCrossEntropy };
 enum class OptimizerType { kSgd, kMomentum, kAdam, kAdagrad, kRmsprop, kFtrl };  // values are stored in shm headers: append only
-enum class LrSchedule { kConstant, kCosine, kStep };
+enum class LrSchedule { kConstant, kCosine, kStep, kLinear };  // values enter config hashes: append only
+// What gradient an optimizer applies (optimizer.loss_reduction), after Keras'
+// loss reductions: that of the loss averaged over the batch's records
+// (sum_over_batch_size; the rate is per batch) or summed over them (sum; the
+// rate is per record, as fastText's and Hogwild's per-example SGD).
+enum class LossReduction { kSumOverBatchSize, kSum };
 // How pushes reach the parameters (ps.update). Values are stored in shm
 // headers: append only.
 //   hogwild:  no locks; the SIMD Hogwild kernels (core/hogwild_kernels.h) read
@@ -65,6 +70,7 @@ const char* ActivationName(Activation a);
 const char* OptimizerTypeName(OptimizerType t);
 const char* UpdateModeName(UpdateMode m);
 const char* ReplicationPolicyName(ReplicationPolicy p);
+const char* LossReductionName(LossReduction r);
 
 // The head: what the model's output means and its loss.
 //   softmax:    K logits, softmax cross-entropy (multi-label records: the
@@ -235,14 +241,21 @@ struct OptimizerOptions {
   //              (TF ExponentialDecay with staircase=True; a boundary within
   //              1e-9 of a multiple of decay_every counts as reached, so a
   //              period of k/E decays exactly at the start of an epoch)
+  //   linear:    final_lr + (lr - final_lr) * (1 - t / (1 - W))
+  //              (fastText's decay; Keras PolynomialDecay with power 1)
   // The config also takes decay_epochs / warmup_epochs (in epochs of
   // train.epochs) instead of decay_every / warmup; see core/config.h.
   LrSchedule schedule = LrSchedule::kConstant;
-  float final_lr = 0.0f;       // cosine: the rate at the end of the run, in [0, lr]
+  float final_lr = 0.0f;       // cosine, linear: the rate at the end of the run, in [0, lr]
   float decay_rate = 0.1f;     // step: factor per period, in (0, 1]
   double decay_every = 0.0;    // step: the period, a fraction of the run in (0, 1]; required
   double warmup = 0.0;         // warmup length, a fraction of the run in [0, 1); 0 = none
   float warmup_start_lr = 0.0f;  // the rate at p = 0 with a warmup, in [0, lr]
+  // The gradient this optimizer applies to its parameters (the dense
+  // variables for `optimizer`, the embedding rows for `optimizer.sparse`):
+  // of the batch's mean loss, or of its summed loss, which is the mean's
+  // gradient times the records in the batch (see LossReduction).
+  LossReduction loss_reduction = LossReduction::kSumOverBatchSize;
   // The learning rate at `progress` (clamped to [0, 1]). Cheap and
   // allocation-free: it is called every step.
   float LrAt(double progress) const;

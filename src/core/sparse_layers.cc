@@ -51,7 +51,8 @@ void EmbeddingBagForward(const float* rows, int64_t dim, const int64_t* offsets,
 }
 
 void EmbeddingBagBackward(const float* dout, int64_t out_stride, int64_t dim, const int64_t* offsets,
-                          const float* weights, int64_t batch, int64_t valid, Pooling pooling, float* drows) {
+                          const float* weights, int64_t batch, int64_t valid, Pooling pooling, float* drows,
+                          float scale) {
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t begin = offsets[b], end = offsets[b + 1];
     if (b >= valid) {
@@ -59,9 +60,9 @@ void EmbeddingBagBackward(const float* dout, int64_t out_stride, int64_t dim, co
       continue;
     }
     const float* g = dout + b * out_stride;
-    const float scale = pooling == Pooling::kMean && end > begin ? 1.0f / static_cast<float>(end - begin) : 1.0f;
+    const float pool = pooling == Pooling::kMean && end > begin ? 1.0f / static_cast<float>(end - begin) : 1.0f;
     for (int64_t i = begin; i < end; ++i) {
-      const float w = (weights ? weights[i] : 1.0f) * scale;
+      const float w = (weights ? weights[i] : 1.0f) * pool * scale;
       float* d = drows + i * dim;
       for (int64_t j = 0; j < dim; ++j) d[j] = w * g[j];
     }

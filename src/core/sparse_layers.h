@@ -23,11 +23,13 @@ namespace shardwild {
 void EmbeddingBagForward(const float* rows, int64_t dim, const int64_t* offsets, const float* weights, int64_t batch,
                          Pooling pooling, float* out, int64_t out_stride);
 
-// The gradient wrt each pulled row: drows[i * dim ..] = w_i * dout[b] (/ n_b
-// for kMean) for each id i of bag b < valid; the rows of bags b >= valid
-// (the padding of a short last batch) get zeros.
+// The gradient wrt each pulled row: drows[i * dim ..] = scale * w_i * dout[b]
+// (/ n_b for kMean) for each id i of bag b < valid; the rows of bags
+// b >= valid (the padding of a short last batch) get zeros. `scale` 1 leaves
+// the products exactly as without it.
 void EmbeddingBagBackward(const float* dout, int64_t out_stride, int64_t dim, const int64_t* offsets,
-                          const float* weights, int64_t batch, int64_t valid, Pooling pooling, float* drows);
+                          const float* weights, int64_t batch, int64_t valid, Pooling pooling, float* drows,
+                          float scale = 1.0f);
 
 // DLRM's dot interaction over n vectors of width d per sample, vector k of
 // sample b at z[b * n * d + k * d]. Output row b, at out[b * out_stride]:

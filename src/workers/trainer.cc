@@ -185,6 +185,9 @@ std::string TrainingConfigHash(const Config& c) {
     if (o.decay_every != 0 || o.warmup != 0) {
       absl::StrAppend(&key, ",decay:", o.decay_rate, ",", o.decay_every, ",warmup:", o.warmup, ",", o.warmup_start_lr);
     }
+    if (o.loss_reduction != LossReduction::kSumOverBatchSize) {
+      absl::StrAppend(&key, ",reduction:", LossReductionName(o.loss_reduction));
+    }
   };
   opt("optimizer", c.optimizer);
   if (c.sparse_optimizer) opt("sparse", *c.sparse_optimizer);

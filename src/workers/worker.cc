@@ -186,7 +186,8 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
     const auto t3 = Clock::now();
     model_->Forward(/*training=*/true, stream_);
     const auto t4 = Clock::now();
-    const LossResult loss = model_->Backward(valid, stream_);
+    const LossResult loss =
+        model_->Backward(valid, stream_, {optimizer.loss_reduction, sparse_optimizer.loss_reduction});
     const auto t5 = Clock::now();
     auto t6 = t5;
     for (int l = 0; l < lookups; ++l) {

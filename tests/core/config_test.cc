@@ -618,6 +618,36 @@ TEST(ConfigScheduleTest, ReadsStepAndWarmupKeys) {
   EXPECT_EQ(c->optimizer.warmup_start_lr, 0.0f);
 }
 
+TEST(ConfigScheduleTest, LinearScheduleAndLossReductionAreRead) {
+  absl::StatusOr<Config> c = LoadConfigFromString(kMinimal, "d.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->optimizer.loss_reduction, LossReduction::kSumOverBatchSize);
+
+  c = LoadConfigFromString(std::string(kMinimal) +
+                               "optimizer: {type: sgd, lr: 0.5, schedule: linear, loss_reduction: sum_over_batch_size,\n"
+                               "            sparse: {type: sgd, lr: 0.5, schedule: linear, loss_reduction: sum}}\n",
+                           "r.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->optimizer.schedule, LrSchedule::kLinear);
+  EXPECT_EQ(c->optimizer.loss_reduction, LossReduction::kSumOverBatchSize);
+  ASSERT_TRUE(c->sparse_optimizer.has_value());
+  EXPECT_EQ(c->sparse_optimizer->schedule, LrSchedule::kLinear);
+  EXPECT_EQ(c->sparse_optimizer->loss_reduction, LossReduction::kSum);
+  EXPECT_FLOAT_EQ(c->sparse_optimizer->LrAt(0.5), 0.25f);
+
+  c = LoadConfigFromString(kMinimal, "r.yaml", Sets({"optimizer.loss_reduction=sum"}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->optimizer.loss_reduction, LossReduction::kSum);
+
+  c = LoadConfigFromString(std::string(kMinimal) + "optimizer: {loss_reduction: mean}\n", "r.yaml");
+  EXPECT_TRUE(MessageContains(c.status(), {"r.yaml:6:", "optimizer.loss_reduction", "sum_over_batch_size", "sum",
+                                           "'mean'"}));
+  c = LoadConfigFromString(std::string(kMinimal) + "optimizer: {sparse: {loss_reduction: none}}\n", "r.yaml");
+  EXPECT_TRUE(MessageContains(c.status(), {"optimizer.sparse.loss_reduction", "'none'"}));
+  c = LoadConfigFromString(std::string(kMinimal) + "optimizer: {schedule: polynomial}\n", "r.yaml");
+  EXPECT_TRUE(MessageContains(c.status(), {"optimizer.schedule", "linear", "'polynomial'"}));
+}
+
 TEST(ConfigScheduleTest, EpochKeysBecomeFractionsOfTheRun) {
   absl::StatusOr<Config> c = LoadConfigFromString(
       std::string(kMinimal) +

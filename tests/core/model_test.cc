@@ -359,6 +359,71 @@ INSTANTIATE_TEST_SUITE_P(
                       GradParam{Interaction::kDotNoDense, HeadType::kBinary, false, true},
                       GradParam{Interaction::kDotNoDense, HeadType::kRegression, true, true}));
 
+// LossReduction: with kSum a part's gradients are those of the mean loss
+// times the batch's records (4 of 5 here, the padding excluded); the other
+// part's are unchanged. Wide rows follow the sparse reduction.
+TEST_F(ModelTest, GradientReductionScalesEachPartByTheRecords) {
+  const Dataset d = SmallData(8, 5, 3, /*multi_label=*/false, 3);
+  const ModelOptions opts = SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, /*wide=*/true, /*bottom=*/true);
+  constexpr int64_t kBatch = 5, kValid = 4;
+  auto model = Model::Create(opts, DataShape::Of(d), kBatch, engine_, 1);
+  ASSERT_TRUE(model.ok()) << model.status();
+  Model& m = **model;
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<float> u(-0.8f, 0.8f);
+  for (int v = 0; v < m.num_variables(); ++v) {
+    for (int64_t i = 0; i < m.variable(v).size(); ++i) m.params(v)[i] = u(rng);
+  }
+  const int32_t records[] = {2, 5, 7, 1};
+  m.LoadBatch(d, records, kValid);
+  for (int l = 0; l < m.num_lookups(); ++l) {
+    for (size_t i = 0; i < m.ids(l).size() * m.lookup(l).dim; ++i) m.rows(l)[i] = u(rng);
+  }
+  struct Grads {
+    std::vector<std::vector<float>> dense, rows;
+    double loss_sum = 0;
+  };
+  auto backward = [&](GradientReduction reduction) {
+    m.Forward(true, stream_);
+    Grads g;
+    g.loss_sum = m.Backward(kValid, stream_, reduction).loss_sum;
+    for (int v = 0; v < m.num_variables(); ++v) g.dense.emplace_back(m.grads(v), m.grads(v) + m.variable(v).size());
+    for (int l = 0; l < m.num_lookups(); ++l) {
+      g.rows.emplace_back(m.row_grads(l), m.row_grads(l) + m.ids(l).size() * m.lookup(l).dim);
+    }
+    return g;
+  };
+  constexpr LossReduction kMean = LossReduction::kSumOverBatchSize, kSum = LossReduction::kSum;
+  const Grads mean = backward({});
+  const Grads explicit_mean = backward({kMean, kMean});
+  EXPECT_EQ(explicit_mean.dense, mean.dense);  // the default is the mean, bit for bit
+  EXPECT_EQ(explicit_mean.rows, mean.rows);
+  double largest = 0;
+  for (const auto& v : mean.dense) {
+    for (float x : v) largest = std::max(largest, std::abs(static_cast<double>(x)));
+  }
+  ASSERT_GT(largest, 1e-3);  // the comparison below is not between zeros
+  auto expect_scaled = [](const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& base,
+                          double factor, const std::string& what) {
+    ASSERT_EQ(got.size(), base.size());
+    for (size_t v = 0; v < got.size(); ++v) {
+      ASSERT_EQ(got[v].size(), base[v].size());
+      for (size_t i = 0; i < got[v].size(); ++i) {
+        const double want = factor * base[v][i];
+        ASSERT_NEAR(got[v][i], want, 1e-6 + 1e-5 * std::abs(want)) << what << " " << v << "[" << i << "]";
+      }
+    }
+  };
+  for (const GradientReduction r : {GradientReduction{kSum, kSum}, GradientReduction{kMean, kSum},
+                                    GradientReduction{kSum, kMean}}) {
+    const Grads g = backward(r);
+    const std::string what = absl::StrCat("dense ", LossReductionName(r.dense), ", sparse ", LossReductionName(r.sparse));
+    expect_scaled(g.dense, mean.dense, r.dense == kSum ? kValid : 1, what + ": variable");
+    expect_scaled(g.rows, mean.rows, r.sparse == kSum ? kValid : 1, what + ": lookup");
+    EXPECT_EQ(g.loss_sum, mean.loss_sum) << what;  // the reported loss does not change
+  }
+}
+
 TEST_F(ModelTest, DropoutOnlyWhileTraining) {
   const Dataset d = SmallData(8, 5, 2, false, 5);
   ModelOptions opts = SmallOptions(Interaction::kConcat, HeadType::kBinary, 1, false, true);

@@ -138,6 +138,10 @@ TEST(EmbeddingBagHandTest, SumMeanAndWeightedValues) {
   // valid 2: bags 2 and 3 are padding; bag 3's rows get zeros.
   EmbeddingBagBackward(g.data(), 2, 2, offsets.data(), nullptr, 4, 2, Pooling::kSum, drows.data());
   EXPECT_EQ(drows, (std::vector<float>{1, -1, 2, 4, 2, 4, 0, 0, 0, 0}));
+  // `scale` multiplies every row's gradient (a loss summed over 4 records);
+  // padding rows stay 0.
+  EmbeddingBagBackward(g.data(), 2, 2, offsets.data(), weights.data(), 4, 3, Pooling::kMean, drows.data(), 4.0f);
+  EXPECT_EQ(drows, (std::vector<float>{8, -8, 2, 4, 2, 4, 0, 0, 0, 0}));
 }
 
 // (with_first, d): d 3 takes the kernels' scalar paths, 8 one vector step of
