@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "core/data_kernels.h"
 #include "core/sparse_layers.h"
 #include "core/status.h"
 
@@ -367,7 +368,7 @@ void Model::LoadRecord(const Dataset& data, int64_t r, int64_t slot, const Packe
     if (packed != nullptr && packed->has_dense_bytes()) {
       // The same division as the IDX reader's: the very same floats.
       const uint8_t* src = packed->dense_bytes.data() + r * dense_dim_;
-      for (int64_t j = 0; j < dense_dim_; ++j) dst[j] = static_cast<float>(src[j]) / 255.0f;
+      BytesToUnitFloats(src, dst, dense_dim_);
     } else {
       std::memcpy(dst, data.dense.data() + r * dense_dim_, dense_dim_ * sizeof(float));
     }
