@@ -98,13 +98,13 @@ def ensure_data(args):
     return {k: v[0] for k, v in files.items()}
 
 
-def commands(name, args, data):
+def commands(name, args, data, seed):
     w = WORKLOADS[name]
     epochs = args.epochs or w["epochs"]
     sw = [args.shardwild, "train", w["config"], "--json",
           "--set", f"train.workers={args.threads}", "--set", "train.intra_op_threads=1",
-          "--set", f"train.epochs={epochs}"]
-    peer = [args.python, os.path.join(HERE, w["peer"]), "--epochs", str(epochs)]
+          "--set", f"train.epochs={epochs}", "--set", f"train.seed={seed}"]
+    peer = [args.python, os.path.join(HERE, w["peer"]), "--epochs", str(epochs), "--seed", str(seed)]
     if w["batch"]:
         sw += ["--set", f"train.batch_size={w['batch']}"]
         peer += ["--batch", str(w["batch"])]
@@ -175,10 +175,13 @@ def main():
     out = open(args.out, "w") if args.out else None
     results = {}
     for name in args.workloads:
-        sw_cmd, peer_cmd = commands(name, args, data)
         log(f"== {name}: {args.repeats} x (shardwild, peer), alternating")
         results[name] = {"shardwild": [], "peer": []}
         for r in range(args.repeats):
+            # Repeat r runs both sides with seed r + 1: the medians compare
+            # accuracy over the same spread of initialisations and orders,
+            # not one lucky or unlucky draw.
+            sw_cmd, peer_cmd = commands(name, args, data, seed=r + 1)
             order = [("shardwild", sw_cmd), ("peer", peer_cmd)]
             if r % 2 == 1:
                 order.reverse()
@@ -199,7 +202,7 @@ def main():
             ratio = f"{sw_med / p_med:.2f}x" if sw_med is not None and p_med else "-"
             rows.append((f"{name} vs {peers[name]}", label, sw_txt, p_txt, ratio))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    print(f"threads {args.threads}, {args.repeats} runs per side, alternating; "
+    print(f"threads {args.threads}, {args.repeats} runs per side (seeds 1..{args.repeats}), alternating; "
           f"epochs {'the configs' if not args.epochs else args.epochs}"
           + (f", first {args.max_train} training records" if args.max_train else ""))
     for i, row in enumerate(rows):
