@@ -252,6 +252,80 @@ SHARDWILD_HOGWILD_KERNEL void GatherRowsImpl(const float* const* rows, int64_t c
   }
 }
 
+// Every cache line of a row of dim floats, for writing.
+HWY_INLINE void PrefetchRowForWrite(const float* row, int64_t dim) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(row) & ~uintptr_t{63};
+  const uintptr_t last = reinterpret_cast<uintptr_t>(row + dim - 1);
+  for (uintptr_t a = first; a <= last; a += 64) __builtin_prefetch(reinterpret_cast<const void*>(a), 1);
+}
+
+// o[0, dim) += w * r[0, dim).
+struct AxpyOp {
+  float w;
+  const float* r;
+  float* o;
+  template <class D>
+  HWY_INLINE void operator()(D d, int64_t i) const {
+    hn::StoreU(hn::Add(hn::LoadU(d, o + i), hn::Mul(hn::Set(d, w), hn::LoadU(d, r + i))), d, o + i);
+  }
+};
+
+// o[0, dim) *= s.
+struct ScaleOp {
+  float s;
+  float* o;
+  template <class D>
+  HWY_INLINE void operator()(D d, int64_t i) const {
+    hn::StoreU(hn::Mul(hn::LoadU(d, o + i), hn::Set(d, s)), d, o + i);
+  }
+};
+
+// p[0, dim) = p - lr * (c * g): EmbeddingBagBackward's product, then SgdOp's step.
+struct BagSgdOp {
+  float c, lr;
+  float* p;
+  const float* g;
+  template <class D>
+  HWY_INLINE void operator()(D d, int64_t i) const {
+    const auto grad = hn::Mul(hn::Set(d, c), hn::LoadU(d, g + i));
+    hn::StoreU(hn::Sub(hn::LoadU(d, p + i), hn::Mul(hn::Set(d, lr), grad)), d, p + i);
+  }
+};
+
+SHARDWILD_HOGWILD_KERNEL void EmbeddingBagForwardImpl(const float* const* rows, int64_t dim, const int64_t* offsets,
+                                                      const float* weights, int64_t batch, Pooling pooling,
+                                                      float* out, int64_t out_stride) {
+  constexpr int64_t kAhead = 8;
+  const int64_t total = offsets[batch];
+  for (int64_t b = 0; b < batch; ++b) {
+    float* o = out + b * out_stride;
+    Run(FillOp{0.0f, o}, dim);
+    const int64_t begin = offsets[b], end = offsets[b + 1];
+    for (int64_t i = begin; i < end; ++i) {
+      // With intent to write: the step's fused update follows.
+      if (i + kAhead < total) PrefetchRowForWrite(rows[i + kAhead], dim);
+      Run(AxpyOp{weights ? weights[i] : 1.0f, rows[i], o}, dim);
+    }
+    if (pooling == Pooling::kMean && end > begin) Run(ScaleOp{1.0f / static_cast<float>(end - begin), o}, dim);
+  }
+}
+
+SHARDWILD_HOGWILD_KERNEL void EmbeddingBagSgdImpl(float* const* rows, int64_t dim, const int64_t* offsets,
+                                                  const float* weights, int64_t valid, Pooling pooling,
+                                                  const float* dout, int64_t out_stride, float scale, float lr) {
+  constexpr int64_t kAhead = 8;
+  const int64_t total = offsets[valid];
+  for (int64_t b = 0; b < valid; ++b) {
+    const int64_t begin = offsets[b], end = offsets[b + 1];
+    const float* g = dout + b * out_stride;
+    const float pool = pooling == Pooling::kMean && end > begin ? 1.0f / static_cast<float>(end - begin) : 1.0f;
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + kAhead < total) PrefetchRowForWrite(rows[i + kAhead], dim);
+      Run(BagSgdOp{(weights ? weights[i] : 1.0f) * pool * scale, lr, rows[i], g}, dim);
+    }
+  }
+}
+
 const char* TargetNameImpl() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace HWY_NAMESPACE
@@ -259,6 +333,8 @@ const char* TargetNameImpl() { return hwy::TargetName(HWY_TARGET); }
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include <algorithm>
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
 #endif
@@ -294,6 +370,8 @@ HWY_EXPORT(UpdateRowsImpl);
 HWY_EXPORT(CopyImpl);
 HWY_EXPORT(FillImpl);
 HWY_EXPORT(GatherRowsImpl);
+HWY_EXPORT(EmbeddingBagForwardImpl);
+HWY_EXPORT(EmbeddingBagSgdImpl);
 HWY_EXPORT(TargetNameImpl);
 
 void HogwildUpdate(const UpdateKernelArgs& args, float* p, float* s0, float* s1, const float* g, int64_t n,
@@ -324,6 +402,22 @@ void HogwildFill(float value, float* dst, int64_t n) {
 
 void HogwildGatherRows(const float* const* rows, int64_t count, int64_t dim, float* out) {
   if (count > 0 && dim > 0) HWY_DYNAMIC_DISPATCH(GatherRowsImpl)(rows, count, dim, out);
+}
+
+void HogwildEmbeddingBagForward(const float* const* rows, int64_t dim, const int64_t* offsets, const float* weights,
+                                int64_t batch, Pooling pooling, float* out, int64_t out_stride) {
+  if (batch > 0 && dim > 0) {
+    HWY_DYNAMIC_DISPATCH(EmbeddingBagForwardImpl)(rows, dim, offsets, weights, batch, pooling, out, out_stride);
+  }
+}
+
+void HogwildEmbeddingBagSgd(float* const* rows, int64_t dim, const int64_t* offsets, const float* weights,
+                            int64_t batch, int64_t valid, Pooling pooling, const float* dout, int64_t out_stride,
+                            float scale, float lr) {
+  valid = std::min(valid, batch);
+  if (valid <= 0 || dim <= 0) return;
+  ScopedFlushDenormals ftz;
+  HWY_DYNAMIC_DISPATCH(EmbeddingBagSgdImpl)(rows, dim, offsets, weights, valid, pooling, dout, out_stride, scale, lr);
 }
 
 std::vector<std::string> HogwildKernelTargets() {

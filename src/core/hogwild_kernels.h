@@ -87,6 +87,29 @@ void HogwildFill(float value, float* dst, int64_t n);
 // Prefetches a few rows ahead.
 void HogwildGatherRows(const float* const* rows, int64_t count, int64_t dim, float* out);
 
+// The fused embedding path (ParamStore::RowAddresses): rows read and updated
+// in the store's memory, with no pulled copy and no gradient buffer.
+//
+// EmbeddingBagForward (core/sparse_layers.h) over rows read in place: for
+// each bag b < batch, out[b * out_stride, + dim) = the pool over i in
+// [offsets[b], offsets[b+1]) of w_i * rows[i][0, dim), w_i = weights ?
+// weights[i] : 1; kMean divides by the bag's size. The same operations in
+// the same order as EmbeddingBagForward over gathered rows, so the same
+// floats (for rows no other thread is writing).
+void HogwildEmbeddingBagForward(const float* const* rows, int64_t dim, const int64_t* offsets, const float* weights,
+                                int64_t batch, Pooling pooling, float* out, int64_t out_stride);
+
+// The embedding-bag backward fused with plain SGD: for each id i of each bag
+// b < valid, in order, rows[i][j] -= lr * (c_i * dout[b * out_stride + j])
+// with c_i = w_i * (kMean ? 1 / n_b : 1) * scale, the gradient
+// EmbeddingBagBackward would have written for that id. A repeated id gets
+// one update per occurrence (PushRows sums them first: equal in exact
+// arithmetic). Bags b >= valid (padding) are skipped. Runs with subnormals
+// flushed, as the update kernels.
+void HogwildEmbeddingBagSgd(float* const* rows, int64_t dim, const int64_t* offsets, const float* weights,
+                            int64_t batch, int64_t valid, Pooling pooling, const float* dout, int64_t out_stride,
+                            float scale, float lr);
+
 // The instruction-set targets compiled in and supported by this CPU, best
 // first (Highway's names: "AVX3", "AVX2", "SSE4", "SSSE3", "SCALAR"/"EMU128").
 std::vector<std::string> HogwildKernelTargets();

@@ -3,11 +3,13 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "core/data_kernels.h"
+#include "core/hogwild_kernels.h"
 #include "core/sparse_layers.h"
 #include "core/status.h"
 
@@ -413,6 +415,7 @@ void Model::LoadRecord(const Dataset& data, int64_t r, int64_t slot, const Packe
       st.ids.resize(std::max(need, 2 * st.ids.size()));
       st.rows.resize(st.ids.size() * lk.dim);
       st.row_grads.resize(st.ids.size() * lk.dim);
+      st.addresses.resize(st.ids.size());
       if (lk.weighted) st.weights.resize(st.ids.size());
     }
     if (block != nullptr) {
@@ -564,8 +567,16 @@ void Model::Forward(bool training, const dnnl::stream& stream) {
     const Lookup& lk = spec_.lookups[l];
     if (lk.wide) continue;
     LookupState& st = lookups_[l];
-    EmbeddingBagForward(st.rows.data(), lk.dim, st.offsets.data(), lk.weighted ? st.weights.data() : nullptr, batch_,
-                        lk.pooling, z_.data() + st.z_offset, zw);
+    const float* weights = lk.weighted ? st.weights.data() : nullptr;
+    if (st.in_place) {
+      const auto t0 = std::chrono::steady_clock::now();
+      HogwildEmbeddingBagForward(st.addresses.data(), lk.dim, st.offsets.data(), weights, batch_, lk.pooling,
+                                 z_.data() + st.z_offset, zw);
+      in_place_pool_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } else {
+      EmbeddingBagForward(st.rows.data(), lk.dim, st.offsets.data(), weights, batch_, lk.pooling,
+                          z_.data() + st.z_offset, zw);
+    }
   }
   switch (interaction_) {
     case Interaction::kConcat: break;
@@ -628,6 +639,8 @@ LossResult Model::Backward(int64_t valid, const dnnl::stream& stream, GradientRe
   const float records = static_cast<float>(std::max<int64_t>(valid, 1));
   const float dense_scale = reduction.dense == LossReduction::kSum ? records : 1.0f;
   const float sparse_scale = reduction.sparse == LossReduction::kSum ? records : 1.0f;
+  valid_ = valid;
+  row_grad_scale_ = sparse_scale / dense_scale;
   // Wide rows first: the top tower's backward may change dlogits in place.
   for (size_t l = 0; l < lookups_.size(); ++l) {
     const Lookup& lk = spec_.lookups[l];
@@ -660,6 +673,7 @@ LossResult Model::Backward(int64_t valid, const dnnl::stream& stream, GradientRe
     const Lookup& lk = spec_.lookups[l];
     if (lk.wide) continue;
     LookupState& st = lookups_[l];
+    if (st.in_place) continue;  // ApplyRowSgd reads dz_
     EmbeddingBagBackward(dz_.data() + st.z_offset, zw, lk.dim, st.offsets.data(),
                          lk.weighted ? st.weights.data() : nullptr, batch_, valid, lk.pooling, st.row_grads.data(),
                          sparse_scale / dense_scale);
@@ -673,6 +687,21 @@ LossResult Model::Backward(int64_t valid, const dnnl::stream& stream, GradientRe
     bottom_->Backward(stream);
   }
   return r;
+}
+
+bool Model::UseRowAddresses(int l, bool use) {
+  if (use && spec_.lookups[l].wide) return false;
+  lookups_[l].in_place = use;
+  return true;
+}
+
+void Model::ApplyRowSgd(int l, float lr) {
+  const Lookup& lk = spec_.lookups[l];
+  LookupState& st = lookups_[l];
+  if (!st.in_place) return;
+  const int64_t zw = static_cast<int64_t>(z_.size()) / batch_;
+  HogwildEmbeddingBagSgd(st.addresses.data(), lk.dim, st.offsets.data(), lk.weighted ? st.weights.data() : nullptr,
+                         batch_, valid_, lk.pooling, dz_.data() + st.z_offset, zw, row_grad_scale_, lr);
 }
 
 double Model::ForwardFlops() const { return (bottom_ ? bottom_->ForwardFlops() : 0) + top_->ForwardFlops(); }

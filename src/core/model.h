@@ -141,6 +141,30 @@ class Model {
   // After Backward: the gradient of each row of ids(l) (same layout).
   const float* row_grads(int l) const { return lookups_[l].row_grads.data(); }
 
+  // The fused embedding path (ParamStore::RowAddresses), per deep (not
+  // wide) lookup and per batch. After LoadBatch the caller writes the
+  // address of each id's row in the store to row_addresses(l)[0,
+  // ids(l).size()) and calls UseRowAddresses(l, true): Forward then pools
+  // the rows in place (no pulled copy), Backward writes no row_grads(l),
+  // and ApplyRowSgd(l, lr) applies the embedding-bag gradient straight to
+  // the rows with plain SGD. UseRowAddresses(l, false) (the state after
+  // Create) goes back to rows(l) and row_grads(l). Returns false for a wide
+  // lookup, which always uses rows(l).
+  float** row_addresses(int l) { return lookups_[l].addresses.data(); }
+  bool UseRowAddresses(int l, bool use);
+  bool uses_row_addresses(int l) const { return lookups_[l].in_place; }
+  // After Backward(valid, ...), for a lookup using row addresses: rows -=
+  // lr * the gradient of each of its ids (HogwildEmbeddingBagSgd), with
+  // Backward's reduction.
+  void ApplyRowSgd(int l, float lr);
+  // Seconds the Forward calls since the last call spent pooling rows in
+  // place (the embedding phase hidden in the forward), then resets.
+  double TakeInPlacePoolSeconds() {
+    const double s = in_place_pool_s_;
+    in_place_pool_s_ = 0;
+    return s;
+  }
+
   // Copies records[0..n) of `data` (n <= batch) into the batch: dense
   // inputs, labels and each lookup's ids; rows n..batch are padding (zero
   // inputs, empty bags). `data` must have the shape the model was made for.
@@ -183,6 +207,8 @@ class Model {
     std::vector<int64_t> offsets;     // [batch + 1], relative to ids
     std::vector<float> weights;       // empty when not weighted
     std::vector<float> rows, row_grads;
+    std::vector<float*> addresses;    // [ids.size()] the rows in the store (in_place)
+    bool in_place = false;            // UseRowAddresses
     size_t count = 0;                 // ids of this batch
     int64_t z_offset = 0;             // where its pooled vector goes in a row of z_ (deep lookups)
   };
@@ -214,6 +240,10 @@ class Model {
   float* logits_ = nullptr;
   float* dlogits_ = nullptr;
   uint64_t rng_ = 0;
+  // The last Backward's: records and the deep rows' gradient factor.
+  int64_t valid_ = 0;
+  float row_grad_scale_ = 1.0f;
+  double in_place_pool_s_ = 0;  // TakeInPlacePoolSeconds
 };
 
 }  // namespace shardwild

@@ -392,6 +392,14 @@ class EmbeddingTable {
   int64_t initializations() const;
 
   EmbeddingKind kind() const { return kind_; }
+  // Whether rows are written under their seqlock (update mode row_lock).
+  bool row_lock() const { return row_lock_; }
+  // The parameters of static row `id` (< capacity(), unchecked) in place:
+  // dim() floats that never move (ParamStore::RowAddresses). Static tables
+  // only; read and write them with the Hogwild kernels.
+  float* StaticRowParams(uint64_t id) const {
+    return reinterpret_cast<float*>(RowBlock(static_cast<int64_t>(id)));
+  }
   CapacityPolicy on_full() const { return on_full_; }
   int64_t dim() const { return dim_; }
   int64_t capacity() const { return capacity_; }

@@ -259,6 +259,24 @@ class ParamStore {
     return absl::OkStatus();
   }
 
+  // The fused embedding path. Where table `table`'s rows live in this
+  // process's memory at fixed addresses, carry no per-row state, and this
+  // store updates them with plain SGD without locks (so PushRows is
+  // row -= lr * gradient and nothing else), writes the address of each id's
+  // dim() parameters to out[i] and returns true. The caller may then read
+  // the rows in place for its forward pass (HogwildEmbeddingBagForward) and
+  // apply each gradient in place fused with the embedding-bag backward
+  // (HogwildEmbeddingBagSgd), instead of PullRows into a copy and PushRows
+  // from a gradient buffer: the same update, except that a repeated id is
+  // updated once per occurrence rather than once with the sum. Returns
+  // false, writing nothing, where that does not hold (dynamic tables,
+  // row_lock and sync modes, optimizers with slots, remote stores): the
+  // caller pulls and pushes. Errors as PullRows for a bad table or id.
+  // Thread-safe; allocates nothing. The default: false.
+  virtual absl::StatusOr<bool> RowAddresses(int table, absl::Span<const uint64_t> ids, float** out) {
+    return false;
+  }
+
   // Number of pushes applied so far (ElasticDL's model version).
   virtual uint64_t version() const = 0;
 

@@ -1135,6 +1135,35 @@ absl::Status ShmParamStore::PushRows(int table, absl::Span<const uint64_t> ids, 
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> ShmParamStore::RowAddresses(int table, absl::Span<const uint64_t> ids, float** out) {
+  if (table < 0 || table >= static_cast<int>(tables_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("row addresses: no embedding table ", table));
+  }
+  const TableSpec& spec = layout_.tables[table];
+  const int nshards = layout_.num_shards;
+  if (spec.kind != EmbeddingKind::kStatic || update_mode_ != UpdateMode::kHogwild ||
+      sparse_optimizer_.type != OptimizerType::kSgd || num_hosted_ != nshards) {
+    return false;
+  }
+  for (const EmbeddingTable& shard : tables_[table]) {
+    if (shard.row_lock()) return false;
+  }
+  for (uint64_t id : ids) {
+    if (id >= static_cast<uint64_t>(spec.capacity)) {
+      return absl::InvalidArgumentError(absl::StrCat("embedding table '", spec.name, "': id ", id,
+                                                     " is out of range for a static table of ", spec.capacity, " rows"));
+    }
+  }
+  const std::vector<EmbeddingTable>& shards = tables_[table];
+  if (nshards == 1) {
+    for (size_t i = 0; i < ids.size(); ++i) out[i] = shards[0].StaticRowParams(ids[i]);
+  } else {
+    const uint64_t n = static_cast<uint64_t>(nshards);
+    for (size_t i = 0; i < ids.size(); ++i) out[i] = shards[ids[i] % n].StaticRowParams(ids[i] / n);
+  }
+  return true;
+}
+
 absl::Status ShmParamStore::ReadTableRow(int table, uint64_t id, float* params, absl::Span<float* const> slots,
                                          uint64_t* update_count) {
   SW_ASSIGN_OR_RETURN(RowHome home, HomeOf(table, id, "read table row"));

@@ -66,7 +66,8 @@ struct BenchReport {
   double bound_rows_per_s = 0;
   double rows_ratio = 0;              // rows_per_s / bound_rows_per_s
   // The same ids over the time spent in the embedding phases only (pull rows
-  // + push rows): how fast the store serves the model's rows, whatever the
+  // + push rows, and with rows in place the forward's pooling of them,
+  // PhaseTimes::rows_in_forward): how fast the store serves the model's rows, whatever the
   // share of the step the MLP takes.
   double phase_rows_per_s = 0;
   double phase_rows_ratio = 0;        // phase_rows_per_s / bound_rows_per_s

@@ -65,8 +65,9 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(int index, const ModelOpt
                                                         "' (dim ", tables[t].dim, ")"));
     }
   }
-  w->row_pulls_.resize(w->model_->num_lookups());
-  w->row_pushes_.resize(w->model_->num_lookups());
+  w->row_pulls_.reserve(w->model_->num_lookups());
+  w->row_pushes_.reserve(w->model_->num_lookups());
+  w->in_place_possible_.assign(w->model_->num_lookups(), 1);
   w->batch_records_.assign(batch, 0);
   try {
     w->stream_ = dnnl::stream(engine);
@@ -79,8 +80,45 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(int index, const ModelOpt
 absl::Status Worker::PullRows(PullMode mode) {
   const int lookups = model_->num_lookups();
   if (lookups == 0) return absl::OkStatus();
-  for (int l = 0; l < lookups; ++l) row_pulls_[l] = RowPull{model_->lookup(l).table, model_->ids(l), model_->rows(l)};
+  row_pulls_.clear();
+  for (int l = 0; l < lookups; ++l) {
+    model_->UseRowAddresses(l, false);
+    row_pulls_.push_back(RowPull{model_->lookup(l).table, model_->ids(l), model_->rows(l)});
+  }
   return store_->PullRowsBatch(row_pulls_, mode, &row_scratch_);
+}
+
+absl::Status Worker::PrepareRows(bool in_place_allowed) {
+  const int lookups = model_->num_lookups();
+  if (lookups == 0) return absl::OkStatus();
+  row_pulls_.clear();
+  for (int l = 0; l < lookups; ++l) {
+    const Lookup& lk = model_->lookup(l);
+    bool in_place = false;
+    if (in_place_allowed && !lk.wide && in_place_possible_[l]) {
+      SW_ASSIGN_OR_RETURN(in_place, store_->RowAddresses(lk.table, model_->ids(l), model_->row_addresses(l)));
+      if (!in_place) in_place_possible_[l] = 0;
+    }
+    model_->UseRowAddresses(l, in_place);
+    if (!in_place) row_pulls_.push_back(RowPull{lk.table, model_->ids(l), model_->rows(l)});
+  }
+  if (row_pulls_.empty()) return absl::OkStatus();
+  return store_->PullRowsBatch(row_pulls_, PullMode::kInsert, &row_scratch_);
+}
+
+absl::Status Worker::UpdateRows(float lr) {
+  const int lookups = model_->num_lookups();
+  row_pushes_.clear();
+  for (int l = 0; l < lookups; ++l) {
+    if (!model_->uses_row_addresses(l)) {
+      row_pushes_.push_back(RowGrad{model_->lookup(l).table, model_->ids(l), model_->row_grads(l)});
+    }
+  }
+  if (!row_pushes_.empty()) SW_RETURN_IF_ERROR(store_->PushRowsBatch(row_pushes_, lr, &row_scratch_));
+  for (int l = 0; l < lookups; ++l) {
+    if (model_->uses_row_addresses(l)) model_->ApplyRowSgd(l, lr);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Worker::CheckShape(const Dataset& data, const char* what) const {
@@ -141,6 +179,9 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
   // twice. Not with sync rounds (the round applies the push) nor replicas
   // (StepDone may average after the push): those pull at each step's start.
   const bool fuse_pull = sync == nullptr && update_.replicas == nullptr && update_.pull_every == 1;
+  // Embedding rows read and updated in the store's memory where it allows
+  // (PrepareRows); the sync round and replica averaging need the gradients.
+  const bool rows_in_place = update_.rows_in_place && sync == nullptr && update_.replicas == nullptr;
   int64_t cursor = 0;
   PhaseTimes t;
   for (int64_t step = 0; step < steps; ++step) {
@@ -182,7 +223,7 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
     // Embedding rows are pulled every step: they are the batch's own.
     int64_t rows = 0;
     for (int l = 0; l < lookups; ++l) rows += static_cast<int64_t>(model_->ids(l).size());
-    SW_RETURN_IF_ERROR(PullRows(PullMode::kInsert));
+    SW_RETURN_IF_ERROR(PrepareRows(rows_in_place));
     const auto t3 = Clock::now();
     model_->Forward(/*training=*/true, stream_);
     const auto t4 = Clock::now();
@@ -190,10 +231,11 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
         model_->Backward(valid, stream_, {optimizer.loss_reduction, sparse_optimizer.loss_reduction});
     const auto t5 = Clock::now();
     auto t6 = t5;
-    for (int l = 0; l < lookups; ++l) {
-      row_pushes_[l] = RowGrad{model_->lookup(l).table, model_->ids(l), model_->row_grads(l)};
-    }
     if (sync != nullptr) {
+      row_pushes_.clear();
+      for (int l = 0; l < lookups; ++l) {
+        row_pushes_.push_back(RowGrad{model_->lookup(l).table, model_->ids(l), model_->row_grads(l)});
+      }
       SW_RETURN_IF_ERROR(sync->Contribute(index_, pushes_, lr, row_pushes_, sparse_lr));
       t6 = Clock::now();
     } else {
@@ -206,13 +248,14 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
       }
       if (update_.replicas != nullptr) SW_RETURN_IF_ERROR(update_.replicas->StepDone());
       t6 = Clock::now();
-      if (lookups > 0) SW_RETURN_IF_ERROR(store_->PushRowsBatch(row_pushes_, sparse_lr, &row_scratch_));
+      if (lookups > 0) SW_RETURN_IF_ERROR(UpdateRows(sparse_lr));
     }
     const auto t7 = Clock::now();
     t.data += Seconds(t0, t1);
     t.read_params += Seconds(t1, t2);
     t.pull_rows += Seconds(t2, t3);
     t.forward += Seconds(t3, t4);
+    t.rows_in_forward += model_->TakeInPlacePoolSeconds();
     t.backward += Seconds(t4, t5);
     t.push += Seconds(t5, t6);
     t.push_rows += Seconds(t6, t7);

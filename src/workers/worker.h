@@ -54,17 +54,28 @@ struct WorkerUpdateOptions {
   // The embedding tables' learning rate follows this one's schedule
   // (optimizer.sparse); nullptr = the dense optimizer's. Not owned.
   const OptimizerOptions* sparse_optimizer = nullptr;
+  // Read and update embedding rows in place where the store allows it
+  // (ParamStore::RowAddresses: local static tables under Hogwild SGD): the
+  // forward pools the rows from the store's memory and the embedding-bag
+  // backward is fused with the row update, with no pulled copy and no
+  // gradient buffer. Never with sync or replicas. false = always pull and
+  // push rows (tests compare the two).
+  bool rows_in_place = true;
 };
 
 // Seconds spent in each phase of the step, summed over steps.
 // read_params and push are the dense variables'; pull_rows and push_rows the
-// embedding tables'.
+// embedding tables'. With rows in place (WorkerUpdateOptions::rows_in_place)
+// pull_rows only looks the rows up, the forward pools them from the store's
+// memory (rows_in_forward: that part of `forward`, not a phase of its own)
+// and push_rows is the fused embedding-bag backward and update.
 struct PhaseTimes {
   double data = 0, read_params = 0, pull_rows = 0, forward = 0, backward = 0, push = 0, push_rows = 0;
+  double rows_in_forward = 0;
   double total() const { return data + read_params + pull_rows + forward + backward + push + push_rows; }
   void Add(const PhaseTimes& o) {
     data += o.data; read_params += o.read_params; pull_rows += o.pull_rows; forward += o.forward;
-    backward += o.backward; push += o.push; push_rows += o.push_rows;
+    backward += o.backward; push += o.push; push_rows += o.push_rows; rows_in_forward += o.rows_in_forward;
   }
 };
 
@@ -167,6 +178,12 @@ class Worker {
   absl::Status PullAll();
   // Pulls every lookup's rows for the loaded batch, in one PullRowsBatch.
   absl::Status PullRows(PullMode mode);
+  // A training step's rows: the in-place lookups get their addresses, the
+  // others are pulled (kInsert).
+  absl::Status PrepareRows(bool in_place_allowed);
+  // A training step's row updates: PushRowsBatch of the pulled lookups,
+  // then the in-place lookups' fused backward and SGD.
+  absl::Status UpdateRows(float lr);
   // Rejects evaluation or prediction data whose shape differs from the training data's.
   absl::Status CheckShape(const Dataset& data, const char* what) const;
   absl::Status TrainSteps(const int32_t* order, int64_t count, int64_t max_steps, const OptimizerOptions& optimizer,
@@ -184,6 +201,8 @@ class Worker {
   RowScratch row_scratch_;
   std::vector<RowPull> row_pulls_;      // [lookup], set each step (PullRowsBatch)
   std::vector<RowGrad> row_pushes_;     // [lookup], set each step (PushRowsBatch, or the sync round)
+  // Per lookup: false once the store declined RowAddresses (never asked again).
+  std::vector<char> in_place_possible_;
   std::vector<PullSlice> pulls_;      // one per variable, into the model's params
   std::vector<DenseGrad> pushes_;     // one per variable, from the model's grads
   WorkerCounters counters_;

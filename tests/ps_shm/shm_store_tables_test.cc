@@ -283,6 +283,72 @@ TEST(ShmStoreTables, EveryUpdateModeAcceptsTables) {
   }
 }
 
+// The fused embedding path: static tables under Hogwild SGD hand out the
+// rows' addresses across every shard; a write through an address is what
+// PullRows reads; an SGD step in place is PushRows' step.
+TEST(ShmStoreTables, RowAddressesAreTheStaticRowsUnderHogwildSgd) {
+  for (int shards : {1, kShards}) {
+    std::unique_ptr<ShmParamStore> store =
+        MakeStore(Options(Optimizer(OptimizerType::kSgd, 0.1f), {Table(EmbeddingKind::kStatic, 50)}, shards));
+    ASSERT_NE(store, nullptr);
+    RowScratch scratch;
+    const std::vector<uint64_t> ids = {0, 1, 2, 49, 17, 1};
+    std::vector<float*> addresses(ids.size(), nullptr);
+    absl::StatusOr<bool> in_place = store->RowAddresses(0, ids, addresses.data());
+    ASSERT_TRUE(in_place.ok()) << in_place.status();
+    ASSERT_TRUE(*in_place) << shards << " shards";
+    EXPECT_EQ(addresses[1], addresses[5]) << "one id, one row";
+    std::vector<float> pulled(ids.size() * kDim);
+    ASSERT_TRUE(store->PullRows(0, ids, pulled.data(), PullMode::kInsert, &scratch).ok());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ASSERT_EQ(std::memcmp(addresses[i], pulled.data() + i * kDim, kDim * sizeof(float)), 0) << "id " << ids[i];
+    }
+    // Each distinct row is distinct memory.
+    for (size_t i = 0; i + 1 < 5; ++i) EXPECT_NE(addresses[i], addresses[i + 1]);
+    // The same SGD step through the address and through PushRows.
+    std::vector<float> g(kDim, 2.0f);
+    const std::vector<uint64_t> one = {17};
+    ASSERT_TRUE(store->PushRows(0, one, g.data(), 0.25f, &scratch).ok());
+    std::vector<float> pushed(kDim);
+    ASSERT_TRUE(store->PullRows(0, one, pushed.data(), PullMode::kReadOnly, &scratch).ok());
+    for (int64_t j = 0; j < kDim; ++j) EXPECT_EQ(pushed[j], pulled[4 * kDim + j] - 0.25f * 2.0f);
+    addresses[3][0] = 123.0f;
+    std::vector<float> row49(kDim);
+    ASSERT_TRUE(store->PullRows(0, {ids.data() + 3, 1}, row49.data(), PullMode::kReadOnly, &scratch).ok());
+    EXPECT_EQ(row49[0], 123.0f);
+    // An out-of-range id is an error, as for PullRows.
+    const std::vector<uint64_t> bad = {3, 50};
+    EXPECT_EQ(store->RowAddresses(0, bad, addresses.data()).status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(store->RowAddresses(1, ids, addresses.data()).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(ShmStoreTables, RowAddressesAreDeclinedWhereAPushIsMoreThanSgdInPlace) {
+  struct Case {
+    const char* what;
+    EmbeddingKind kind;
+    OptimizerType sparse;
+    UpdateMode mode;
+  };
+  for (const Case& c : {Case{"dynamic table", EmbeddingKind::kDynamic, OptimizerType::kSgd, UpdateMode::kHogwild},
+                        Case{"adagrad rows", EmbeddingKind::kStatic, OptimizerType::kAdagrad, UpdateMode::kHogwild},
+                        Case{"momentum rows", EmbeddingKind::kStatic, OptimizerType::kMomentum, UpdateMode::kHogwild},
+                        Case{"row_lock", EmbeddingKind::kStatic, OptimizerType::kSgd, UpdateMode::kRowLock},
+                        Case{"sync", EmbeddingKind::kStatic, OptimizerType::kSgd, UpdateMode::kSync}}) {
+    OpenStoreOptions o = Options(Optimizer(OptimizerType::kSgd, 0.1f), {Table(c.kind, 50)});
+    o.sparse_optimizer = Optimizer(c.sparse, 0.1f);
+    o.store.update = c.mode;
+    std::unique_ptr<ShmParamStore> store = MakeStore(o);
+    ASSERT_NE(store, nullptr) << c.what;
+    const std::vector<uint64_t> ids = {1, 2};
+    std::vector<float*> addresses(ids.size(), nullptr);
+    absl::StatusOr<bool> in_place = store->RowAddresses(0, ids, addresses.data());
+    ASSERT_TRUE(in_place.ok()) << c.what << ": " << in_place.status();
+    EXPECT_FALSE(*in_place) << c.what;
+    EXPECT_EQ(addresses[0], nullptr) << c.what << ": nothing written";
+  }
+}
+
 // In a forked child: attach, pull the rows the parent pulled, push one gradient.
 int AttachingChild(const std::string& name, const OptimizerOptions& dense, const OptimizerOptions& sparse,
                    const std::vector<uint64_t>& ids, const std::vector<float>& expected) {
