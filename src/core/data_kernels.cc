@@ -1,14 +1,10 @@
 // The data kernels (data_kernels.h), compiled for every x86 target Highway
-// can reach and dispatched at run time.
+// can reach (HWY_COMPILE_ALL_ATTAINABLE, set in CMakeLists.txt) and
+// dispatched at run time.
 
 // This file includes itself once per target (Highway's foreach_target).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "core/data_kernels.cc"
-// Every attainable target, scalar too, as the Hogwild kernels: a test
-// restricting the dispatch to one target finds it here as well.
-#ifndef HWY_COMPILE_ALL_ATTAINABLE
-#define HWY_COMPILE_ALL_ATTAINABLE
-#endif
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 

@@ -14,13 +14,11 @@
 // AVX-512 server and an SSE4 laptop, and sync mode stays reproducible
 // across machines; the memory-bound kernels lose nothing by it.
 
-// This file includes itself once per target (Highway's foreach_target).
+// This file includes itself once per target (Highway's foreach_target), for
+// every attainable one, scalar too (HWY_COMPILE_ALL_ATTAINABLE, set in
+// CMakeLists.txt): tests compare each with the reference.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "core/hogwild_kernels.cc"
-// Every attainable target, scalar too: tests compare each with the reference.
-#ifndef HWY_COMPILE_ALL_ATTAINABLE
-#define HWY_COMPILE_ALL_ATTAINABLE
-#endif
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"

@@ -157,8 +157,9 @@ class Model {
   // lr * the gradient of each of its ids (HogwildEmbeddingBagSgd), with
   // Backward's reduction.
   void ApplyRowSgd(int l, float lr);
-  // Seconds the Forward calls since the last call spent pooling rows in
-  // place (the embedding phase hidden in the forward), then resets.
+  // Seconds the Forward calls since the last call spent pooling the deep
+  // lookups' rows where any was read in place (the embedding phase hidden
+  // in the forward; 0 when none was), then resets.
   double TakeInPlacePoolSeconds() {
     const double s = in_place_pool_s_;
     in_place_pool_s_ = 0;

@@ -26,6 +26,8 @@
 #include "oneapi/dnnl/dnnl.h"
 #include "ps_shm/shm_store.h"
 #include "workers/replicated_store.h"
+#include "tests/workers/sparse_test_util.h"
+#include "workers/job.h"
 #include "workers/worker.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -205,78 +207,45 @@ TEST(NoAllocationTest, SparseStepAllocatesNothing) {
 #ifdef SHARDWILD_SANITIZED
   GTEST_SKIP() << "sanitizers interpose the allocator";
 #else
-  Dataset data;
-  data.count = 512;
-  data.dense_dim = 4;
-  data.num_classes = 2;
-  data.dense.assign(data.count * data.dense_dim, 0.25f);
-  for (int64_t i = 0; i < data.count; ++i) data.labels.push_back(static_cast<int32_t>(i % 2));
-  for (const char* name : {"a", "b"}) {
-    SparseField f;
-    f.name = name;
-    f.offsets.push_back(0);
-    for (int64_t r = 0; r < data.count; ++r) {
-      for (int64_t k = 0; k < 1 + r % 3; ++k) f.ids.push_back(static_cast<uint64_t>((r * 7919 + k * 104729) % 5000));
-      f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
-    }
-    data.fields.push_back(f);
-  }
-  ModelOptions model;
-  model.head = HeadType::kBinary;
-  model.bottom = {{"dense", 8, Activation::kRelu}};
-  model.tables = {{"ta", 1000, 8, false, false, 0.1f}, {"tb", 4096, 8, true, false, 0.1f}};
-  model.sparse = {{"a", "ta", Pooling::kSum, true}, {"b", "tb", Pooling::kMean, true}};
-  model.interaction = Interaction::kDot;
-  model.layers = {{"dense", 8, Activation::kRelu}, {"dense", 1, Activation::kNone}};
-  model.wide = {"a"};
-  model.wide_rows = 100;
+  const Dataset data = testdata::TwoFieldSparseData(/*count=*/512, /*id_range=*/5000);
+  const ModelOptions model = testdata::TwoTableDotModel(Pooling::kSum);
+  auto spec = Model::Describe(model, DataShape::Of(data));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  std::vector<int32_t> order(data.count);
+  for (int64_t i = 0; i < data.count; ++i) order[i] = static_cast<int32_t>(i);
   // Adagrad rows are pulled and pushed; SGD rows of the static table are
   // read and updated in place (WorkerUpdateOptions::rows_in_place), those
   // of the dynamic one pulled.
   for (OptimizerType type : {OptimizerType::kAdagrad, OptimizerType::kSgd}) {
     SCOPED_TRACE(OptimizerTypeName(type));
-    auto spec = Model::Describe(model, DataShape::Of(data));
-    ASSERT_TRUE(spec.ok()) << spec.status();
     OpenStoreOptions so;
     so.num_shards = 2;
     so.optimizer.type = type;
     so.store.job_name = std::string("sw-noalloc-") + OptimizerTypeName(type);
-    for (const EmbeddingDecl& d : spec->tables) {
-      TableSpec t;
-      t.name = d.name;
-      t.kind = d.dynamic ? EmbeddingKind::kDynamic : EmbeddingKind::kStatic;
-      t.dim = d.dim;
-      t.capacity = d.rows;
-      so.tables.push_back(t);
-    }
+    so.tables = TableSpecsOf(*spec);
     auto store = ShmParamStore::Create(so, spec->variables);
     ASSERT_TRUE(store.ok()) << store.status();
     dnnl::engine engine(dnnl::engine::kind::cpu, 0);
     auto worker = Worker::Create(0, model, /*batch=*/64, data, store->get(), engine);
     ASSERT_TRUE(worker.ok()) << worker.status();
-    std::vector<int32_t> order(data.count);
-    for (int64_t i = 0; i < data.count; ++i) order[i] = static_cast<int32_t>(i);
-    // One epoch warms the id buffers and the row scratch to the largest batch.
-    ASSERT_TRUE((*worker)->Train(order.data(), data.count, -1, so.optimizer, 0, 1, nullptr).ok());
-    const int64_t before = g_allocations.load();
-    t_counting = true;
-    const absl::Status s = (*worker)->Train(order.data(), data.count, -1, so.optimizer, 0, 1, nullptr);
-    t_counting = false;
-    ASSERT_TRUE(s.ok()) << s;
-    EXPECT_EQ(g_allocations.load() - before, 0) << "allocations during a sparse epoch after a warm one";
+    // One epoch warms the id buffers and the row scratch to the largest
+    // batch; the next one allocates nothing.
+    auto expect_warm_epoch_allocates_nothing = [&](const char* what) {
+      ASSERT_TRUE((*worker)->Train(order.data(), data.count, -1, so.optimizer, 0, 1, nullptr).ok());
+      const int64_t before = g_allocations.load();
+      t_counting = true;
+      const absl::Status s = (*worker)->Train(order.data(), data.count, -1, so.optimizer, 0, 1, nullptr);
+      t_counting = false;
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_EQ(g_allocations.load() - before, 0) << "allocations during a sparse epoch " << what;
+    };
+    expect_warm_epoch_allocates_nothing("after a warm one");
     EXPECT_GT((*worker)->counters().rows_pulled.load(), 2 * data.count);
-
     // The same from the training set's packed ids (as a Job sets them).
     const std::optional<PackedRecords> packed = (*worker)->model().PackRecords(data);
     ASSERT_TRUE(packed.has_value());
     (*worker)->set_packed_records(&*packed);
-    ASSERT_TRUE((*worker)->Train(order.data(), data.count, -1, so.optimizer, 0, 1, nullptr).ok());
-    const int64_t before_packed = g_allocations.load();
-    t_counting = true;
-    const absl::Status sp = (*worker)->Train(order.data(), data.count, -1, so.optimizer, 0, 1, nullptr);
-    t_counting = false;
-    ASSERT_TRUE(sp.ok()) << sp;
-    EXPECT_EQ(g_allocations.load() - before_packed, 0) << "allocations during a sparse epoch from packed ids";
+    expect_warm_epoch_allocates_nothing("from packed ids");
   }
 #endif
 }

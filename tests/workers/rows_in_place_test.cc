@@ -13,15 +13,15 @@
 #include "gtest/gtest.h"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "ps_shm/shm_store.h"
+#include "workers/job.h"
+#include "tests/workers/sparse_test_util.h"
 #include "workers/worker.h"
 
 namespace shardwild {
 namespace {
 
-// Two sparse fields with 1-3 ids per record (repeats across and within
-// batches), through a static table (in place under SGD), a dynamic one
-// (always pulled) and a wide lookup (always pulled), a dot interaction and
-// towers on both sides.
+// testdata::TwoTableDotModel: a static table (in place under SGD), a
+// dynamic one and a wide lookup (both always pulled).
 struct SparseCase {
   Dataset data;
   ModelOptions model;
@@ -31,41 +31,12 @@ struct SparseCase {
 
 SparseCase MakeCase(Pooling pooling) {
   SparseCase c;
-  Dataset& data = c.data;
-  data.count = 300;
-  data.dense_dim = 4;
-  data.num_classes = 2;
-  for (int64_t i = 0; i < data.count * data.dense_dim; ++i) data.dense.push_back(static_cast<float>(i % 17) / 17.0f);
-  for (int64_t i = 0; i < data.count; ++i) data.labels.push_back(static_cast<int32_t>((i * 7) % 3 == 0));
-  for (const char* name : {"a", "b"}) {
-    SparseField f;
-    f.name = name;
-    f.offsets.push_back(0);
-    for (int64_t r = 0; r < data.count; ++r) {
-      for (int64_t k = 0; k < 1 + r % 3; ++k) f.ids.push_back(static_cast<uint64_t>((r * 7919 + k * 104729) % 400));
-      f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
-    }
-    data.fields.push_back(f);
-  }
-  c.model.head = HeadType::kBinary;
-  c.model.bottom = {{"dense", 8, Activation::kRelu}};
-  c.model.tables = {{"ta", 1000, 8, false, false, 0.1f}, {"tb", 4096, 8, true, false, 0.1f}};
-  c.model.sparse = {{"a", "ta", pooling, true}, {"b", "tb", Pooling::kMean, true}};
-  c.model.interaction = Interaction::kDot;
-  c.model.layers = {{"dense", 8, Activation::kRelu}, {"dense", 1, Activation::kNone}};
-  c.model.wide = {"a"};
-  c.model.wide_rows = 100;
-  auto spec = Model::Describe(c.model, DataShape::Of(data));
+  c.data = testdata::TwoFieldSparseData(/*count=*/300, /*id_range=*/400);
+  c.model = testdata::TwoTableDotModel(pooling);
+  auto spec = Model::Describe(c.model, DataShape::Of(c.data));
   EXPECT_TRUE(spec.ok()) << spec.status();
   c.variables = spec->variables;
-  for (const EmbeddingDecl& d : spec->tables) {
-    TableSpec t;
-    t.name = d.name;
-    t.kind = d.dynamic ? EmbeddingKind::kDynamic : EmbeddingKind::kStatic;
-    t.dim = d.dim;
-    t.capacity = d.rows;
-    c.tables.push_back(t);
-  }
+  c.tables = TableSpecsOf(*spec);
   return c;
 }
 

@@ -49,6 +49,47 @@ inline absl::StatusOr<TrainSummary> Train(const Config& config, TrainRunOptions 
   return RunTraining(**job, progress, run);
 }
 
+// A small binary-head data set with two sparse fields "a" and "b" of 1-3
+// ids per record (ids in [0, id_range), repeated across and within batches)
+// and 4 dense features.
+inline Dataset TwoFieldSparseData(int64_t count, uint64_t id_range) {
+  Dataset data;
+  data.count = count;
+  data.dense_dim = 4;
+  data.num_classes = 2;
+  for (int64_t i = 0; i < count * data.dense_dim; ++i) data.dense.push_back(static_cast<float>(i % 17) / 17.0f);
+  for (int64_t i = 0; i < count; ++i) data.labels.push_back(static_cast<int32_t>((i * 7) % 3 == 0));
+  for (const char* name : {"a", "b"}) {
+    SparseField f;
+    f.name = name;
+    f.offsets.push_back(0);
+    for (int64_t r = 0; r < count; ++r) {
+      for (int64_t k = 0; k < 1 + r % 3; ++k) {
+        f.ids.push_back(static_cast<uint64_t>(r * 7919 + k * 104729) % id_range);
+      }
+      f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
+    }
+    data.fields.push_back(f);
+  }
+  return data;
+}
+
+// Over TwoFieldSparseData: "a" through static table "ta" (pooled as
+// `a_pooling`) and as a wide lookup, "b" through dynamic table "tb" (mean),
+// a dot interaction, towers on both sides.
+inline ModelOptions TwoTableDotModel(Pooling a_pooling) {
+  ModelOptions model;
+  model.head = HeadType::kBinary;
+  model.bottom = {{"dense", 8, Activation::kRelu}};
+  model.tables = {{"ta", 1000, 8, false, false, 0.1f}, {"tb", 4096, 8, true, false, 0.1f}};
+  model.sparse = {{"a", "ta", a_pooling, true}, {"b", "tb", Pooling::kMean, true}};
+  model.interaction = Interaction::kDot;
+  model.layers = {{"dense", 8, Activation::kRelu}, {"dense", 1, Activation::kNone}};
+  model.wide = {"a"};
+  model.wide_rows = 100;
+  return model;
+}
+
 inline double Metric(const TrainSummary& s, const std::string& name) {
   for (const auto& [k, v] : s.test_metrics) {
     if (k == name) return v;
