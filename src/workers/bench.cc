@@ -19,32 +19,40 @@ namespace {
 using Clock = std::chrono::steady_clock;
 }
 
-absl::StatusOr<MatmulPeak> MeasureMatmulPeak(WorkerPool& pool, int omp_threads_per_worker, int64_t size,
-                                             double seconds) {
-  MatmulPeak peak;
-  peak.m = peak.n = peak.k = size;
-  peak.threads = pool.size();
-  peak.omp_threads_per_worker = omp_threads_per_worker;
-  std::vector<double> rates(pool.size(), 0.0);
-  SW_RETURN_IF_ERROR(pool.RunAll([&](int i) -> absl::Status {
-    std::vector<float> a(size * size, 0.5f), b(size * size, 0.25f), c(size * size, 0.0f);
-    auto once = [&] {
-      return dnnl_sgemm('N', 'N', size, size, size, 1.0f, a.data(), size, b.data(), size, 0.0f, c.data(), size);
-    };
-    if (once() != dnnl_success) return absl::InternalError("dnnl_sgemm failed");  // warm-up
-    const auto start = Clock::now();
-    int64_t calls = 0;
-    double elapsed = 0;
-    do {
-      once();
-      ++calls;
-      elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-    } while (elapsed < seconds);
-    rates[i] = 2.0 * size * size * size * calls / elapsed;
-    return absl::OkStatus();
-  }));
-  for (double r : rates) peak.gflops += r / 1e9;
-  return peak;
+absl::StatusOr<MatmulPeak> MeasureMatmulPeak(WorkerPool& pool, int omp_threads_per_worker,
+                                             const std::vector<int64_t>& sizes, double seconds) {
+  if (sizes.empty()) return absl::InvalidArgumentError("MeasureMatmulPeak: no sizes");
+  MatmulPeak best;
+  const double per_size = seconds / static_cast<double>(sizes.size());
+  for (int64_t size : sizes) {
+    std::vector<double> rates(pool.size(), 0.0);
+    SW_RETURN_IF_ERROR(pool.RunAll([&](int i) -> absl::Status {
+      std::vector<float> a(size * size, 0.5f), b(size * size, 0.25f), c(size * size, 0.0f);
+      auto once = [&] {
+        return dnnl_sgemm('N', 'N', size, size, size, 1.0f, a.data(), size, b.data(), size, 0.0f, c.data(), size);
+      };
+      if (once() != dnnl_success) return absl::InternalError("dnnl_sgemm failed");  // warm-up
+      const auto start = Clock::now();
+      int64_t calls = 0;
+      double elapsed = 0;
+      do {
+        once();
+        ++calls;
+        elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+      } while (elapsed < per_size);
+      rates[i] = 2.0 * size * size * size * calls / elapsed;
+      return absl::OkStatus();
+    }));
+    double gflops = 0;
+    for (double r : rates) gflops += r / 1e9;
+    if (gflops > best.gflops) {
+      best.m = best.n = best.k = size;
+      best.gflops = gflops;
+    }
+  }
+  best.threads = pool.size();
+  best.omp_threads_per_worker = omp_threads_per_worker;
+  return best;
 }
 
 absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& wire_bytes) {
@@ -96,7 +104,7 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
   const Model& model = job.worker(0).model();
   r.flops_per_step = model.ForwardFlops() + model.BackwardFlops();
   r.model_gflops = total_steps * r.flops_per_step / r.wall_s / 1e9;
-  SW_ASSIGN_OR_RETURN(r.peak, MeasureMatmulPeak(job.pool(), r.intra_op_threads, 1024, cfg.bench.peak_seconds));
+  SW_ASSIGN_OR_RETURN(r.peak, MeasureMatmulPeak(job.pool(), r.intra_op_threads, kPeakSizes, cfg.bench.peak_seconds));
   r.peak_fraction = r.peak.gflops > 0 ? r.model_gflops / r.peak.gflops : 0;
   r.kernel_target = ActiveHogwildKernelTarget();
   r.kernel_targets = HogwildKernelTargets();

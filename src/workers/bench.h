@@ -25,10 +25,16 @@ struct MatmulPeak {
   double gflops = 0;             // summed over the threads
 };
 
-// Runs an m x n x k sgemm on every pool thread at once for about `seconds`
-// and returns the total rate.
-absl::StatusOr<MatmulPeak> MeasureMatmulPeak(WorkerPool& pool, int omp_threads_per_worker, int64_t size,
-                                             double seconds);
+// Runs a size^3 sgemm on every pool thread at once for about
+// seconds / sizes.size(), for each size in turn, and returns the best total
+// rate with the shape that reached it. No one shape is the peak on every
+// machine: 1024^3 spills the L2 and, on some, runs 10-15% below 256^3-512^3
+// (which stay in cache, as a training step's matmuls do); a model beating
+// the "peak" would mean the bound was wrong.
+absl::StatusOr<MatmulPeak> MeasureMatmulPeak(WorkerPool& pool, int omp_threads_per_worker,
+                                             const std::vector<int64_t>& sizes, double seconds);
+// The sizes `shardwild bench` tries.
+inline const std::vector<int64_t> kPeakSizes = {256, 512, 1024};
 
 struct BenchReport {
   int workers = 0;

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
@@ -63,13 +64,26 @@ TEST(BenchTest, TinyRunReportsEveryFigure) {
 
 TEST(BenchTest, MatmulPeakOnBarePool) {
   WorkerPool pool(1, [](int) { return absl::OkStatus(); });
-  absl::StatusOr<MatmulPeak> peak = MeasureMatmulPeak(pool, 1, 128, 0.01);
+  absl::StatusOr<MatmulPeak> peak = MeasureMatmulPeak(pool, 1, {128}, 0.01);
   ASSERT_TRUE(peak.ok()) << peak.status();
   EXPECT_EQ(peak->m, 128);
   EXPECT_EQ(peak->n, 128);
   EXPECT_EQ(peak->k, 128);
   EXPECT_EQ(peak->threads, 1);
   EXPECT_GT(peak->gflops, 0);
+}
+
+// The peak is the best of the sizes tried, whichever comes first: an 8^3
+// sgemm is all call overhead, tens of times below a 128^3 one.
+TEST(BenchTest, MatmulPeakIsTheBestSize) {
+  WorkerPool pool(1, [](int) { return absl::OkStatus(); });
+  for (const std::vector<int64_t>& sizes : {std::vector<int64_t>{8, 128}, std::vector<int64_t>{128, 8}}) {
+    absl::StatusOr<MatmulPeak> peak = MeasureMatmulPeak(pool, 1, sizes, 0.04);
+    ASSERT_TRUE(peak.ok()) << peak.status();
+    EXPECT_EQ(peak->m, 128) << sizes[0];
+    EXPECT_EQ(peak->k, 128) << sizes[0];
+  }
+  EXPECT_FALSE(MeasureMatmulPeak(pool, 1, {}, 0.01).ok());
 }
 
 }  // namespace
