@@ -51,7 +51,7 @@ def fail(message):
 
 
 # ---------------------------------------------------------------------------
-# IDX (MNIST, Fashion-MNIST), as src/core/idx_reader.cc reads it.
+# IDX (MNIST, Fashion-MNIST), as src/core/data/idx_reader.cc reads it.
 
 def _open_idx(path):
     """<path> or <path>.gz, as Shardwild's reader accepts either."""
@@ -96,7 +96,7 @@ def read_idx_dataset(prefix, max_records, np):
 
 
 # ---------------------------------------------------------------------------
-# Criteo TSV, as src/core/readers.cc reads it (data.format: criteo,
+# Criteo TSV, as src/core/data/readers.cc reads it (data.format: criteo,
 # dense_transform: log1p, on_error: fail).
 
 _HEX = "0123456789abcdefABCDEF"

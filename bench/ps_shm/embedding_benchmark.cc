@@ -17,7 +17,7 @@
 //
 // Ratios are only meaningful between rows of one run on an otherwise idle
 // machine. An Adam push may be bound by the optimizer kernel's arithmetic
-// (core/optimizer.cc) rather than by memory; the RMW bound does no such work.
+// (core/model/optimizer.cc) rather than by memory; the RMW bound does no such work.
 //
 //   build/bench/ps_shm/embedding_benchmark --benchmark_counters_tabular=true --benchmark_filter='dim:64/'
 //
@@ -43,9 +43,9 @@
 #include <unordered_set>
 #include <vector>
 
-#include "core/optimizer.h"
-#include "core/options.h"
-#include "core/id_stream.h"
+#include "core/model/optimizer.h"
+#include "core/config/options.h"
+#include "core/data/id_stream.h"
 #include "ps_shm/embedding_table.h"
 #include "bounds.h"
 

@@ -32,8 +32,8 @@
 #include <tuple>
 #include <vector>
 
-#include "core/id_stream.h"
-#include "core/optimizer.h"
+#include "core/data/id_stream.h"
+#include "core/model/optimizer.h"
 #include "ps_shm/shm_store.h"
 #include "ps_shm/sync_aggregator.h"
 #include "bounds.h"

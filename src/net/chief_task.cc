@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/mutex.h"
-#include "core/status.h"
+#include "core/base/mutex.h"
+#include "core/base/status.h"
 #include "net/chief.h"
 #include "net/cluster_functions.h"
 #include "net/cluster_setup.h"

@@ -34,7 +34,7 @@
 #include <functional>
 
 #include "absl/status/statusor.h"
-#include "core/options.h"
+#include "core/config/options.h"
 #include "net/cluster_spec.h"
 #include "workers/job.h"
 #include "workers/progress.h"

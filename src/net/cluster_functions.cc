@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "core/status.h"
+#include "core/base/status.h"
 #include "net/chief.grpc.pb.h"
 #include "net/grpc_util.h"
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "core/model.h"
-#include "core/status.h"
+#include "core/model/model.h"
+#include "core/base/status.h"
 #include "workers/job.h"
 
 namespace shardwild {

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/dataset.h"
-#include "core/options.h"
+#include "core/data/dataset.h"
+#include "core/config/options.h"
 #include "net/cluster_spec.h"
 #include "net/cluster_store.h"
 #include "net/net_options.h"

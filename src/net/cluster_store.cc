@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/status.h"
+#include "core/base/status.h"
 
 namespace shardwild {
 namespace {

@@ -60,7 +60,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "core/mutex.h"
+#include "core/base/mutex.h"
 #include "net/cluster_spec.h"
 #include "net/ps_client.h"
 #include "ps_shm/param_store.h"

@@ -11,7 +11,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/status.h"
+#include "core/base/status.h"
 
 namespace shardwild {
 namespace {

@@ -1,5 +1,5 @@
 // Options of the PS server and client, and how they are made from the
-// config's cluster.* section (core/options.h ClusterOptions) and the
+// config's cluster.* section (core/config/options.h ClusterOptions) and the
 // cluster spec (net/cluster_spec.h).
 #pragma once
 
@@ -8,7 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/options.h"
+#include "core/config/options.h"
 #include "net/cluster_spec.h"
 
 namespace shardwild {

@@ -12,7 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/status.h"
+#include "core/base/status.h"
 #include "net/grpc_util.h"
 #include "net/half.h"
 #include "net/health.grpc.pb.h"

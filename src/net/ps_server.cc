@@ -6,8 +6,8 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "core/mutex.h"
-#include "core/status.h"
+#include "core/base/mutex.h"
+#include "core/base/status.h"
 #include "net/health.grpc.pb.h"
 #include "net/ps.grpc.pb.h"
 #include "net/grpc_util.h"

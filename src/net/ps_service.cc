@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/status.h"
+#include "core/base/status.h"
 #include "net/half.h"
 #include "workers/checkpoint.h"
 

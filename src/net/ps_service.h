@@ -26,7 +26,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "core/mutex.h"
+#include "core/base/mutex.h"
 #include "net/ps.pb.h"
 #include "ps_shm/shm_store.h"
 

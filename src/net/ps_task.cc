@@ -4,7 +4,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "core/status.h"
+#include "core/base/status.h"
 #include "net/ps_server.h"
 #include "ps_shm/shm_store.h"
 #include "workers/job.h"

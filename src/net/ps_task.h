@@ -19,7 +19,7 @@
 #include <atomic>
 
 #include "absl/status/status.h"
-#include "core/options.h"
+#include "core/config/options.h"
 #include "net/cluster_setup.h"
 #include "net/cluster_spec.h"
 

@@ -38,7 +38,7 @@ extern "C" const char* __tsan_default_suppressions() {
          "called_from_lib:libcrypto.so\n"
          // gRPC 1.51 is built on abseil (absl::Mutex and its deadlock
          // detector, StrCat, time zones, hash tables), just as uninstrumented
-         // in Debian (the reason core/mutex.h exists); every abseil library
+         // in Debian (the reason core/base/mutex.h exists); every abseil library
          // these tests load (one entry must match exactly one library).
          // Shardwild's own code uses abseil only for Status values and
          // string formatting, never shared between threads.

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/status.h"
+#include "core/base/status.h"
 #include "net/chief.grpc.pb.h"
 #include "net/cluster_functions.h"
 #include "net/grpc_util.h"

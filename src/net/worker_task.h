@@ -17,7 +17,7 @@
 #pragma once
 
 #include "absl/status/status.h"
-#include "core/options.h"
+#include "core/config/options.h"
 #include "net/cluster_setup.h"
 #include "net/cluster_spec.h"
 

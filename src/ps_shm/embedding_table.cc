@@ -13,10 +13,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/hogwild_kernels.h"
-#include "core/optimizer.h"
-#include "core/random.h"
-#include "core/status.h"
+#include "core/model/hogwild_kernels.h"
+#include "core/model/optimizer.h"
+#include "core/base/random.h"
+#include "core/base/status.h"
 #include "ps_shm/row_seqlock.h"
 
 namespace shardwild {

@@ -81,7 +81,7 @@
 // Thread safety: Pull and Push may be called concurrently from any number of
 // threads in any number of processes attached to the same region (Hogwild).
 // Parameters and slots are read and written by the Hogwild kernels
-// (core/hogwild_kernels.h: SIMD loads and stores, the optimizer updates,
+// (core/model/hogwild_kernels.h: SIMD loads and stores, the optimizer updates,
 // row copies and fills) or, in cold paths (checkpoint reads and writes),
 // through std::atomic_ref<float> with memory_order_relaxed: concurrent
 // pushes to one row interleave lane by lane, and a pull racing a push may
@@ -181,7 +181,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "core/options.h"
+#include "core/config/options.h"
 
 namespace shardwild {
 

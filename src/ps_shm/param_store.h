@@ -19,10 +19,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "core/options.h"
-#include "core/partitioner.h"
-#include "core/random.h"
-#include "core/variable.h"
+#include "core/config/options.h"
+#include "core/model/partitioner.h"
+#include "core/base/random.h"
+#include "core/model/variable.h"
 #include "ps_shm/embedding_table.h"
 
 namespace shardwild {

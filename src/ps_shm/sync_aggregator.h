@@ -28,7 +28,7 @@
 // all workers together (one WorkerPool::RunAll), every worker leaving at the
 // end of its call, even on error.
 //
-// The barrier is built on core/mutex.h (pthreads underneath), so
+// The barrier is built on core/base/mutex.h (pthreads underneath), so
 // ThreadSanitizer sees every happens-before edge it creates: a worker's slot
 // is written before the worker arrives under mu_, read by the completing
 // thread under mu_, and the push happens before every contributor's wake-up
@@ -44,7 +44,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "core/mutex.h"
+#include "core/base/mutex.h"
 #include "ps_shm/param_store.h"
 
 namespace shardwild {

@@ -53,7 +53,7 @@ struct BenchReport {
   MatmulPeak peak;
   double peak_fraction = 0;     // model_gflops / peak.gflops
   // The instruction set the Hogwild kernels (optimizer updates, pulls, row
-  // gathers; core/hogwild_kernels.h) ran on, and every one this CPU offers.
+  // gathers; core/model/hogwild_kernels.h) ran on, and every one this CPU offers.
   std::string kernel_target;
   std::vector<std::string> kernel_targets;
 

@@ -16,10 +16,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/crc32c.h"
-#include "core/optimizer.h"
-#include "core/safetensors.h"
-#include "core/status.h"
+#include "core/io/crc32c.h"
+#include "core/model/optimizer.h"
+#include "core/io/safetensors.h"
+#include "core/base/status.h"
 
 namespace shardwild {
 namespace {

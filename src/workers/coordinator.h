@@ -74,8 +74,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "core/mutex.h"
-#include "core/status.h"
+#include "core/base/mutex.h"
+#include "core/base/status.h"
 
 namespace shardwild {
 
@@ -186,7 +186,7 @@ namespace coordinator_internal {
 // The result slot shared by a RemoteValue and the coordinator (like a
 // future's shared state; either side may be dropped first, hence shared_ptr).
 // The result crosses threads (set by a dispatch thread, fetched by others),
-// so each side keeps a DeepCopy (core/status.h) of its own.
+// so each side keeps a DeepCopy (core/base/status.h) of its own.
 template <typename T>
 class RemoteValueState {
  public:

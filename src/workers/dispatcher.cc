@@ -8,8 +8,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "core/random.h"
-#include "core/status.h"
+#include "core/base/random.h"
+#include "core/base/status.h"
 
 namespace shardwild {
 namespace {

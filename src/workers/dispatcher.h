@@ -70,7 +70,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "core/mutex.h"
+#include "core/base/mutex.h"
 
 namespace shardwild {
 

@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "core/status.h"
+#include "core/base/status.h"
 #include "workers/trainer.h"
 
 namespace shardwild {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/idx_reader.h"
+#include "core/data/idx_reader.h"
 #include "workers/checkpoint.h"
 #include "workers/job.h"
 #include "workers/worker.h"

@@ -8,11 +8,11 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "core/model.h"
-#include "core/idx_reader.h"
-#include "core/readers.h"
-#include "core/mutex.h"
-#include "core/status.h"
+#include "core/model/model.h"
+#include "core/data/idx_reader.h"
+#include "core/data/readers.h"
+#include "core/base/mutex.h"
+#include "core/base/status.h"
 
 namespace shardwild {
 

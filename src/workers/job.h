@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/dataset.h"
-#include "core/model.h"
-#include "core/options.h"
+#include "core/data/dataset.h"
+#include "core/model/model.h"
+#include "core/config/options.h"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "ps_shm/shm_store.h"
 #include "workers/replicated_store.h"

@@ -41,7 +41,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/options.h"
+#include "core/config/options.h"
 #include "ps_shm/shm_store.h"
 #include "workers/topology.h"
 

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "core/status.h"
+#include "core/base/status.h"
 #include "workers/trainer.h"
 
 namespace shardwild {

@@ -15,10 +15,10 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
-#include "core/early_stopping.h"
-#include "core/metrics_log.h"
-#include "core/options.h"
-#include "core/tfevents.h"
+#include "core/metrics/early_stopping.h"
+#include "core/io/metrics_log.h"
+#include "core/config/options.h"
+#include "core/io/tfevents.h"
 #include "nlohmann/json.hpp"
 #include "workers/progress.h"
 #include "workers/worker.h"

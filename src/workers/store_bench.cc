@@ -11,9 +11,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/optimizer.h"
-#include "core/id_stream.h"
-#include "core/status.h"
+#include "core/model/optimizer.h"
+#include "core/data/id_stream.h"
+#include "core/base/status.h"
 #include "ps_shm/huge_pages.h"
 #include "ps_shm/shm_segment.h"
 #include "ps_shm/shm_store.h"
@@ -36,7 +36,7 @@ constexpr int kPrefetchDistance = 8;
 inline uint64_t DynamicId(uint64_t x) { return x * 0x9e3779b97f4a7c15ULL; }
 
 // Per-thread id sequences over rows [0, rows): uniform, or Zipf(1.05) ranks
-// scattered over the table (core/id_stream.h).
+// scattered over the table (core/data/id_stream.h).
 std::vector<std::vector<uint64_t>> MakeIds(const StoreBenchOptions& o, int64_t per_thread) {
   std::vector<std::vector<uint64_t>> ids;
   const double zipf_s = o.ids == IdDistribution::kZipf ? 1.05 : 0.0;

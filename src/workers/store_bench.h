@@ -28,7 +28,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "core/options.h"
+#include "core/config/options.h"
 #include "ps_shm/embedding_table.h"
 
 namespace shardwild {

@@ -33,7 +33,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/match.h"
-#include "core/status.h"
+#include "core/base/status.h"
 #include "ps_shm/shm_store.h"
 #include "workers/checkpoint.h"
 #include "workers/coordinator.h"

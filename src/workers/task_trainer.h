@@ -167,7 +167,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/options.h"
+#include "core/config/options.h"
 #include "workers/job.h"
 #include "workers/progress.h"
 #include "workers/task_workers.h"

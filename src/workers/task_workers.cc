@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "core/status.h"
+#include "core/base/status.h"
 #include "workers/trainer.h"
 
 namespace shardwild {

@@ -6,13 +6,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "core/crc32c.h"
-#include "core/random.h"
+#include "core/io/crc32c.h"
+#include "core/base/random.h"
 #include "workers/checkpoint.h"
 #include "workers/run_callbacks.h"
 #include "workers/task_trainer.h"
-#include "core/partitioner.h"
-#include "core/status.h"
+#include "core/model/partitioner.h"
+#include "core/base/status.h"
 
 namespace shardwild {
 namespace {

@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "core/status.h"
+#include "core/base/status.h"
 #include "workers/replicated_store.h"
 #include "ps_shm/sync_aggregator.h"
 

@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/dataset.h"
-#include "core/metrics.h"
-#include "core/model.h"
-#include "core/options.h"
+#include "core/data/dataset.h"
+#include "core/metrics/metrics.h"
+#include "core/model/model.h"
+#include "core/config/options.h"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "ps_shm/param_store.h"
 #include "ps_shm/sync_aggregator.h"

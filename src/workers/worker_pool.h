@@ -21,7 +21,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "core/mutex.h"
+#include "core/base/mutex.h"
 
 namespace shardwild {
 

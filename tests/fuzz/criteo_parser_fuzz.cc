@@ -1,4 +1,4 @@
-// libFuzzer target for the Criteo TSV parser (core/readers.h). An input is
+// libFuzzer target for the Criteo TSV parser (core/data/readers.h). An input is
 // one knob byte (bits 0-1: the dense transform, 5-7: the label kind) and
 // then a whole file. ParseBuffer must return a Status for any bytes, under
 // both bad-row policies, and:
@@ -18,8 +18,8 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "core/dataset.h"
-#include "core/readers.h"
+#include "core/data/dataset.h"
+#include "core/data/readers.h"
 #include "parser_fuzz.h"
 
 namespace shardwild {

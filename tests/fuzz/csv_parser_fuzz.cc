@@ -1,4 +1,4 @@
-// libFuzzer target for the CSV parser (core/readers.h). An input is one knob
+// libFuzzer target for the CSV parser (core/data/readers.h). An input is one knob
 // byte and then a whole file, whose header should name the columns y, a, b
 // and c (as the seeds' do): the label is y, and bit 2 of the knob picks dense
 // {a, b} and categorical {c}, or dense {a} and categorical {b, c}. Bits 0-1
@@ -22,8 +22,8 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "core/dataset.h"
-#include "core/readers.h"
+#include "core/data/dataset.h"
+#include "core/data/readers.h"
 #include "parser_fuzz.h"
 
 namespace shardwild {

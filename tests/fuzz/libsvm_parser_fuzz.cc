@@ -1,4 +1,4 @@
-// libFuzzer target for the libsvm/svmlight parser (core/readers.h). An
+// libFuzzer target for the libsvm/svmlight parser (core/data/readers.h). An
 // input is one knob byte (bits 5-7: the label kind) and then a whole file.
 // ParseBuffer must return a Status for any bytes, under both bad-row
 // policies, and:
@@ -19,8 +19,8 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "core/dataset.h"
-#include "core/readers.h"
+#include "core/data/dataset.h"
+#include "core/data/readers.h"
 #include "parser_fuzz.h"
 
 namespace shardwild {

@@ -10,8 +10,8 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "core/dataset.h"
-#include "core/readers.h"
+#include "core/data/dataset.h"
+#include "core/data/readers.h"
 
 namespace shardwild::fuzz {
 

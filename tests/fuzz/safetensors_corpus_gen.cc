@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "core/safetensors.h"
+#include "core/io/safetensors.h"
 
 namespace {
 

@@ -13,7 +13,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "core/safetensors.h"
+#include "core/io/safetensors.h"
 
 namespace shardwild {
 namespace {

@@ -20,7 +20,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/optimizer.h"
+#include "core/model/optimizer.h"
 #include "ps_shm/shard_format.h"
 #include "ps_shm/shm_segment.h"
 #include "ps_shm/shm_store.h"

@@ -1,4 +1,4 @@
-// libFuzzer target for the fastText-style text parser (core/readers.h). An
+// libFuzzer target for the fastText-style text parser (core/data/readers.h). An
 // input is one knob byte (unused; kept so that inputs look like the other
 // parsers') and then a whole file, parsed with word_ngrams 1, with 2 into
 // "tokens" and with 2 into an "ngrams" field, each under both bad-row
@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/dataset.h"
-#include "core/readers.h"
+#include "core/data/dataset.h"
+#include "core/data/readers.h"
 #include "parser_fuzz.h"
 
 namespace shardwild {

@@ -18,7 +18,7 @@
 #include "gtest/gtest.h"
 #include "free_ports.h"
 #include "../workers/test_config.h"
-#include "core/status.h"
+#include "core/base/status.h"
 #include "net/chief.h"
 #include "net/chief_task.h"
 #include "net/cluster_spec.h"

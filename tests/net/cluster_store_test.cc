@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/status.h"
+#include "core/base/status.h"
 #include "gtest/gtest.h"
 #include "net/ps_server.h"
 #include "ps_shm/shm_store.h"

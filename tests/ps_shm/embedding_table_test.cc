@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "core/optimizer.h"
-#include "core/options.h"
+#include "core/model/optimizer.h"
+#include "core/config/options.h"
 #include "gtest/gtest.h"
 
 namespace shardwild {

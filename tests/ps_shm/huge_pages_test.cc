@@ -8,8 +8,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "core/options.h"
-#include "core/variable.h"
+#include "core/config/options.h"
+#include "core/model/variable.h"
 #include "gtest/gtest.h"
 #include "ps_shm/shm_store.h"
 

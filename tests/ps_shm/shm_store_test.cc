@@ -23,9 +23,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
-#include "core/options.h"
-#include "core/partitioner.h"
-#include "core/variable.h"
+#include "core/config/options.h"
+#include "core/model/partitioner.h"
+#include "core/model/variable.h"
 #include "gtest/gtest.h"
 #include "ps_shm/memory_placer.h"
 #include "ps_shm/param_store.h"
@@ -279,7 +279,7 @@ TEST(ShmStoreTest, VersionCountsPushes) {
 }
 
 // Textbook Adam in double precision, in the "epsilon hat" form documented in
-// core/optimizer.h, with t counted per parameter from 1.
+// core/model/optimizer.h, with t counted per parameter from 1.
 class ReferenceAdam {
  public:
   ReferenceAdam(const OptimizerOptions& o, std::vector<float> initial)

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "core/mutex.h"
+#include "core/base/mutex.h"
 #include "gtest/gtest.h"
 #include "ps_shm/param_store.h"
 #include "ps_shm/shm_store.h"

@@ -17,7 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "core/optimizer.h"
+#include "core/model/optimizer.h"
 #include "gtest/gtest.h"
 #include "test_config.h"
 #include "ps_shm/shm_store.h"

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "core/mutex.h"
+#include "core/base/mutex.h"
 #include "gtest/gtest.h"
 
 namespace shardwild {
@@ -21,7 +21,7 @@ namespace {
 // microseconds; a broken one makes the test fail instead of hang.
 constexpr absl::Duration kGuard = absl::Seconds(30);
 
-// A one-shot event on core/mutex.h (absl::Notification is not visible to TSan
+// A one-shot event on core/base/mutex.h (absl::Notification is not visible to TSan
 // in Debian's build).
 class Gate {
  public:

@@ -16,7 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "core/mutex.h"
+#include "core/base/mutex.h"
 #include "gtest/gtest.h"
 
 namespace shardwild {

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "core/model.h"
+#include "core/model/model.h"
 #include "oneapi/dnnl/dnnl.h"
 #include "ps_shm/shm_store.h"
 #include "workers/replicated_store.h"

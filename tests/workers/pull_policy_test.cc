@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "core/model.h"
-#include "core/options.h"
+#include "core/model/model.h"
+#include "core/config/options.h"
 #include "gtest/gtest.h"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "ps_shm/shm_store.h"

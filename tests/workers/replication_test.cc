@@ -11,8 +11,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/config.h"
-#include "core/partitioner.h"
+#include "core/config/config.h"
+#include "core/model/partitioner.h"
 #include "gtest/gtest.h"
 #include "ps_shm/shm_store.h"
 #include "workers/job.h"

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "core/model.h"
-#include "core/options.h"
+#include "core/model/model.h"
+#include "core/config/options.h"
 #include "gtest/gtest.h"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "ps_shm/shm_store.h"

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/config.h"
-#include "core/data_gen.h"
+#include "core/config/config.h"
+#include "core/data/data_gen.h"
 #include "gtest/gtest.h"
 #include "workers/job.h"
 #include "workers/progress.h"

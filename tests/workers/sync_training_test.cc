@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/config.h"
-#include "core/partitioner.h"
+#include "core/config/config.h"
+#include "core/model/partitioner.h"
 #include "gtest/gtest.h"
 #include "tests/workers/test_config.h"
 #include "workers/job.h"

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/config.h"
+#include "core/config/config.h"
 
 namespace shardwild::testdata {
 

@@ -1,0 +1,166 @@
+// Dense layer and MLP step throughput, next to the sgemm peak measured in the
+// same binary run (BM_Sgemm). Compare the FLOP/s counters of the two. Also
+// the sparse models' memory-bound kernels (EmbeddingBag, dot interaction),
+// reported in bytes/s.
+//
+//   build/bench/core/model/dense_benchmark --benchmark_counters_tabular=true
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "core/model/layers.h"
+#include "core/model/model.h"
+#include "core/model/sparse_layers.h"
+#include "oneapi/dnnl/dnnl.h"
+
+namespace shardwild {
+namespace {
+
+// The bound: a square sgemm, single-threaded as a worker's primitives run.
+void BM_Sgemm(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  for (auto _ : state) {
+    dnnl_sgemm('N', 'N', n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.counters["FLOP/s"] = benchmark::Counter(2.0 * n * n * n, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Sgemm)->ArgName("size")->Arg(256)->Arg(1024);
+
+// One Dense layer, forward + backward, at the default model's shapes.
+void BM_DenseForwardBackward(benchmark::State& state) {
+  const int64_t batch = state.range(0), in = state.range(1), out = state.range(2);
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  std::vector<float> x(batch * in, 0.1f), y(batch * out), w(in * out, 0.01f), b(out), dy(batch * out, 0.01f),
+      dx(batch * in), dw(in * out), db(out);
+  DenseLayer::Buffers buf{x.data(), y.data(), w.data(), b.data(), dy.data(), dx.data(), dw.data(), db.data()};
+  auto layer = DenseLayer::Create(engine, batch, in, out, Activation::kRelu, buf);
+  if (!layer.ok()) {
+    state.SkipWithError(std::string(layer.status().message()).c_str());
+    return;
+  }
+  for (auto _ : state) {
+    (*layer)->Forward(stream);
+    (*layer)->Backward(stream);
+  }
+  state.counters["FLOP/s"] = benchmark::Counter((*layer)->ForwardFlops() + (*layer)->BackwardFlops(),
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_DenseForwardBackward)->ArgNames({"batch", "in", "out"})->Args({128, 784, 256})->Args({128, 256, 128});
+
+// The default MLP's full step (forward, loss, backward), no store.
+void BM_MlpStep(benchmark::State& state) {
+  const int64_t batch = state.range(0);
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  ModelOptions opts;
+  opts.layers = {{"dense", 256, Activation::kRelu}, {"dense", 128, Activation::kRelu}, {"dense", 10, Activation::kNone}};
+  Dataset data;
+  data.count = batch;
+  data.dense_dim = 784;
+  data.num_classes = 10;
+  data.dense.assign(batch * 784, 0.5f);
+  for (int64_t i = 0; i < batch; ++i) data.labels.push_back(static_cast<int32_t>(i % 10));
+  auto mlp = Model::Create(opts, DataShape::Of(data), batch, engine, 1);
+  if (!mlp.ok()) {
+    state.SkipWithError(std::string(mlp.status().message()).c_str());
+    return;
+  }
+  (*mlp)->LoadRange(data, 0, batch);
+  for (auto _ : state) {
+    (*mlp)->Forward(/*training=*/true, stream);
+    benchmark::DoNotOptimize((*mlp)->Backward(batch, stream));
+  }
+  state.counters["FLOP/s"] = benchmark::Counter((*mlp)->ForwardFlops() + (*mlp)->BackwardFlops(),
+                                                benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["samples/s"] = benchmark::Counter(batch, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_MlpStep)->ArgName("batch")->Arg(128)->Arg(256);
+
+// Bags of `bag` ids each, every row pulled for the batch (distinct rows, as
+// in the model's pulled-rows buffer). Bytes: the rows read and the pooled
+// output written (forward), the pooled gradient read and the row gradients
+// written (backward).
+struct BagData {
+  int64_t dim, bag, batch;
+  std::vector<float> rows, out, drows;
+  std::vector<int64_t> offsets;
+  BagData(int64_t d, int64_t b, int64_t n)
+      : dim(d), bag(b), batch(n), rows(n * b * d, 0.5f), out(n * d, 0.0f), drows(n * b * d), offsets(n + 1) {
+    for (int64_t i = 0; i <= n; ++i) offsets[i] = i * b;
+  }
+  int64_t Bytes() const { return static_cast<int64_t>((rows.size() + out.size()) * sizeof(float)); }
+};
+
+void BM_EmbeddingBagSum(benchmark::State& state) {
+  BagData d(state.range(0), state.range(1), state.range(2));
+  for (auto _ : state) {
+    EmbeddingBagForward(d.rows.data(), d.dim, d.offsets.data(), nullptr, d.batch, Pooling::kSum, d.out.data(), d.dim);
+    benchmark::DoNotOptimize(d.out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * d.Bytes());
+  state.SetItemsProcessed(state.iterations() * d.batch * d.bag);  // ids pooled
+}
+BENCHMARK(BM_EmbeddingBagSum)
+    ->ArgNames({"dim", "bag", "batch"})
+    ->Args({16, 1, 2048})
+    ->Args({16, 8, 2048})
+    ->Args({64, 1, 2048})
+    ->Args({64, 32, 256});
+
+void BM_EmbeddingBagSumBackward(benchmark::State& state) {
+  BagData d(state.range(0), state.range(1), state.range(2));
+  for (auto _ : state) {
+    EmbeddingBagBackward(d.out.data(), d.dim, d.dim, d.offsets.data(), nullptr, d.batch, d.batch, Pooling::kSum,
+                         d.drows.data());
+    benchmark::DoNotOptimize(d.drows.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * d.Bytes());
+  state.SetItemsProcessed(state.iterations() * d.batch * d.bag);
+}
+BENCHMARK(BM_EmbeddingBagSumBackward)->ArgNames({"dim", "bag", "batch"})->Args({16, 1, 2048})->Args({64, 32, 256});
+
+// DLRM's interaction: n vectors of width d per sample (the Criteo model: the
+// bottom output and 26 embeddings, d 16), the dense vector kept. Bytes: z
+// read and the interaction written (forward); z and the output gradient
+// read and dz written (backward).
+void BM_DotInteraction(benchmark::State& state) {
+  const int64_t n = state.range(0), d = state.range(1), batch = state.range(2);
+  const int64_t width = DotInteractionWidth(n, d, /*with_first=*/true);
+  std::vector<float> z(batch * n * d, 0.25f), out(batch * width);
+  for (auto _ : state) {
+    DotInteractionForward(z.data(), batch, n, d, /*with_first=*/true, out.data(), width);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>((z.size() + out.size()) * sizeof(float)));
+  state.SetItemsProcessed(state.iterations() * batch);  // samples
+  state.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * batch * d * (n * (n - 1) / 2), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_DotInteraction)->ArgNames({"n", "d", "batch"})->Args({27, 16, 2048})->Args({9, 64, 2048});
+
+void BM_DotInteractionBackward(benchmark::State& state) {
+  const int64_t n = state.range(0), d = state.range(1), batch = state.range(2);
+  const int64_t width = DotInteractionWidth(n, d, /*with_first=*/true);
+  std::vector<float> z(batch * n * d, 0.25f), dout(batch * width, 0.5f), dz(batch * n * d);
+  for (auto _ : state) {
+    DotInteractionBackward(z.data(), dout.data(), width, batch, n, d, /*with_first=*/true, dz.data());
+    benchmark::DoNotOptimize(dz.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() *
+                          static_cast<int64_t>((2 * z.size() + dout.size()) * sizeof(float)));
+  state.SetItemsProcessed(state.iterations() * batch);
+  state.counters["FLOP/s"] =
+      benchmark::Counter(4.0 * batch * d * (n * (n - 1) / 2), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_DotInteractionBackward)->ArgNames({"n", "d", "batch"})->Args({27, 16, 2048})->Args({9, 64, 2048});
+
+}  // namespace
+}  // namespace shardwild

@@ -1,0 +1,695 @@
+#include "core/config/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+#include <type_traits>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "core/base/status.h"
+
+namespace shardwild {
+namespace {
+
+// Where a node came from, for messages: "file:line:col" or "--set key=value".
+class Locator {
+ public:
+  Locator(std::string source, std::map<std::string, std::string> overridden)
+      : source_(std::move(source)), overridden_(std::move(overridden)) {}
+
+  std::string Where(const std::string& key, const YAML::Node& node) const {
+    // The longest overridden prefix of `key` wins: its node came from --set.
+    for (std::string k = key;; ) {
+      auto it = overridden_.find(k);
+      if (it != overridden_.end()) return absl::StrCat("--set ", it->second);
+      const size_t dot = k.find_last_of(".[");
+      if (dot == std::string::npos) break;
+      k.resize(dot);
+    }
+    if (node.IsDefined() && node.Mark().line >= 0) {
+      return absl::StrCat(source_, ":", node.Mark().line + 1, ":", node.Mark().column + 1);
+    }
+    return source_;
+  }
+
+  absl::Status Error(const std::string& key, const YAML::Node& node, const std::string& what) const {
+    return absl::InvalidArgumentError(absl::StrCat(Where(key, node), ": ", key, ": ", what));
+  }
+
+ private:
+  std::string source_;
+  std::map<std::string, std::string> overridden_;  // parser key -> "key=value" as given to --set
+};
+
+std::string Describe(const YAML::Node& node) {
+  if (node.IsScalar()) return absl::StrCat("'", node.Scalar(), "'");
+  if (node.IsSequence()) return "a list";
+  if (node.IsMap()) return "a mapping";
+  return "nothing";
+}
+
+// A leaf parser: reads `node` into its target or returns what was expected.
+using LeafParser = std::function<absl::Status(const std::string& key, const YAML::Node& node, const Locator& loc)>;
+
+// An integer of type T; unsigned types reject negative numbers.
+template <typename T>
+LeafParser Integer(T* out) {
+  return [out](const std::string& key, const YAML::Node& node, const Locator& loc) {
+    T v = 0;
+    if (!node.IsScalar() || !absl::SimpleAtoi(node.Scalar(), &v)) {
+      return loc.Error(key, node, absl::StrCat(std::is_unsigned_v<T> ? "expected a non-negative integer, got "
+                                                                     : "expected an integer, got ",
+                                               Describe(node)));
+    }
+    *out = v;
+    return absl::OkStatus();
+  };
+}
+LeafParser Int64(int64_t* out) { return Integer(out); }
+LeafParser Int(int* out) { return Integer(out); }
+LeafParser Uint64(uint64_t* out) { return Integer(out); }
+
+// An integer, or the word "auto" (stored as 0).
+LeafParser IntOrAuto(int* out) {
+  return [out](const std::string& key, const YAML::Node& node, const Locator& loc) {
+    int v = 0;
+    if (node.IsScalar() && node.Scalar() == "auto") {
+      *out = 0;
+      return absl::OkStatus();
+    }
+    if (!node.IsScalar() || !absl::SimpleAtoi(node.Scalar(), &v) || v < 1) {
+      return loc.Error(key, node, absl::StrCat("expected a positive integer or 'auto', got ", Describe(node)));
+    }
+    *out = v;
+    return absl::OkStatus();
+  };
+}
+
+template <typename T>
+LeafParser Real(T* out) {
+  return [out](const std::string& key, const YAML::Node& node, const Locator& loc) {
+    double v = 0;
+    if (!node.IsScalar() || !absl::SimpleAtod(node.Scalar(), &v) || !std::isfinite(v)) {
+      return loc.Error(key, node, absl::StrCat("expected a number, got ", Describe(node)));
+    }
+    *out = static_cast<T>(v);
+    return absl::OkStatus();
+  };
+}
+
+LeafParser Bool(bool* out) {
+  return [out](const std::string& key, const YAML::Node& node, const Locator& loc) {
+    const std::string s = node.IsScalar() ? absl::AsciiStrToLower(node.Scalar()) : "";
+    if (s == "true" || s == "yes" || s == "on") {
+      *out = true;
+    } else if (s == "false" || s == "no" || s == "off") {
+      *out = false;
+    } else {
+      return loc.Error(key, node, absl::StrCat("expected true or false, got ", Describe(node)));
+    }
+    return absl::OkStatus();
+  };
+}
+
+LeafParser String(std::string* out) {
+  return [out](const std::string& key, const YAML::Node& node, const Locator& loc) {
+    if (!node.IsScalar()) return loc.Error(key, node, absl::StrCat("expected a string, got ", Describe(node)));
+    *out = node.Scalar();
+    return absl::OkStatus();
+  };
+}
+
+template <typename E>
+LeafParser Enum(E* out, std::vector<std::pair<std::string, E>> choices) {
+  return [out, choices](const std::string& key, const YAML::Node& node, const Locator& loc) {
+    if (node.IsScalar()) {
+      for (const auto& [name, value] : choices) {
+        if (node.Scalar() == name) {
+          *out = value;
+          return absl::OkStatus();
+        }
+      }
+    }
+    std::vector<std::string> names;
+    for (const auto& c : choices) names.push_back(c.first);
+    return loc.Error(key, node, absl::StrCat("expected one of ", absl::StrJoin(names, ", "), "; got ", Describe(node)));
+  };
+}
+
+// A mapping section: named leaves and sub-sections. Unknown keys are errors.
+struct Section {
+  std::map<std::string, LeafParser> leaves;
+  std::map<std::string, std::function<absl::Status(const std::string&, const YAML::Node&, const Locator&)>> custom;
+
+  absl::Status Parse(const std::string& prefix, const YAML::Node& node, const Locator& loc) const {
+    if (!node.IsMap()) return loc.Error(prefix, node, absl::StrCat("expected a mapping, got ", Describe(node)));
+    for (const auto& kv : node) {
+      const std::string name = kv.first.Scalar();
+      const std::string key = prefix.empty() ? name : absl::StrCat(prefix, ".", name);
+      if (auto it = leaves.find(name); it != leaves.end()) {
+        SW_RETURN_IF_ERROR(it->second(key, kv.second, loc));
+      } else if (auto ct = custom.find(name); ct != custom.end()) {
+        SW_RETURN_IF_ERROR(ct->second(key, kv.second, loc));
+      } else {
+        std::vector<std::string> known;
+        for (const auto& l : leaves) known.push_back(l.first);
+        for (const auto& c : custom) known.push_back(c.first);
+        return absl::InvalidArgumentError(absl::StrCat(loc.Where(key, kv.first), ": unknown key '", key,
+                                                       "' (expected one of: ", absl::StrJoin(known, ", "), ")"));
+      }
+    }
+    return absl::OkStatus();
+  }
+};
+
+absl::Status ParseLayers(const std::string& key, const YAML::Node& node, const Locator& loc,
+                         std::vector<LayerOptions>* layers) {
+  if (!node.IsSequence()) return loc.Error(key, node, absl::StrCat("expected a list of layers, got ", Describe(node)));
+  layers->clear();
+  for (size_t i = 0; i < node.size(); ++i) {
+    LayerOptions layer;
+    Section s;
+    s.leaves["type"] = String(&layer.type);
+    s.leaves["units"] = [&layer](const std::string& k, const YAML::Node& n, const Locator& l) -> absl::Status {
+      if (n.IsScalar() && n.Scalar() == "auto") {
+        layer.units = 0;  // the head's outputs; allowed on the top tower's last layer (ModelOptions::Validate)
+        return absl::OkStatus();
+      }
+      return Int64(&layer.units)(k, n, l);
+    };
+    s.leaves["activation"] = Enum(&layer.activation, {{"none", Activation::kNone},
+                                                      {"relu", Activation::kRelu},
+                                                      {"sigmoid", Activation::kSigmoid},
+                                                      {"tanh", Activation::kTanh}});
+    s.leaves["dropout"] = Real(&layer.dropout);
+    SW_RETURN_IF_ERROR(s.Parse(absl::StrCat(key, "[", i, "]"), node[i], loc));
+    layers->push_back(layer);
+  }
+  return absl::OkStatus();
+}
+
+// A list of strings (or one string, a list of one).
+absl::Status ParseStrings(const std::string& key, const YAML::Node& node, const Locator& loc,
+                          std::vector<std::string>* out) {
+  out->clear();
+  if (node.IsScalar()) {
+    out->push_back(node.Scalar());
+    return absl::OkStatus();
+  }
+  if (!node.IsSequence()) return loc.Error(key, node, absl::StrCat("expected a list of names, got ", Describe(node)));
+  for (size_t i = 0; i < node.size(); ++i) {
+    if (!node[i].IsScalar()) {
+      return loc.Error(absl::StrCat(key, "[", i, "]"), node[i], absl::StrCat("expected a name, got ", Describe(node[i])));
+    }
+    out->push_back(node[i].Scalar());
+  }
+  return absl::OkStatus();
+}
+
+// The leaves of a table's own settings (model.tables[i], or inline in a
+// model.sparse[i] entry) into `t`.
+void AddTableLeaves(Section* s, TableOptions* t) {
+  s->leaves["rows"] = Int64(&t->rows);
+  s->leaves["dim"] = Int64(&t->dim);
+  s->custom["kind"] = [t](const std::string& k, const YAML::Node& n, const Locator& l) {
+    return Enum(&t->dynamic, {{"static", false}, {"dynamic", true}})(k, n, l);
+  };
+  s->custom["on_full"] = [t](const std::string& k, const YAML::Node& n, const Locator& l) {
+    return Enum(&t->evict_lru, {{"error", false}, {"evict_lru", true}})(k, n, l);
+  };
+  s->leaves["init_scale"] = Real(&t->init_scale);
+}
+
+absl::Status ParseTables(const std::string& key, const YAML::Node& node, const Locator& loc,
+                         std::vector<TableOptions>* tables) {
+  if (!node.IsSequence()) return loc.Error(key, node, absl::StrCat("expected a list of tables, got ", Describe(node)));
+  for (size_t i = 0; i < node.size(); ++i) {
+    TableOptions t;
+    Section s;
+    s.leaves["name"] = String(&t.name);
+    AddTableLeaves(&s, &t);
+    SW_RETURN_IF_ERROR(s.Parse(absl::StrCat(key, "[", i, "]"), node[i], loc));
+    if (t.name.empty()) return loc.Error(absl::StrCat(key, "[", i, "].name"), node[i], "is required");
+    tables->push_back(t);
+  }
+  return absl::OkStatus();
+}
+
+// model.sparse: each entry names one field (`field`) or several (`fields`,
+// each its own feature), and either a shared table (`table`) or its own
+// table's settings inline (rows, dim, kind, on_full, init_scale): then each
+// field gets a table named after it.
+absl::Status ParseSparse(const std::string& key, const YAML::Node& node, const Locator& loc, ModelOptions* model) {
+  if (!node.IsSequence()) return loc.Error(key, node, absl::StrCat("expected a list of sparse features, got ", Describe(node)));
+  for (size_t i = 0; i < node.size(); ++i) {
+    const std::string item = absl::StrCat(key, "[", i, "]");
+    SparseFeatureOptions f;
+    TableOptions own;
+    std::vector<std::string> fields;
+    bool inline_table = false;
+    Section s;
+    s.custom["field"] = [&fields](const std::string& k, const YAML::Node& n, const Locator& l) {
+      if (!n.IsScalar()) return l.Error(k, n, absl::StrCat("expected a field name, got ", Describe(n)));
+      fields = {n.Scalar()};
+      return absl::OkStatus();
+    };
+    s.custom["fields"] = [&fields](const std::string& k, const YAML::Node& n, const Locator& l) {
+      return ParseStrings(k, n, l, &fields);
+    };
+    s.leaves["table"] = String(&f.table);
+    s.leaves["pooling"] = Enum(&f.pooling, {{"sum", Pooling::kSum}, {"mean", Pooling::kMean}});
+    s.leaves["weighted"] = Bool(&f.weighted);
+    Section table_keys;
+    AddTableLeaves(&table_keys, &own);
+    // (Copies, not structured bindings: older clang can't capture those.)
+    for (const auto& entry : table_keys.leaves) {
+      const LeafParser parser = entry.second;
+      s.custom[entry.first] = [&inline_table, parser](const std::string& k, const YAML::Node& n, const Locator& l) {
+        inline_table = true;
+        return parser(k, n, l);
+      };
+    }
+    for (const auto& entry : table_keys.custom) {
+      const auto parser = entry.second;
+      s.custom[entry.first] = [&inline_table, parser](const std::string& k, const YAML::Node& n, const Locator& l) {
+        inline_table = true;
+        return parser(k, n, l);
+      };
+    }
+    SW_RETURN_IF_ERROR(s.Parse(item, node[i], loc));
+    if (fields.empty()) return loc.Error(item, node[i], "needs `field` or `fields`");
+    if (inline_table && !f.table.empty()) {
+      return loc.Error(item + ".table", node[i]["table"],
+                       "give either a shared `table` or this feature's own table settings (rows, dim, ...), not both");
+    }
+    if (f.table.empty() && !inline_table) {
+      return loc.Error(item, node[i], "needs a `table` (from model.tables) or its own `rows` and `dim`");
+    }
+    for (const std::string& name : fields) {
+      SparseFeatureOptions g = f;
+      g.field = name;
+      if (inline_table) {
+        TableOptions t = own;
+        t.name = name;
+        g.table = name;
+        model->tables.push_back(t);
+      }
+      model->sparse.push_back(g);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// optimizer.decay_epochs and optimizer.warmup_epochs (also under
+// optimizer.sparse): read as numbers while parsing, turned into fractions of
+// the run (decay_every, warmup) once the whole config, and so train.epochs,
+// has been read.
+struct EpochKeys {
+  struct Pending {
+    std::string key;           // "optimizer.decay_epochs"
+    std::string fraction_key;  // "optimizer.decay_every"
+    YAML::Node node;
+    double epochs = 0;
+    bool warmup = false;       // [0, epochs) rather than (0, epochs]
+    double* fraction = nullptr;
+  };
+  std::vector<Pending> pending;
+  std::set<std::string> fractions_given;  // decay_every / warmup keys given
+
+  // A leaf for decay_every or warmup that remembers it was given.
+  LeafParser Fraction(double* out) {
+    return [this, inner = Real(out)](const std::string& key, const YAML::Node& node, const Locator& loc) {
+      fractions_given.insert(key);
+      return inner(key, node, loc);
+    };
+  }
+  // `<name>_epochs`, stored in `out` as a fraction of the run by Resolve.
+  LeafParser Epochs(const char* fraction_name, bool warmup, double* out) {
+    return [this, fraction_name, warmup, out](const std::string& key, const YAML::Node& node, const Locator& loc) {
+      double v = 0;
+      SW_RETURN_IF_ERROR(Real(&v)(key, node, loc));
+      const std::string prefix = key.substr(0, key.rfind('.') + 1);
+      pending.push_back({key, prefix + fraction_name, node, v, warmup, out});
+      return absl::OkStatus();
+    };
+  }
+
+  absl::Status Resolve(int epochs, const Locator& loc) const {
+    for (const Pending& p : pending) {
+      if (fractions_given.count(p.fraction_key)) {
+        return loc.Error(p.key, p.node, absl::StrCat("give either ", p.key, " or ", p.fraction_key, ", not both"));
+      }
+      if (epochs < 1) continue;  // validation reports train.epochs
+      const bool ok = p.warmup ? (p.epochs >= 0 && p.epochs < epochs) : (p.epochs > 0 && p.epochs <= epochs);
+      if (!ok) {
+        return loc.Error(p.key, p.node, absl::StrCat("must be in ", p.warmup ? "[0, " : "(0, ", "train.epochs = ",
+                                                     epochs, p.warmup ? ")" : "]", ", got ", p.epochs));
+      }
+      *p.fraction = p.epochs / epochs;
+    }
+    return absl::OkStatus();
+  }
+};
+
+// The keys of an optimizer section (optimizer, optimizer.sparse) into `o`.
+void AddOptimizerLeaves(Section* s, OptimizerOptions* o, EpochKeys* epoch_keys) {
+  s->leaves["type"] = Enum(&o->type, {{"sgd", OptimizerType::kSgd},
+                                      {"momentum", OptimizerType::kMomentum},
+                                      {"adam", OptimizerType::kAdam},
+                                      {"adagrad", OptimizerType::kAdagrad},
+                                      {"rmsprop", OptimizerType::kRmsprop},
+                                      {"ftrl", OptimizerType::kFtrl}});
+  s->leaves["lr"] = Real(&o->lr);
+  s->leaves["momentum"] = Real(&o->momentum);
+  s->leaves["nesterov"] = Bool(&o->nesterov);
+  s->leaves["beta1"] = Real(&o->beta1);
+  s->leaves["beta2"] = Real(&o->beta2);
+  s->leaves["epsilon"] = Real(&o->epsilon);
+  s->leaves["initial_accumulator_value"] = Real(&o->initial_accumulator_value);
+  s->leaves["rho"] = Real(&o->rho);
+  s->leaves["l1"] = Real(&o->l1);
+  s->leaves["l2"] = Real(&o->l2);
+  s->leaves["schedule"] = Enum(&o->schedule, {{"constant", LrSchedule::kConstant},
+                                              {"cosine", LrSchedule::kCosine},
+                                              {"step", LrSchedule::kStep},
+                                              {"linear", LrSchedule::kLinear}});
+  s->leaves["final_lr"] = Real(&o->final_lr);
+  s->leaves["decay_rate"] = Real(&o->decay_rate);
+  s->leaves["decay_every"] = epoch_keys->Fraction(&o->decay_every);
+  s->leaves["decay_epochs"] = epoch_keys->Epochs("decay_every", /*warmup=*/false, &o->decay_every);
+  s->leaves["warmup"] = epoch_keys->Fraction(&o->warmup);
+  s->leaves["warmup_epochs"] = epoch_keys->Epochs("warmup", /*warmup=*/true, &o->warmup);
+  s->leaves["warmup_start_lr"] = Real(&o->warmup_start_lr);
+  s->leaves["loss_reduction"] = Enum(&o->loss_reduction, {{"sum_over_batch_size", LossReduction::kSumOverBatchSize},
+                                                          {"sum", LossReduction::kSum}});
+}
+
+absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
+  Section model;
+  model.leaves["input_dim"] = Int64(&c->model.input_dim);
+  model.leaves["loss"] = Enum(&c->model.loss, {{"softmax_cross_entropy", LossType::kSoftmaxCrossEntropy}});
+  auto top_layers = [c](const std::string& k, const YAML::Node& n, const Locator& l) -> absl::Status {
+    if (!c->model.layers.empty()) return l.Error(k, n, "give the top tower as either `layers` or `top`, not both");
+    return ParseLayers(k, n, l, &c->model.layers);
+  };
+  model.custom["layers"] = top_layers;
+  model.custom["top"] = top_layers;
+  model.custom["bottom"] = [c](const std::string& k, const YAML::Node& n, const Locator& l) {
+    return ParseLayers(k, n, l, &c->model.bottom);
+  };
+  model.custom["tables"] = [c](const std::string& k, const YAML::Node& n, const Locator& l) {
+    return ParseTables(k, n, l, &c->model.tables);
+  };
+  model.custom["sparse"] = [c](const std::string& k, const YAML::Node& n, const Locator& l) {
+    return ParseSparse(k, n, l, &c->model);
+  };
+  model.custom["wide"] = [c](const std::string& k, const YAML::Node& n, const Locator& l) {
+    return ParseStrings(k, n, l, &c->model.wide);
+  };
+  model.leaves["wide_rows"] = Int64(&c->model.wide_rows);
+  model.leaves["interaction"] = Enum(&c->model.interaction, {{"concat", Interaction::kConcat},
+                                                             {"dot", Interaction::kDot},
+                                                             {"dot_no_dense", Interaction::kDotNoDense}});
+  model.leaves["head"] = Enum(&c->model.head, {{"softmax", HeadType::kSoftmax},
+                                               {"binary", HeadType::kBinary},
+                                               {"regression", HeadType::kRegression}});
+
+  Section data;
+  data.leaves["format"] = Enum(&c->data.format, {{"idx", DataFormat::kIdx},
+                                                 {"criteo", DataFormat::kCriteo},
+                                                 {"libsvm", DataFormat::kLibsvm},
+                                                 {"text", DataFormat::kText},
+                                                 {"csv", DataFormat::kCsv}});
+  data.leaves["on_error"] = Enum(&c->data.on_error, {{"fail", OnBadRow::kFail}, {"skip", OnBadRow::kSkip}});
+  data.leaves["dense_transform"] = Enum(&c->data.dense_transform, {{"log1p", DenseTransform::kLog1p},
+                                                                   {"log3", DenseTransform::kLog3},
+                                                                   {"none", DenseTransform::kNone}});
+  data.leaves["cache"] = Bool(&c->data.cache);
+  data.leaves["cache_dir"] = String(&c->data.cache_dir);
+  data.leaves["reader_threads"] = Int(&c->data.reader_threads);
+  Section text;
+  text.leaves["word_ngrams"] = Int(&c->data.text.word_ngrams);
+  text.leaves["ngrams_field"] = Bool(&c->data.text.ngrams_field);
+  data.custom["text"] = [text](const std::string& k, const YAML::Node& n, const Locator& l) { return text.Parse(k, n, l); };
+  Section csv;
+  csv.leaves["label"] = String(&c->data.csv.label);
+  csv.custom["dense"] = [c](const std::string& k, const YAML::Node& n, const Locator& l) {
+    return ParseStrings(k, n, l, &c->data.csv.dense);
+  };
+  csv.custom["categorical"] = [c](const std::string& k, const YAML::Node& n, const Locator& l) {
+    return ParseStrings(k, n, l, &c->data.csv.categorical);
+  };
+  csv.leaves["delimiter"] = [c](const std::string& k, const YAML::Node& n, const Locator& l) -> absl::Status {
+    if (!n.IsScalar() || n.Scalar().size() != 1) {
+      return l.Error(k, n, absl::StrCat("expected one character, got ", Describe(n)));
+    }
+    c->data.csv.delimiter = n.Scalar()[0];
+    return absl::OkStatus();
+  };
+  data.custom["csv"] = [csv](const std::string& k, const YAML::Node& n, const Locator& l) { return csv.Parse(k, n, l); };
+  data.leaves["train"] = String(&c->data.train);
+  data.leaves["test"] = String(&c->data.test);
+  data.leaves["max_train_records"] = Int64(&c->data.max_train_records);
+  data.leaves["max_test_records"] = Int64(&c->data.max_test_records);
+  data.leaves["records_per_task"] = Int64(&c->data.records_per_task);
+
+  Section train;
+  train.leaves["workers"] = IntOrAuto(&c->train.workers);
+  train.leaves["intra_op_threads"] = IntOrAuto(&c->train.intra_op_threads);
+  train.leaves["epochs"] = Int(&c->train.epochs);
+  train.leaves["batch_size"] = Int64(&c->train.batch_size);
+  train.leaves["seed"] = Uint64(&c->train.seed);
+  train.leaves["pin_threads"] = Bool(&c->train.pin_threads);
+  train.leaves["log_every_s"] = Real(&c->train.log_every_s);
+  train.leaves["pull_every"] = Int(&c->train.pull_every);
+  train.leaves["worker_processes"] = Bool(&c->train.worker_processes);
+  train.leaves["restart_workers"] = Bool(&c->train.restart_workers);
+  train.leaves["task_timeout_s"] = Real(&c->train.task_timeout_s);
+  train.leaves["max_task_retries"] = Int(&c->train.max_task_retries);
+
+  Section opt;
+  EpochKeys epoch_keys;
+  AddOptimizerLeaves(&opt, &c->optimizer, &epoch_keys);
+  // optimizer.sparse: the embedding tables' own optimizer (every key as in
+  // optimizer; a key not given takes its default, not the dense value).
+  opt.custom["sparse"] = [c, &epoch_keys](const std::string& k, const YAML::Node& n, const Locator& l) {
+    c->sparse_optimizer.emplace();
+    Section sparse;
+    AddOptimizerLeaves(&sparse, &*c->sparse_optimizer, &epoch_keys);
+    return sparse.Parse(k, n, l);
+  };
+
+  Section ps;
+  ps.leaves["shards"] = IntOrAuto(&c->ps.shards);
+  ps.leaves["update"] = Enum(&c->ps.update, {{"hogwild", UpdateMode::kHogwild},
+                                             {"row_lock", UpdateMode::kRowLock},
+                                             {"sync", UpdateMode::kSync}});
+  ps.leaves["max_staleness"] = Int64(&c->ps.max_staleness);
+  ps.leaves["job_name"] = String(&c->ps.job_name);
+  ps.leaves["stale_segments"] = Enum(&c->ps.stale_segments, {{"remove", StaleSegmentPolicy::kRemove},
+                                                             {"report", StaleSegmentPolicy::kReport},
+                                                             {"fail", StaleSegmentPolicy::kFail}});
+  ps.leaves["huge_pages"] = Enum(&c->ps.huge_pages, {{"auto", HugePagePolicy::kAuto}, {"off", HugePagePolicy::kOff}});
+  ps.leaves["replication"] = Enum(&c->ps.replication, {{"per_machine", ReplicationPolicy::kPerMachine},
+                                                       {"per_node", ReplicationPolicy::kPerNode},
+                                                       {"per_core", ReplicationPolicy::kPerCore},
+                                                       {"auto", ReplicationPolicy::kAuto}});
+  ps.leaves["sync_every"] = Int64(&c->ps.sync_every);
+  Section partitioner;
+  partitioner.leaves["type"] = Enum(&c->ps.partitioner.kind, {{"fixed_shards", PartitionerOptions::Kind::kFixedShards},
+                                                              {"min_size", PartitionerOptions::Kind::kMinSize},
+                                                              {"max_size", PartitionerOptions::Kind::kMaxSize}});
+  partitioner.leaves["min_shard_bytes"] = Int64(&c->ps.partitioner.min_shard_bytes);
+  partitioner.leaves["max_shard_bytes"] = Int64(&c->ps.partitioner.max_shard_bytes);
+  partitioner.leaves["max_shards"] = Int(&c->ps.partitioner.max_shards);
+  ps.custom["partitioner"] = [&partitioner](const std::string& k, const YAML::Node& n, const Locator& l) {
+    return partitioner.Parse(k, n, l);
+  };
+
+  Section bench;
+  bench.leaves["warmup_steps"] = Int64(&c->bench.warmup_steps);
+  bench.leaves["steps"] = Int64(&c->bench.steps);
+  bench.leaves["peak_seconds"] = Real(&c->bench.peak_seconds);
+
+  Section ckpt;
+  ckpt.leaves["dir"] = String(&c->checkpoint.dir);
+  ckpt.leaves["every_steps"] = Int64(&c->checkpoint.every_steps);
+  ckpt.leaves["every_epochs"] = Int(&c->checkpoint.every_epochs);
+  ckpt.leaves["keep"] = Int(&c->checkpoint.keep);
+
+  Section eval;
+  eval.leaves["every_epochs"] = Int(&c->eval.every_epochs);
+  eval.leaves["every_steps"] = Int64(&c->eval.every_steps);
+  eval.leaves["sidecar"] = Bool(&c->eval.sidecar);
+
+  Section metrics;
+  metrics.leaves["jsonl"] = String(&c->metrics.jsonl);
+  metrics.leaves["tensorboard"] = String(&c->metrics.tensorboard);
+
+  Section early;
+  early.leaves["monitor"] = String(&c->early_stopping.monitor);
+  early.leaves["mode"] = String(&c->early_stopping.mode);
+  early.leaves["min_delta"] = Real(&c->early_stopping.min_delta);
+  early.leaves["patience"] = Int(&c->early_stopping.patience);
+
+  Section topo;
+  topo.leaves["synthetic"] = String(&c->topology.synthetic);
+  topo.leaves["xml"] = String(&c->topology.xml);
+
+  Section cluster;
+  cluster.leaves["bind_host"] = String(&c->cluster.bind_host);
+  cluster.leaves["token_file"] = String(&c->cluster.token_file);
+  cluster.leaves["tls_cert_file"] = String(&c->cluster.tls_cert_file);
+  cluster.leaves["tls_key_file"] = String(&c->cluster.tls_key_file);
+  cluster.leaves["tls_ca_file"] = String(&c->cluster.tls_ca_file);
+  cluster.leaves["deadline_s"] = Real(&c->cluster.deadline_s);
+  cluster.leaves["keepalive_s"] = Real(&c->cluster.keepalive_s);
+  cluster.leaves["max_attempts"] = Int(&c->cluster.max_attempts);
+  cluster.leaves["initial_backoff_s"] = Real(&c->cluster.initial_backoff_s);
+  cluster.leaves["max_backoff_s"] = Real(&c->cluster.max_backoff_s);
+  cluster.leaves["max_message_bytes"] = Int64(&c->cluster.max_message_bytes);
+  cluster.leaves["compression"] = Enum(&c->cluster.compression, {{"none", GradientCompression::kNone},
+                                                                 {"bf16", GradientCompression::kBf16},
+                                                                 {"fp16", GradientCompression::kFp16}});
+
+  Section top;
+  auto sub = [](const Section& s) {
+    return [&s](const std::string& k, const YAML::Node& n, const Locator& l) { return s.Parse(k, n, l); };
+  };
+  top.custom["model"] = sub(model);
+  top.custom["data"] = sub(data);
+  top.custom["train"] = sub(train);
+  top.custom["optimizer"] = sub(opt);
+  top.custom["ps"] = sub(ps);
+  top.custom["bench"] = sub(bench);
+  top.custom["topology"] = sub(topo);
+  top.custom["checkpoint"] = sub(ckpt);
+  top.custom["metrics"] = sub(metrics);
+  top.custom["eval"] = sub(eval);
+  top.custom["early_stopping"] = sub(early);
+  top.custom["cluster"] = sub(cluster);
+  SW_RETURN_IF_ERROR(top.Parse("", root, loc));
+  return epoch_keys.Resolve(c->train.epochs, loc);
+}
+
+// Sets root[path] = value, creating mappings on the way. List items are
+// addressed by a numeric segment.
+absl::Status ApplyOverride(YAML::Node root, const ConfigOverride& o) {
+  YAML::Node value;
+  try {
+    value = YAML::Load(o.value);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("--set ", o.key, "=", o.value, ": not a valid YAML value: ", e.msg));
+  }
+  if (!value.IsDefined() || value.IsNull()) value = YAML::Node(o.value);
+  std::vector<std::string> parts = absl::StrSplit(o.key, '.');
+  // yaml-cpp nodes are handles: assigning through a copy writes into the tree,
+  // but operator= on a handle rebinds, so walk with reset().
+  YAML::Node cur;
+  cur.reset(root);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const std::string& p = parts[i];
+    if (p.empty()) return absl::InvalidArgumentError(absl::StrCat("--set ", o.key, ": empty key segment"));
+    const bool last = i + 1 == parts.size();
+    YAML::Node next;
+    size_t idx = 0;
+    if (cur.IsSequence() && absl::SimpleAtoi(p, &idx)) {
+      if (idx >= cur.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("--set ", o.key, ": index ", idx, " is out of range (the list has ",
+                                                       cur.size(), " items)"));
+      }
+      if (last) {
+        cur[idx] = value;
+        return absl::OkStatus();
+      }
+      next.reset(cur[idx]);
+    } else {
+      if (!cur.IsMap() && !cur.IsNull() && cur.IsDefined()) {
+        return absl::InvalidArgumentError(absl::StrCat("--set ", o.key, ": '", parts[i - 1], "' is not a mapping"));
+      }
+      if (last) {
+        cur[p] = value;
+        return absl::OkStatus();
+      }
+      if (!cur[p].IsDefined() || cur[p].IsNull()) cur[p] = YAML::Node(YAML::NodeType::Map);
+      next.reset(cur[p]);
+    }
+    cur.reset(next);
+  }
+  return absl::OkStatus();
+}
+
+std::string DottedToKey(const std::string& dotted) {
+  // "model.layers.1.units" -> "model.layers[1].units", matching parser keys.
+  std::vector<std::string> parts = absl::StrSplit(dotted, '.');
+  std::string out;
+  for (const auto& p : parts) {
+    size_t idx;
+    if (!out.empty() && absl::SimpleAtoi(p, &idx)) {
+      absl::StrAppend(&out, "[", p, "]");
+    } else {
+      absl::StrAppend(&out, out.empty() ? "" : ".", p);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<ConfigOverride> ParseOverride(const std::string& text) {
+  const size_t eq = text.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--set ", text, ": expected key=value (for example train.workers=2)"));
+  }
+  return ConfigOverride{text.substr(0, eq), text.substr(eq + 1)};
+}
+
+absl::StatusOr<Config> LoadConfigFromString(const std::string& yaml, const std::string& source_name,
+                                            const std::vector<ConfigOverride>& overrides) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::ParserException& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name, ":", e.mark.line + 1, ":", e.mark.column + 1, ": invalid YAML: ", e.msg));
+  }
+  if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  std::map<std::string, std::string> overridden;
+  for (const ConfigOverride& o : overrides) {
+    SW_RETURN_IF_ERROR(ApplyOverride(root, o));
+    overridden[DottedToKey(o.key)] = absl::StrCat(o.key, "=", o.value);
+  }
+  Locator loc(source_name, overridden);
+  Config config;
+  config.source = source_name;
+  try {
+    SW_RETURN_IF_ERROR(ParseRoot(root, loc, &config));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", e.what()));
+  }
+  absl::Status valid = config.Validate();
+  if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", valid.message()));
+  return config;
+}
+
+absl::StatusOr<Config> LoadConfig(const std::string& path, const std::vector<ConfigOverride>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open config file: ", std::strerror(errno)));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return LoadConfigFromString(ss.str(), path, overrides);
+}
+
+}  // namespace shardwild

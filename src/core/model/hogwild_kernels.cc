@@ -1,0 +1,444 @@
+// The Hogwild kernels (hogwild_kernels.h), written once with Google Highway
+// and compiled for every x86 target Highway can reach, scalar included, so
+// that each can be tested and timed on the same machine.
+//
+// Each optimizer is a functor whose operator() updates the lanes of one
+// vector at index i; Run() drives it over whole vectors and then over the
+// tail one lane at a time (a 1-lane tag), so no load or store ever touches
+// memory past n, on any target.
+//
+// Bit-identical on every target: each formula is evaluated in the order
+// optimizer.h writes it, with separate multiplies and adds (no fused
+// multiply-add, which SSE4 lacks and which rounds once instead of twice) and
+// IEEE division and square root. So a run gives the same parameters on an
+// AVX-512 server and an SSE4 laptop, and sync mode stays reproducible
+// across machines; the memory-bound kernels lose nothing by it.
+
+// This file includes itself once per target (Highway's foreach_target), for
+// every attainable one, scalar too (HWY_COMPILE_ALL_ATTAINABLE, set in
+// CMakeLists.txt): tests compare each with the reference.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "core/model/hogwild_kernels.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/cache_control.h"
+#include "hwy/highway.h"
+
+#include "core/model/hogwild_kernels.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace shardwild {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Stores new parameters to p and, where the update is fused with a pull,
+// to the caller's copy pc too.
+template <bool kCopy, class D, class V>
+HWY_INLINE void StoreParams(D d, V vp, float* p, float* pc, int64_t i) {
+  hn::StoreU(vp, d, p + i);
+  if constexpr (kCopy) hn::StoreU(vp, d, pc + i);
+}
+
+// Applies op at every index of [0, n): whole vectors, then single lanes.
+template <class Op>
+HWY_INLINE void Run(const Op& op, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) op(d, i);
+  const hn::CappedTag<float, 1> d1;
+  for (; i < n; ++i) op(d1, i);
+}
+
+template <bool kCopy>
+struct SgdOp {
+  float lr;
+  float* p;
+  float* pc;  // the fused pull's copy (kCopy)
+  const float* g;
+  template <class D>
+  HWY_INLINE void operator()(D d, int64_t i) const {
+    const auto vp = hn::LoadU(d, p + i);
+    StoreParams<kCopy>(d, hn::Sub(vp, hn::Mul(hn::Set(d, lr), hn::LoadU(d, g + i))), p, pc, i);
+  }
+};
+
+// v = mu v + g;  p -= lr v  (nesterov: p -= lr (g + mu v))
+template <bool kCopy>
+struct MomentumOp {
+  float lr, mu;
+  bool nesterov;
+  float* p;
+  float* pc;  // the fused pull's copy (kCopy)
+  float* v;
+  const float* g;
+  template <class D>
+  HWY_INLINE void operator()(D d, int64_t i) const {
+    const auto vg = hn::LoadU(d, g + i);
+    const auto vmu = hn::Set(d, mu);
+    const auto vv = hn::Add(hn::Mul(vmu, hn::LoadU(d, v + i)), vg);
+    const auto step = nesterov ? hn::Add(vg, hn::Mul(vmu, vv)) : vv;
+    const auto vp = hn::Sub(hn::LoadU(d, p + i), hn::Mul(hn::Set(d, lr), step));
+    hn::StoreU(vv, d, v + i);
+    StoreParams<kCopy>(d, vp, p, pc, i);
+  }
+};
+
+// m = b1 m + (1-b1) g;  v = max(b2 v + (1-b2) g^2, (|m| inv_bound)^2);
+// p -= alpha m / (sqrt(v) + eps_hat)   (optimizer.h: the Hogwild repair)
+template <bool kCopy>
+struct AdamOp {
+  float b1, b2, alpha, eps_hat, inv_bound;
+  float* p;
+  float* pc;  // the fused pull's copy (kCopy)
+  float* m1;
+  float* m2;
+  const float* g;
+  template <class D>
+  HWY_INLINE void operator()(D d, int64_t i) const {
+    const auto vg = hn::LoadU(d, g + i);
+    const auto m = hn::Add(hn::Mul(hn::Set(d, b1), hn::LoadU(d, m1 + i)), hn::Mul(hn::Set(d, 1.0f - b1), vg));
+    auto v = hn::Add(hn::Mul(hn::Set(d, b2), hn::LoadU(d, m2 + i)), hn::Mul(hn::Mul(hn::Set(d, 1.0f - b2), vg), vg));
+    const auto floor = hn::Mul(hn::Abs(m), hn::Set(d, inv_bound));
+    v = hn::Max(v, hn::Mul(floor, floor));
+    const auto step = hn::Div(hn::Mul(hn::Set(d, alpha), m), hn::Add(hn::Sqrt(v), hn::Set(d, eps_hat)));
+    const auto vp = hn::Sub(hn::LoadU(d, p + i), step);
+    hn::StoreU(m, d, m1 + i);
+    hn::StoreU(v, d, m2 + i);
+    StoreParams<kCopy>(d, vp, p, pc, i);
+  }
+};
+
+// a += g^2;  p -= lr g / (sqrt(a) + eps)
+template <bool kCopy>
+struct AdagradOp {
+  float lr, eps;
+  float* p;
+  float* pc;  // the fused pull's copy (kCopy)
+  float* acc;
+  const float* g;
+  template <class D>
+  HWY_INLINE void operator()(D d, int64_t i) const {
+    const auto vg = hn::LoadU(d, g + i);
+    const auto a = hn::Add(hn::LoadU(d, acc + i), hn::Mul(vg, vg));
+    const auto step = hn::Div(hn::Mul(hn::Set(d, lr), vg), hn::Add(hn::Sqrt(a), hn::Set(d, eps)));
+    const auto vp = hn::Sub(hn::LoadU(d, p + i), step);
+    hn::StoreU(a, d, acc + i);
+    StoreParams<kCopy>(d, vp, p, pc, i);
+  }
+};
+
+// s = rho s + (1-rho) g^2;  p -= lr g / (sqrt(s) + eps)
+template <bool kCopy>
+struct RmspropOp {
+  float lr, rho, eps;
+  float* p;
+  float* pc;  // the fused pull's copy (kCopy)
+  float* ms;
+  const float* g;
+  template <class D>
+  HWY_INLINE void operator()(D d, int64_t i) const {
+    const auto vg = hn::LoadU(d, g + i);
+    const auto s = hn::Add(hn::Mul(hn::Set(d, rho), hn::LoadU(d, ms + i)), hn::Mul(hn::Mul(hn::Set(d, 1.0f - rho), vg), vg));
+    const auto step = hn::Div(hn::Mul(hn::Set(d, lr), vg), hn::Add(hn::Sqrt(s), hn::Set(d, eps)));
+    const auto vp = hn::Sub(hn::LoadU(d, p + i), step);
+    hn::StoreU(s, d, ms + i);
+    StoreParams<kCopy>(d, vp, p, pc, i);
+  }
+};
+
+// FTRL-proximal (optimizer.h): acc = n, lin = z.
+template <bool kCopy>
+struct FtrlOp {
+  float l1, two_l2, inv_lr;
+  float* p;
+  float* pc;  // the fused pull's copy (kCopy)
+  float* acc;
+  float* lin;
+  const float* g;
+  template <class D>
+  HWY_INLINE void operator()(D d, int64_t i) const {
+    const auto vg = hn::LoadU(d, g + i);
+    const auto n_old = hn::LoadU(d, acc + i);
+    const auto vp = hn::LoadU(d, p + i);
+    const auto gg = hn::Mul(vg, vg);
+    const auto n_new = hn::Add(n_old, gg);
+    const auto sqrt_new = hn::Sqrt(n_new);
+    // sqrt(n_new) - sqrt(n_old) without the cancellation; n > 0.
+    const auto sigma = hn::Mul(hn::Div(gg, hn::Add(sqrt_new, hn::Sqrt(n_old))), hn::Set(d, inv_lr));
+    const auto z = hn::Sub(hn::Add(hn::LoadU(d, lin + i), vg), hn::Mul(sigma, vp));
+    // -(z - sign(z) l1) / q where |z| > l1, else +0.
+    const auto shrunk = hn::Max(hn::Sub(hn::Abs(z), hn::Set(d, l1)), hn::Zero(d));
+    const auto q = hn::Add(hn::Mul(sqrt_new, hn::Set(d, inv_lr)), hn::Set(d, two_l2));
+    const auto np = hn::Add(hn::Div(hn::CopySign(shrunk, hn::Neg(z)), q), hn::Zero(d));
+    hn::StoreU(n_new, d, acc + i);
+    hn::StoreU(z, d, lin + i);
+    StoreParams<kCopy>(d, np, p, pc, i);
+  }
+};
+
+template <bool kCopy>
+HWY_INLINE void Update(const UpdateKernelArgs& a, float* p, float* s0, float* s1, const float* g, int64_t n,
+                       float* pc) {
+  switch (a.type) {
+    case OptimizerType::kSgd:
+      Run(SgdOp<kCopy>{a.lr, p, pc, g}, n);
+      return;
+    case OptimizerType::kMomentum:
+      Run(MomentumOp<kCopy>{a.lr, a.momentum, a.nesterov, p, pc, s0, g}, n);
+      return;
+    case OptimizerType::kAdam:
+      Run(AdamOp<kCopy>{a.beta1, a.beta2, a.alpha, a.eps_hat, a.inv_bound, p, pc, s0, s1, g}, n);
+      return;
+    case OptimizerType::kAdagrad:
+      Run(AdagradOp<kCopy>{a.lr, a.epsilon, p, pc, s0, g}, n);
+      return;
+    case OptimizerType::kRmsprop:
+      Run(RmspropOp<kCopy>{a.lr, a.rho, a.epsilon, p, pc, s0, g}, n);
+      return;
+    case OptimizerType::kFtrl:
+      Run(FtrlOp<kCopy>{a.l1, a.two_l2, a.inv_lr, p, pc, s0, s1, g}, n);
+      return;
+  }
+}
+
+SHARDWILD_HOGWILD_KERNEL void UpdateImpl(const UpdateKernelArgs& a, float* p, float* s0, float* s1, const float* g,
+                                         int64_t n, float* pc) {
+  if (pc != nullptr) {
+    Update<true>(a, p, s0, s1, g, n, pc);
+  } else {
+    Update<false>(a, p, s0, s1, g, n, nullptr);
+  }
+}
+
+SHARDWILD_HOGWILD_KERNEL void UpdateRowsImpl(const UpdateKernelArgs& a, float* const* rows, const float* const* grads,
+                                             int64_t count, int64_t dim) {
+  constexpr int64_t kAhead = 4;
+  for (int64_t r = 0; r < count; ++r) {
+    if (r + kAhead < count) hwy::Prefetch(rows[r + kAhead]);
+    float* p = rows[r];
+    Update<false>(a, p, p + dim, p + 2 * dim, grads[r], dim, nullptr);
+  }
+}
+
+struct CopyOp {
+  const float* src;
+  float* dst;
+  template <class D>
+  HWY_INLINE void operator()(D d, int64_t i) const {
+    hn::StoreU(hn::LoadU(d, src + i), d, dst + i);
+  }
+};
+
+SHARDWILD_HOGWILD_KERNEL void CopyImpl(const float* src, float* dst, int64_t n) { Run(CopyOp{src, dst}, n); }
+
+struct FillOp {
+  float value;
+  float* dst;
+  template <class D>
+  HWY_INLINE void operator()(D d, int64_t i) const {
+    hn::StoreU(hn::Set(d, value), d, dst + i);
+  }
+};
+
+SHARDWILD_HOGWILD_KERNEL void FillImpl(float value, float* dst, int64_t n) { Run(FillOp{value, dst}, n); }
+
+SHARDWILD_HOGWILD_KERNEL void GatherRowsImpl(const float* const* rows, int64_t count, int64_t dim, float* out) {
+  constexpr int64_t kAhead = 8;
+  for (int64_t r = 0; r < count; ++r) {
+    if (r + kAhead < count) hwy::Prefetch(rows[r + kAhead]);
+    Run(CopyOp{rows[r], out + r * dim}, dim);
+  }
+}
+
+// Every cache line of a row of dim floats, for writing.
+HWY_INLINE void PrefetchRowForWrite(const float* row, int64_t dim) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(row) & ~uintptr_t{63};
+  const uintptr_t last = reinterpret_cast<uintptr_t>(row + dim - 1);
+  for (uintptr_t a = first; a <= last; a += 64) __builtin_prefetch(reinterpret_cast<const void*>(a), 1);
+}
+
+// o[0, dim) += w * r[0, dim).
+struct AxpyOp {
+  float w;
+  const float* r;
+  float* o;
+  template <class D>
+  HWY_INLINE void operator()(D d, int64_t i) const {
+    hn::StoreU(hn::Add(hn::LoadU(d, o + i), hn::Mul(hn::Set(d, w), hn::LoadU(d, r + i))), d, o + i);
+  }
+};
+
+// o[0, dim) *= s.
+struct ScaleOp {
+  float s;
+  float* o;
+  template <class D>
+  HWY_INLINE void operator()(D d, int64_t i) const {
+    hn::StoreU(hn::Mul(hn::LoadU(d, o + i), hn::Set(d, s)), d, o + i);
+  }
+};
+
+// p[0, dim) = p - lr * (c * g): EmbeddingBagBackward's product, then SgdOp's step.
+struct BagSgdOp {
+  float c, lr;
+  float* p;
+  const float* g;
+  template <class D>
+  HWY_INLINE void operator()(D d, int64_t i) const {
+    const auto grad = hn::Mul(hn::Set(d, c), hn::LoadU(d, g + i));
+    hn::StoreU(hn::Sub(hn::LoadU(d, p + i), hn::Mul(hn::Set(d, lr), grad)), d, p + i);
+  }
+};
+
+SHARDWILD_HOGWILD_KERNEL void EmbeddingBagForwardImpl(const float* const* rows, int64_t dim, const int64_t* offsets,
+                                                      const float* weights, int64_t batch, Pooling pooling,
+                                                      float* out, int64_t out_stride) {
+  constexpr int64_t kAhead = 8;
+  const int64_t total = offsets[batch];
+  for (int64_t b = 0; b < batch; ++b) {
+    float* o = out + b * out_stride;
+    Run(FillOp{0.0f, o}, dim);
+    const int64_t begin = offsets[b], end = offsets[b + 1];
+    for (int64_t i = begin; i < end; ++i) {
+      // With intent to write: the step's fused update follows.
+      if (i + kAhead < total) PrefetchRowForWrite(rows[i + kAhead], dim);
+      Run(AxpyOp{weights ? weights[i] : 1.0f, rows[i], o}, dim);
+    }
+    if (pooling == Pooling::kMean && end > begin) Run(ScaleOp{1.0f / static_cast<float>(end - begin), o}, dim);
+  }
+}
+
+SHARDWILD_HOGWILD_KERNEL void EmbeddingBagSgdImpl(float* const* rows, int64_t dim, const int64_t* offsets,
+                                                  const float* weights, int64_t valid, Pooling pooling,
+                                                  const float* dout, int64_t out_stride, float scale, float lr) {
+  constexpr int64_t kAhead = 8;
+  const int64_t total = offsets[valid];
+  for (int64_t b = 0; b < valid; ++b) {
+    const int64_t begin = offsets[b], end = offsets[b + 1];
+    const float* g = dout + b * out_stride;
+    const float pool = pooling == Pooling::kMean && end > begin ? 1.0f / static_cast<float>(end - begin) : 1.0f;
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + kAhead < total) PrefetchRowForWrite(rows[i + kAhead], dim);
+      Run(BagSgdOp{(weights ? weights[i] : 1.0f) * pool * scale, lr, rows[i], g}, dim);
+    }
+  }
+}
+
+const char* TargetNameImpl() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace shardwild
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <algorithm>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
+namespace shardwild {
+namespace {
+
+// Subnormal floats cost about a hundred cycles per operation on x86. An
+// optimizer's slots decay geometrically wherever the gradient stays 0 (a
+// pixel that is always 0, a dead unit): Adam's m falls below FLT_MIN after
+// about 800 steps of beta1 = 0.9, and from then on every update of it ran
+// tens of times slower (the default MLP's push went from 21% to 55% of the
+// step between steps 300 and 1400). So the update kernels run with
+// flush-to-zero and denormals-are-zero, as TensorFlow's CPU threads do: a
+// subnormal input reads as 0 and a subnormal result is stored as 0, on every
+// target alike (all x86 targets obey MXCSR). The caller's mode is restored.
+class ScopedFlushDenormals {
+ public:
+#if defined(__x86_64__) || defined(__i386__)
+  ScopedFlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | kFtzDaz); }
+  ~ScopedFlushDenormals() { _mm_setcsr(saved_); }
+
+ private:
+  static constexpr unsigned kFtzDaz = 0x8040;  // MXCSR bit 15 (FTZ) and bit 6 (DAZ)
+  unsigned saved_;
+#endif
+};
+
+}  // namespace
+
+HWY_EXPORT(UpdateImpl);
+HWY_EXPORT(UpdateRowsImpl);
+HWY_EXPORT(CopyImpl);
+HWY_EXPORT(FillImpl);
+HWY_EXPORT(GatherRowsImpl);
+HWY_EXPORT(EmbeddingBagForwardImpl);
+HWY_EXPORT(EmbeddingBagSgdImpl);
+HWY_EXPORT(TargetNameImpl);
+
+void HogwildUpdate(const UpdateKernelArgs& args, float* p, float* s0, float* s1, const float* g, int64_t n,
+                   float* p_copy) {
+  if (n <= 0) return;
+  ScopedFlushDenormals ftz;
+  HWY_DYNAMIC_DISPATCH(UpdateImpl)(args, p, s0, s1, g, n, p_copy);
+}
+
+void HogwildUpdateRows(const UpdateKernelArgs& args, float* const* rows, const float* const* grads, int64_t count,
+                       int64_t dim) {
+  if (count <= 0 || dim <= 0) return;
+  ScopedFlushDenormals ftz;
+  HWY_DYNAMIC_DISPATCH(UpdateRowsImpl)(args, rows, grads, count, dim);
+}
+
+void HogwildCopyFrom(const float* src, float* dst, int64_t n) {
+  if (n > 0) HWY_DYNAMIC_DISPATCH(CopyImpl)(src, dst, n);
+}
+
+void HogwildCopyTo(const float* src, float* dst, int64_t n) {
+  if (n > 0) HWY_DYNAMIC_DISPATCH(CopyImpl)(src, dst, n);
+}
+
+void HogwildFill(float value, float* dst, int64_t n) {
+  if (n > 0) HWY_DYNAMIC_DISPATCH(FillImpl)(value, dst, n);
+}
+
+void HogwildGatherRows(const float* const* rows, int64_t count, int64_t dim, float* out) {
+  if (count > 0 && dim > 0) HWY_DYNAMIC_DISPATCH(GatherRowsImpl)(rows, count, dim, out);
+}
+
+void HogwildEmbeddingBagForward(const float* const* rows, int64_t dim, const int64_t* offsets, const float* weights,
+                                int64_t batch, Pooling pooling, float* out, int64_t out_stride) {
+  if (batch > 0 && dim > 0) {
+    HWY_DYNAMIC_DISPATCH(EmbeddingBagForwardImpl)(rows, dim, offsets, weights, batch, pooling, out, out_stride);
+  }
+}
+
+void HogwildEmbeddingBagSgd(float* const* rows, int64_t dim, const int64_t* offsets, const float* weights,
+                            int64_t batch, int64_t valid, Pooling pooling, const float* dout, int64_t out_stride,
+                            float scale, float lr) {
+  valid = std::min(valid, batch);
+  if (valid <= 0 || dim <= 0) return;
+  ScopedFlushDenormals ftz;
+  HWY_DYNAMIC_DISPATCH(EmbeddingBagSgdImpl)(rows, dim, offsets, weights, valid, pooling, dout, out_stride, scale, lr);
+}
+
+std::vector<std::string> HogwildKernelTargets() {
+  std::vector<std::string> names;
+  for (int64_t t : hwy::SupportedAndGeneratedTargets()) names.emplace_back(hwy::TargetName(t));
+  return names;
+}
+
+std::string ActiveHogwildKernelTarget() { return HWY_DYNAMIC_DISPATCH(TargetNameImpl)(); }
+
+ScopedHogwildKernelTarget::ScopedHogwildKernelTarget(const std::string& name) {
+  for (int64_t t : hwy::SupportedAndGeneratedTargets()) {
+    if (name == hwy::TargetName(t)) {
+      hwy::SetSupportedTargetsForTest(t);
+      ok_ = true;
+      return;
+    }
+  }
+}
+
+ScopedHogwildKernelTarget::~ScopedHogwildKernelTarget() {
+  if (ok_) hwy::SetSupportedTargetsForTest(0);
+}
+
+}  // namespace shardwild
+#endif  // HWY_ONCE

@@ -1,0 +1,136 @@
+// The Hogwild kernels: the only code that reads and writes parameter memory
+// with plain (SIMD) loads and stores while other threads may do the same.
+//
+// Hogwild races are deliberate (DESIGN.md, "Non-negotiables"): concurrent
+// updates of the same parameters may interleave lane by lane, and a copy that
+// races an update may see a mix of old and new values. Every function here is
+// written once with Google Highway and compiled for each instruction set the
+// compiler can target (AVX-512, AVX2, SSE4, SSSE3, scalar); the best one the
+// CPU supports is chosen at run time, so no -march flag is needed.
+//
+// Each kernel carries SHARDWILD_HOGWILD_KERNEL, which keeps it out of
+// ThreadSanitizer's instrumentation: its loads and stores of parameter memory
+// are invisible to TSan, so everything else stays checked. Each kernel is
+// tested per instruction set against a sequential double-precision reference
+// (tests/core/model/hogwild_kernels_test.cc, tests/core/model/optimizer_test.cc). Scalar
+// code elsewhere that touches parameter memory uses std::atomic_ref (relaxed).
+//
+// Memory ordering: none. A kernel neither publishes nor acquires anything;
+// callers order the data they hand over by other means (a worker's own
+// buffers, a barrier, a lock around row_lock rows).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config/options.h"
+
+#if defined(__clang__) || defined(__GNUC__)
+#define SHARDWILD_HOGWILD_KERNEL __attribute__((no_sanitize("thread")))
+#else
+#define SHARDWILD_HOGWILD_KERNEL
+#endif
+
+namespace shardwild {
+
+// The scalars of one optimizer step, resolved once per call (optimizer.cc
+// fills it from OptimizerOptions and UpdateParams; see optimizer.h for the
+// formulas).
+struct UpdateKernelArgs {
+  OptimizerType type = OptimizerType::kSgd;
+  float lr = 0;
+  float momentum = 0;   // momentum
+  bool nesterov = false;
+  float beta1 = 0, beta2 = 0;  // adam
+  float alpha = 0;      // adam: lr * sqrt(1 - b2^t) / (1 - b1^t)
+  float eps_hat = 0;    // adam: epsilon * sqrt(1 - b2^t)
+  float inv_bound = 0;  // adam: 1 / (1.01 B), 0 = no repair (optimizer.h)
+  float epsilon = 0;    // adagrad, rmsprop
+  float rho = 0;        // rmsprop
+  float l1 = 0, two_l2 = 0, inv_lr = 0;  // ftrl (lr > 0)
+};
+
+// The update kernels below run with subnormals flushed to zero (inputs read
+// as 0, results stored as 0), restoring the caller's floating-point mode:
+// decaying optimizer slots would otherwise reach subnormal values, which x86
+// computes tens of times slower (hogwild_kernels.cc).
+//
+// One update of n parameters `p` with slots s0, s1 (as many as the optimizer
+// has; the others may be null) and gradient g (private to the caller). With
+// `p_copy` (the caller's private buffer, or null) the new parameters are
+// also written there in the same pass: a fused pull of what this update
+// left. Never allocates. Hogwild-safe: see above.
+void HogwildUpdate(const UpdateKernelArgs& args, float* p, float* s0, float* s1, const float* g, int64_t n,
+                   float* p_copy = nullptr);
+
+// The same update of `count` rows of `dim` parameters: row r's parameters
+// start at rows[r] and its slots follow them, slot k at rows[r] + (k + 1) *
+// dim (an embedding row's block); its gradient is grads[r][0, dim). One call
+// for a batch of rows, prefetching a few rows ahead. Rows must be distinct.
+void HogwildUpdateRows(const UpdateKernelArgs& args, float* const* rows, const float* const* grads, int64_t count,
+                       int64_t dim);
+
+// dst[0, n) = src[0, n), where src is parameter memory that other threads may
+// be writing (a pull) and dst is the caller's private buffer.
+void HogwildCopyFrom(const float* src, float* dst, int64_t n);
+
+// dst[0, n) = src[0, n), where dst is parameter memory that other threads may
+// be reading or writing and src is the caller's private buffer.
+void HogwildCopyTo(const float* src, float* dst, int64_t n);
+
+// dst[0, n) = value for parameter memory (slot initial values, resets).
+void HogwildFill(float value, float* dst, int64_t n);
+
+// out[i * dim, (i + 1) * dim) = rows[i][0, dim) for i in [0, count): a gather
+// of `count` rows of parameter memory into a private buffer (embedding pulls).
+// Prefetches a few rows ahead.
+void HogwildGatherRows(const float* const* rows, int64_t count, int64_t dim, float* out);
+
+// The fused embedding path (ParamStore::RowAddresses): rows read and updated
+// in the store's memory, with no pulled copy and no gradient buffer.
+//
+// EmbeddingBagForward (core/model/sparse_layers.h) over rows read in place: for
+// each bag b < batch, out[b * out_stride, + dim) = the pool over i in
+// [offsets[b], offsets[b+1]) of w_i * rows[i][0, dim), w_i = weights ?
+// weights[i] : 1; kMean divides by the bag's size. The same operations in
+// the same order as EmbeddingBagForward over gathered rows, so the same
+// floats (for rows no other thread is writing).
+void HogwildEmbeddingBagForward(const float* const* rows, int64_t dim, const int64_t* offsets, const float* weights,
+                                int64_t batch, Pooling pooling, float* out, int64_t out_stride);
+
+// The embedding-bag backward fused with plain SGD: for each id i of each bag
+// b < valid, in order, rows[i][j] -= lr * (c_i * dout[b * out_stride + j])
+// with c_i = w_i * (kMean ? 1 / n_b : 1) * scale, the gradient
+// EmbeddingBagBackward would have written for that id. A repeated id gets
+// one update per occurrence (PushRows sums them first: equal in exact
+// arithmetic). Bags b >= valid (padding) are skipped. Runs with subnormals
+// flushed, as the update kernels.
+void HogwildEmbeddingBagSgd(float* const* rows, int64_t dim, const int64_t* offsets, const float* weights,
+                            int64_t batch, int64_t valid, Pooling pooling, const float* dout, int64_t out_stride,
+                            float scale, float lr);
+
+// The instruction-set targets compiled in and supported by this CPU, best
+// first (Highway's names: "AVX3", "AVX2", "SSE4", "SSSE3", "SCALAR"/"EMU128").
+std::vector<std::string> HogwildKernelTargets();
+
+// The target the kernels run on now.
+std::string ActiveHogwildKernelTarget();
+
+// Restricts the kernels to one target of HogwildKernelTargets() while it
+// lives (tests and benchmarks that compare targets). Process-wide and not
+// thread-safe: create it while no kernel runs. An unknown name leaves the
+// dispatch as it is and ok() is false.
+class ScopedHogwildKernelTarget {
+ public:
+  explicit ScopedHogwildKernelTarget(const std::string& name);
+  ~ScopedHogwildKernelTarget();
+  ScopedHogwildKernelTarget(const ScopedHogwildKernelTarget&) = delete;
+  ScopedHogwildKernelTarget& operator=(const ScopedHogwildKernelTarget&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  bool ok_ = false;
+};
+
+}  // namespace shardwild

@@ -1,0 +1,716 @@
+#include "core/model/model.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "core/data/data_kernels.h"
+#include "core/model/hogwild_kernels.h"
+#include "core/model/sparse_layers.h"
+#include "core/base/status.h"
+
+namespace shardwild {
+namespace {
+
+absl::Status Bad(const std::string& key, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(key, ": ", what));
+}
+
+// The id the store sees: a static table takes the raw id modulo its rows
+// (DLRM's hex % max_ind_range); a dynamic one takes it as is, but for the
+// reserved empty-slot id 2^64-1, which moves to its neighbour.
+// Reserves room for n elements in *v (empty) and asks the kernel to back it
+// with transparent huge pages before it is written: a batch reads records
+// scattered over the whole array, and on 4 KiB pages each one costs a TLB
+// miss (a nested page walk under virtualisation), which software prefetches
+// do not hide. Only advice: where the kernel declines, nothing changes.
+template <typename T>
+void ReserveOnHugePages(std::vector<T>* v, size_t n) {
+  v->reserve(n);
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(v->data()) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(v->data()) + n * sizeof(T)) & ~(kHuge - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+}
+
+// Asks for [begin, begin + bytes) to be brought into L2 (a hint: no fault, no effect on values).
+inline void PrefetchLines(const void* begin, size_t bytes) {
+  const char* p = static_cast<const char*>(begin);
+  for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 2);
+}
+
+inline uint64_t StoreId(uint64_t raw, int64_t static_rows) {
+  if (static_rows > 0) return raw % static_cast<uint64_t>(static_rows);
+  return raw == ~uint64_t{0} ? ~uint64_t{0} - 1 : raw;
+}
+
+void AddTowerVariables(const std::string& prefix, int64_t in, const std::vector<LayerOptions>& layers,
+                       std::vector<VariableSpec>* specs) {
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const int64_t out = layers[i].units;
+    specs->push_back(VariableSpec{absl::StrCat(prefix, i, "/kernel"), in, out, InitKind::kGlorotUniform, in, out});
+    specs->push_back(VariableSpec{absl::StrCat(prefix, i, "/bias"), out, 1, InitKind::kZeros, 0, 0});
+    in = out;
+  }
+}
+
+}  // namespace
+
+DataShape DataShape::Of(const Dataset& data) {
+  DataShape s;
+  s.dense_dim = data.dense_dim;
+  s.num_classes = data.num_classes;
+  for (const SparseField& f : data.fields) s.fields.push_back(f.name);
+  return s;
+}
+
+// A stack of dense layers with optional dropout after each. Every buffer is
+// allocated in Build and stays at its address.
+class Model::Tower {
+ public:
+  // x: [batch, in], dx: where the gradient wrt x goes (nullptr = nowhere).
+  // The layers' parameters and gradients are params[first_var + 2i] (kernel)
+  // and [.. + 1] (bias).
+  absl::Status Build(const dnnl::engine& engine, int64_t batch, int64_t in, const std::vector<LayerOptions>& layers,
+                     const float* x, float* dx, std::vector<std::vector<float>>& params,
+                     std::vector<std::vector<float>>& grads, int first_var) {
+    batch_ = batch;
+    const size_t n = layers.size();
+    y_.resize(n);
+    dy_.resize(n);
+    out_.resize(n);
+    dout_.resize(n);
+    mask_.resize(n);
+    rate_.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t units = layers[i].units;
+      y_[i].assign(batch * units, 0.0f);
+      dy_[i].assign(batch * units, 0.0f);
+      rate_[i] = layers[i].dropout;
+      if (rate_[i] > 0) {
+        out_[i].assign(batch * units, 0.0f);
+        dout_[i].assign(batch * units, 0.0f);
+        mask_[i].assign(batch * units, 1.0f);
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      DenseLayer::Buffers b;
+      b.x = i == 0 ? x : out(i - 1);
+      b.y = y_[i].data();
+      b.w = params[first_var + 2 * i].data();
+      b.b = params[first_var + 2 * i + 1].data();
+      b.dy = dy_[i].data();
+      b.dx = i == 0 ? dx : dout(i - 1);
+      b.dw = grads[first_var + 2 * i].data();
+      b.db = grads[first_var + 2 * i + 1].data();
+      SW_ASSIGN_OR_RETURN(auto layer, DenseLayer::Create(engine, batch, in, layers[i].units, layers[i].activation, b));
+      layers_.push_back(std::move(layer));
+      in = layers[i].units;
+    }
+    return absl::OkStatus();
+  }
+
+  // The last layer's output (after its dropout) and the gradient wrt it.
+  float* out() { return out(layers_.size() - 1); }
+  float* dout() { return dout(layers_.size() - 1); }
+
+  void Forward(bool training, uint64_t* rng, const dnnl::stream& stream) {
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      layers_[i]->Forward(stream);
+      if (rate_[i] > 0) {
+        std::memcpy(out_[i].data(), y_[i].data(), y_[i].size() * sizeof(float));
+        if (training) DropoutForward(out_[i].data(), mask_[i].data(), static_cast<int64_t>(out_[i].size()), rate_[i], rng);
+      }
+    }
+  }
+
+  // Needs dout() filled; leaves the gradient wrt x in the Build's dx.
+  void Backward(const dnnl::stream& stream) {
+    for (size_t i = layers_.size(); i-- > 0;) {
+      if (rate_[i] > 0) {
+        std::memcpy(dy_[i].data(), dout_[i].data(), dy_[i].size() * sizeof(float));
+        DropoutBackward(dy_[i].data(), mask_[i].data(), static_cast<int64_t>(dy_[i].size()));
+      }
+      layers_[i]->Backward(stream);
+    }
+  }
+
+  double ForwardFlops() const {
+    double f = 0;
+    for (const auto& l : layers_) f += l->ForwardFlops();
+    return f;
+  }
+  double BackwardFlops() const {
+    double f = 0;
+    for (const auto& l : layers_) f += l->BackwardFlops();
+    return f;
+  }
+
+ private:
+  float* out(size_t i) { return rate_[i] > 0 ? out_[i].data() : y_[i].data(); }
+  float* dout(size_t i) { return rate_[i] > 0 ? dout_[i].data() : dy_[i].data(); }
+
+  int64_t batch_ = 0;
+  std::vector<std::unique_ptr<DenseLayer>> layers_;
+  std::vector<std::vector<float>> y_, dy_, out_, dout_, mask_;
+  std::vector<float> rate_;
+};
+
+Model::~Model() = default;
+
+namespace {
+// `options` with the top tower's `units: auto` resolved to the head's outputs.
+ModelOptions ResolveAutoUnits(const ModelOptions& options, const DataShape& shape) {
+  ModelOptions o = options;
+  if (!o.layers.empty() && o.layers.back().units == 0) {
+    o.layers.back().units = o.head == HeadType::kSoftmax ? shape.num_classes : 1;
+  }
+  return o;
+}
+}  // namespace
+
+absl::StatusOr<ModelSpec> Model::Describe(const ModelOptions& given, const DataShape& shape) {
+  SW_RETURN_IF_ERROR(given.Validate());
+  const ModelOptions options = ResolveAutoUnits(given, shape);
+  ModelSpec spec;
+  if (options.input_dim != 0 && options.input_dim != shape.dense_dim) {
+    return Bad("model.input_dim", absl::StrCat("the config says ", options.input_dim, " but the data has ",
+                                               shape.dense_dim, " dense features"));
+  }
+  switch (options.head) {
+    case HeadType::kSoftmax:
+      if (shape.num_classes < 2) {
+        return Bad("model.head", absl::StrCat("softmax needs class labels (at least 2 classes), the data has ",
+                                              shape.num_classes));
+      }
+      spec.outputs = shape.num_classes;
+      break;
+    case HeadType::kBinary:
+      if (shape.num_classes != 2 && shape.num_classes != 1) {
+        return Bad("model.head", absl::StrCat("binary needs 0/1 labels, the data has ", shape.num_classes, " classes"));
+      }
+      spec.outputs = 1;
+      break;
+    case HeadType::kRegression:
+      if (shape.num_classes != 0) return Bad("model.head", "regression needs real-valued targets, the data has class labels");
+      spec.outputs = 1;
+      break;
+  }
+  const size_t last = options.layers.size() - 1;
+  if (options.layers[last].units != spec.outputs) {
+    return Bad(absl::StrCat("model.layers[", last, "].units"),
+               absl::StrCat("the last layer must have one unit per output of the ", HeadTypeName(options.head),
+                            " head (", spec.outputs, " here), got ", options.layers[last].units));
+  }
+  if (!options.bottom.empty() && shape.dense_dim == 0) {
+    return Bad("model.bottom", "a bottom tower needs dense features, and the data has none");
+  }
+  auto field_index = [&](const std::string& key, const std::string& name) -> absl::StatusOr<int> {
+    for (size_t i = 0; i < shape.fields.size(); ++i) {
+      if (shape.fields[i] == name) return static_cast<int>(i);
+    }
+    std::string have;
+    for (const std::string& f : shape.fields) absl::StrAppend(&have, have.empty() ? "" : ", ", f);
+    return Bad(key, absl::StrCat("the data has no sparse field '", name, "' (it has: ",
+                                 have.empty() ? "none" : have, ")"));
+  };
+  // Tables in the order features first use them.
+  for (size_t i = 0; i < options.sparse.size(); ++i) {
+    const SparseFeatureOptions& f = options.sparse[i];
+    Lookup l;
+    l.field = f.field;
+    SW_ASSIGN_OR_RETURN(l.data_field, field_index(absl::StrCat("model.sparse[", i, "].field"), f.field));
+    const TableOptions& t = *options.FindTable(f.table);
+    int table = -1;
+    for (size_t k = 0; k < spec.tables.size(); ++k) {
+      if (spec.tables[k].name == t.name) table = static_cast<int>(k);
+    }
+    if (table < 0) {
+      EmbeddingDecl d{t.name, t.rows, t.dim, t.dynamic, t.evict_lru, t.init_scale};
+      if (d.init_scale == 0) d.init_scale = 1.0f / std::sqrt(static_cast<float>(t.rows));
+      spec.tables.push_back(d);
+      table = static_cast<int>(spec.tables.size()) - 1;
+    }
+    l.table = table;
+    l.dim = t.dim;
+    l.pooling = f.pooling;
+    l.weighted = f.weighted;
+    spec.lookups.push_back(l);
+  }
+  for (size_t i = 0; i < options.wide.size(); ++i) {
+    Lookup l;
+    l.field = options.wide[i];
+    SW_ASSIGN_OR_RETURN(l.data_field, field_index(absl::StrCat("model.wide[", i, "]"), l.field));
+    // Wide weights start at zero, as a linear model's do.
+    spec.tables.push_back(EmbeddingDecl{absl::StrCat("wide/", l.field), options.wide_rows, spec.outputs, false, false, 0.0f});
+    l.table = static_cast<int>(spec.tables.size()) - 1;
+    l.dim = spec.outputs;
+    l.pooling = Pooling::kSum;
+    l.weighted = true;
+    l.wide = true;
+    spec.lookups.push_back(l);
+  }
+  const int64_t db = options.bottom.empty() ? shape.dense_dim : options.bottom.back().units;
+  const int64_t f = static_cast<int64_t>(options.sparse.size());
+  switch (options.interaction) {
+    case Interaction::kConcat: {
+      int64_t w = db;
+      for (const SparseFeatureOptions& s : options.sparse) w += options.FindTable(s.table)->dim;
+      spec.interaction_width = w;
+      break;
+    }
+    case Interaction::kDot: {
+      const int64_t d = options.FindTable(options.sparse[0].table)->dim;
+      if (db != d) {
+        return Bad("model.interaction", absl::StrCat("dot: the dense vector (", db,
+                                                     " wide: the bottom tower's output, or the dense features) must be "
+                                                     "as wide as the embeddings (", d, ")"));
+      }
+      spec.interaction_width = DotInteractionWidth(f + 1, d, /*with_first=*/true);
+      break;
+    }
+    case Interaction::kDotNoDense: {
+      const int64_t d = options.FindTable(options.sparse[0].table)->dim;
+      spec.interaction_width = db + DotInteractionWidth(f, d, /*with_first=*/false);
+      break;
+    }
+  }
+  if (spec.interaction_width < 1) return Bad("model", "the model has no inputs: no dense features and no sparse features");
+  AddTowerVariables("bottom_", shape.dense_dim, options.bottom, &spec.variables);
+  AddTowerVariables("dense_", spec.interaction_width, options.layers, &spec.variables);
+  return spec;
+}
+
+absl::StatusOr<std::vector<VariableSpec>> Model::Variables(const ModelOptions& options, const DataShape& shape) {
+  SW_ASSIGN_OR_RETURN(ModelSpec spec, Describe(options, shape));
+  return std::move(spec.variables);
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelOptions& given, const DataShape& shape,
+                                                     int64_t batch, const dnnl::engine& engine, uint64_t seed) {
+  const ModelOptions options = ResolveAutoUnits(given, shape);
+  if (batch < 1) return absl::InvalidArgumentError(absl::StrCat("batch must be >= 1, got ", batch));
+  std::unique_ptr<Model> m(new Model());
+  SW_ASSIGN_OR_RETURN(m->spec_, Describe(given, shape));
+  m->head_ = options.head;
+  m->interaction_ = options.interaction;
+  m->batch_ = batch;
+  m->dense_dim_ = shape.dense_dim;
+  m->rng_ = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
+  m->input_.assign(batch * shape.dense_dim, 0.0f);
+  m->labels_.assign(batch, 0);
+  m->targets_.assign(batch, 0.0f);
+  m->label_offsets_.assign(batch + 1, 0);
+  for (const VariableSpec& s : m->spec_.variables) {
+    m->params_.emplace_back(s.size(), 0.0f);
+    m->grads_.emplace_back(s.size(), 0.0f);
+  }
+  const int64_t deep = static_cast<int64_t>(options.sparse.size());
+  m->db_ = options.bottom.empty() ? shape.dense_dim : options.bottom.back().units;
+  m->vec_dim_ = deep > 0 ? m->spec_.lookups[0].dim : 0;
+  m->lookups_.resize(m->spec_.lookups.size());
+  int64_t z_width = 0;
+  switch (m->interaction_) {
+    case Interaction::kConcat: z_width = m->spec_.interaction_width; break;
+    case Interaction::kDot: m->num_vectors_ = deep + 1; z_width = m->num_vectors_ * m->vec_dim_; break;
+    case Interaction::kDotNoDense: m->num_vectors_ = deep; z_width = deep * m->vec_dim_; break;
+  }
+  // Where each deep lookup's pooled vector sits in a row of z_.
+  int64_t at = m->interaction_ == Interaction::kConcat ? m->db_ : (m->interaction_ == Interaction::kDot ? m->vec_dim_ : 0);
+  for (size_t l = 0; l < m->spec_.lookups.size(); ++l) {
+    const Lookup& lk = m->spec_.lookups[l];
+    const EmbeddingDecl& t = m->spec_.tables[lk.table];
+    m->static_rows_.push_back(t.dynamic ? 0 : t.rows);
+    LookupState& st = m->lookups_[l];
+    st.offsets.assign(batch + 1, 0);
+    if (!lk.wide) {
+      st.z_offset = at;
+      at += lk.dim;
+    }
+  }
+  m->direct_ = m->interaction_ == Interaction::kConcat && deep == 0;
+  if (!m->direct_) {
+    m->z_.assign(batch * z_width, 0.0f);
+    m->dz_.assign(batch * z_width, 0.0f);
+  }
+  const bool dot = m->interaction_ != Interaction::kConcat;
+  if (dot) {
+    m->inter_.assign(batch * m->spec_.interaction_width, 0.0f);
+    m->dinter_.assign(batch * m->spec_.interaction_width, 0.0f);
+  }
+  if (!m->spec_.lookups.empty() && options.wide.size() > 0) m->wide_tmp_.assign(batch * m->spec_.outputs, 0.0f);
+  int var = 0;
+  if (!options.bottom.empty()) {
+    m->bottom_ = std::make_unique<Tower>();
+    SW_RETURN_IF_ERROR(m->bottom_->Build(engine, batch, shape.dense_dim, options.bottom, m->input_.data(),
+                                         /*dx=*/nullptr, m->params_, m->grads_, var));
+    var += 2 * static_cast<int>(options.bottom.size());
+  }
+  m->top_ = std::make_unique<Tower>();
+  const float* top_in = dot ? m->inter_.data() : m->z_.data();
+  float* top_din = dot ? m->dinter_.data() : m->dz_.data();
+  if (m->direct_) {
+    top_in = m->bottom_ ? m->bottom_->out() : m->input_.data();
+    top_din = m->bottom_ ? m->bottom_->dout() : nullptr;  // the input needs no gradient
+  }
+  SW_RETURN_IF_ERROR(m->top_->Build(engine, batch, m->spec_.interaction_width, options.layers, top_in, top_din,
+                                    m->params_, m->grads_, var));
+  m->logits_ = m->top_->out();
+  m->dlogits_ = m->top_->dout();
+  return m;
+}
+
+void Model::LoadRecord(const Dataset& data, int64_t r, int64_t slot, const PackedRecords* packed) {
+  if (dense_dim_ > 0) {
+    float* dst = input_.data() + slot * dense_dim_;
+    if (packed != nullptr && packed->has_dense_bytes()) {
+      // The same division as the IDX reader's: the very same floats.
+      const uint8_t* src = packed->dense_bytes.data() + r * dense_dim_;
+      BytesToUnitFloats(src, dst, dense_dim_);
+    } else {
+      std::memcpy(dst, data.dense.data() + r * dense_dim_, dense_dim_ * sizeof(float));
+    }
+  }
+  if (head_ == HeadType::kRegression) {
+    targets_[slot] = data.targets[r];
+  } else {
+    labels_[slot] = data.labels[r];
+  }
+  if (head_ == HeadType::kSoftmax) {
+    const int64_t base = label_offsets_[slot];
+    if (data.multi_label()) {
+      const int64_t b = data.label_offsets[r], e = data.label_offsets[r + 1];
+      if (label_sets_.size() < static_cast<size_t>(base + (e - b))) label_sets_.resize(base + (e - b));
+      std::copy(data.label_sets.begin() + b, data.label_sets.begin() + e, label_sets_.begin() + base);
+      label_offsets_[slot + 1] = base + (e - b);
+    } else {
+      if (label_sets_.size() < static_cast<size_t>(base + 1)) label_sets_.resize(base + 1);
+      label_sets_[base] = data.labels[r];
+      label_offsets_[slot + 1] = base + 1;
+    }
+  }
+  // The packed block of record r: counts, then ids (PackedRecords).
+  const uint64_t* block = packed != nullptr && packed->has_ids() ? packed->words.data() + packed->start[r] : nullptr;
+  const uint64_t* packed_ids = block != nullptr ? block + (lookups_.size() + 1) / 2 : nullptr;
+  for (size_t l = 0; l < lookups_.size(); ++l) {
+    const Lookup& lk = spec_.lookups[l];
+    LookupState& st = lookups_[l];
+    const SparseField& f = data.fields[lk.data_field];
+    int64_t b = 0, e = 0;
+    if (block != nullptr) {
+      uint32_t c = 0;
+      std::memcpy(&c, reinterpret_cast<const char*>(block) + l * sizeof(uint32_t), sizeof(c));
+      e = c;
+    } else {
+      b = f.offsets[r];
+      e = f.offsets[r + 1];
+    }
+    const size_t need = st.count + static_cast<size_t>(e - b);
+    if (st.ids.size() < need) {
+      // Grows to the largest batch seen, then never again.
+      st.ids.resize(std::max(need, 2 * st.ids.size()));
+      st.rows.resize(st.ids.size() * lk.dim);
+      st.row_grads.resize(st.ids.size() * lk.dim);
+      st.addresses.resize(st.ids.size());
+      if (lk.weighted) st.weights.resize(st.ids.size());
+    }
+    if (block != nullptr) {
+      std::copy(packed_ids, packed_ids + e, st.ids.begin() + st.count);
+      packed_ids += e;
+    } else {
+      const int64_t rows = static_rows_[l];
+      for (int64_t i = b; i < e; ++i) st.ids[st.count + (i - b)] = StoreId(f.ids[i], rows);
+    }
+    if (lk.weighted) {
+      if (f.weights.empty()) {
+        std::fill(st.weights.begin() + st.count, st.weights.begin() + need, 1.0f);
+      } else {
+        std::copy(f.weights.begin() + b, f.weights.begin() + e, st.weights.begin() + st.count);
+      }
+    }
+    st.count = need;
+    st.offsets[slot + 1] = static_cast<int64_t>(need);
+  }
+}
+
+std::optional<PackedRecords> Model::PackRecords(const Dataset& data) const {
+  PackedRecords p;
+  p.records = data.count;
+  const size_t nl = lookups_.size();
+  bool pack_ids = nl > 0;
+  size_t total_ids = 0;
+  for (size_t l = 0; l < nl; ++l) {
+    const SparseField& f = data.fields[spec_.lookups[l].data_field];
+    if (spec_.lookups[l].weighted && !f.weights.empty()) pack_ids = false;
+    total_ids += f.ids.size();
+  }
+  if (pack_ids) {
+    p.num_lookups = static_cast<int>(nl);
+    const size_t head = (nl + 1) / 2;
+    ReserveOnHugePages(&p.start, static_cast<size_t>(data.count) + 1);
+    ReserveOnHugePages(&p.words, static_cast<size_t>(data.count) * head + total_ids);
+    p.start.resize(static_cast<size_t>(data.count) + 1);
+    p.words.assign(static_cast<size_t>(data.count) * head + total_ids, 0);
+    uint64_t at = 0;
+    for (int64_t r = 0; r < data.count; ++r) {
+      p.start[r] = at;
+      char* counts = reinterpret_cast<char*>(p.words.data() + at);
+      at += head;
+      for (size_t l = 0; l < nl; ++l) {
+        const SparseField& f = data.fields[spec_.lookups[l].data_field];
+        const int64_t b = f.offsets[r], e = f.offsets[r + 1];
+        const uint32_t c = static_cast<uint32_t>(e - b);
+        std::memcpy(counts + l * sizeof(uint32_t), &c, sizeof(c));
+        for (int64_t i = b; i < e; ++i) p.words[at++] = StoreId(f.ids[i], static_rows_[l]);
+      }
+    }
+    p.start[data.count] = at;
+  }
+  // Dense bytes, only if every value is exactly k / 255.0f (checked value
+  // by value, so the loads give back the same floats).
+  const size_t nd = static_cast<size_t>(data.count) * static_cast<size_t>(dense_dim_);
+  if (nd > 0 && data.dense.size() == nd) {
+    std::vector<uint8_t> bytes;
+    ReserveOnHugePages(&bytes, nd);
+    bytes.resize(nd);
+    bool exact = true;
+    for (size_t i = 0; i < nd && exact; ++i) {
+      const float v = data.dense[i];
+      const float k = std::nearbyint(v * 255.0f);
+      exact = k >= 0.0f && k <= 255.0f && static_cast<float>(static_cast<uint8_t>(k)) / 255.0f == v &&
+              !std::signbit(v);
+      bytes[i] = exact ? static_cast<uint8_t>(k) : 0;
+    }
+    if (exact) p.dense_bytes = std::move(bytes);
+  }
+  if (!p.has_ids() && !p.has_dense_bytes()) return std::nullopt;
+  return p;
+}
+
+void Model::FinishLoad(int64_t n) {
+  // Padding rows: zero inputs, empty bags, harmless labels.
+  if (n < batch_) {
+    std::fill(input_.begin() + n * dense_dim_, input_.end(), 0.0f);
+    std::fill(labels_.begin() + n, labels_.end(), 0);
+    std::fill(targets_.begin() + n, targets_.end(), 0.0f);
+    for (int64_t s = n; s < batch_; ++s) label_offsets_[s + 1] = label_offsets_[n];
+    for (LookupState& st : lookups_) {
+      for (int64_t s = n; s < batch_; ++s) st.offsets[s + 1] = static_cast<int64_t>(st.count);
+    }
+  }
+}
+
+void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed) {
+  for (LookupState& st : lookups_) st.count = 0;
+  // Records are scattered over the data set: keep the next few in flight
+  // while one is copied (a copy alone waits for each record's first lines).
+  // A packed record is found through start[r], itself a miss: its word is
+  // fetched twice as far ahead as the block it points to.
+  constexpr int64_t kAhead = 3;
+  const size_t dense_bytes = static_cast<size_t>(dense_dim_) * sizeof(float);
+  auto prefetch = [&](int64_t s) {
+    const int64_t r = records[s];
+    if (packed != nullptr && packed->has_dense_bytes()) {
+      PrefetchLines(packed->dense_bytes.data() + r * dense_dim_, static_cast<size_t>(dense_dim_));
+    } else {
+      PrefetchLines(data.dense.data() + r * dense_dim_, dense_bytes);
+    }
+    if (packed != nullptr && packed->has_ids()) {
+      const uint64_t b = packed->start[r], e = packed->start[r + 1];
+      PrefetchLines(packed->words.data() + b, (e - b) * sizeof(uint64_t));
+    }
+  };
+  auto prefetch_start = [&](int64_t s) {
+    if (packed != nullptr && packed->has_ids()) __builtin_prefetch(packed->start.data() + records[s], 0, 2);
+  };
+  for (int64_t s = 0; s < std::min(2 * kAhead, n); ++s) prefetch_start(s);
+  for (int64_t s = 0; s < std::min(kAhead, n); ++s) prefetch(s);
+  for (int64_t s = 0; s < n; ++s) {
+    if (s + 2 * kAhead < n) prefetch_start(s + 2 * kAhead);
+    if (s + kAhead < n) prefetch(s + kAhead);
+    LoadRecord(data, records[s], s, packed);
+  }
+  FinishLoad(n);
+}
+
+void Model::LoadRange(const Dataset& data, int64_t first, int64_t n) {
+  for (LookupState& st : lookups_) st.count = 0;
+  for (int64_t s = 0; s < n; ++s) LoadRecord(data, first + s, s);
+  FinishLoad(n);
+}
+
+void Model::Forward(bool training, const dnnl::stream& stream) {
+  const float* b_out = input_.data();
+  if (bottom_) {
+    bottom_->Forward(training, &rng_, stream);
+    b_out = bottom_->out();
+  }
+  if (direct_) {
+    top_->Forward(training, &rng_, stream);
+    AddWide();
+    return;
+  }
+  const int64_t zw = static_cast<int64_t>(z_.size()) / batch_;
+  // The dense vector's place: columns [0, db) of z_ (concat, dot) or of inter_ (dot_no_dense).
+  float* dense_to = interaction_ == Interaction::kDotNoDense ? inter_.data() : z_.data();
+  const int64_t dense_stride = interaction_ == Interaction::kDotNoDense ? spec_.interaction_width : zw;
+  if (db_ > 0) {
+    for (int64_t r = 0; r < batch_; ++r) {
+      std::memcpy(dense_to + r * dense_stride, b_out + r * db_, db_ * sizeof(float));
+    }
+  }
+  // The pooling of rows read in place is where their misses land: timed as
+  // a whole (TakeInPlacePoolSeconds).
+  bool any_in_place = false;
+  const auto pool_start = std::chrono::steady_clock::now();
+  for (size_t l = 0; l < lookups_.size(); ++l) {
+    const Lookup& lk = spec_.lookups[l];
+    if (lk.wide) continue;
+    LookupState& st = lookups_[l];
+    const float* weights = lk.weighted ? st.weights.data() : nullptr;
+    if (st.in_place) {
+      any_in_place = true;
+      HogwildEmbeddingBagForward(st.addresses.data(), lk.dim, st.offsets.data(), weights, batch_, lk.pooling,
+                                 z_.data() + st.z_offset, zw);
+    } else {
+      EmbeddingBagForward(st.rows.data(), lk.dim, st.offsets.data(), weights, batch_, lk.pooling,
+                          z_.data() + st.z_offset, zw);
+    }
+  }
+  if (any_in_place) {
+    in_place_pool_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - pool_start).count();
+  }
+  switch (interaction_) {
+    case Interaction::kConcat: break;
+    case Interaction::kDot:
+      DotInteractionForward(z_.data(), batch_, num_vectors_, vec_dim_, /*with_first=*/true, inter_.data(),
+                            spec_.interaction_width);
+      break;
+    case Interaction::kDotNoDense:
+      DotInteractionForward(z_.data(), batch_, num_vectors_, vec_dim_, /*with_first=*/false, inter_.data() + db_,
+                            spec_.interaction_width);
+      break;
+  }
+  top_->Forward(training, &rng_, stream);
+  AddWide();
+}
+
+void Model::AddWide() {
+  const int64_t k = spec_.outputs;
+  for (size_t l = 0; l < lookups_.size(); ++l) {
+    const Lookup& lk = spec_.lookups[l];
+    if (!lk.wide) continue;
+    LookupState& st = lookups_[l];
+    EmbeddingBagForward(st.rows.data(), k, st.offsets.data(), st.weights.data(), batch_, Pooling::kSum,
+                        wide_tmp_.data(), k);
+    for (int64_t i = 0; i < batch_ * k; ++i) logits_[i] += wide_tmp_[i];
+  }
+}
+
+LossResult Model::Loss(int64_t valid) {
+  switch (head_) {
+    case HeadType::kBinary:
+      return SigmoidBinaryCrossEntropy(logits_, labels_.data(), valid, batch_, nullptr);
+    case HeadType::kRegression:
+      return MeanSquaredError(logits_, targets_.data(), valid, batch_, nullptr);
+    case HeadType::kSoftmax:
+      return SoftmaxCrossEntropyMultiLabel(logits_, label_offsets_.data(), label_sets_.data(), valid, batch_,
+                                           spec_.outputs, nullptr);
+  }
+  return {};
+}
+
+LossResult Model::Backward(int64_t valid, const dnnl::stream& stream, GradientReduction reduction) {
+  LossResult r;
+  switch (head_) {
+    case HeadType::kBinary:
+      r = SigmoidBinaryCrossEntropy(logits_, labels_.data(), valid, batch_, dlogits_);
+      break;
+    case HeadType::kRegression:
+      r = MeanSquaredError(logits_, targets_.data(), valid, batch_, dlogits_);
+      break;
+    case HeadType::kSoftmax:
+      r = SoftmaxCrossEntropyMultiLabel(logits_, label_offsets_.data(), label_sets_.data(), valid, batch_,
+                                        spec_.outputs, dlogits_);
+      break;
+  }
+  const int64_t k = spec_.outputs;
+  // The losses give the mean loss's gradient; a sum reduction multiplies it
+  // by the records. The dense factor goes into dlogits (after the wide rows
+  // have read them), so the deep rows, downstream of it, take the ratio.
+  const float records = static_cast<float>(std::max<int64_t>(valid, 1));
+  const float dense_scale = reduction.dense == LossReduction::kSum ? records : 1.0f;
+  const float sparse_scale = reduction.sparse == LossReduction::kSum ? records : 1.0f;
+  valid_ = valid;
+  row_grad_scale_ = sparse_scale / dense_scale;
+  // Wide rows first: the top tower's backward may change dlogits in place.
+  for (size_t l = 0; l < lookups_.size(); ++l) {
+    const Lookup& lk = spec_.lookups[l];
+    if (!lk.wide) continue;
+    LookupState& st = lookups_[l];
+    EmbeddingBagBackward(dlogits_, k, k, st.offsets.data(), st.weights.data(), batch_, valid, Pooling::kSum,
+                         st.row_grads.data(), sparse_scale);
+  }
+  if (dense_scale != 1.0f) {
+    for (int64_t i = 0; i < valid * k; ++i) dlogits_[i] *= dense_scale;
+  }
+  top_->Backward(stream);
+  if (direct_) {
+    if (bottom_) bottom_->Backward(stream);  // the top wrote its input gradient into the bottom's dout
+    return r;
+  }
+  const int64_t zw = static_cast<int64_t>(z_.size()) / batch_;
+  switch (interaction_) {
+    case Interaction::kConcat: break;  // dz_ is the top's input gradient
+    case Interaction::kDot:
+      DotInteractionBackward(z_.data(), dinter_.data(), spec_.interaction_width, batch_, num_vectors_, vec_dim_,
+                             /*with_first=*/true, dz_.data());
+      break;
+    case Interaction::kDotNoDense:
+      DotInteractionBackward(z_.data(), dinter_.data() + db_, spec_.interaction_width, batch_, num_vectors_, vec_dim_,
+                             /*with_first=*/false, dz_.data());
+      break;
+  }
+  for (size_t l = 0; l < lookups_.size(); ++l) {
+    const Lookup& lk = spec_.lookups[l];
+    if (lk.wide) continue;
+    LookupState& st = lookups_[l];
+    if (st.in_place) continue;  // ApplyRowSgd reads dz_
+    EmbeddingBagBackward(dz_.data() + st.z_offset, zw, lk.dim, st.offsets.data(),
+                         lk.weighted ? st.weights.data() : nullptr, batch_, valid, lk.pooling, st.row_grads.data(),
+                         sparse_scale / dense_scale);
+  }
+  if (bottom_) {
+    // Gather the gradient wrt the dense vector into the bottom's output gradient.
+    const float* from = interaction_ == Interaction::kDotNoDense ? dinter_.data() : dz_.data();
+    const int64_t stride = interaction_ == Interaction::kDotNoDense ? spec_.interaction_width : zw;
+    float* to = bottom_->dout();
+    for (int64_t r = 0; r < batch_; ++r) std::memcpy(to + r * db_, from + r * stride, db_ * sizeof(float));
+    bottom_->Backward(stream);
+  }
+  return r;
+}
+
+bool Model::UseRowAddresses(int l, bool use) {
+  if (use && spec_.lookups[l].wide) return false;
+  lookups_[l].in_place = use;
+  return true;
+}
+
+void Model::ApplyRowSgd(int l, float lr) {
+  const Lookup& lk = spec_.lookups[l];
+  LookupState& st = lookups_[l];
+  if (!st.in_place) return;
+  const int64_t zw = static_cast<int64_t>(z_.size()) / batch_;
+  HogwildEmbeddingBagSgd(st.addresses.data(), lk.dim, st.offsets.data(), lk.weighted ? st.weights.data() : nullptr,
+                         batch_, valid_, lk.pooling, dz_.data() + st.z_offset, zw, row_grad_scale_, lr);
+}
+
+double Model::ForwardFlops() const { return (bottom_ ? bottom_->ForwardFlops() : 0) + top_->ForwardFlops(); }
+double Model::BackwardFlops() const { return (bottom_ ? bottom_->BackwardFlops() : 0) + top_->BackwardFlops(); }
+
+}  // namespace shardwild

@@ -1,0 +1,250 @@
+// The model a config describes: dense features through a bottom tower,
+// sparse fields pooled through embedding tables (EmbeddingBag), an
+// interaction (concat or DLRM's dot), a top tower, an optional wide part
+// (Wide&Deep), and a head (softmax, binary logistic, regression).
+//
+//   dense [B, D] -> bottom MLP -> b [B, Db] --+
+//   field f ids -> table rows -> bag pool ----+-> interaction -> top MLP -> logits [B, K]
+//   wide field ids -> dim-K rows -> sum -----------------------------------^ (added)
+//
+// A plain MLP over images (fashion_mnist_mlp.yaml) is the case with no
+// sparse fields, no bottom tower and concat: the top tower sees the pixels.
+//
+// A Model belongs to one worker. It owns every buffer it computes with (the
+// batch's dense inputs, labels and ids, the pulled table rows, activations, a
+// local copy of the dense parameters filled by the caller from the
+// ParamStore, and all gradients) and builds its oneDNN primitives once, in
+// Create(). The step allocates nothing once the id buffers have grown to the
+// largest batch seen (variable-length bags: text, libsvm).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/data/dataset.h"
+#include "core/model/layers.h"
+#include "core/config/options.h"
+#include "core/model/variable.h"
+#include "oneapi/dnnl/dnnl.hpp"
+
+namespace shardwild {
+
+// What a model needs to know about its data.
+struct DataShape {
+  int64_t dense_dim = 0;
+  int32_t num_classes = 0;          // 0 = regression targets
+  std::vector<std::string> fields;  // the sparse fields, by name
+  static DataShape Of(const Dataset& data);
+};
+
+// An embedding table the model uses (the store's TableSpec is made from it).
+struct EmbeddingDecl {
+  std::string name;
+  int64_t rows = 0;      // static: vocabulary (ids are taken % rows); dynamic: capacity
+  int64_t dim = 0;
+  bool dynamic = false;
+  bool evict_lru = false;
+  float init_scale = 0;  // rows start uniform(-init_scale, init_scale); resolved (never 0 here)
+};
+
+// One sparse lookup: a data field pooled through a table.
+struct Lookup {
+  std::string field;
+  int data_field = 0;    // index in Dataset::fields
+  int table = 0;         // index in ModelSpec::tables
+  int64_t dim = 0;
+  Pooling pooling = Pooling::kSum;
+  bool weighted = true;
+  bool wide = false;     // part of the wide term (adds to the logits)
+};
+
+struct ModelSpec {
+  std::vector<VariableSpec> variables;  // bottom_<i>/{kernel,bias}, then dense_<i>/{kernel,bias} (the top)
+  std::vector<EmbeddingDecl> tables;    // model.tables used by some feature, then wide/<field>
+  std::vector<Lookup> lookups;          // model.sparse in order, then model.wide
+  int64_t outputs = 0;                  // K: classes (softmax) or 1
+  int64_t interaction_width = 0;        // the top tower's input width
+};
+
+// A data set laid out for fast batch loads by one model (Model::PackRecords),
+// built once per job and read-only after: every worker of a job shares one.
+// Either part may be absent (empty), and loads then read `Dataset` itself.
+//   * ids: each record's sparse ids, already mapped to store ids, in one
+//     contiguous block, instead of an offset and an id list per field
+//     scattered over as many arrays as there are fields.
+//   * dense bytes: when every dense value is exactly k / 255.0f for a byte k
+//     (IDX images as the reader scales them), the bytes k, a quarter of the
+//     memory traffic of the floats; a load computes k / 255.0f again, so the
+//     batch holds the very same floats.
+struct PackedRecords {
+  // Record r's id block is words[start[r], start[r + 1]): (num_lookups + 1)
+  // / 2 words holding one uint32 count per lookup (lookup order, little end
+  // first), then those counts' store ids, lookup after lookup. Both empty
+  // when the ids are not packed.
+  std::vector<uint64_t> start;  // [records + 1]
+  std::vector<uint64_t> words;
+  int num_lookups = 0;
+  int64_t records = 0;
+  // [records x dense_dim] bytes k with dense value k / 255.0f; empty when
+  // the dense values are not all of that form.
+  std::vector<uint8_t> dense_bytes;
+
+  bool has_ids() const { return !start.empty(); }
+  bool has_dense_bytes() const { return !dense_bytes.empty(); }
+};
+
+// How Model::Backward reduces the records' gradients over a batch, for the
+// dense variables (grads()) and for the embedding rows (row_grads(), the
+// wide part's included): the optimizers' loss_reduction (core/config/options.h).
+struct GradientReduction {
+  LossReduction dense = LossReduction::kSumOverBatchSize;
+  LossReduction sparse = LossReduction::kSumOverBatchSize;
+};
+
+class Model {
+ public:
+  // The variables, tables and lookups of `options` on data of `shape`.
+  // InvalidArgument (naming the config key) when they don't fit together: a
+  // field the data lacks, a softmax head whose width is not the number of
+  // classes, a dot interaction whose vectors differ in width, ...
+  static absl::StatusOr<ModelSpec> Describe(const ModelOptions& options, const DataShape& shape);
+  // Describe(...).variables.
+  static absl::StatusOr<std::vector<VariableSpec>> Variables(const ModelOptions& options, const DataShape& shape);
+
+  // A model for batches of `batch` records. `seed` seeds the dropout masks.
+  static absl::StatusOr<std::unique_ptr<Model>> Create(const ModelOptions& options, const DataShape& shape,
+                                                       int64_t batch, const dnnl::engine& engine, uint64_t seed);
+  ~Model();
+
+  const ModelSpec& spec() const { return spec_; }
+  HeadType head() const { return head_; }
+  int64_t batch() const { return batch_; }
+  int64_t outputs() const { return spec_.outputs; }
+  int64_t dense_dim() const { return dense_dim_; }
+  int num_variables() const { return static_cast<int>(spec_.variables.size()); }
+  const VariableSpec& variable(int v) const { return spec_.variables[v]; }
+  float* params(int v) { return params_[v].data(); }
+  const float* grads(int v) const { return grads_[v].data(); }
+
+  int num_lookups() const { return static_cast<int>(spec_.lookups.size()); }
+  const Lookup& lookup(int l) const { return spec_.lookups[l]; }
+  // After LoadBatch: the store ids of lookup l's table for this batch (a
+  // static table's id is the raw id % rows), all bags one after another.
+  absl::Span<const uint64_t> ids(int l) const { return {lookups_[l].ids.data(), lookups_[l].count}; }
+  // Where the caller puts the pulled rows of ids(l) ([ids(l).size() x dim]).
+  float* rows(int l) { return lookups_[l].rows.data(); }
+  // After Backward: the gradient of each row of ids(l) (same layout).
+  const float* row_grads(int l) const { return lookups_[l].row_grads.data(); }
+
+  // The fused embedding path (ParamStore::RowAddresses), per deep (not
+  // wide) lookup and per batch. After LoadBatch the caller writes the
+  // address of each id's row in the store to row_addresses(l)[0,
+  // ids(l).size()) and calls UseRowAddresses(l, true): Forward then pools
+  // the rows in place (no pulled copy), Backward writes no row_grads(l),
+  // and ApplyRowSgd(l, lr) applies the embedding-bag gradient straight to
+  // the rows with plain SGD. UseRowAddresses(l, false) (the state after
+  // Create) goes back to rows(l) and row_grads(l). Returns false for a wide
+  // lookup, which always uses rows(l).
+  float** row_addresses(int l) { return lookups_[l].addresses.data(); }
+  bool UseRowAddresses(int l, bool use);
+  bool uses_row_addresses(int l) const { return lookups_[l].in_place; }
+  // After Backward(valid, ...), for a lookup using row addresses: rows -=
+  // lr * the gradient of each of its ids (HogwildEmbeddingBagSgd), with
+  // Backward's reduction.
+  void ApplyRowSgd(int l, float lr);
+  // Seconds the Forward calls since the last call spent pooling the deep
+  // lookups' rows where any was read in place (the embedding phase hidden
+  // in the forward; 0 when none was), then resets.
+  double TakeInPlacePoolSeconds() {
+    const double s = in_place_pool_s_;
+    in_place_pool_s_ = 0;
+    return s;
+  }
+
+  // Copies records[0..n) of `data` (n <= batch) into the batch: dense
+  // inputs, labels and each lookup's ids; rows n..batch are padding (zero
+  // inputs, empty bags). `data` must have the shape the model was made for.
+  // With `packed` (PackRecords(data), or null) the ids come from there.
+  void LoadBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed = nullptr);
+  // The same for the consecutive records [first, first + n).
+  void LoadRange(const Dataset& data, int64_t first, int64_t n);
+  // `data` packed for this model (PackedRecords): the ids unless there are
+  // no lookups or a weighted lookup's field carries weights (they stay in
+  // `data`), the dense bytes where every value is k / 255.0f. nullopt when
+  // neither part applies. One pass over `data`, which must have the shape
+  // the model was made for.
+  std::optional<PackedRecords> PackRecords(const Dataset& data) const;
+
+  // Forward pass over the loaded batch and pulled rows. `training` applies dropout.
+  void Forward(bool training, const dnnl::stream& stream);
+  // The head's loss over the first `valid` rows, then the backward pass:
+  // gradients into grads() and row_grads(), of the mean loss over the
+  // `valid` records, or with LossReduction::kSum of their summed loss
+  // (`valid` times the mean's), as `reduction` says for each. The returned
+  // loss is the sum either way. Call after Forward(true, ...).
+  LossResult Backward(int64_t valid, const dnnl::stream& stream, GradientReduction reduction = {});
+  // The head's loss over `valid` rows of the last Forward, no gradients.
+  LossResult Loss(int64_t valid);
+
+  // [batch x outputs()] after Forward: logits (softmax, binary) or predictions (regression).
+  const float* logits() const { return logits_; }
+  // The loaded batch's labels ([batch]; classification) and targets ([batch]; regression).
+  const int32_t* labels() const { return labels_.data(); }
+  const float* targets() const { return targets_.data(); }
+
+  // FLOPs (2 per multiply-add) of one forward and one backward pass over a full batch (dense layers only).
+  double ForwardFlops() const;
+  double BackwardFlops() const;
+
+ private:
+  class Tower;
+  struct LookupState {
+    std::vector<uint64_t> ids;
+    std::vector<int64_t> offsets;     // [batch + 1], relative to ids
+    std::vector<float> weights;       // empty when not weighted
+    std::vector<float> rows, row_grads;
+    std::vector<float*> addresses;    // [ids.size()] the rows in the store (in_place)
+    bool in_place = false;            // UseRowAddresses
+    size_t count = 0;                 // ids of this batch
+    int64_t z_offset = 0;             // where its pooled vector goes in a row of z_ (deep lookups)
+  };
+  Model() = default;
+  // With `packed`, the lookups' ids come from its block of `record`.
+  void LoadRecord(const Dataset& data, int64_t record, int64_t slot, const PackedRecords* packed = nullptr);
+  void FinishLoad(int64_t n);
+  void AddWide();  // adds the wide lookups' terms to the logits
+
+  ModelSpec spec_;
+  HeadType head_ = HeadType::kSoftmax;
+  Interaction interaction_ = Interaction::kConcat;
+  int64_t batch_ = 0, dense_dim_ = 0, db_ = 0, num_vectors_ = 0, vec_dim_ = 0;
+  // concat with no deep lookups: the top tower reads the dense vector (the
+  // input or the bottom's output) in place, with no copy into z_.
+  bool direct_ = false;
+  std::vector<int64_t> static_rows_;  // per lookup: table rows for static tables, 0 for dynamic
+  std::vector<float> input_;          // [batch, dense_dim]
+  std::vector<int32_t> labels_;
+  std::vector<float> targets_;
+  std::vector<int64_t> label_offsets_;
+  std::vector<int32_t> label_sets_;
+  std::vector<LookupState> lookups_;
+  std::vector<float> z_, dz_;         // interaction input (dot) or the top's input (concat) and its gradient
+  std::vector<float> inter_, dinter_; // the top tower's input and gradient (dot interactions)
+  std::vector<float> wide_tmp_;       // [batch, outputs] one wide lookup's pooled term
+  std::vector<std::vector<float>> params_, grads_;
+  std::unique_ptr<Tower> bottom_, top_;
+  float* logits_ = nullptr;
+  float* dlogits_ = nullptr;
+  uint64_t rng_ = 0;
+  // The last Backward's: records and the deep rows' gradient factor.
+  int64_t valid_ = 0;
+  float row_grad_scale_ = 1.0f;
+  double in_place_pool_s_ = 0;  // TakeInPlacePoolSeconds
+};
+
+}  // namespace shardwild

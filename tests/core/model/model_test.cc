@@ -1,0 +1,456 @@
+// Tests for Model: what Describe declares, batch loading (ids, modulo,
+// weights, padding), and the whole model's gradients (towers, EmbeddingBag,
+// concat/dot interactions, wide part, each head) against central finite
+// differences of the mean loss.
+#include "core/model/model.h"
+
+#include <algorithm>
+#include <bit>
+#include <optional>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/data/dataset.h"
+#include "core/config/options.h"
+#include "gtest/gtest.h"
+#include "oneapi/dnnl/dnnl.hpp"
+
+namespace shardwild {
+namespace {
+
+// A small data set: `dense` dense features, fields "a" (1..3 ids per record,
+// weighted), "b" (0..2 ids, unweighted) and "c" (exactly one id).
+Dataset SmallData(int64_t count, int64_t dense, int32_t classes, bool multi_label, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1, 1);
+  Dataset d;
+  d.count = count;
+  d.dense_dim = dense;
+  for (int64_t i = 0; i < count * dense; ++i) d.dense.push_back(u(rng));
+  d.num_classes = classes;
+  for (int64_t r = 0; r < count; ++r) {
+    if (classes == 0) {
+      d.targets.push_back(u(rng));
+    } else {
+      d.labels.push_back(static_cast<int32_t>(rng() % classes));
+    }
+  }
+  if (multi_label) {
+    d.label_offsets.push_back(0);
+    for (int64_t r = 0; r < count; ++r) {
+      d.label_sets.push_back(d.labels[r]);
+      if (r % 2 == 1) d.label_sets.push_back((d.labels[r] + 1) % classes);
+      d.label_offsets.push_back(static_cast<int64_t>(d.label_sets.size()));
+    }
+  }
+  const char* names[] = {"a", "b", "c"};
+  for (int f = 0; f < 3; ++f) {
+    SparseField field;
+    field.name = names[f];
+    field.offsets.push_back(0);
+    for (int64_t r = 0; r < count; ++r) {
+      const int n = f == 0 ? 1 + static_cast<int>(rng() % 3) : (f == 1 ? static_cast<int>(rng() % 3) : 1);
+      for (int k = 0; k < n; ++k) {
+        field.ids.push_back(1000 + rng() % 7);  // repeats within a batch
+        if (f == 0) field.weights.push_back(0.5f + static_cast<float>(rng() % 4) * 0.25f);
+      }
+      field.offsets.push_back(static_cast<int64_t>(field.ids.size()));
+    }
+    d.fields.push_back(field);
+  }
+  return d;
+}
+
+ModelOptions SmallOptions(Interaction interaction, HeadType head, int64_t outputs, bool wide, bool bottom) {
+  ModelOptions m;
+  m.head = head;
+  m.interaction = interaction;
+  m.tables = {{"ta", 5, 3, false, false, 0.5f}, {"tc", 1 << 20, 3, true, false, 0.5f}};
+  m.sparse = {{"a", "ta", Pooling::kSum, true}, {"b", "ta", Pooling::kMean, true}, {"c", "tc", Pooling::kSum, true}};
+  if (bottom) m.bottom = {{"dense", 4, Activation::kTanh}, {"dense", 3, Activation::kSigmoid}};
+  m.layers = {{"dense", 4, Activation::kTanh}, {"dense", outputs, Activation::kNone}};
+  if (wide) m.wide = {"a", "b"};
+  m.wide_rows = 11;
+  return m;
+}
+
+class ModelTest : public ::testing::Test {
+ protected:
+  dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream_{engine_};
+};
+
+TEST_F(ModelTest, DescribeDeclaresTowersTablesAndLookups) {
+  const Dataset d = SmallData(4, 5, 2, false, 1);
+  absl::StatusOr<ModelSpec> spec =
+      Model::Describe(SmallOptions(Interaction::kDot, HeadType::kBinary, 1, /*wide=*/true, /*bottom=*/true),
+                      DataShape::Of(d));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_EQ(spec->variables.size(), 8u);
+  EXPECT_EQ(spec->variables[0].name, "bottom_0/kernel");
+  EXPECT_EQ(spec->variables[0].rows, 5);
+  EXPECT_EQ(spec->variables[4].name, "dense_0/kernel");
+  // dot over [dense, a, b, c]: 3 (the dense vector) + 4*3/2 pairs.
+  EXPECT_EQ(spec->interaction_width, 3 + 6);
+  EXPECT_EQ(spec->variables[4].rows, 9);
+  ASSERT_EQ(spec->tables.size(), 4u);  // ta (shared by a and b), tc, wide/a, wide/b
+  EXPECT_EQ(spec->tables[0].name, "ta");
+  EXPECT_EQ(spec->tables[1].name, "tc");
+  EXPECT_TRUE(spec->tables[1].dynamic);
+  EXPECT_EQ(spec->tables[2].name, "wide/a");
+  EXPECT_EQ(spec->tables[2].dim, 1);
+  EXPECT_EQ(spec->tables[2].rows, 11);
+  EXPECT_EQ(spec->tables[2].init_scale, 0.0f);  // wide weights start at zero
+  ASSERT_EQ(spec->lookups.size(), 5u);
+  EXPECT_EQ(spec->lookups[1].table, 0);
+  EXPECT_TRUE(spec->lookups[3].wide);
+  EXPECT_EQ(spec->outputs, 1);
+
+  // concat: dense vector (bottom out 3) + 3 embeddings of 3.
+  spec = Model::Describe(SmallOptions(Interaction::kConcat, HeadType::kBinary, 1, false, true), DataShape::Of(d));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->interaction_width, 12);
+  // dot_no_dense: the bottom out (3) + 3*2/2 pairs of embeddings.
+  spec = Model::Describe(SmallOptions(Interaction::kDotNoDense, HeadType::kBinary, 1, false, true), DataShape::Of(d));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->interaction_width, 6);
+}
+
+TEST_F(ModelTest, DescribeErrorsNameTheKey) {
+  const Dataset d = SmallData(4, 5, 3, false, 1);
+  auto expect_error = [&](const ModelOptions& m, const DataShape& s, const std::string& key) {
+    absl::StatusOr<ModelSpec> spec = Model::Describe(m, s);
+    ASSERT_FALSE(spec.ok()) << key;
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(spec.status().message().find(key), std::string::npos) << spec.status();
+  };
+  // A softmax head one unit short of the classes.
+  expect_error(SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 2, false, true), DataShape::Of(d), "units");
+  // A binary head on three classes.
+  expect_error(SmallOptions(Interaction::kConcat, HeadType::kBinary, 1, false, true), DataShape::Of(d), "model.head");
+  // A field the data lacks.
+  ModelOptions m = SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, false, true);
+  m.sparse[2].field = "zz";
+  expect_error(m, DataShape::Of(d), "model.sparse[2].field");
+  m = SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, true, true);
+  m.wide[1] = "nope";
+  expect_error(m, DataShape::Of(d), "model.wide[1]");
+  // dot with a dense vector of the wrong width (no bottom: the 5 features).
+  expect_error(SmallOptions(Interaction::kDot, HeadType::kSoftmax, 3, false, false), DataShape::Of(d),
+               "model.interaction");
+  // Embeddings of different widths under dot.
+  m = SmallOptions(Interaction::kDot, HeadType::kSoftmax, 3, false, true);
+  m.tables[1].dim = 4;
+  expect_error(m, DataShape::Of(d), "model.interaction");
+  // A table no one defined.
+  m = SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, false, true);
+  m.sparse[0].table = "missing";
+  expect_error(m, DataShape::Of(d), "model.sparse[0]");
+  // Regression on class labels.
+  expect_error(SmallOptions(Interaction::kConcat, HeadType::kRegression, 1, false, true), DataShape::Of(d),
+               "model.head");
+}
+
+TEST_F(ModelTest, LoadBatchMapsIdsPoolsWeightsAndPads) {
+  const Dataset d = SmallData(6, 2, 2, false, 3);
+  auto model = Model::Create(SmallOptions(Interaction::kConcat, HeadType::kBinary, 1, true, false), DataShape::Of(d),
+                             /*batch=*/4, engine_, 1);
+  ASSERT_TRUE(model.ok()) << model.status();
+  Model& m = **model;
+  const int32_t records[] = {5, 2, 0};
+  m.LoadBatch(d, records, 3);
+  // Lookup 0: field a through static table ta (5 rows): id % 5.
+  std::vector<uint64_t> want;
+  for (int32_t r : records) {
+    for (int64_t i = d.fields[0].offsets[r]; i < d.fields[0].offsets[r + 1]; ++i) want.push_back(d.fields[0].ids[i] % 5);
+  }
+  EXPECT_EQ(std::vector<uint64_t>(m.ids(0).begin(), m.ids(0).end()), want);
+  // Lookup 2: field c through the dynamic table: raw ids.
+  want.clear();
+  for (int32_t r : records) want.push_back(d.fields[2].ids[d.fields[2].offsets[r]]);
+  EXPECT_EQ(std::vector<uint64_t>(m.ids(2).begin(), m.ids(2).end()), want);
+  // Wide lookup of field a: static, wide_rows 11.
+  EXPECT_EQ(m.ids(3).size(), m.ids(0).size());
+  EXPECT_EQ(m.ids(3)[0], d.fields[0].ids[d.fields[0].offsets[5]] % 11);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(m.labels()[i], d.labels[records[i]]);
+  EXPECT_EQ(m.labels()[3], 0);
+
+  // Forward with every pulled row = 1: field a's sum pooling gives the weight
+  // sum; the padding row's bags are empty and its logit is the bias path only.
+  for (int l = 0; l < m.num_lookups(); ++l) {
+    std::fill(m.rows(l), m.rows(l) + m.ids(l).size() * m.lookup(l).dim, 1.0f);
+  }
+  for (int v = 0; v < m.num_variables(); ++v) std::fill(m.params(v), m.params(v) + m.variable(v).size(), 0.0f);
+  m.Forward(false, stream_);
+  // Top is zero: the logit is the wide term = sum of a's weights + the count of b's ids.
+  for (int i = 0; i < 3; ++i) {
+    const int32_t r = records[i];
+    double want_logit = 0;
+    for (int64_t k = d.fields[0].offsets[r]; k < d.fields[0].offsets[r + 1]; ++k) want_logit += d.fields[0].weights[k];
+    want_logit += static_cast<double>(d.fields[1].size(r));
+    EXPECT_NEAR(m.logits()[i], want_logit, 1e-5) << i;
+  }
+  EXPECT_EQ(m.logits()[3], 0.0f);
+
+  // A second, smaller batch reuses the buffers: counts restart.
+  m.LoadRange(d, 1, 1);
+  EXPECT_EQ(static_cast<int64_t>(m.ids(2).size()), 1);
+}
+
+// Ids packed by PackRecords load exactly as ids read from the fields: every
+// lookup's ids (static ones mapped, dynamic ones raw, empty bags and repeats
+// included), offsets and labels, over batches of several sizes.
+TEST_F(ModelTest, PackedRecordsLoadAsTheFieldsDo) {
+  Dataset d = SmallData(40, 2, 3, false, 3);
+  d.fields[0].weights.clear();  // a weighted field with weights is not packed (below)
+  auto packed_model = Model::Create(SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, true, true),
+                                    DataShape::Of(d), /*batch=*/8, engine_, 1);
+  auto plain_model = Model::Create(SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, true, true),
+                                   DataShape::Of(d), /*batch=*/8, engine_, 1);
+  ASSERT_TRUE(packed_model.ok()) << packed_model.status();
+  ASSERT_TRUE(plain_model.ok()) << plain_model.status();
+  Model& pm = **packed_model;
+  Model& m = **plain_model;
+  const std::optional<PackedRecords> packed = pm.PackRecords(d);
+  ASSERT_TRUE(packed.has_value());
+  EXPECT_EQ(packed->records, d.count);
+  EXPECT_EQ(packed->num_lookups, pm.num_lookups());
+  ASSERT_EQ(packed->start.size(), static_cast<size_t>(d.count) + 1);
+  EXPECT_EQ(packed->start.back(), packed->words.size());
+  const std::vector<std::vector<int32_t>> batches = {{39, 0, 17, 17, 5, 22, 8, 31}, {3}, {12, 1, 30}, {}};
+  for (const std::vector<int32_t>& records : batches) {
+    const int64_t n = static_cast<int64_t>(records.size());
+    pm.LoadBatch(d, records.data(), n, &*packed);
+    m.LoadBatch(d, records.data(), n);
+    for (int l = 0; l < m.num_lookups(); ++l) {
+      EXPECT_EQ(std::vector<uint64_t>(pm.ids(l).begin(), pm.ids(l).end()),
+                std::vector<uint64_t>(m.ids(l).begin(), m.ids(l).end()))
+          << "lookup " << l << ", batch of " << n;
+    }
+    for (int64_t i = 0; i < 8; ++i) EXPECT_EQ(pm.labels()[i], m.labels()[i]) << i;
+    // Same bags: pooling all-ones rows gives each bag's size in both.
+    for (Model* x : {&pm, &m}) {
+      for (int l = 0; l < x->num_lookups(); ++l) {
+        std::fill(x->rows(l), x->rows(l) + x->ids(l).size() * x->lookup(l).dim, 1.0f);
+      }
+      for (int v = 0; v < x->num_variables(); ++v) std::fill(x->params(v), x->params(v) + x->variable(v).size(), 0.5f);
+      x->Forward(false, stream_);
+    }
+    for (int64_t i = 0; i < 8 * 3; ++i) EXPECT_EQ(pm.logits()[i], m.logits()[i]) << i;
+  }
+  // A weighted lookup whose field carries weights keeps reading the fields.
+  EXPECT_FALSE(pm.PackRecords(SmallData(5, 2, 3, false, 3)).has_value());
+}
+
+// Dense values that are all k / 255.0f (IDX pixels) pack as bytes and load
+// as the very same floats; other values are not packed.
+TEST_F(ModelTest, DenseBytesLoadAsTheSameFloats) {
+  Dataset d;
+  d.count = 9;
+  d.dense_dim = 37;  // not a multiple of any vector width
+  d.num_classes = 2;
+  for (int64_t i = 0; i < d.count * d.dense_dim; ++i) d.dense.push_back(static_cast<float>((i * 37) % 256) / 255.0f);
+  for (int64_t r = 0; r < d.count; ++r) d.labels.push_back(static_cast<int32_t>(r % 2));
+  ModelOptions m;
+  m.head = HeadType::kSoftmax;
+  m.layers = {{"dense", 2, Activation::kNone}};
+  auto packed_model = Model::Create(m, DataShape::Of(d), /*batch=*/4, engine_, 1);
+  auto plain_model = Model::Create(m, DataShape::Of(d), /*batch=*/4, engine_, 1);
+  ASSERT_TRUE(packed_model.ok()) << packed_model.status();
+  ASSERT_TRUE(plain_model.ok()) << plain_model.status();
+  const std::optional<PackedRecords> packed = (*packed_model)->PackRecords(d);
+  ASSERT_TRUE(packed.has_value());
+  EXPECT_TRUE(packed->has_dense_bytes());
+  EXPECT_FALSE(packed->has_ids());
+  const int32_t records[] = {8, 0, 3, 3};
+  (*packed_model)->LoadBatch(d, records, 4, &*packed);
+  (*plain_model)->LoadBatch(d, records, 4);
+  for (int v = 0; v < 2; ++v) {
+    Model& x = v == 0 ? **packed_model : **plain_model;
+    for (int k = 0; k < x.num_variables(); ++k) std::fill(x.params(k), x.params(k) + x.variable(k).size(), 0.25f);
+    x.Forward(false, stream_);
+  }
+  for (int i = 0; i < 4 * 2; ++i) {
+    EXPECT_EQ(std::bit_cast<uint32_t>((*packed_model)->logits()[i]), std::bit_cast<uint32_t>((*plain_model)->logits()[i]));
+  }
+  // One value off the grid (or negative zero) and the floats stay as they are.
+  for (float bad : {0.3f, -0.0f, 2.0f}) {
+    Dataset off = d;
+    off.dense[40] = bad;
+    EXPECT_FALSE((*packed_model)->PackRecords(off).has_value()) << bad;
+  }
+}
+
+// (interaction, head, wide, bottom)
+using GradParam = std::tuple<Interaction, HeadType, bool, bool>;
+
+class ModelGradientTest : public ModelTest, public ::testing::WithParamInterface<GradParam> {};
+
+TEST_P(ModelGradientTest, MatchesFiniteDifferences) {
+  const auto [interaction, head, wide, bottom] = GetParam();
+  const int32_t classes = head == HeadType::kSoftmax ? 3 : (head == HeadType::kBinary ? 2 : 0);
+  const int64_t outputs = head == HeadType::kSoftmax ? 3 : 1;
+  const int64_t dense = bottom ? 5 : 3;  // without a bottom the dense vector must be as wide as the embeddings (dot)
+  const Dataset d = SmallData(8, dense, classes, head == HeadType::kSoftmax, 7);
+  const ModelOptions opts = SmallOptions(interaction, head, outputs, wide, bottom);
+  constexpr int64_t kBatch = 5, kValid = 4;
+  auto model = Model::Create(opts, DataShape::Of(d), kBatch, engine_, 1);
+  ASSERT_TRUE(model.ok()) << model.status();
+  Model& m = **model;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-0.8f, 0.8f);
+  for (int v = 0; v < m.num_variables(); ++v) {
+    for (int64_t i = 0; i < m.variable(v).size(); ++i) m.params(v)[i] = u(rng);
+  }
+  const int32_t records[] = {3, 1, 6, 0};
+  m.LoadBatch(d, records, kValid);
+  for (int l = 0; l < m.num_lookups(); ++l) {
+    for (size_t i = 0; i < m.ids(l).size() * m.lookup(l).dim; ++i) m.rows(l)[i] = u(rng);
+  }
+  auto loss = [&] {
+    m.Forward(false, stream_);
+    return m.Loss(kValid).loss_sum / kValid;
+  };
+  m.Forward(true, stream_);
+  m.Backward(kValid, stream_);
+  std::vector<std::vector<float>> grads, row_grads;
+  for (int v = 0; v < m.num_variables(); ++v) grads.emplace_back(m.grads(v), m.grads(v) + m.variable(v).size());
+  for (int l = 0; l < m.num_lookups(); ++l) {
+    row_grads.emplace_back(m.row_grads(l), m.row_grads(l) + m.ids(l).size() * m.lookup(l).dim);
+  }
+  constexpr double kEps = 1e-3;
+  auto check = [&](float* p, float analytic, const std::string& what) {
+    const float saved = *p;
+    *p = static_cast<float>(saved + kEps);
+    const double lp = loss();
+    *p = static_cast<float>(saved - kEps);
+    const double lm = loss();
+    *p = saved;
+    const double numeric = (lp - lm) / (2 * kEps);
+    EXPECT_NEAR(analytic, numeric, 2e-3 + 2e-2 * std::abs(numeric)) << what;
+  };
+  for (int v = 0; v < m.num_variables(); ++v) {
+    for (int64_t i = 0; i < m.variable(v).size(); i += 3) {
+      check(m.params(v) + i, grads[v][i], absl::StrCat(m.variable(v).name, "[", i, "]"));
+    }
+  }
+  int checked_rows = 0;
+  for (int l = 0; l < m.num_lookups(); ++l) {
+    for (size_t i = 0; i < row_grads[l].size(); ++i) {
+      check(m.rows(l) + i, row_grads[l][i], absl::StrCat("lookup ", l, " (", m.lookup(l).field, ") row value ", i));
+      ++checked_rows;
+    }
+  }
+  EXPECT_GT(checked_rows, 10);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, ModelGradientTest,
+    ::testing::Values(GradParam{Interaction::kConcat, HeadType::kBinary, false, true},
+                      GradParam{Interaction::kConcat, HeadType::kSoftmax, true, true},
+                      GradParam{Interaction::kConcat, HeadType::kRegression, true, false},
+                      GradParam{Interaction::kDot, HeadType::kBinary, true, true},
+                      GradParam{Interaction::kDot, HeadType::kSoftmax, false, false},
+                      GradParam{Interaction::kDotNoDense, HeadType::kBinary, false, true},
+                      GradParam{Interaction::kDotNoDense, HeadType::kRegression, true, true}));
+
+// LossReduction: with kSum a part's gradients are those of the mean loss
+// times the batch's records (4 of 5 here, the padding excluded); the other
+// part's are unchanged. Wide rows follow the sparse reduction.
+TEST_F(ModelTest, GradientReductionScalesEachPartByTheRecords) {
+  const Dataset d = SmallData(8, 5, 3, /*multi_label=*/false, 3);
+  const ModelOptions opts = SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, /*wide=*/true, /*bottom=*/true);
+  constexpr int64_t kBatch = 5, kValid = 4;
+  auto model = Model::Create(opts, DataShape::Of(d), kBatch, engine_, 1);
+  ASSERT_TRUE(model.ok()) << model.status();
+  Model& m = **model;
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<float> u(-0.8f, 0.8f);
+  for (int v = 0; v < m.num_variables(); ++v) {
+    for (int64_t i = 0; i < m.variable(v).size(); ++i) m.params(v)[i] = u(rng);
+  }
+  const int32_t records[] = {2, 5, 7, 1};
+  m.LoadBatch(d, records, kValid);
+  for (int l = 0; l < m.num_lookups(); ++l) {
+    for (size_t i = 0; i < m.ids(l).size() * m.lookup(l).dim; ++i) m.rows(l)[i] = u(rng);
+  }
+  struct Grads {
+    std::vector<std::vector<float>> dense, rows;
+    double loss_sum = 0;
+  };
+  auto backward = [&](GradientReduction reduction) {
+    m.Forward(true, stream_);
+    Grads g;
+    g.loss_sum = m.Backward(kValid, stream_, reduction).loss_sum;
+    for (int v = 0; v < m.num_variables(); ++v) g.dense.emplace_back(m.grads(v), m.grads(v) + m.variable(v).size());
+    for (int l = 0; l < m.num_lookups(); ++l) {
+      g.rows.emplace_back(m.row_grads(l), m.row_grads(l) + m.ids(l).size() * m.lookup(l).dim);
+    }
+    return g;
+  };
+  constexpr LossReduction kMean = LossReduction::kSumOverBatchSize, kSum = LossReduction::kSum;
+  const Grads mean = backward({});
+  const Grads explicit_mean = backward({kMean, kMean});
+  EXPECT_EQ(explicit_mean.dense, mean.dense);  // the default is the mean, bit for bit
+  EXPECT_EQ(explicit_mean.rows, mean.rows);
+  double largest = 0;
+  for (const auto& v : mean.dense) {
+    for (float x : v) largest = std::max(largest, std::abs(static_cast<double>(x)));
+  }
+  ASSERT_GT(largest, 1e-3);  // the comparison below is not between zeros
+  auto expect_scaled = [](const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& base,
+                          double factor, const std::string& what) {
+    ASSERT_EQ(got.size(), base.size());
+    for (size_t v = 0; v < got.size(); ++v) {
+      ASSERT_EQ(got[v].size(), base[v].size());
+      for (size_t i = 0; i < got[v].size(); ++i) {
+        const double want = factor * base[v][i];
+        ASSERT_NEAR(got[v][i], want, 1e-6 + 1e-5 * std::abs(want)) << what << " " << v << "[" << i << "]";
+      }
+    }
+  };
+  for (const GradientReduction r : {GradientReduction{kSum, kSum}, GradientReduction{kMean, kSum},
+                                    GradientReduction{kSum, kMean}}) {
+    const Grads g = backward(r);
+    const std::string what = absl::StrCat("dense ", LossReductionName(r.dense), ", sparse ", LossReductionName(r.sparse));
+    expect_scaled(g.dense, mean.dense, r.dense == kSum ? kValid : 1, what + ": variable");
+    expect_scaled(g.rows, mean.rows, r.sparse == kSum ? kValid : 1, what + ": lookup");
+    EXPECT_EQ(g.loss_sum, mean.loss_sum) << what;  // the reported loss does not change
+  }
+}
+
+TEST_F(ModelTest, DropoutOnlyWhileTraining) {
+  const Dataset d = SmallData(8, 5, 2, false, 5);
+  ModelOptions opts = SmallOptions(Interaction::kConcat, HeadType::kBinary, 1, false, true);
+  opts.layers = {{"dense", 16, Activation::kTanh, 0.5f}, {"dense", 1, Activation::kNone}};
+  auto model = Model::Create(opts, DataShape::Of(d), 4, engine_, 1);
+  ASSERT_TRUE(model.ok()) << model.status();
+  Model& m = **model;
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  for (int v = 0; v < m.num_variables(); ++v) {
+    for (int64_t i = 0; i < m.variable(v).size(); ++i) m.params(v)[i] = u(rng);
+  }
+  m.LoadRange(d, 0, 4);
+  for (int l = 0; l < m.num_lookups(); ++l) {
+    for (size_t i = 0; i < m.ids(l).size() * m.lookup(l).dim; ++i) m.rows(l)[i] = u(rng);
+  }
+  m.Forward(false, stream_);
+  const std::vector<float> eval1(m.logits(), m.logits() + 4);
+  m.Forward(false, stream_);
+  EXPECT_EQ(std::vector<float>(m.logits(), m.logits() + 4), eval1);  // deterministic without dropout
+  m.Forward(true, stream_);
+  const std::vector<float> train1(m.logits(), m.logits() + 4);
+  m.Forward(true, stream_);
+  const std::vector<float> train2(m.logits(), m.logits() + 4);
+  EXPECT_NE(train1, eval1);
+  EXPECT_NE(train1, train2);  // a new mask each step
+}
+
+}  // namespace
+}  // namespace shardwild
