@@ -3,7 +3,7 @@
 # Usage: .ci/deps.sh [--sanitizers]
 set -euo pipefail
 
-pkgs=(build-essential cmake pkg-config ninja-build g++
+pkgs=(build-essential cmake pkg-config ninja-build g++ python3
       libdnnl-dev libhwy-dev libtbb-dev libhwloc-dev hwloc libeigen3-dev libabsl-dev
       libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev zlib1g-dev
       libgtest-dev libgmock-dev googletest libbenchmark-dev nlohmann-json3-dev
