@@ -2,7 +2,7 @@ JOBS  ?= $(shell nproc)
 BUILD ?= build
 CONFIG := configs/fashion_mnist_mlp.yaml
 
-.PHONY: build deps train test test-fast bench asan tsan clean
+.PHONY: build deps train test test-fast bench asan tsan fuzz clean
 
 build: deps
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release
@@ -39,5 +39,13 @@ tsan: deps
 	cmake --build build-tsan -j $(JOBS)
 	setarch $$(uname -m) -R ctest --test-dir build-tsan --output-on-failure -j $(JOBS) -LE slow $(CTEST_ARGS)
 
+# Every libFuzzer target from its seed corpus for FUZZ_SECONDS (default 60)
+# each, clang with ASan+UBSan; fails on a finding (tests/fuzz/run.sh).
+fuzz:
+	bash .ci/deps.sh --sanitizers
+	cmake --preset fuzz -G Ninja
+	cmake --build build-fuzz -j $(JOBS) --target fuzzers
+	tests/fuzz/run.sh build-fuzz
+
 clean:
-	rm -rf $(BUILD) build-asan build-tsan
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz
