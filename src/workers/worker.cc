@@ -164,6 +164,17 @@ absl::Status Worker::TrainAndLeave(const int32_t* order, int64_t count, int64_t 
   return trained.ok() ? left : trained;
 }
 
+void Worker::PrefetchNextBatch(const int32_t* order, int64_t count, int64_t cursor, bool cycle) const {
+  const int64_t batch = model_->batch();
+  for (int64_t i = 0; i < batch; ++i, ++cursor) {
+    if (cursor == count) {
+      if (!cycle) return;
+      cursor = 0;
+    }
+    model_->PrefetchRecord(*train_, order[cursor], packed_);
+  }
+}
+
 absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max_steps,
                                 const OptimizerOptions& optimizer, double progress_begin, double progress_per_step,
                                 int64_t first_step, PhaseTimes* times) {
@@ -227,6 +238,7 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
     const auto t3 = Clock::now();
     model_->Forward(/*training=*/true, stream_);
     const auto t4 = Clock::now();
+    PrefetchNextBatch(order, count, cursor, max_steps >= 0);
     const LossResult loss =
         model_->Backward(valid, stream_, {optimizer.loss_reduction, sparse_optimizer.loss_reduction});
     const auto t5 = Clock::now();

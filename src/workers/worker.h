@@ -184,6 +184,10 @@ class Worker {
   // A training step's row updates: PushRowsBatch of the pulled lookups,
   // then the in-place lookups' fused backward and SGD.
   absl::Status UpdateRows(float lr);
+  // Between the forward and the backward: prefetches the records of the
+  // next batch (order[cursor..], wrapping when `cycle`), so their misses
+  // overlap the backward instead of the next data phase.
+  void PrefetchNextBatch(const int32_t* order, int64_t count, int64_t cursor, bool cycle) const;
   // Rejects evaluation or prediction data whose shape differs from the training data's.
   absl::Status CheckShape(const Dataset& data, const char* what) const;
   absl::Status TrainSteps(const int32_t* order, int64_t count, int64_t max_steps, const OptimizerOptions& optimizer,

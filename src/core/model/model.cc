@@ -504,6 +504,18 @@ void Model::FinishLoad(int64_t n) {
   }
 }
 
+void Model::PrefetchRecord(const Dataset& data, int64_t r, const PackedRecords* packed) const {
+  if (packed != nullptr && packed->has_dense_bytes()) {
+    PrefetchLines(packed->dense_bytes.data() + r * dense_dim_, static_cast<size_t>(dense_dim_));
+  } else {
+    PrefetchLines(data.dense.data() + r * dense_dim_, static_cast<size_t>(dense_dim_) * sizeof(float));
+  }
+  if (packed != nullptr && packed->has_ids()) {
+    const uint64_t b = packed->start[r], e = packed->start[r + 1];
+    PrefetchLines(packed->words.data() + b, (e - b) * sizeof(uint64_t));
+  }
+}
+
 void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed) {
   for (LookupState& st : lookups_) st.count = 0;
   // Records are scattered over the data set: keep the next few in flight
@@ -511,19 +523,7 @@ void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, co
   // A packed record is found through start[r], itself a miss: its word is
   // fetched twice as far ahead as the block it points to.
   constexpr int64_t kAhead = 3;
-  const size_t dense_bytes = static_cast<size_t>(dense_dim_) * sizeof(float);
-  auto prefetch = [&](int64_t s) {
-    const int64_t r = records[s];
-    if (packed != nullptr && packed->has_dense_bytes()) {
-      PrefetchLines(packed->dense_bytes.data() + r * dense_dim_, static_cast<size_t>(dense_dim_));
-    } else {
-      PrefetchLines(data.dense.data() + r * dense_dim_, dense_bytes);
-    }
-    if (packed != nullptr && packed->has_ids()) {
-      const uint64_t b = packed->start[r], e = packed->start[r + 1];
-      PrefetchLines(packed->words.data() + b, (e - b) * sizeof(uint64_t));
-    }
-  };
+  auto prefetch = [&](int64_t s) { PrefetchRecord(data, records[s], packed); };
   auto prefetch_start = [&](int64_t s) {
     if (packed != nullptr && packed->has_ids()) __builtin_prefetch(packed->start.data() + records[s], 0, 2);
   };

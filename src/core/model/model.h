@@ -173,6 +173,11 @@ class Model {
   void LoadBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed = nullptr);
   // The same for the consecutive records [first, first + n).
   void LoadRange(const Dataset& data, int64_t first, int64_t n);
+  // Asks for record r's inputs (its dense values or bytes, and its packed
+  // ids) to be brought toward the caches, ahead of the LoadBatch that will
+  // read it: issued during a step's compute, the misses overlap it instead
+  // of stalling the next data phase. A hint only: no effect on any value.
+  void PrefetchRecord(const Dataset& data, int64_t r, const PackedRecords* packed) const;
   // `data` packed for this model (PackedRecords): the ids unless there are
   // no lookups or a weighted lookup's field carries weights (they stay in
   // `data`), the dense bytes where every value is k / 255.0f. nullopt when
