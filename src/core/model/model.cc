@@ -505,6 +505,14 @@ void Model::FinishLoad(int64_t n) {
 }
 
 void Model::PrefetchRecord(const Dataset& data, int64_t r, const PackedRecords* packed) const {
+  // The label (or target) is a miss of its own once the data set is larger than the caches.
+  const std::vector<float>& targets = data.targets;
+  const std::vector<int32_t>& labels = data.labels;
+  if (head_ == HeadType::kRegression) {
+    if (static_cast<size_t>(r) < targets.size()) __builtin_prefetch(targets.data() + r, 0, 2);
+  } else if (static_cast<size_t>(r) < labels.size()) {
+    __builtin_prefetch(labels.data() + r, 0, 2);
+  }
   if (packed != nullptr && packed->has_dense_bytes()) {
     PrefetchLines(packed->dense_bytes.data() + r * dense_dim_, static_cast<size_t>(dense_dim_));
   } else {
