@@ -41,6 +41,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/base/cpu_features.h"
 #include "core/base/status.h"
 #include "core/config/config.h"
 #include "core/data/data_gen.h"
@@ -579,11 +580,12 @@ int ShowTopology(const std::string& synthetic, const std::string& xml, int worke
               {"cores", t.num_cores()},
               {"pus", t.num_pus()},
               {"nodes", nodes},
+              {"cpu", {{"instruction_sets", DetectCpuFeatures().Names()}, {"onednn_isa", OneDnnCpuIsaName()}}},
               {"placement", {{"workers", pw}, {"threads_per_worker", p.threads_per_worker}, {"shard_nodes", p.shard_nodes},
                              {"oversubscribed", p.oversubscribed}}}};
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("%s%s", t.Describe().c_str(), p.ToString().c_str());
+    std::printf("%s%s%s", t.Describe().c_str(), DescribeCpu().c_str(), p.ToString().c_str());
   }
   return 0;
 }

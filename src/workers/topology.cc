@@ -8,7 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/base/cpu_features.h"
 #include "core/base/status.h"
+#include "oneapi/dnnl/dnnl.hpp"
 
 namespace shardwild {
 
@@ -170,6 +172,29 @@ absl::Status Topology::BindArea(void* addr, size_t bytes, int node) {
     return absl::InternalError(absl::StrCat("could not bind shard memory to NUMA node ", node));
   }
   return absl::OkStatus();
+}
+
+std::string OneDnnCpuIsaName() {
+  switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_sse41: return "sse41";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_mic: return "avx512_mic";
+    case dnnl_cpu_isa_avx512_mic_4ops: return "avx512_mic_4ops";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    default: return "all";  // no limit (dnnl_cpu_isa_all) or one this list does not know
+  }
+}
+
+std::string DescribeCpu() {
+  const CpuFeatures f = DetectCpuFeatures();
+  const std::vector<std::string> names = f.Names();
+  return absl::StrFormat("cpu (this machine): %s%s; oneDNN uses %s\n", names.empty() ? "none of AVX2, AVX-512, AMX" : absl::StrJoin(names, " "),
+                         f.amx_tile ? "" : ", no AMX", OneDnnCpuIsaName());
 }
 
 }  // namespace shardwild

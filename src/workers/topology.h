@@ -96,4 +96,12 @@ class Topology final : public MemoryPlacer {
   std::vector<int> core_node_;  // logical core index -> node
 };
 
+// This machine's CPU, whatever topology is being shown: the instruction
+// sets found (core/base/cpu_features.h) and the one oneDNN runs its kernels
+// with (dnnl::get_effective_cpu_isa, e.g. "avx512_core_bf16"), as
+// `shardwild topology` prints them:
+//   cpu (this machine): AVX2 AVX-512 AVX512_BF16, no AMX; oneDNN uses avx512_core_bf16
+std::string OneDnnCpuIsaName();
+std::string DescribeCpu();
+
 }  // namespace shardwild

@@ -141,6 +141,19 @@ TEST(CliTest, TopologyOfThisMachine) {
   ASSERT_TRUE(j.is_object()) << r.out;
   EXPECT_GE(j["cores"].get<int>(), 1);
   EXPECT_EQ(j["placement"]["oversubscribed"], false);
+  // The instruction sets found, in JSON and on the text report's cpu line.
+  ASSERT_TRUE(j["cpu"]["instruction_sets"].is_array()) << r.out;
+  const std::string isa = j["cpu"]["onednn_isa"].get<std::string>();
+  EXPECT_FALSE(isa.empty());
+  const Result text = RunCli({"topology"});
+  ASSERT_EQ(text.code(), 0) << text.err;
+  const size_t at = text.out.find("cpu (this machine): ");
+  ASSERT_NE(at, std::string::npos) << text.out;
+  const std::string line = text.out.substr(at, text.out.find('\n', at) - at);
+  for (const json& name : j["cpu"]["instruction_sets"]) {
+    EXPECT_NE(line.find(name.get<std::string>()), std::string::npos) << line;
+  }
+  EXPECT_NE(line.find("oneDNN uses " + isa), std::string::npos) << line;
 }
 
 // `bench store`: a sub-subcommand of `bench`, which still takes a CONFIG.
