@@ -511,6 +511,9 @@ int Bench(const std::string& path, const std::vector<std::string>& sets, bool as
               {"peak_gflops", r->peak.gflops},
               {"peak_shape", {r->peak.m, r->peak.n, r->peak.k}},
               {"peak_fraction", r->peak_fraction},
+              {"bf16_peak_gflops", r->bf16_peak.gflops > 0 ? json(r->bf16_peak.gflops) : json(nullptr)},
+              {"bf16_peak_shape", r->bf16_peak.gflops > 0 ? json({r->bf16_peak.m, r->bf16_peak.n, r->bf16_peak.k})
+                                                          : json(nullptr)},
               {"kernel_target", r->kernel_target},
               {"kernel_targets", r->kernel_targets}};
     if (r->wire_bytes_per_step >= 0) {

@@ -1,6 +1,8 @@
 #include "workers/bench.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -10,7 +12,9 @@
 #include "core/model/optimizer.h"
 #include "core/model/partitioner.h"
 #include "core/base/status.h"
+#include "core/base/cpu_features.h"
 #include "oneapi/dnnl/dnnl.h"
+#include "oneapi/dnnl/dnnl.hpp"
 #include "workers/store_bench.h"
 #include "workers/trainer.h"
 
@@ -19,19 +23,23 @@ namespace {
 using Clock = std::chrono::steady_clock;
 }
 
-absl::StatusOr<MatmulPeak> MeasureMatmulPeak(WorkerPool& pool, int omp_threads_per_worker,
-                                             const std::vector<int64_t>& sizes, double seconds) {
+namespace {
+
+// Runs make_once(size)'s call on every pool thread at once for about
+// seconds / sizes.size() per size; the best total rate and its shape.
+// make_once is called on each thread and returns the timed call, or an
+// error; the call returns false if it failed.
+template <class MakeOnce>
+absl::StatusOr<MatmulPeak> BestMatmulRate(WorkerPool& pool, int omp_threads_per_worker,
+                                          const std::vector<int64_t>& sizes, double seconds, const MakeOnce& make_once) {
   if (sizes.empty()) return absl::InvalidArgumentError("MeasureMatmulPeak: no sizes");
   MatmulPeak best;
   const double per_size = seconds / static_cast<double>(sizes.size());
   for (int64_t size : sizes) {
     std::vector<double> rates(pool.size(), 0.0);
     SW_RETURN_IF_ERROR(pool.RunAll([&](int i) -> absl::Status {
-      std::vector<float> a(size * size, 0.5f), b(size * size, 0.25f), c(size * size, 0.0f);
-      auto once = [&] {
-        return dnnl_sgemm('N', 'N', size, size, size, 1.0f, a.data(), size, b.data(), size, 0.0f, c.data(), size);
-      };
-      if (once() != dnnl_success) return absl::InternalError("dnnl_sgemm failed");  // warm-up
+      SW_ASSIGN_OR_RETURN(auto once, make_once(size));
+      if (!once()) return absl::InternalError(absl::StrCat("matmul ", size, "^3 failed"));  // warm-up
       const auto start = Clock::now();
       int64_t calls = 0;
       double elapsed = 0;
@@ -53,6 +61,64 @@ absl::StatusOr<MatmulPeak> MeasureMatmulPeak(WorkerPool& pool, int omp_threads_p
   best.threads = pool.size();
   best.omp_threads_per_worker = omp_threads_per_worker;
   return best;
+}
+
+// One thread's sgemm of size^3 on its own buffers.
+struct Sgemm {
+  int64_t size;
+  std::vector<float> a, b, c;
+  explicit Sgemm(int64_t n) : size(n), a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f) {}
+  bool operator()() {
+    return dnnl_sgemm('N', 'N', size, size, size, 1.0f, a.data(), size, b.data(), size, 0.0f, c.data(), size) ==
+           dnnl_success;
+  }
+};
+
+// One thread's bf16 matmul of size^3 (bf16 x bf16 -> f32) on its own buffers.
+struct Bf16Matmul {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  dnnl::memory a, b, c;
+  dnnl::matmul prim;
+  explicit Bf16Matmul(int64_t n) {
+    using dt = dnnl::memory::data_type;
+    using tag = dnnl::memory::format_tag;
+    const dnnl::memory::desc a_md({n, n}, dt::bf16, tag::ab), b_md({n, n}, dt::bf16, tag::ab),
+        c_md({n, n}, dt::f32, tag::ab);
+    a = dnnl::memory(a_md, engine);
+    b = dnnl::memory(b_md, engine);
+    c = dnnl::memory(c_md, engine);
+    // bf16 0.5 and 0.25: the upper halves of the floats.
+    std::fill_n(static_cast<uint16_t*>(a.get_data_handle()), n * n, uint16_t{0x3F00});
+    std::fill_n(static_cast<uint16_t*>(b.get_data_handle()), n * n, uint16_t{0x3E80});
+    prim = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), engine));
+  }
+  bool operator()() {
+    prim.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    stream.wait();
+    return true;
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<MatmulPeak> MeasureMatmulPeak(WorkerPool& pool, int omp_threads_per_worker,
+                                             const std::vector<int64_t>& sizes, double seconds) {
+  return BestMatmulRate(pool, omp_threads_per_worker, sizes, seconds,
+                        [](int64_t size) -> absl::StatusOr<Sgemm> { return Sgemm(size); });
+}
+
+absl::StatusOr<MatmulPeak> MeasureBf16MatmulPeak(WorkerPool& pool, int omp_threads_per_worker,
+                                                 const std::vector<int64_t>& sizes, double seconds) {
+  return BestMatmulRate(pool, omp_threads_per_worker, sizes, seconds,
+                        [](int64_t size) -> absl::StatusOr<Bf16Matmul> {
+                          try {
+                            return Bf16Matmul(size);
+                          } catch (const dnnl::error& e) {
+                            return absl::InternalError(
+                                absl::StrCat("oneDNN could not build a bf16 matmul ", size, "^3: ", e.what()));
+                          }
+                        });
 }
 
 absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& wire_bytes) {
@@ -106,6 +172,13 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
   r.model_gflops = total_steps * r.flops_per_step / r.wall_s / 1e9;
   SW_ASSIGN_OR_RETURN(r.peak, MeasureMatmulPeak(job.pool(), r.intra_op_threads, kPeakSizes, cfg.bench.peak_seconds));
   r.peak_fraction = r.peak.gflops > 0 ? r.model_gflops / r.peak.gflops : 0;
+  const CpuFeatures cpu = DetectCpuFeatures();
+  if (cpu.avx512_bf16 || cpu.amx_bf16) {
+    SW_ASSIGN_OR_RETURN(r.bf16_peak,
+                        MeasureBf16MatmulPeak(job.pool(), r.intra_op_threads, kPeakSizes, cfg.bench.peak_seconds));
+  } else {
+    r.bf16_unavailable = "no AVX512_BF16 or AMX_BF16 on this CPU";
+  }
   r.kernel_target = ActiveHogwildKernelTarget();
   r.kernel_targets = HogwildKernelTargets();
   r.data_load_s = job.data_load_seconds();
@@ -184,6 +257,15 @@ std::string FormatBenchReport(const BenchReport& r) {
                         r.flops_per_step / 1e6, r.model_gflops);
   absl::StrAppendFormat(&s, "matmul peak (same run, sgemm %dx%dx%d on %d threads x %d OpenMP): %.2f GFLOP/s\n",
                         r.peak.m, r.peak.n, r.peak.k, r.peak.threads, r.peak.omp_threads_per_worker, r.peak.gflops);
+  if (r.bf16_peak.gflops > 0) {
+    absl::StrAppendFormat(&s, "bf16 matmul peak (same run, bf16 x bf16 -> f32 %dx%dx%d on %d threads x %d OpenMP): "
+                          "%.2f GFLOP/s, %.2fx the f32 peak\n",
+                          r.bf16_peak.m, r.bf16_peak.n, r.bf16_peak.k, r.bf16_peak.threads,
+                          r.bf16_peak.omp_threads_per_worker, r.bf16_peak.gflops,
+                          r.peak.gflops > 0 ? r.bf16_peak.gflops / r.peak.gflops : 0.0);
+  } else {
+    absl::StrAppendFormat(&s, "bf16 matmul peak: not measured (%s)\n", r.bf16_unavailable);
+  }
   absl::StrAppendFormat(&s, "fraction of peak: %.3f\n", r.peak_fraction);
   absl::StrAppendFormat(&s, "update kernels: %s (this CPU: %s)\n", r.kernel_target, absl::StrJoin(r.kernel_targets, " "));
   if (r.wire_bytes_per_step >= 0) {

@@ -36,6 +36,13 @@ absl::StatusOr<MatmulPeak> MeasureMatmulPeak(WorkerPool& pool, int omp_threads_p
 // The sizes `shardwild bench` tries.
 inline const std::vector<int64_t> kPeakSizes = {256, 512, 1024};
 
+// The same for a bf16 matmul (oneDNN matmul primitive: bf16 inputs, f32
+// accumulation and output), the rate a bf16 step can reach. Only measured
+// where the CPU has bf16 instructions (AVX512_BF16 or AMX): elsewhere
+// oneDNN emulates them and the figure would bound nothing.
+absl::StatusOr<MatmulPeak> MeasureBf16MatmulPeak(WorkerPool& pool, int omp_threads_per_worker,
+                                                 const std::vector<int64_t>& sizes, double seconds);
+
 struct BenchReport {
   int workers = 0;
   int intra_op_threads = 0;
@@ -52,6 +59,10 @@ struct BenchReport {
   double model_gflops = 0;      // achieved, all workers
   MatmulPeak peak;
   double peak_fraction = 0;     // model_gflops / peak.gflops
+  // The same-run bf16 matmul peak beside the f32 one; gflops 0 where the
+  // CPU has no bf16 instructions (bf16_unavailable says why).
+  MatmulPeak bf16_peak;
+  std::string bf16_unavailable;
   // The instruction set the Hogwild kernels (optimizer updates, pulls, row
   // gathers; core/model/hogwild_kernels.h) ran on, and every one this CPU offers.
   std::string kernel_target;

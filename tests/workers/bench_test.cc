@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/base/cpu_features.h"
 #include "gtest/gtest.h"
 #include "workers/job.h"
 #include "tests/workers/test_config.h"
@@ -60,6 +61,18 @@ TEST(BenchTest, TinyRunReportsEveryFigure) {
   EXPECT_NE(text.find("samples/s"), std::string::npos) << text;
   EXPECT_NE(text.find("fraction of peak"), std::string::npos) << text;
   EXPECT_NE(text.find("update kernels: " + r->kernel_target), std::string::npos) << text;
+
+  // The bf16 peak beside the f32 one, where the CPU has bf16 instructions.
+  const CpuFeatures cpu = DetectCpuFeatures();
+  if (cpu.avx512_bf16 || cpu.amx_bf16) {
+    EXPECT_GT(r->bf16_peak.gflops, 0);
+    EXPECT_EQ(r->bf16_peak.m, r->bf16_peak.k);
+    EXPECT_EQ(r->bf16_peak.threads, 2);
+    EXPECT_NE(text.find("bf16 matmul peak (same run"), std::string::npos) << text;
+  } else {
+    EXPECT_EQ(r->bf16_peak.gflops, 0);
+    EXPECT_NE(text.find("bf16 matmul peak: not measured (no AVX512_BF16"), std::string::npos) << text;
+  }
 }
 
 TEST(BenchTest, MatmulPeakOnBarePool) {
@@ -85,6 +98,20 @@ TEST(BenchTest, MatmulPeakIsTheBestSize) {
     EXPECT_EQ(peak->k, 192) << sizes[0];
   }
   EXPECT_FALSE(MeasureMatmulPeak(pool, 1, {}, 0.01).ok());
+}
+
+// The bf16 matmul builds, runs and reports one of its sizes (how fast it is
+// belongs in `shardwild bench`, not in a test).
+TEST(BenchTest, Bf16MatmulPeak) {
+  const CpuFeatures cpu = DetectCpuFeatures();
+  if (!cpu.avx512_bf16 && !cpu.amx_bf16) GTEST_SKIP() << "no bf16 instructions on this CPU";
+  WorkerPool pool(1, [](int) { return absl::OkStatus(); });
+  absl::StatusOr<MatmulPeak> bf16 = MeasureBf16MatmulPeak(pool, 1, {128, 256}, 0.1);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  EXPECT_TRUE(bf16->m == 128 || bf16->m == 256) << bf16->m;
+  EXPECT_EQ(bf16->threads, 1);
+  EXPECT_GT(bf16->gflops, 0);
+  EXPECT_FALSE(MeasureBf16MatmulPeak(pool, 1, {}, 0.01).ok());
 }
 
 }  // namespace
