@@ -166,12 +166,21 @@ absl::Status Worker::TrainAndLeave(const int32_t* order, int64_t count, int64_t 
 
 void Worker::PrefetchNextBatch(const int32_t* order, int64_t count, int64_t cursor, bool cycle) const {
   const int64_t batch = model_->batch();
-  for (int64_t i = 0; i < batch; ++i, ++cursor) {
-    if (cursor == count) {
-      if (!cycle) return;
-      cursor = 0;
+  // Two passes: the words that locate the records' packed ids first, all in
+  // flight at once, then the records, whose prefetch reads those words.
+  for (int pass = 0; pass < 2; ++pass) {
+    int64_t at = cursor;
+    for (int64_t i = 0; i < batch; ++i, ++at) {
+      if (at == count) {
+        if (!cycle) break;
+        at = 0;
+      }
+      if (pass == 0) {
+        model_->PrefetchRecordStart(order[at], packed_);
+      } else {
+        model_->PrefetchRecord(*train_, order[at], packed_);
+      }
     }
-    model_->PrefetchRecord(*train_, order[cursor], packed_);
   }
 }
 

@@ -178,6 +178,12 @@ class Model {
   // read it: issued during a step's compute, the misses overlap it instead
   // of stalling the next data phase. A hint only: no effect on any value.
   void PrefetchRecord(const Dataset& data, int64_t r, const PackedRecords* packed) const;
+  // Only the word that locates record r's packed ids, which PrefetchRecord
+  // reads (a miss of its own): issued for a whole batch first, the misses
+  // overlap instead of stalling PrefetchRecord one after another.
+  void PrefetchRecordStart(int64_t r, const PackedRecords* packed) const {
+    if (packed != nullptr && packed->has_ids()) __builtin_prefetch(packed->start.data() + r, 0, 2);
+  }
   // `data` packed for this model (PackedRecords): the ids unless there are
   // no lookups or a weighted lookup's field carries weights (they stay in
   // `data`), the dense bytes where every value is k / 255.0f. nullopt when
