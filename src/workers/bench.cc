@@ -181,12 +181,9 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
   r.model_gflops = total_steps * r.flops_per_step / r.wall_s / 1e9;
   SW_ASSIGN_OR_RETURN(r.peak, MeasureMatmulPeak(job.pool(), r.intra_op_threads, kPeakSizes, cfg.bench.peak_seconds));
   r.peak_fraction = r.peak.gflops > 0 ? r.model_gflops / r.peak.gflops : 0;
-  const CpuFeatures cpu = DetectCpuFeatures();
-  if (cpu.avx512_bf16 || cpu.amx_bf16) {
+  if (DetectCpuFeatures().bf16()) {
     SW_ASSIGN_OR_RETURN(r.bf16_peak,
                         MeasureBf16MatmulPeak(job.pool(), r.intra_op_threads, kPeakSizes, cfg.bench.peak_seconds));
-  } else {
-    r.bf16_unavailable = "no AVX512_BF16 or AMX_BF16 on this CPU";
   }
   r.kernel_target = ActiveHogwildKernelTarget();
   r.kernel_targets = HogwildKernelTargets();
@@ -273,7 +270,7 @@ std::string FormatBenchReport(const BenchReport& r) {
                           r.bf16_peak.omp_threads_per_worker, r.bf16_peak.gflops,
                           r.peak.gflops > 0 ? r.bf16_peak.gflops / r.peak.gflops : 0.0);
   } else {
-    absl::StrAppendFormat(&s, "bf16 matmul peak: not measured (%s)\n", r.bf16_unavailable);
+    s += "bf16 matmul peak: not measured (no AVX512_BF16 or AMX_BF16 on this CPU)\n";
   }
   absl::StrAppendFormat(&s, "fraction of peak: %.3f\n", r.peak_fraction);
   absl::StrAppendFormat(&s, "update kernels: %s (this CPU: %s)\n", r.kernel_target, absl::StrJoin(r.kernel_targets, " "));

@@ -60,9 +60,8 @@ struct BenchReport {
   MatmulPeak peak;
   double peak_fraction = 0;     // model_gflops / peak.gflops
   // The same-run bf16 matmul peak beside the f32 one; gflops 0 where the
-  // CPU has no bf16 instructions (bf16_unavailable says why).
+  // CPU has no bf16 instructions (CpuFeatures::bf16).
   MatmulPeak bf16_peak;
-  std::string bf16_unavailable;
   // The instruction set the Hogwild kernels (optimizer updates, pulls, row
   // gathers; core/model/hogwild_kernels.h) ran on, and every one this CPU offers.
   std::string kernel_target;

@@ -69,6 +69,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(int index, const ModelOpt
   w->row_pushes_.reserve(w->model_->num_lookups());
   w->in_place_possible_.assign(w->model_->num_lookups(), 1);
   w->batch_records_.assign(batch, 0);
+  w->next_records_.assign(batch, 0);
   try {
     w->stream_ = dnnl::stream(engine);
   } catch (const dnnl::error& e) {
@@ -164,24 +165,31 @@ absl::Status Worker::TrainAndLeave(const int32_t* order, int64_t count, int64_t 
   return trained.ok() ? left : trained;
 }
 
-void Worker::PrefetchNextBatch(const int32_t* order, int64_t count, int64_t cursor, bool cycle) const {
-  const int64_t batch = model_->batch();
-  // Two passes: the words that locate the records' packed ids first, all in
-  // flight at once, then the records, whose prefetch reads those words.
-  for (int pass = 0; pass < 2; ++pass) {
-    int64_t at = cursor;
-    for (int64_t i = 0; i < batch; ++i, ++at) {
-      if (at == count) {
-        if (!cycle) break;
-        at = 0;
-      }
-      if (pass == 0) {
-        model_->PrefetchRecordStart(order[at], packed_);
-      } else {
-        model_->PrefetchRecord(*train_, order[at], packed_);
-      }
+namespace {
+
+// Copies up to `batch` records of order[] from *cursor on into out and
+// advances *cursor: in a range run the last batch is short, in a cycling run
+// batches wrap round the range. Returns how many it took.
+int64_t TakeRecords(const int32_t* order, int64_t count, int64_t batch, bool cycle, int64_t* cursor, int32_t* out) {
+  int64_t n = 0;
+  while (n < batch) {
+    if (*cursor == count) {
+      if (!cycle) break;
+      *cursor = 0;
     }
+    out[n++] = order[(*cursor)++];
   }
+  return n;
+}
+
+}  // namespace
+
+void Worker::PrefetchNextBatch(const int32_t* order, int64_t count, int64_t cursor, bool cycle) {
+  const int64_t n = TakeRecords(order, count, model_->batch(), cycle, &cursor, next_records_.data());
+  // The words that locate the records' packed ids first, all in flight at
+  // once, then the records, whose prefetch reads those words.
+  for (int64_t i = 0; i < n; ++i) model_->PrefetchRecordStart(next_records_[i], packed_);
+  for (int64_t i = 0; i < n; ++i) model_->PrefetchRecord(*train_, next_records_[i], packed_);
 }
 
 absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max_steps,
@@ -202,6 +210,8 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
   // Embedding rows read and updated in the store's memory where it allows
   // (PrepareRows); the sync round and replica averaging need the gradients.
   const bool rows_in_place = update_.rows_in_place && sync == nullptr && update_.replicas == nullptr;
+  // A run of max_steps steps cycles through the range; otherwise it ends with it.
+  const bool cycle = max_steps >= 0;
   int64_t cursor = 0;
   PhaseTimes t;
   for (int64_t step = 0; step < steps; ++step) {
@@ -209,16 +219,9 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
     const float lr = optimizer.LrAt(progress);
     const float sparse_lr = sparse_optimizer.LrAt(progress);
     const auto t0 = Clock::now();
-    // Data: gather this batch's records. In a range run the last batch is
-    // short and padded; in a cycling run batches wrap round the range.
-    int64_t valid = 0;
-    while (valid < batch) {
-      if (cursor == count) {
-        if (max_steps < 0) break;
-        cursor = 0;
-      }
-      batch_records_[valid++] = order[cursor++];
-    }
+    // Data: gather this batch's records (the last of a range run short and
+    // padded).
+    const int64_t valid = TakeRecords(order, count, batch, cycle, &cursor, batch_records_.data());
     model_->LoadBatch(*train_, batch_records_.data(), valid, packed_);
     const auto t1 = Clock::now();
     // Read params: refresh the local copy on the first step of the call, every
@@ -247,7 +250,7 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
     const auto t3 = Clock::now();
     model_->Forward(/*training=*/true, stream_);
     const auto t4 = Clock::now();
-    PrefetchNextBatch(order, count, cursor, max_steps >= 0);
+    PrefetchNextBatch(order, count, cursor, cycle);
     const LossResult loss =
         model_->Backward(valid, stream_, {optimizer.loss_reduction, sparse_optimizer.loss_reduction});
     const auto t5 = Clock::now();

@@ -187,7 +187,7 @@ class Worker {
   // Between the forward and the backward: prefetches the records of the
   // next batch (order[cursor..], wrapping when `cycle`), so their misses
   // overlap the backward instead of the next data phase.
-  void PrefetchNextBatch(const int32_t* order, int64_t count, int64_t cursor, bool cycle) const;
+  void PrefetchNextBatch(const int32_t* order, int64_t count, int64_t cursor, bool cycle);
   // Rejects evaluation or prediction data whose shape differs from the training data's.
   absl::Status CheckShape(const Dataset& data, const char* what) const;
   absl::Status TrainSteps(const int32_t* order, int64_t count, int64_t max_steps, const OptimizerOptions& optimizer,
@@ -202,6 +202,7 @@ class Worker {
   std::unique_ptr<Model> model_;
   dnnl::stream stream_;
   std::vector<int32_t> batch_records_;  // [batch] the records of the step being loaded
+  std::vector<int32_t> next_records_;   // [batch] those of the next step (PrefetchNextBatch)
   RowScratch row_scratch_;
   std::vector<RowPull> row_pulls_;      // [lookup], set each step (PullRowsBatch)
   std::vector<RowGrad> row_pushes_;     // [lookup], set each step (PushRowsBatch, or the sync round)

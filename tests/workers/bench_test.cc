@@ -63,8 +63,7 @@ TEST(BenchTest, TinyRunReportsEveryFigure) {
   EXPECT_NE(text.find("update kernels: " + r->kernel_target), std::string::npos) << text;
 
   // The bf16 peak beside the f32 one, where the CPU has bf16 instructions.
-  const CpuFeatures cpu = DetectCpuFeatures();
-  if (cpu.avx512_bf16 || cpu.amx_bf16) {
+  if (DetectCpuFeatures().bf16()) {
     EXPECT_GT(r->bf16_peak.gflops, 0);
     EXPECT_EQ(r->bf16_peak.m, r->bf16_peak.k);
     EXPECT_EQ(r->bf16_peak.threads, 2);
@@ -103,8 +102,7 @@ TEST(BenchTest, MatmulPeakIsTheBestSize) {
 // The bf16 matmul builds, runs and reports one of its sizes (how fast it is
 // belongs in `shardwild bench`, not in a test).
 TEST(BenchTest, Bf16MatmulPeak) {
-  const CpuFeatures cpu = DetectCpuFeatures();
-  if (!cpu.avx512_bf16 && !cpu.amx_bf16) GTEST_SKIP() << "no bf16 instructions on this CPU";
+  if (!DetectCpuFeatures().bf16()) GTEST_SKIP() << "no bf16 instructions on this CPU";
   WorkerPool pool(1, [](int) { return absl::OkStatus(); });
   absl::StatusOr<MatmulPeak> bf16 = MeasureBf16MatmulPeak(pool, 1, {128, 256}, 0.1);
   ASSERT_TRUE(bf16.ok()) << bf16.status();

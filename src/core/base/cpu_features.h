@@ -20,6 +20,10 @@ struct CpuFeatures {
   bool amx_tile = false;      // AMX tiles (Sapphire Rapids and later)
   bool amx_bf16 = false;      // AMX bf16 tile multiplies
 
+  // bf16 instructions of either kind: what a bf16 matmul needs to run at
+  // bf16 speed rather than be emulated.
+  bool bf16() const { return avx512_bf16 || amx_bf16; }
+
   // The names of those present, in that order ("AVX2", "AVX-512",
   // "AVX512_BF16", "AMX_TILE", "AMX_BF16").
   std::vector<std::string> Names() const {

@@ -505,13 +505,11 @@ void Model::FinishLoad(int64_t n) {
 }
 
 void Model::PrefetchRecord(const Dataset& data, int64_t r, const PackedRecords* packed) const {
-  // The label (or target) is a miss of its own once the data set is larger than the caches.
-  const std::vector<float>& targets = data.targets;
-  const std::vector<int32_t>& labels = data.labels;
+  // The label (or target) is a miss of its own once the data set outgrows the caches.
   if (head_ == HeadType::kRegression) {
-    if (static_cast<size_t>(r) < targets.size()) __builtin_prefetch(targets.data() + r, 0, 2);
-  } else if (static_cast<size_t>(r) < labels.size()) {
-    __builtin_prefetch(labels.data() + r, 0, 2);
+    if (!data.targets.empty()) __builtin_prefetch(data.targets.data() + r, 0, 2);
+  } else if (!data.labels.empty()) {
+    __builtin_prefetch(data.labels.data() + r, 0, 2);
   }
   if (packed != nullptr && packed->has_dense_bytes()) {
     PrefetchLines(packed->dense_bytes.data() + r * dense_dim_, static_cast<size_t>(dense_dim_));
@@ -532,9 +530,7 @@ void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, co
   // fetched twice as far ahead as the block it points to.
   constexpr int64_t kAhead = 3;
   auto prefetch = [&](int64_t s) { PrefetchRecord(data, records[s], packed); };
-  auto prefetch_start = [&](int64_t s) {
-    if (packed != nullptr && packed->has_ids()) __builtin_prefetch(packed->start.data() + records[s], 0, 2);
-  };
+  auto prefetch_start = [&](int64_t s) { PrefetchRecordStart(records[s], packed); };
   for (int64_t s = 0; s < std::min(2 * kAhead, n); ++s) prefetch_start(s);
   for (int64_t s = 0; s < std::min(kAhead, n); ++s) prefetch(s);
   for (int64_t s = 0; s < n; ++s) {

@@ -173,14 +173,15 @@ class Model {
   void LoadBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed = nullptr);
   // The same for the consecutive records [first, first + n).
   void LoadRange(const Dataset& data, int64_t first, int64_t n);
-  // Asks for record r's inputs (its dense values or bytes, and its packed
-  // ids) to be brought toward the caches, ahead of the LoadBatch that will
-  // read it: issued during a step's compute, the misses overlap it instead
-  // of stalling the next data phase. A hint only: no effect on any value.
+  // Asks for record r's inputs (its label or target, its dense values or
+  // bytes, and its packed ids) to be brought toward the caches, ahead of the
+  // LoadBatch that will read it: issued during a step's compute, the misses
+  // overlap it instead of stalling the next data phase. A hint only: no
+  // effect on any value.
   void PrefetchRecord(const Dataset& data, int64_t r, const PackedRecords* packed) const;
   // Only the word that locates record r's packed ids, which PrefetchRecord
-  // reads (a miss of its own): issued for a whole batch first, the misses
-  // overlap instead of stalling PrefetchRecord one after another.
+  // reads (a miss of its own): LoadBatch issues it twice as far ahead,
+  // a worker for a whole batch before PrefetchRecord.
   void PrefetchRecordStart(int64_t r, const PackedRecords* packed) const {
     if (packed != nullptr && packed->has_ids()) __builtin_prefetch(packed->start.data() + r, 0, 2);
   }

@@ -35,6 +35,7 @@ TEST(CpuFeaturesTest, AgreesWithProcCpuinfo) {
   EXPECT_EQ(f.avx512_bf16, flags.count("avx512_bf16") == 1);
   EXPECT_EQ(f.amx_tile, flags.count("amx_tile") == 1);
   EXPECT_EQ(f.amx_bf16, flags.count("amx_bf16") == 1);
+  EXPECT_EQ(f.bf16(), flags.count("avx512_bf16") == 1 || flags.count("amx_bf16") == 1);
 }
 
 TEST(CpuFeaturesTest, NamesInOrder) {
