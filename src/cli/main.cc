@@ -511,6 +511,8 @@ int Bench(const std::string& path, const std::vector<std::string>& sets, bool as
               {"peak_gflops", r->peak.gflops},
               {"peak_shape", {r->peak.m, r->peak.n, r->peak.k}},
               {"peak_fraction", r->peak_fraction},
+              {"precision", r->precision},
+              {"layer_impls", r->layer_impls},
               {"bf16_peak_gflops", r->bf16_peak.gflops > 0 ? json(r->bf16_peak.gflops) : json(nullptr)},
               {"bf16_peak_shape", r->bf16_peak.gflops > 0 ? json({r->bf16_peak.m, r->bf16_peak.n, r->bf16_peak.k})
                                                           : json(nullptr)},

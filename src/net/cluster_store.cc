@@ -255,6 +255,13 @@ absl::StatusOr<std::unique_ptr<ClusterParamStore>> ClusterParamStore::Connect(co
 }
 
 absl::Status ClusterParamStore::Pull(absl::Span<const PullSlice> slices) {
+  // bf16 slices (model.precision bf16): pulled as f32 (over the wire as
+  // cluster.compression says), then rounded here.
+  for (const PullSlice& s : slices) {
+    if (s.out_bf16 != nullptr) {
+      return PullConvertingToBf16(slices, layout_, [this](absl::Span<const PullSlice> f32) { return Pull(f32); });
+    }
+  }
   const int nps = map_.num_ps();
   // The pieces of each ps task, validated first (nothing is pulled on error).
   std::vector<std::vector<PullSlice>> pieces(nps);

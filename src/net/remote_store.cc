@@ -25,6 +25,13 @@ void RemoteParamStore::SeeVersion(uint64_t v) const {
 }
 
 absl::Status RemoteParamStore::Pull(absl::Span<const PullSlice> slices) {
+  // bf16 slices (model.precision bf16): pulled as f32 (over the wire as
+  // cluster.compression says), then rounded here.
+  for (const PullSlice& s : slices) {
+    if (s.out_bf16 != nullptr) {
+      return PullConvertingToBf16(slices, layout_, [this](absl::Span<const PullSlice> f32) { return Pull(f32); });
+    }
+  }
   for (const PullSlice& s : slices) {
     if (s.var < 0 || s.var >= static_cast<int>(layout_.variables.size())) {
       return absl::InvalidArgumentError(

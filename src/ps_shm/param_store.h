@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -92,13 +93,25 @@ struct StoreLayout {
 };
 
 // Rows [row_begin, row_end) of variable `var`, copied into `out`
-// ((row_end - row_begin) * cols floats).
+// ((row_end - row_begin) * cols floats), or, where `out_bf16` is set
+// instead, into out_bf16 as bf16 (as many uint16 values; rounded to nearest
+// even by HogwildCopyFromAsBf16): the pull of a model.precision bf16 model,
+// which converts as it copies. Exactly one of the two is set. The store
+// keeps f32 either way.
 struct PullSlice {
   int var = 0;
   int64_t row_begin = 0;
   int64_t row_end = 0;
   float* out = nullptr;
+  uint16_t* out_bf16 = nullptr;
 };
+
+// For a store whose pull has no bf16 path of its own (over the network):
+// pulls the slices that have `out_bf16` into f32 buffers through `pull_f32`
+// and rounds them into out_bf16; the f32 slices go through pull_f32 as they
+// are. `layout` gives the widths. Allocates the f32 buffers per call.
+absl::Status PullConvertingToBf16(absl::Span<const PullSlice> slices, const StoreLayout& layout,
+                                  const std::function<absl::Status(absl::Span<const PullSlice>)>& pull_f32);
 
 // One lookup of a step's row pulls (ParamStore::PullRowsBatch): the rows of
 // `ids` of embedding table `table` into out[ids.size() x dim].

@@ -110,6 +110,35 @@ void ParallelFor(int threads, int64_t n, const std::function<void(int64_t)>& fn)
 
 }  // namespace
 
+absl::Status PullConvertingToBf16(absl::Span<const PullSlice> slices, const StoreLayout& layout,
+                                  const std::function<absl::Status(absl::Span<const PullSlice>)>& pull_f32) {
+  bool any = false;
+  for (const PullSlice& sl : slices) any = any || sl.out_bf16 != nullptr;
+  if (!any) return pull_f32(slices);
+  std::vector<PullSlice> f32(slices.begin(), slices.end());
+  std::vector<std::vector<float>> buffers(slices.size());
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const PullSlice& sl = slices[i];
+    if (sl.out_bf16 == nullptr) continue;
+    if (sl.out != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("pull: slice ", i, " sets both out and out_bf16"));
+    }
+    if (sl.var < 0 || sl.var >= static_cast<int>(layout.variables.size()) || sl.row_end < sl.row_begin) {
+      return absl::InvalidArgumentError(absl::StrCat("pull: bad slice ", i, " (variable ", sl.var, ")"));
+    }
+    buffers[i].resize(static_cast<size_t>((sl.row_end - sl.row_begin) * layout.variables[sl.var].cols));
+    f32[i].out = buffers[i].data();
+    f32[i].out_bf16 = nullptr;
+  }
+  SW_RETURN_IF_ERROR(pull_f32(f32));
+  for (size_t i = 0; i < slices.size(); ++i) {
+    if (slices[i].out_bf16 != nullptr) {
+      HogwildCopyFromAsBf16(buffers[i].data(), slices[i].out_bf16, static_cast<int64_t>(buffers[i].size()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 StoreLayout StoreLayout::Make(std::vector<VariableSpec> variables, int num_shards,
                               const PartitionerOptions& partitioner) {
   StoreLayout l;
@@ -723,21 +752,31 @@ absl::Status ShmParamStore::Pull(absl::Span<const PullSlice> slices) {
                                                      spec.name, "' with ", spec.rows, " rows"));
     }
     SW_RETURN_IF_ERROR(CheckHosted(sl.var, sl.row_begin, sl.row_end, "pull"));
+    if ((sl.out == nullptr) == (sl.out_bf16 == nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat("pull: '", spec.name, "' needs exactly one of out and out_bf16"));
+    }
     for (const Part& p : parts_[sl.var]) {
       const int64_t b = std::max(p.row_begin, sl.row_begin), e = std::min(p.row_end, sl.row_end);
       if (b >= e) continue;
       const float* src = p.params + (b - p.row_begin) * spec.cols;
-      float* dst = sl.out + (b - sl.row_begin) * spec.cols;
+      float* dst = sl.out != nullptr ? sl.out + (b - sl.row_begin) * spec.cols : nullptr;
+      uint16_t* dst16 = sl.out != nullptr ? nullptr : sl.out_bf16 + (b - sl.row_begin) * spec.cols;
+      auto copy = [&](int64_t at, int64_t n) {
+        if (dst != nullptr) {
+          HogwildCopyFrom(src + at, dst + at, n);
+        } else {
+          HogwildCopyFromAsBf16(src + at, dst16 + at, n);
+        }
+      };
       if (update_mode_ == UpdateMode::kRowLock) {
         // Row by row under each row's seqlock (see LockRow above).
         const int64_t cols = spec.cols;
         for (int64_t r = 0; r < e - b; ++r) {
-          ReadRowConsistent(p.row_seq + (b - p.row_begin) + r,
-                            [&] { HogwildCopyFrom(src + r * cols, dst + r * cols, cols); });
+          ReadRowConsistent(p.row_seq + (b - p.row_begin) + r, [&] { copy(r * cols, cols); });
         }
         continue;
       }
-      HogwildCopyFrom(src, dst, (e - b) * spec.cols);
+      copy(0, (e - b) * spec.cols);
     }
   }
   return absl::OkStatus();
@@ -883,7 +922,9 @@ absl::Status ShmParamStore::PushPull(absl::Span<const DenseGrad> grads, float lr
   if (update_mode_ != UpdateMode::kRowLock && pulls.size() <= 64) {
     for (size_t i = 0; i < pulls.size(); ++i) {
       const PullSlice& sl = pulls[i];
-      if (sl.var < 0 || sl.var >= static_cast<int>(parts_.size()) || sl.out == nullptr) continue;
+      if (sl.var < 0 || sl.var >= static_cast<int>(parts_.size()) || (sl.out == nullptr) == (sl.out_bf16 == nullptr)) {
+        continue;
+      }
       const int64_t rows = layout_.variables[sl.var].rows;
       const RowRange hosted = hosted_rows_[sl.var];
       if (sl.row_begin != 0 || sl.row_end != rows || hosted.begin != 0 || hosted.end != rows) continue;
@@ -918,8 +959,12 @@ absl::Status ShmParamStore::PushImpl(absl::Span<const DenseGrad> grads, float lr
     const int64_t base = from_hosted ? hosted_rows_[g.var].begin : 0;
     // The fused pull's destination for this variable, if any (PushPull).
     float* copy = nullptr;
+    uint16_t* copy16 = nullptr;
     for (size_t i = 0; i < pulls.size(); ++i) {
-      if ((fused >> i) & 1 && pulls[i].var == g.var) copy = pulls[i].out;
+      if ((fused >> i) & 1 && pulls[i].var == g.var) {
+        copy = pulls[i].out;
+        copy16 = pulls[i].out_bf16;
+      }
     }
     for (int s = 0; s < nshards; ++s) {
       const Part& p = parts_[g.var][s];
@@ -937,7 +982,8 @@ absl::Status ShmParamStore::PushImpl(absl::Span<const DenseGrad> grads, float lr
         }
       } else {
         ApplyUpdate(optimizer_, up, p.params, p.slots, g.grad + (p.row_begin - base) * cols,
-                    (p.row_end - p.row_begin) * cols, copy != nullptr ? copy + p.row_begin * cols : nullptr);
+                    (p.row_end - p.row_begin) * cols, copy != nullptr ? copy + p.row_begin * cols : nullptr,
+                    copy16 != nullptr ? copy16 + p.row_begin * cols : nullptr);
       }
       const int k = s - first_hosted_;  // hosted: parts of other shards have no rows
       if (k < 64) touched_small |= uint64_t{1} << k; else touched_all = true;

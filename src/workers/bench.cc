@@ -180,11 +180,14 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
   r.flops_per_step = model.ForwardFlops() + model.BackwardFlops();
   r.model_gflops = total_steps * r.flops_per_step / r.wall_s / 1e9;
   SW_ASSIGN_OR_RETURN(r.peak, MeasureMatmulPeak(job.pool(), r.intra_op_threads, kPeakSizes, cfg.bench.peak_seconds));
-  r.peak_fraction = r.peak.gflops > 0 ? r.model_gflops / r.peak.gflops : 0;
   if (DetectCpuFeatures().bf16()) {
     SW_ASSIGN_OR_RETURN(r.bf16_peak,
                         MeasureBf16MatmulPeak(job.pool(), r.intra_op_threads, kPeakSizes, cfg.bench.peak_seconds));
   }
+  r.precision = PrecisionName(model.precision());
+  r.layer_impls = model.ForwardImpls();
+  const double bound = model.precision() == Precision::kBf16 ? r.bf16_peak.gflops : r.peak.gflops;
+  r.peak_fraction = bound > 0 ? r.model_gflops / bound : 0;
   r.kernel_target = ActiveHogwildKernelTarget();
   r.kernel_targets = HogwildKernelTargets();
   r.data_load_s = job.data_load_seconds();
@@ -272,7 +275,10 @@ std::string FormatBenchReport(const BenchReport& r) {
   } else {
     s += "bf16 matmul peak: not measured (no AVX512_BF16 or AMX_BF16 on this CPU)\n";
   }
-  absl::StrAppendFormat(&s, "fraction of peak: %.3f\n", r.peak_fraction);
+  absl::StrAppendFormat(&s, "fraction of peak: %.3f (of the %s peak: model.precision %s)\n", r.peak_fraction,
+                        r.precision == "bf16" ? "bf16" : "f32", r.precision);
+  absl::StrAppendFormat(&s, "dense layers: oneDNN runs their forward matmuls as %s\n",
+                        r.layer_impls.empty() ? std::string("(none)") : absl::StrJoin(r.layer_impls, ", "));
   absl::StrAppendFormat(&s, "update kernels: %s (this CPU: %s)\n", r.kernel_target, absl::StrJoin(r.kernel_targets, " "));
   if (r.wire_bytes_per_step >= 0) {
     const double t = r.phases.total();

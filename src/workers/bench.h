@@ -58,7 +58,13 @@ struct BenchReport {
   double flops_per_step = 0;    // forward + backward FLOPs of one full batch
   double model_gflops = 0;      // achieved, all workers
   MatmulPeak peak;
-  double peak_fraction = 0;     // model_gflops / peak.gflops
+  // model_gflops over the peak of the precision the model computes in
+  // (model.precision): peak.gflops for f32, bf16_peak.gflops for bf16.
+  double peak_fraction = 0;
+  std::string precision;        // model.precision
+  // The implementation oneDNN chose for each dense layer's forward matmul
+  // (worker 0's model; what ONEDNN_VERBOSE prints), bottom tower first.
+  std::vector<std::string> layer_impls;
   // The same-run bf16 matmul peak beside the f32 one; gflops 0 where the
   // CPU has no bf16 instructions (CpuFeatures::bf16).
   MatmulPeak bf16_peak;

@@ -50,7 +50,9 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(int index, const ModelOpt
                                                         a.cols, "], the model expects '", b.name, "' [", b.rows, ",",
                                                         b.cols, "]"));
     }
-    w->pulls_.push_back(PullSlice{v, 0, b.rows, w->model_->params(v)});
+    // A bf16 model's weights are rounded as the pull copies them.
+    uint16_t* bf16 = w->model_->params_bf16(v);
+    w->pulls_.push_back(PullSlice{v, 0, b.rows, bf16 != nullptr ? nullptr : w->model_->params(v), bf16});
     w->pushes_.push_back(DenseGrad{v, w->model_->grads(v)});
   }
   const std::vector<EmbeddingDecl>& tables = w->model_->spec().tables;

@@ -422,6 +422,7 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
   model.leaves["interaction"] = Enum(&c->model.interaction, {{"concat", Interaction::kConcat},
                                                              {"dot", Interaction::kDot},
                                                              {"dot_no_dense", Interaction::kDotNoDense}});
+  model.leaves["precision"] = Enum(&c->model.precision, {{"f32", Precision::kF32}, {"bf16", Precision::kBf16}});
   model.leaves["head"] = Enum(&c->model.head, {{"softmax", HeadType::kSoftmax},
                                                {"binary", HeadType::kBinary},
                                                {"regression", HeadType::kRegression}});

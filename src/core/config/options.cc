@@ -91,6 +91,8 @@ const char* HeadTypeName(HeadType h) {
   return "?";
 }
 
+const char* PrecisionName(Precision p) { return p == Precision::kBf16 ? "bf16" : "f32"; }
+
 const TableOptions* ModelOptions::FindTable(const std::string& name) const {
   for (const TableOptions& t : tables) {
     if (t.name == name) return &t;

@@ -88,8 +88,15 @@ enum class Pooling { kSum, kMean };
 //                  products of [dense, e_1, ..., e_F] (i < j)
 //   dot_no_dense:  the pairwise dot products of [e_1, ..., e_F] only
 enum class Interaction { kConcat, kDot, kDotNoDense };
+// model.precision: what the dense layers compute in. bf16: the matmuls of
+// forward and backward take bf16 activations, weights and gradients and
+// accumulate in f32 (oneDNN); the bias, the activations' derivatives, the
+// loss, the head and everything the store keeps (parameters, optimizer
+// slots, checkpoints) stay f32.
+enum class Precision { kF32, kBf16 };
 
 const char* HeadTypeName(HeadType h);
+const char* PrecisionName(Precision p);
 
 struct LayerOptions {
   std::string type = "dense";         // only "dense" for now
@@ -139,6 +146,7 @@ struct ModelOptions {
   int64_t wide_rows = 1000000;         // rows of each wide table (static, id % rows)
   HeadType head = HeadType::kSoftmax;
   LossType loss = LossType::kSoftmaxCrossEntropy;
+  Precision precision = Precision::kF32;
   // The table named `name`, or nullptr.
   const TableOptions* FindTable(const std::string& name) const;
   absl::Status Validate() const;

@@ -30,12 +30,33 @@ namespace shardwild {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// Where an update fused with a pull writes the new parameters besides the
+// store: nowhere, the caller's f32 copy pc, or its bf16 copy pc16.
+enum CopyKind : int { kNoCopy = 0, kCopyF32 = 1, kCopyBf16 = 2 };
+
+// Stores the lanes of v to dst[0, lanes) as bf16, rounded to nearest even
+// (what VCVTNEPS2BF16 and oneDNN's reorders do): the upper half of the
+// float's bits after adding 0x7FFF plus the lowest bit kept. A NaN stays a
+// NaN (quiet ones; parameters are never signalling NaNs).
+template <class D, class V>
+HWY_INLINE void StoreBf16(D d, V v, uint16_t* dst) {
+  const hn::RebindToUnsigned<D> du;
+  const hn::RebindToSigned<D> di;
+  const hn::Rebind<uint16_t, D> d16;
+  const auto bits = hn::BitCast(du, v);
+  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+  const auto upper = hn::ShiftRight<16>(hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), lsb)));
+  // In [0, 0xFFFF]: the signed-to-u16 demotion keeps it as it is.
+  hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, upper)), d16, dst);
+}
+
 // Stores new parameters to p and, where the update is fused with a pull,
-// to the caller's copy pc too.
-template <bool kCopy, class D, class V>
-HWY_INLINE void StoreParams(D d, V vp, float* p, float* pc, int64_t i) {
+// to the caller's copy too (pc, or pc16 rounded to bf16).
+template <int kCopy, class D, class V>
+HWY_INLINE void StoreParams(D d, V vp, float* p, float* pc, uint16_t* pc16, int64_t i) {
   hn::StoreU(vp, d, p + i);
-  if constexpr (kCopy) hn::StoreU(vp, d, pc + i);
+  if constexpr (kCopy == kCopyF32) hn::StoreU(vp, d, pc + i);
+  if constexpr (kCopy == kCopyBf16) StoreBf16(d, vp, pc16 + i);
 }
 
 // Applies op at every index of [0, n): whole vectors, then single lanes.
@@ -49,26 +70,28 @@ HWY_INLINE void Run(const Op& op, int64_t n) {
   for (; i < n; ++i) op(d1, i);
 }
 
-template <bool kCopy>
+template <int kCopy>
 struct SgdOp {
   float lr;
   float* p;
   float* pc;  // the fused pull's copy (kCopy)
+  uint16_t* pc16;
   const float* g;
   template <class D>
   HWY_INLINE void operator()(D d, int64_t i) const {
     const auto vp = hn::LoadU(d, p + i);
-    StoreParams<kCopy>(d, hn::Sub(vp, hn::Mul(hn::Set(d, lr), hn::LoadU(d, g + i))), p, pc, i);
+    StoreParams<kCopy>(d, hn::Sub(vp, hn::Mul(hn::Set(d, lr), hn::LoadU(d, g + i))), p, pc, pc16, i);
   }
 };
 
 // v = mu v + g;  p -= lr v  (nesterov: p -= lr (g + mu v))
-template <bool kCopy>
+template <int kCopy>
 struct MomentumOp {
   float lr, mu;
   bool nesterov;
   float* p;
   float* pc;  // the fused pull's copy (kCopy)
+  uint16_t* pc16;
   float* v;
   const float* g;
   template <class D>
@@ -79,17 +102,18 @@ struct MomentumOp {
     const auto step = nesterov ? hn::Add(vg, hn::Mul(vmu, vv)) : vv;
     const auto vp = hn::Sub(hn::LoadU(d, p + i), hn::Mul(hn::Set(d, lr), step));
     hn::StoreU(vv, d, v + i);
-    StoreParams<kCopy>(d, vp, p, pc, i);
+    StoreParams<kCopy>(d, vp, p, pc, pc16, i);
   }
 };
 
 // m = b1 m + (1-b1) g;  v = max(b2 v + (1-b2) g^2, (|m| inv_bound)^2);
 // p -= alpha m / (sqrt(v) + eps_hat)   (optimizer.h: the Hogwild repair)
-template <bool kCopy>
+template <int kCopy>
 struct AdamOp {
   float b1, b2, alpha, eps_hat, inv_bound;
   float* p;
   float* pc;  // the fused pull's copy (kCopy)
+  uint16_t* pc16;
   float* m1;
   float* m2;
   const float* g;
@@ -104,16 +128,17 @@ struct AdamOp {
     const auto vp = hn::Sub(hn::LoadU(d, p + i), step);
     hn::StoreU(m, d, m1 + i);
     hn::StoreU(v, d, m2 + i);
-    StoreParams<kCopy>(d, vp, p, pc, i);
+    StoreParams<kCopy>(d, vp, p, pc, pc16, i);
   }
 };
 
 // a += g^2;  p -= lr g / (sqrt(a) + eps)
-template <bool kCopy>
+template <int kCopy>
 struct AdagradOp {
   float lr, eps;
   float* p;
   float* pc;  // the fused pull's copy (kCopy)
+  uint16_t* pc16;
   float* acc;
   const float* g;
   template <class D>
@@ -123,16 +148,17 @@ struct AdagradOp {
     const auto step = hn::Div(hn::Mul(hn::Set(d, lr), vg), hn::Add(hn::Sqrt(a), hn::Set(d, eps)));
     const auto vp = hn::Sub(hn::LoadU(d, p + i), step);
     hn::StoreU(a, d, acc + i);
-    StoreParams<kCopy>(d, vp, p, pc, i);
+    StoreParams<kCopy>(d, vp, p, pc, pc16, i);
   }
 };
 
 // s = rho s + (1-rho) g^2;  p -= lr g / (sqrt(s) + eps)
-template <bool kCopy>
+template <int kCopy>
 struct RmspropOp {
   float lr, rho, eps;
   float* p;
   float* pc;  // the fused pull's copy (kCopy)
+  uint16_t* pc16;
   float* ms;
   const float* g;
   template <class D>
@@ -142,16 +168,17 @@ struct RmspropOp {
     const auto step = hn::Div(hn::Mul(hn::Set(d, lr), vg), hn::Add(hn::Sqrt(s), hn::Set(d, eps)));
     const auto vp = hn::Sub(hn::LoadU(d, p + i), step);
     hn::StoreU(s, d, ms + i);
-    StoreParams<kCopy>(d, vp, p, pc, i);
+    StoreParams<kCopy>(d, vp, p, pc, pc16, i);
   }
 };
 
 // FTRL-proximal (optimizer.h): acc = n, lin = z.
-template <bool kCopy>
+template <int kCopy>
 struct FtrlOp {
   float l1, two_l2, inv_lr;
   float* p;
   float* pc;  // the fused pull's copy (kCopy)
+  uint16_t* pc16;
   float* acc;
   float* lin;
   const float* g;
@@ -172,41 +199,43 @@ struct FtrlOp {
     const auto np = hn::Add(hn::Div(hn::CopySign(shrunk, hn::Neg(z)), q), hn::Zero(d));
     hn::StoreU(n_new, d, acc + i);
     hn::StoreU(z, d, lin + i);
-    StoreParams<kCopy>(d, np, p, pc, i);
+    StoreParams<kCopy>(d, np, p, pc, pc16, i);
   }
 };
 
-template <bool kCopy>
+template <int kCopy>
 HWY_INLINE void Update(const UpdateKernelArgs& a, float* p, float* s0, float* s1, const float* g, int64_t n,
-                       float* pc) {
+                       float* pc, uint16_t* pc16) {
   switch (a.type) {
     case OptimizerType::kSgd:
-      Run(SgdOp<kCopy>{a.lr, p, pc, g}, n);
+      Run(SgdOp<kCopy>{a.lr, p, pc, pc16, g}, n);
       return;
     case OptimizerType::kMomentum:
-      Run(MomentumOp<kCopy>{a.lr, a.momentum, a.nesterov, p, pc, s0, g}, n);
+      Run(MomentumOp<kCopy>{a.lr, a.momentum, a.nesterov, p, pc, pc16, s0, g}, n);
       return;
     case OptimizerType::kAdam:
-      Run(AdamOp<kCopy>{a.beta1, a.beta2, a.alpha, a.eps_hat, a.inv_bound, p, pc, s0, s1, g}, n);
+      Run(AdamOp<kCopy>{a.beta1, a.beta2, a.alpha, a.eps_hat, a.inv_bound, p, pc, pc16, s0, s1, g}, n);
       return;
     case OptimizerType::kAdagrad:
-      Run(AdagradOp<kCopy>{a.lr, a.epsilon, p, pc, s0, g}, n);
+      Run(AdagradOp<kCopy>{a.lr, a.epsilon, p, pc, pc16, s0, g}, n);
       return;
     case OptimizerType::kRmsprop:
-      Run(RmspropOp<kCopy>{a.lr, a.rho, a.epsilon, p, pc, s0, g}, n);
+      Run(RmspropOp<kCopy>{a.lr, a.rho, a.epsilon, p, pc, pc16, s0, g}, n);
       return;
     case OptimizerType::kFtrl:
-      Run(FtrlOp<kCopy>{a.l1, a.two_l2, a.inv_lr, p, pc, s0, s1, g}, n);
+      Run(FtrlOp<kCopy>{a.l1, a.two_l2, a.inv_lr, p, pc, pc16, s0, s1, g}, n);
       return;
   }
 }
 
 SHARDWILD_HOGWILD_KERNEL void UpdateImpl(const UpdateKernelArgs& a, float* p, float* s0, float* s1, const float* g,
-                                         int64_t n, float* pc) {
+                                         int64_t n, float* pc, uint16_t* pc16) {
   if (pc != nullptr) {
-    Update<true>(a, p, s0, s1, g, n, pc);
+    Update<kCopyF32>(a, p, s0, s1, g, n, pc, nullptr);
+  } else if (pc16 != nullptr) {
+    Update<kCopyBf16>(a, p, s0, s1, g, n, nullptr, pc16);
   } else {
-    Update<false>(a, p, s0, s1, g, n, nullptr);
+    Update<kNoCopy>(a, p, s0, s1, g, n, nullptr, nullptr);
   }
 }
 
@@ -216,7 +245,7 @@ SHARDWILD_HOGWILD_KERNEL void UpdateRowsImpl(const UpdateKernelArgs& a, float* c
   for (int64_t r = 0; r < count; ++r) {
     if (r + kAhead < count) hwy::Prefetch(rows[r + kAhead]);
     float* p = rows[r];
-    Update<false>(a, p, p + dim, p + 2 * dim, grads[r], dim, nullptr);
+    Update<kNoCopy>(a, p, p + dim, p + 2 * dim, grads[r], dim, nullptr, nullptr);
   }
 }
 
@@ -230,6 +259,19 @@ struct CopyOp {
 };
 
 SHARDWILD_HOGWILD_KERNEL void CopyImpl(const float* src, float* dst, int64_t n) { Run(CopyOp{src, dst}, n); }
+
+struct CopyBf16Op {
+  const float* src;
+  uint16_t* dst;
+  template <class D>
+  HWY_INLINE void operator()(D d, int64_t i) const {
+    StoreBf16(d, hn::LoadU(d, src + i), dst + i);
+  }
+};
+
+SHARDWILD_HOGWILD_KERNEL void CopyBf16Impl(const float* src, uint16_t* dst, int64_t n) {
+  Run(CopyBf16Op{src, dst}, n);
+}
 
 struct FillOp {
   float value;
@@ -366,6 +408,7 @@ class ScopedFlushDenormals {
 HWY_EXPORT(UpdateImpl);
 HWY_EXPORT(UpdateRowsImpl);
 HWY_EXPORT(CopyImpl);
+HWY_EXPORT(CopyBf16Impl);
 HWY_EXPORT(FillImpl);
 HWY_EXPORT(GatherRowsImpl);
 HWY_EXPORT(EmbeddingBagForwardImpl);
@@ -373,10 +416,10 @@ HWY_EXPORT(EmbeddingBagSgdImpl);
 HWY_EXPORT(TargetNameImpl);
 
 void HogwildUpdate(const UpdateKernelArgs& args, float* p, float* s0, float* s1, const float* g, int64_t n,
-                   float* p_copy) {
+                   float* p_copy, uint16_t* p_copy_bf16) {
   if (n <= 0) return;
   ScopedFlushDenormals ftz;
-  HWY_DYNAMIC_DISPATCH(UpdateImpl)(args, p, s0, s1, g, n, p_copy);
+  HWY_DYNAMIC_DISPATCH(UpdateImpl)(args, p, s0, s1, g, n, p_copy, p_copy != nullptr ? nullptr : p_copy_bf16);
 }
 
 void HogwildUpdateRows(const UpdateKernelArgs& args, float* const* rows, const float* const* grads, int64_t count,
@@ -388,6 +431,10 @@ void HogwildUpdateRows(const UpdateKernelArgs& args, float* const* rows, const f
 
 void HogwildCopyFrom(const float* src, float* dst, int64_t n) {
   if (n > 0) HWY_DYNAMIC_DISPATCH(CopyImpl)(src, dst, n);
+}
+
+void HogwildCopyFromAsBf16(const float* src, uint16_t* dst, int64_t n) {
+  if (n > 0) HWY_DYNAMIC_DISPATCH(CopyBf16Impl)(src, dst, n);
 }
 
 void HogwildCopyTo(const float* src, float* dst, int64_t n) {

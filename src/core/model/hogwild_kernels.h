@@ -60,9 +60,12 @@ struct UpdateKernelArgs {
 // has; the others may be null) and gradient g (private to the caller). With
 // `p_copy` (the caller's private buffer, or null) the new parameters are
 // also written there in the same pass: a fused pull of what this update
-// left. Never allocates. Hogwild-safe: see above.
+// left. With `p_copy_bf16` instead (p_copy null) that copy is bf16, rounded
+// to nearest even as HogwildCopyFromAsBf16 rounds (model.precision bf16: the
+// update stays f32, the worker's copy is what its bf16 matmuls read). Never
+// allocates. Hogwild-safe: see above.
 void HogwildUpdate(const UpdateKernelArgs& args, float* p, float* s0, float* s1, const float* g, int64_t n,
-                   float* p_copy = nullptr);
+                   float* p_copy = nullptr, uint16_t* p_copy_bf16 = nullptr);
 
 // The same update of `count` rows of `dim` parameters: row r's parameters
 // start at rows[r] and its slots follow them, slot k at rows[r] + (k + 1) *
@@ -74,6 +77,11 @@ void HogwildUpdateRows(const UpdateKernelArgs& args, float* const* rows, const f
 // dst[0, n) = src[0, n), where src is parameter memory that other threads may
 // be writing (a pull) and dst is the caller's private buffer.
 void HogwildCopyFrom(const float* src, float* dst, int64_t n);
+
+// dst[0, n) = bf16(src[0, n)), rounded to nearest even (ties to even; a
+// quiet NaN stays NaN): HogwildCopyFrom into a bf16 buffer, a pull for a
+// model that computes in bf16. src may also be private memory.
+void HogwildCopyFromAsBf16(const float* src, uint16_t* dst, int64_t n);
 
 // dst[0, n) = src[0, n), where dst is parameter memory that other threads may
 // be reading or writing and src is the caller's private buffer.

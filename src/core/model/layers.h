@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -25,6 +26,14 @@ namespace shardwild {
 // post-op (ReLU: eltwise_relu, sigmoid: eltwise_logistic, tanh:
 // eltwise_tanh); its derivative is applied in Backward from y (ReLU: y > 0,
 // sigmoid: y(1 - y), tanh: 1 - y^2).
+//
+// With Precision::kBf16 the three matmuls take bf16 operands and accumulate
+// in f32: Forward rounds x and W (unless the caller gives W in bf16) to
+// bf16 (oneDNN reorders into buffers the layer owns) before the matmul, Backward rounds dL/d(pre-activation) after
+// the activation's derivative. Every buffer the caller sees stays f32: y,
+// dx, dW and db come out f32, the bias is added in f32. Create fails with
+// one line when the CPU (or ONEDNN_MAX_CPU_ISA) gives oneDNN no bf16
+// instructions, rather than running the matmuls emulated.
 class DenseLayer {
  public:
   struct Buffers {
@@ -36,11 +45,16 @@ class DenseLayer {
     float* dx = nullptr;       // [batch, in]   out: dL/dx, or nullptr to skip backward-data (first layer)
     float* dw = nullptr;       // [in, out]     out: dL/dW (overwritten)
     float* db = nullptr;       // [out]         out: dL/db (overwritten)
+    // bf16 only: the weights already in bf16 ([in, out]), kept by the caller
+    // (a pull that converts as it copies); Forward then reads them as they
+    // are and ignores w. Null: Forward rounds w itself.
+    const uint16_t* w16 = nullptr;
   };
 
   // Builds the forward, backward-data and backward-weights primitives.
   static absl::StatusOr<std::unique_ptr<DenseLayer>> Create(const dnnl::engine& engine, int64_t batch, int64_t in,
-                                                            int64_t out, Activation act, const Buffers& buffers);
+                                                            int64_t out, Activation act, const Buffers& buffers,
+                                                            Precision precision = Precision::kF32);
 
   void Forward(const dnnl::stream& stream);
   void Backward(const dnnl::stream& stream);
@@ -50,6 +64,11 @@ class DenseLayer {
   // Multiply-adds x2 of one forward pass and of one backward pass.
   double ForwardFlops() const { return 2.0 * batch_ * in_ * out_; }
   double BackwardFlops() const { return (buffers_.dx ? 4.0 : 2.0) * batch_ * in_ * out_; }
+  Precision precision() const { return precision_; }
+  // The implementation oneDNN chose for the forward matmul (its
+  // impl_info_str, e.g. "brg:avx512_core_bf16"): what ONEDNN_VERBOSE
+  // would print for it.
+  const std::string& forward_impl() const { return forward_impl_; }
 
  private:
   struct Exec {
@@ -62,10 +81,16 @@ class DenseLayer {
 
   int64_t batch_ = 0, in_ = 0, out_ = 0;
   Activation act_ = Activation::kNone;
+  Precision precision_ = Precision::kF32;
   Buffers buffers_;
   std::vector<char> scratch_;
   Exec fwd_, bwd_data_, bwd_weights_;
+  // bf16: the rounded copies of x, W and dL/d(pre-activation), and the
+  // reorders that fill them.
+  std::vector<uint16_t> x16_, w16_, dy16_;
+  Exec x_to16_, w_to16_, dy_to16_;
   bool has_bwd_data_ = false;
+  std::string forward_impl_;
 };
 
 // Result of a loss over one batch (this one and those in sparse_layers.h).

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/data/data_kernels.h"
 #include "core/model/hogwild_kernels.h"
@@ -77,7 +78,8 @@ class Model::Tower {
   // and [.. + 1] (bias).
   absl::Status Build(const dnnl::engine& engine, int64_t batch, int64_t in, const std::vector<LayerOptions>& layers,
                      const float* x, float* dx, std::vector<std::vector<float>>& params,
-                     std::vector<std::vector<float>>& grads, int first_var) {
+                     std::vector<std::vector<float>>& grads, std::vector<std::vector<uint16_t>>& params16,
+                     int first_var, Precision precision) {
     batch_ = batch;
     const size_t n = layers.size();
     y_.resize(n);
@@ -102,12 +104,14 @@ class Model::Tower {
       b.x = i == 0 ? x : out(i - 1);
       b.y = y_[i].data();
       b.w = params[first_var + 2 * i].data();
+      if (!params16[first_var + 2 * i].empty()) b.w16 = params16[first_var + 2 * i].data();
       b.b = params[first_var + 2 * i + 1].data();
       b.dy = dy_[i].data();
       b.dx = i == 0 ? dx : dout(i - 1);
       b.dw = grads[first_var + 2 * i].data();
       b.db = grads[first_var + 2 * i + 1].data();
-      SW_ASSIGN_OR_RETURN(auto layer, DenseLayer::Create(engine, batch, in, layers[i].units, layers[i].activation, b));
+      SW_ASSIGN_OR_RETURN(auto layer, DenseLayer::Create(engine, batch, in, layers[i].units, layers[i].activation, b,
+                                                                   precision));
       layers_.push_back(std::move(layer));
       in = layers[i].units;
     }
@@ -137,6 +141,10 @@ class Model::Tower {
       }
       layers_[i]->Backward(stream);
     }
+  }
+
+  void AddForwardImpls(std::vector<std::string>* out) const {
+    for (const auto& l : layers_) out->push_back(l->forward_impl());
   }
 
   double ForwardFlops() const {
@@ -297,6 +305,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelOptions& given, 
   std::unique_ptr<Model> m(new Model());
   SW_ASSIGN_OR_RETURN(m->spec_, Describe(given, shape));
   m->head_ = options.head;
+  m->precision_ = options.precision;
   m->interaction_ = options.interaction;
   m->batch_ = batch;
   m->dense_dim_ = shape.dense_dim;
@@ -308,6 +317,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelOptions& given, 
   for (const VariableSpec& s : m->spec_.variables) {
     m->params_.emplace_back(s.size(), 0.0f);
     m->grads_.emplace_back(s.size(), 0.0f);
+    // bf16: the layers' weights come from the pull already rounded (the biases stay f32).
+    const bool kernel = absl::EndsWith(s.name, "/kernel");
+    m->params16_.emplace_back(options.precision == Precision::kBf16 && kernel ? s.size() : 0, uint16_t{0});
   }
   const int64_t deep = static_cast<int64_t>(options.sparse.size());
   m->db_ = options.bottom.empty() ? shape.dense_dim : options.bottom.back().units;
@@ -347,7 +359,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelOptions& given, 
   if (!options.bottom.empty()) {
     m->bottom_ = std::make_unique<Tower>();
     SW_RETURN_IF_ERROR(m->bottom_->Build(engine, batch, shape.dense_dim, options.bottom, m->input_.data(),
-                                         /*dx=*/nullptr, m->params_, m->grads_, var));
+                                         /*dx=*/nullptr, m->params_, m->grads_, m->params16_, var,
+                                         options.precision));
     var += 2 * static_cast<int>(options.bottom.size());
   }
   m->top_ = std::make_unique<Tower>();
@@ -358,7 +371,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelOptions& given, 
     top_din = m->bottom_ ? m->bottom_->dout() : nullptr;  // the input needs no gradient
   }
   SW_RETURN_IF_ERROR(m->top_->Build(engine, batch, m->spec_.interaction_width, options.layers, top_in, top_din,
-                                    m->params_, m->grads_, var));
+                                    m->params_, m->grads_, m->params16_, var, options.precision));
   m->logits_ = m->top_->out();
   m->dlogits_ = m->top_->dout();
   return m;
@@ -712,6 +725,13 @@ void Model::ApplyRowSgd(int l, float lr) {
   const int64_t zw = static_cast<int64_t>(z_.size()) / batch_;
   HogwildEmbeddingBagSgd(st.addresses.data(), lk.dim, st.offsets.data(), lk.weighted ? st.weights.data() : nullptr,
                          batch_, valid_, lk.pooling, dz_.data() + st.z_offset, zw, row_grad_scale_, lr);
+}
+
+std::vector<std::string> Model::ForwardImpls() const {
+  std::vector<std::string> impls;
+  if (bottom_) bottom_->AddForwardImpls(&impls);
+  top_->AddForwardImpls(&impls);
+  return impls;
 }
 
 double Model::ForwardFlops() const { return (bottom_ ? bottom_->ForwardFlops() : 0) + top_->ForwardFlops(); }

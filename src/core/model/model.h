@@ -123,12 +123,21 @@ class Model {
 
   const ModelSpec& spec() const { return spec_; }
   HeadType head() const { return head_; }
+  Precision precision() const { return precision_; }
+  // The implementation oneDNN chose for each dense layer's forward matmul,
+  // bottom tower first (DenseLayer::forward_impl).
+  std::vector<std::string> ForwardImpls() const;
   int64_t batch() const { return batch_; }
   int64_t outputs() const { return spec_.outputs; }
   int64_t dense_dim() const { return dense_dim_; }
   int num_variables() const { return static_cast<int>(spec_.variables.size()); }
   const VariableSpec& variable(int v) const { return spec_.variables[v]; }
   float* params(int v) { return params_[v].data(); }
+  // model.precision bf16: where variable v's parameters go instead of
+  // params(v), rounded to bf16 (the layers' weights, which only the bf16
+  // matmuls read); the caller's pull writes them (PullSlice::out_bf16).
+  // Null for f32 models and for the biases, which stay in params(v).
+  uint16_t* params_bf16(int v) { return params16_[v].empty() ? nullptr : params16_[v].data(); }
   const float* grads(int v) const { return grads_[v].data(); }
 
   int num_lookups() const { return static_cast<int>(spec_.lookups.size()); }
@@ -233,6 +242,7 @@ class Model {
 
   ModelSpec spec_;
   HeadType head_ = HeadType::kSoftmax;
+  Precision precision_ = Precision::kF32;
   Interaction interaction_ = Interaction::kConcat;
   int64_t batch_ = 0, dense_dim_ = 0, db_ = 0, num_vectors_ = 0, vec_dim_ = 0;
   // concat with no deep lookups: the top tower reads the dense vector (the
@@ -249,6 +259,7 @@ class Model {
   std::vector<float> inter_, dinter_; // the top tower's input and gradient (dot interactions)
   std::vector<float> wide_tmp_;       // [batch, outputs] one wide lookup's pooled term
   std::vector<std::vector<float>> params_, grads_;
+  std::vector<std::vector<uint16_t>> params16_;  // params_bf16
   std::unique_ptr<Tower> bottom_, top_;
   float* logits_ = nullptr;
   float* dlogits_ = nullptr;

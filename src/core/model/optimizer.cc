@@ -93,15 +93,19 @@ bool MakeKernelArgs(const OptimizerOptions& opt, const UpdateParams& up, UpdateK
 }  // namespace
 
 void ApplyUpdate(const OptimizerOptions& opt, const UpdateParams& up, float* params, float* const* slots,
-                 const float* grad, int64_t n, float* params_copy) {
+                 const float* grad, int64_t n, float* params_copy, uint16_t* params_copy_bf16) {
   UpdateKernelArgs a;
   if (!MakeKernelArgs(opt, up, &a)) {
-    if (params_copy != nullptr) HogwildCopyFrom(params, params_copy, n);
+    if (params_copy != nullptr) {
+      HogwildCopyFrom(params, params_copy, n);
+    } else if (params_copy_bf16 != nullptr) {
+      HogwildCopyFromAsBf16(params, params_copy_bf16, n);
+    }
     return;
   }
   const int nslots = NumSlots(opt.type);
   HogwildUpdate(a, params, nslots > 0 ? slots[0] : nullptr, nslots > 1 ? slots[1] : nullptr, grad, n,
-                params_copy);
+                params_copy, params_copy_bf16);
 }
 
 void ApplyUpdateRows(const OptimizerOptions& opt, const UpdateParams& up, float* const* rows,

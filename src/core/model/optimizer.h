@@ -83,9 +83,11 @@ float AdamMomentRatioBound(float beta1, float beta2, int64_t step);
 // do: a slot decaying where the gradient stays 0 would otherwise make every
 // update of it tens of times slower once it passes FLT_MIN).
 // With `params_copy` (a private buffer of n floats, or null) the updated
-// parameters are also written there in the same pass (a fused pull).
+// parameters are also written there in the same pass (a fused pull); with
+// `params_copy_bf16` instead, they are written rounded to bf16
+// (HogwildCopyFromAsBf16's rounding).
 void ApplyUpdate(const OptimizerOptions& opt, const UpdateParams& up, float* params, float* const* slots,
-                 const float* grad, int64_t n, float* params_copy = nullptr);
+                 const float* grad, int64_t n, float* params_copy = nullptr, uint16_t* params_copy_bf16 = nullptr);
 
 // One update, the same UpdateParams for every row, of `count` rows of `dim`
 // parameters laid out as embedding rows (rows[r]: dim parameters, then the
