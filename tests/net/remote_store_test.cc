@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "core/model/hogwild_kernels.h"
+#include "net/half.h"
 #include "net/ps_server.h"
 #include "ps_shm/shm_store.h"
 
@@ -143,6 +145,59 @@ TEST(RemoteParamStoreTest, ConcurrentWorkers) {
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], 0) << "thread " << t;
   EXPECT_EQ((*remote)->version(), static_cast<uint64_t>(kThreads * kSteps));
   EXPECT_EQ(served->version(), static_cast<uint64_t>(kThreads * kSteps));
+}
+
+// A bf16 model's pull over the bridge (model.precision bf16 with each
+// cluster.compression): the wire carries f32 parameters, the client rounds
+// them to bf16 (PullConvertingToBf16), and pushes compress as they always
+// do, so a worker sees bf16(the parameters a local twin reaches with the
+// compressed gradients).
+TEST(RemoteParamStoreTest, Bf16PullsComposeWithCompression) {
+  for (GradientCompression c : {GradientCompression::kNone, GradientCompression::kBf16, GradientCompression::kFp16}) {
+    SCOPED_TRACE(GradientCompressionName(c));
+    std::unique_ptr<ShmParamStore> served = Make(UpdateMode::kHogwild), local = Make(UpdateMode::kHogwild);
+    ASSERT_TRUE(served && local);
+    PsServerOptions so;
+    so.token = kToken;
+    absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(so, served.get());
+    ASSERT_TRUE(server.ok()) << server.status();
+    PsClientOptions co;
+    co.address = (*server)->address();
+    co.task_name = "ps:0";
+    co.token = kToken;
+    co.compression = c;
+    absl::StatusOr<std::unique_ptr<RemoteParamStore>> remote = RemoteParamStore::Connect(co);
+    ASSERT_TRUE(remote.ok()) << remote.status();
+    auto on_wire = [c](float x) {
+      switch (c) {
+        case GradientCompression::kNone: return x;
+        case GradientCompression::kBf16: return Bf16ToFloat(FloatToBf16(x));
+        case GradientCompression::kFp16: return Fp16ToFloat(FloatToFp16(x));
+      }
+      return x;
+    };
+    for (int step = 0; step < 3; ++step) {
+      std::vector<float> g(350), rounded(350);
+      for (size_t i = 0; i < g.size(); ++i) {
+        g[i] = std::cos(0.37f * i + step) * 0.3f;
+        rounded[i] = on_wire(g[i]);
+      }
+      std::vector<uint16_t> k16(350, 0xABCD);
+      std::vector<float> bias(7, -9.0f);
+      const PullSlice slices[] = {{0, 0, 50, nullptr, k16.data()}, {1, 0, 1, bias.data(), nullptr}};
+      const DenseGrad grads[] = {{0, g.data()}};
+      ASSERT_TRUE((*remote)->PushPull(grads, 0.01f, slices).ok());
+      const DenseGrad local_grads[] = {{0, rounded.data()}};
+      ASSERT_TRUE(local->Push(local_grads, 0.01f).ok());
+      std::vector<float> want(350), want_bias(7);
+      ASSERT_TRUE(local->PullVariable(0, want.data()).ok());
+      ASSERT_TRUE(local->PullVariable(1, want_bias.data()).ok());
+      std::vector<uint16_t> want16(350);
+      HogwildCopyFromAsBf16(want.data(), want16.data(), 350);
+      EXPECT_EQ(k16, want16) << "step " << step;
+      EXPECT_EQ(bias, want_bias) << "step " << step;
+    }
+  }
 }
 
 }  // namespace

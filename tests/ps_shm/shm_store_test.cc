@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -24,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "core/config/options.h"
+#include "core/model/hogwild_kernels.h"
 #include "core/model/partitioner.h"
 #include "core/model/variable.h"
 #include "gtest/gtest.h"
@@ -1102,6 +1104,89 @@ TEST(ShmStoreTest, PushPullEqualsPushThenPull) {
       EXPECT_EQ(fused->PushPull(grads, 0.05f, bad).code(), absl::StatusCode::kInvalidArgument);
     }
   }
+}
+
+}  // namespace
+}  // namespace shardwild
+
+namespace shardwild {
+namespace {
+
+std::vector<uint16_t> Bf16Of(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  HogwildCopyFromAsBf16(v.data(), out.data(), static_cast<int64_t>(v.size()));
+  return out;
+}
+
+// A bf16 model's pulls (PullSlice::out_bf16): Pull and PushPull, fused
+// (whole variable) or not (partial slice, a variable not pushed), write the
+// f32 parameters rounded to bf16, in every update mode, and the store keeps
+// f32. A slice must set exactly one of out and out_bf16.
+TEST(ShmStoreTest, Bf16PullsRoundTheF32Parameters) {
+  for (UpdateMode mode : {UpdateMode::kHogwild, UpdateMode::kRowLock}) {
+    OptimizerOptions opt;
+    opt.type = OptimizerType::kAdam;
+    OpenStoreOptions o = StoreOptionsFor(opt, 3, /*seed=*/7);
+    o.store.update = mode;
+    o.store.partitioner.kind = PartitionerOptions::Kind::kFixedShards;
+    o.store.partitioner.max_shards = 3;
+    std::unique_ptr<ShmParamStore> store = MakeStore(o);
+    ASSERT_NE(store, nullptr);
+    const std::vector<VariableSpec> vars = TestVariables();
+    for (int step = 0; step < 3; ++step) {
+      const std::vector<float> gw = Ramp(vars[0].size(), 0.25f, static_cast<float>(step));
+      const DenseGrad grads[] = {{0, gw.data()}};
+      std::vector<uint16_t> w(vars[0].size() + 1, 0xABCD), b(vars[1].size(), 0xABCD), part(2 * 4, 0xABCD);
+      const PullSlice slices[] = {{0, 0, 13, nullptr, w.data()}, {1, 0, 4, nullptr, b.data()},
+                                  {0, 5, 7, nullptr, part.data()}};
+      ASSERT_TRUE(store->PushPull(grads, 0.05f, slices).ok());
+      const std::vector<float> now_w = PullAll(*store, 0), now_b = PullAll(*store, 1);
+      const std::vector<uint16_t> want_w = Bf16Of(now_w);
+      EXPECT_EQ(std::vector<uint16_t>(w.begin(), w.end() - 1), want_w) << "step " << step;
+      EXPECT_EQ(w.back(), 0xABCD);  // nothing past the slice
+      EXPECT_EQ(b, Bf16Of(now_b));
+      EXPECT_EQ(part, std::vector<uint16_t>(want_w.begin() + 5 * 4, want_w.begin() + 7 * 4));
+      // The f32 parameters are not themselves bf16 values (the store keeps f32).
+      if (step == 2) {
+        int exact = 0;
+        for (size_t i = 0; i < now_w.size(); ++i) exact += std::bit_cast<uint32_t>(now_w[i]) << 16 == 0;
+        EXPECT_LT(exact, static_cast<int>(now_w.size()));
+      }
+      std::vector<uint16_t> again(vars[0].size(), 0);
+      const PullSlice plain[] = {{0, 0, 13, nullptr, again.data()}};
+      ASSERT_TRUE(store->Pull(plain).ok());
+      EXPECT_EQ(again, want_w);
+    }
+    std::vector<float> f(4);
+    std::vector<uint16_t> h(4);
+    const PullSlice both[] = {{1, 0, 4, f.data(), h.data()}};
+    const PullSlice neither[] = {{1, 0, 4, nullptr, nullptr}};
+    EXPECT_EQ(store->Pull(both).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(store->Pull(neither).code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+// The network stores' path (PullConvertingToBf16): bf16 slices pulled as
+// f32 through the given pull and rounded, f32 slices passed through.
+TEST(PullConvertingToBf16Test, RoundsTheBf16SlicesOnly) {
+  OptimizerOptions opt;
+  opt.type = OptimizerType::kSgd;
+  std::unique_ptr<ShmParamStore> store = MakeStore(StoreOptionsFor(opt, 2, /*seed=*/3));
+  ASSERT_NE(store, nullptr);
+  const std::vector<VariableSpec> vars = TestVariables();
+  std::vector<uint16_t> w(vars[0].size(), 0);
+  std::vector<float> b(vars[1].size(), -9.0f);
+  const PullSlice slices[] = {{0, 0, 13, nullptr, w.data()}, {1, 0, 4, b.data(), nullptr}};
+  int calls = 0;
+  const absl::Status s = PullConvertingToBf16(slices, store->layout(), [&](absl::Span<const PullSlice> f32) {
+    ++calls;
+    for (const PullSlice& sl : f32) EXPECT_EQ(sl.out_bf16, nullptr);
+    return store->Pull(f32);
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(w, Bf16Of(PullAll(*store, 0)));
+  EXPECT_TRUE(BitEqual(b, PullAll(*store, 1)));
 }
 
 }  // namespace

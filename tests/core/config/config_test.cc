@@ -253,6 +253,21 @@ TEST(ConfigStringTest, EnumErrorListsChoices) {
   EXPECT_TRUE(MessageContains(c.status(), {"e.yaml:2:", "model.layers[0].activation", "none", "relu", "sigmoid", "tanh", "'gelu'"}));
 }
 
+// model.precision: f32 by default, bf16 from the file or --set, anything
+// else one line naming the key and the choices.
+TEST(ConfigStringTest, ModelPrecision) {
+  const std::string yaml = WithTrainLine("train: {workers: 1}");
+  absl::StatusOr<Config> c = LoadConfigFromString(yaml, "p.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model.precision, Precision::kF32);
+  c = LoadConfigFromString(yaml, "p.yaml", Sets({"model.precision=bf16"}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model.precision, Precision::kBf16);
+  EXPECT_STREQ(PrecisionName(c->model.precision), "bf16");
+  c = LoadConfigFromString(yaml, "p.yaml", Sets({"model.precision=fp16"}));
+  EXPECT_TRUE(MessageContains(c.status(), {"model.precision", "f32", "bf16", "'fp16'"})) << c.status();
+}
+
 TEST_F(ConfigTest, MissingFileIsNotFound) {
   const std::string path = dir_ + "/does_not_exist.yaml";
   absl::StatusOr<Config> c = LoadConfig(path);

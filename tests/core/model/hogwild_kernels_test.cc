@@ -6,6 +6,9 @@
 #include "core/model/hogwild_kernels.h"
 
 #include <algorithm>
+#include <bit>
+#include <iterator>
+#include <limits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -64,6 +67,72 @@ TEST_P(HogwildKernelTest, CopiesExactlyNAndNothingPast) {
   HogwildCopyTo(dst.data() + 1, back.data(), n());
   for (int64_t i = 0; i < n(); ++i) ASSERT_EQ(back[i], src[i]) << i;
   for (int64_t i = n(); i < n() + 3; ++i) EXPECT_EQ(back[i], kSentinel) << i;
+}
+
+// bf16 of x rounded to nearest, ties to even, computed the slow way: the
+// two bf16 neighbours of x in double and the nearer one (the even one on a
+// tie). x finite.
+uint16_t ReferenceBf16(float x) {
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  const uint16_t down = static_cast<uint16_t>(bits >> 16);  // toward zero
+  const uint16_t up = static_cast<uint16_t>(down + 1);      // away from zero
+  if ((bits & 0xFFFFu) == 0) return down;
+  auto value = [](uint16_t h) { return static_cast<double>(std::bit_cast<float>(static_cast<uint32_t>(h) << 16)); };
+  const double dd = std::abs(static_cast<double>(x) - value(down)), du = std::abs(value(up) - static_cast<double>(x));
+  if (dd < du) return down;
+  if (du < dd) return up;
+  return (down & 1) == 0 ? down : up;
+}
+
+float FromBf16(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+
+TEST_P(HogwildKernelTest, CopiesAsBf16RoundingToNearestEven) {
+  std::vector<float> src = Random(n(), 3);
+  // Ties both ways, a value that rounds up into the next binade, +-0, the
+  // largest float (rounds to inf) and an infinity, where n allows.
+  const float special[] = {std::bit_cast<float>(0x3F808000u), std::bit_cast<float>(0x3F818000u),
+                           std::bit_cast<float>(0x3FFFFFFFu), -0.0f, 0.0f,
+                           std::numeric_limits<float>::max(), -std::numeric_limits<float>::infinity(),
+                           std::bit_cast<float>(0xBF80C001u)};
+  for (size_t i = 0; i < std::size(special) && static_cast<int64_t>(i) < n(); ++i) src[i * 7 % n()] = special[i];
+  std::vector<uint16_t> dst(n() + 4, 0xABCD);
+  HogwildCopyFromAsBf16(src.data(), dst.data() + 1, n());
+  EXPECT_EQ(dst[0], 0xABCD);
+  for (int64_t i = 0; i < n(); ++i) {
+    const uint16_t want = std::isinf(src[i]) || src[i] == std::numeric_limits<float>::max()
+                              ? static_cast<uint16_t>((std::bit_cast<uint32_t>(src[i]) >> 16 & 0x8000u) | 0x7F80u)
+                              : ReferenceBf16(src[i]);
+    ASSERT_EQ(dst[i + 1], want) << i << ": " << src[i];
+  }
+  for (int64_t i = n() + 1; i < n() + 4; ++i) EXPECT_EQ(dst[i], 0xABCD) << i;
+  // A NaN stays a NaN.
+  if (n() > 0) {
+    std::vector<float> nan(n(), std::numeric_limits<float>::quiet_NaN());
+    HogwildCopyFromAsBf16(nan.data(), dst.data(), n());
+    for (int64_t i = 0; i < n(); ++i) ASSERT_TRUE(std::isnan(FromBf16(dst[i]))) << i;
+  }
+}
+
+// The update's bf16 copy (a fused pull of a bf16 model) is the updated f32
+// parameters rounded as HogwildCopyFromAsBf16 rounds them, for every
+// optimizer, and it writes nothing past n.
+TEST_P(HogwildKernelTest, UpdateWritesItsCopyAsBf16) {
+  for (OptimizerType type : {OptimizerType::kSgd, OptimizerType::kMomentum, OptimizerType::kAdam,
+                             OptimizerType::kAdagrad, OptimizerType::kRmsprop, OptimizerType::kFtrl}) {
+    OptimizerOptions opt;
+    opt.type = type;
+    opt.momentum = 0.9f;
+    std::vector<float> p = Random(n(), 5), g = Random(n(), 6);
+    std::vector<float> s0(n(), SlotInitialValue(opt, 0)), s1(n(), SlotInitialValue(opt, 1));
+    float* slots[2] = {s0.data(), s1.data()};
+    std::vector<uint16_t> copy(n() + 3, 0xABCD), want(n());
+    for (int t = 1; t <= 3; ++t) {
+      ApplyUpdate(opt, UpdateParams{0.05f, t}, p.data(), slots, g.data(), n(), nullptr, copy.data());
+      HogwildCopyFromAsBf16(p.data(), want.data(), n());
+      for (int64_t i = 0; i < n(); ++i) ASSERT_EQ(copy[i], want[i]) << OptimizerTypeName(type) << " step " << t << " " << i;
+    }
+    for (int64_t i = n(); i < n() + 3; ++i) EXPECT_EQ(copy[i], 0xABCD) << OptimizerTypeName(type);
+  }
 }
 
 TEST_P(HogwildKernelTest, FillsExactlyN) {

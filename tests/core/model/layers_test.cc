@@ -5,6 +5,7 @@
 #include "core/model/layers.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -18,6 +19,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/data/dataset.h"
+#include "core/base/cpu_features.h"
+#include "core/model/hogwild_kernels.h"
 #include "core/model/model.h"
 #include "core/config/options.h"
 #include "core/model/variable.h"
@@ -260,6 +263,106 @@ TEST_P(DenseLayerTest, BackwardOverwritesGradients) {
   EXPECT_EQ(d.dw, dw1);
   EXPECT_EQ(d.db, db1);
   EXPECT_EQ(d.dx, dx1);
+}
+
+// x rounded to bf16 (to nearest even, as the pull and oneDNN's reorders
+// round), as a double.
+double RoundBf16(float x) {
+  uint16_t h = 0;
+  HogwildCopyFromAsBf16(&x, &h, 1);
+  return static_cast<double>(std::bit_cast<float>(static_cast<uint32_t>(h) << 16));
+}
+
+// model.precision bf16: the layer is the f32 layer's formula on x, W and
+// dL/d(pre-activation) rounded to bf16, accumulated without further
+// rounding (tight tolerances), and the bias, y, dx, dW and db stay f32.
+TEST_P(DenseLayerTest, Bf16IsTheFormulaOnRoundedOperands) {
+  if (!DetectCpuFeatures().bf16()) GTEST_SKIP() << "this CPU has no AVX512_BF16 or AMX_BF16";
+  const Activation act = GetParam();
+  DenseData d = MakeDenseData(16, 40, 24, 0.0);
+  auto layer = DenseLayer::Create(engine_, d.batch, d.in, d.out, act, d.Buffers(true), Precision::kBf16);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  DenseLayer& l = **layer;
+  EXPECT_EQ(l.precision(), Precision::kBf16);
+  EXPECT_TRUE(l.forward_impl().find("bf16") != std::string::npos || l.forward_impl().find("amx") != std::string::npos)
+      << l.forward_impl();
+  l.Forward(stream_);
+  std::vector<double> z(d.batch * d.out);
+  for (int64_t r = 0; r < d.batch; ++r) {
+    for (int64_t o = 0; o < d.out; ++o) {
+      double s = d.b[o];
+      for (int64_t i = 0; i < d.in; ++i) s += RoundBf16(d.x[r * d.in + i]) * RoundBf16(d.w[i * d.out + o]);
+      z[r * d.out + o] = s;
+    }
+  }
+  for (size_t i = 0; i < z.size(); ++i) {
+    const double want = RefActivation(act, z[i]);
+    ASSERT_NEAR(d.y[i], want, 1e-5 * (1 + std::abs(want))) << "y[" << i << "]";
+  }
+  // dL/d(pre-activation) as the layer forms it in float from y, then rounded.
+  std::vector<float> g(d.y.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    const float y = d.y[i], r = d.r[i];
+    switch (act) {
+      case Activation::kNone: g[i] = r; break;
+      case Activation::kRelu: g[i] = y > 0.0f ? r : 0.0f; break;
+      case Activation::kSigmoid: g[i] = r * (y * (1.0f - y)); break;
+      case Activation::kTanh: g[i] = r * (1.0f - y * y); break;
+    }
+  }
+  d.SetDy(d.r);
+  l.Backward(stream_);
+  std::vector<double> ref_dw(d.in * d.out, 0.0), ref_db(d.out, 0.0), ref_dx(d.batch * d.in, 0.0);
+  for (int64_t r = 0; r < d.batch; ++r) {
+    for (int64_t o = 0; o < d.out; ++o) {
+      const double gr = RoundBf16(g[r * d.out + o]);
+      ref_db[o] += g[r * d.out + o];  // the bias gradient from the f32 one
+      for (int64_t i = 0; i < d.in; ++i) {
+        ref_dw[i * d.out + o] += RoundBf16(d.x[r * d.in + i]) * gr;
+        ref_dx[r * d.in + i] += RoundBf16(d.w[i * d.out + o]) * gr;
+      }
+    }
+  }
+  EXPECT_TRUE(GradientsAgree("dW", ToDouble(d.dw.data(), d.dw.size()), ref_dw, 1e-5, 1e-6));
+  EXPECT_TRUE(GradientsAgree("db", ToDouble(d.db.data(), d.db.size()), ref_db, 1e-5, 1e-6));
+  EXPECT_TRUE(GradientsAgree("dx", ToDouble(d.dx.data(), d.dx.size()), ref_dx, 1e-5, 1e-6));
+
+  // And within bf16's precision of the f32 layer on the same data.
+  DenseData f = d;
+  auto f32 = DenseLayer::Create(engine_, f.batch, f.in, f.out, act, f.Buffers(true));
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  (*f32)->Forward(stream_);
+  f.SetDy(f.r);
+  (*f32)->Backward(stream_);
+  EXPECT_TRUE(GradientsAgree("y vs f32", ToDouble(d.y.data(), d.y.size()), ToDouble(f.y.data(), f.y.size()), 3e-2, 3e-2));
+  EXPECT_TRUE(GradientsAgree("dW vs f32", ToDouble(d.dw.data(), d.dw.size()), ToDouble(f.dw.data(), f.dw.size()), 3e-2, 3e-2));
+}
+
+// Weights the caller already holds in bf16 (the pull's rounding) give the
+// very bits of the layer rounding W itself (oneDNN's reorder).
+TEST_P(DenseLayerTest, Bf16CallerWeightsEqualTheLayersOwnRounding) {
+  if (!DetectCpuFeatures().bf16()) GTEST_SKIP() << "this CPU has no AVX512_BF16 or AMX_BF16";
+  DenseData a = MakeDenseData(8, 33, 17, 0.0);
+  DenseData b = a;
+  std::vector<uint16_t> w16(b.w.size());
+  HogwildCopyFromAsBf16(b.w.data(), w16.data(), static_cast<int64_t>(w16.size()));
+  std::fill(b.w.begin(), b.w.end(), kNaN);  // not read when w16 is given
+  DenseLayer::Buffers bb = b.Buffers(true);
+  bb.w16 = w16.data();
+  auto la = DenseLayer::Create(engine_, a.batch, a.in, a.out, GetParam(), a.Buffers(true), Precision::kBf16);
+  auto lb = DenseLayer::Create(engine_, b.batch, b.in, b.out, GetParam(), bb, Precision::kBf16);
+  ASSERT_TRUE(la.ok()) << la.status();
+  ASSERT_TRUE(lb.ok()) << lb.status();
+  (*la)->Forward(stream_);
+  (*lb)->Forward(stream_);
+  a.SetDy(a.r);
+  b.SetDy(b.r);
+  (*la)->Backward(stream_);
+  (*lb)->Backward(stream_);
+  EXPECT_EQ(a.y, b.y);
+  EXPECT_EQ(a.dw, b.dw);
+  EXPECT_EQ(a.dx, b.dx);
+  EXPECT_EQ(a.db, b.db);
 }
 
 INSTANTIATE_TEST_SUITE_P(Activations, DenseLayerTest,
