@@ -11,6 +11,9 @@ min-max and the ratio Shardwild / peer.
   dlrm      configs/ctr_dlrm.yaml          dlrm_criteo.py (PyTorch Hogwild)
   text      configs/text_bow.yaml          text_fasttext.py (fastText)
 
+--precision bf16 runs Shardwild with model.precision=bf16 and the PyTorch
+peers under torch.autocast('cpu', bfloat16) (fastText stays as it is).
+
 Shardwild runs with train.workers = N and train.intra_op_threads = 1; each
 PyTorch peer runs N processes of one thread, fastText -thread N. The Criteo
 and text files are generated with `shardwild data gen` when missing (the
@@ -109,6 +112,12 @@ def commands(name, args, data, seed):
         sw += ["--set", f"train.batch_size={w['batch']}"]
         peer += ["--batch", str(w["batch"])]
     peer += ["--threads" if name == "text" else "--workers", str(args.threads)]
+    if args.precision == "bf16":
+        # Shardwild's dense layers in bf16; the PyTorch peers under
+        # torch.autocast('cpu', bfloat16). fastText has no bf16 mode.
+        sw += ["--set", "model.precision=bf16"]
+        if name != "text":
+            peer += ["--bf16"]
     if name == "dlrm":
         sw += ["--set", f"data.train={data['criteo_train']}", "--set", f"data.test={data['criteo_test']}"]
         peer += ["--train", data["criteo_train"], "--test", data["criteo_test"]]
@@ -157,6 +166,8 @@ def main():
     ap.add_argument("--text-test-rows", type=int, default=20000)
     ap.add_argument("--python", default="/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable,
                     help="the interpreter Debian's python3-torch is installed for (default /usr/bin/python3)")
+    ap.add_argument("--precision", choices=["f32", "bf16"], default="f32",
+                    help="bf16: Shardwild with model.precision=bf16, the PyTorch peers with autocast bf16 (default f32)")
     ap.add_argument("--out", help="also write every run's JSON, one line each, to this file")
     args = ap.parse_args()
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
@@ -203,7 +214,7 @@ def main():
             rows.append((f"{name} vs {peers[name]}", label, sw_txt, p_txt, ratio))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     print(f"threads {args.threads}, {args.repeats} runs per side (seeds 1..{args.repeats}), alternating; "
-          f"epochs {'the configs' if not args.epochs else args.epochs}"
+          f"epochs {'the configs' if not args.epochs else args.epochs}; precision {args.precision}"
           + (f", first {args.max_train} training records" if args.max_train else ""))
     for i, row in enumerate(rows):
         print("  ".join(c.ljust(widths[k]) if k < 2 else c.rjust(widths[k]) for k, c in enumerate(row)))

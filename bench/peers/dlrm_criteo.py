@@ -113,7 +113,11 @@ def worker(rank, args, model, dense, ids, labels, barrier, results):
             for b in range(0, hi - lo, args.batch):
                 idx = order[b:b + args.batch]
                 opt.zero_grad(set_to_none=True)
-                loss = F.binary_cross_entropy_with_logits(model(dense[idx], make_bags(ids[idx])), labels[idx])
+                # --bf16: torch.autocast('cpu', bfloat16) around the forward
+                # (the MLPs' linear layers in bf16; tables, loss and SGD f32).
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+                    logits = model(dense[idx], make_bags(ids[idx]))
+                loss = F.binary_cross_entropy_with_logits(logits.float(), labels[idx])
                 loss.backward()
                 opt.step()
                 loss_sum += float(loss) * idx.numel()
@@ -146,6 +150,8 @@ def main():
     ap.add_argument("--rows", type=int, default=1_000_000, help="rows per table (ids are hex % rows)")
     ap.add_argument("--train", default="data/criteo_train.tsv", help="Criteo TSV: label, I1..I13, C1..C26")
     ap.add_argument("--test", default="data/criteo_test.tsv")
+    ap.add_argument("--bf16", action="store_true",
+                    help="mixed precision: torch.autocast('cpu', bfloat16) around the forward (model.precision: bf16)")
     ap.add_argument("--max-train", type=int, default=0, help="keep the first N training records (0 = all)")
     ap.add_argument("--max-test", type=int, default=0, help="keep the first N test records (0 = all)")
     ap.add_argument("--no-cache", action="store_true", help="do not read or write <file>.peers-*.npz caches")
@@ -174,6 +180,7 @@ def main():
     test_auc, test_logloss, test_accuracy = evaluate(model, dte, ite, lte)
     peer_common.emit({
         "peer": "pytorch", "torch_version": torch.__version__, "workload": "dlrm_criteo",
+        "precision": "bf16" if args.bf16 else "f32",
         "workers": args.workers, "threads_per_worker": 1, "epochs": args.epochs, "batch": args.batch,
         "train_records": int(ltr.shape[0]), "test_records": int(lte.shape[0]),
         "samples_per_s": records / train_s if train_s > 0 else 0.0, "train_s": train_s, "load_s": load_s,

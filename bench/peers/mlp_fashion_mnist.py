@@ -84,7 +84,12 @@ def worker(rank, args, model, moments, x, y, barrier, results):
                 xb, yb = x[idx], y[idx]
                 for p in params:
                     p.grad = None
-                loss = F.cross_entropy(model(xb), yb)
+                # --bf16: PyTorch's CPU mixed precision (autocast runs the
+                # linear layers in bf16, the loss in f32; the parameters,
+                # gradients and Adam stay f32), as model.precision: bf16.
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+                    logits = model(xb)
+                loss = F.cross_entropy(logits.float(), yb)
                 loss.backward()
                 # Cosine decay to 0 over this worker's steps, as Shardwild's
                 # schedule runs over each worker's share of the run.
@@ -125,6 +130,8 @@ def main():
     ap.add_argument("--train", default="/usr/share/datasets/fashion-mnist/train",
                     help="IDX prefix: <prefix>-images-idx3-ubyte[.gz] and <prefix>-labels-idx1-ubyte[.gz]")
     ap.add_argument("--test", default="/usr/share/datasets/fashion-mnist/t10k")
+    ap.add_argument("--bf16", action="store_true",
+                    help="mixed precision: torch.autocast('cpu', bfloat16) around the forward (model.precision: bf16)")
     ap.add_argument("--max-train", type=int, default=0, help="keep the first N training records (0 = all)")
     ap.add_argument("--max-test", type=int, default=0, help="keep the first N test records (0 = all)")
     args = ap.parse_args()
@@ -151,6 +158,7 @@ def main():
     acc, test_loss = evaluate(model, torch.from_numpy(xte), torch.from_numpy(yte))
     peer_common.emit({
         "peer": "pytorch", "torch_version": torch.__version__, "workload": "mlp_fashion_mnist",
+        "precision": "bf16" if args.bf16 else "f32",
         "workers": args.workers, "threads_per_worker": 1, "epochs": args.epochs, "batch": args.batch,
         "train_records": int(x.shape[0]), "test_records": int(xte.shape[0]),
         "samples_per_s": records / train_s if train_s > 0 else 0.0, "train_s": train_s, "load_s": load_s,
