@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status.h"
+#include "core/model/hogwild_kernels.h"
 #include "gtest/gtest.h"
 #include "net/ps_server.h"
 #include "ps_shm/shm_store.h"
@@ -247,6 +248,33 @@ TEST(ClusterParamStoreTest, SameBitsAsOneFullStore) {
     EXPECT_EQ(before, after);
     const RowPull bad_pull[] = {{0, good, out.data()}, {2, good, out.data()}};
     EXPECT_EQ(cs.PullRowsBatch(bad_pull, PullMode::kInsert, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+// A bf16 model's pulls through the cluster store (PullSlice::out_bf16):
+// every variable whole (those split over both ps tasks too), over gRPC or with
+// ps:1 attached through shared memory, comes back as the f32 parameters
+// rounded to bf16.
+TEST(ClusterParamStoreTest, Bf16PullsRoundWhatTheTasksHold) {
+  for (bool attach : {false, true}) {
+    SCOPED_TRACE(attach ? "ps:1 attached through shared memory" : "all through gRPC");
+    std::unique_ptr<Cluster> c = Cluster::Start();
+    ASSERT_TRUE(c);
+    std::unique_ptr<ShmParamStore> attached;
+    absl::StatusOr<std::unique_ptr<ClusterParamStore>> cluster = ConnectTo(*c, attach, &attached);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    ClusterParamStore& cs = **cluster;
+    const std::vector<VariableSpec> vars = Variables();
+    for (size_t v = 0; v < vars.size(); ++v) {
+      std::vector<float> f32(vars[v].size());
+      const PullSlice sf{static_cast<int>(v), 0, vars[v].rows, f32.data()};
+      ASSERT_TRUE(cs.Pull({&sf, 1}).ok());
+      std::vector<uint16_t> want(f32.size()), got(f32.size(), 0xABCD);
+      HogwildCopyFromAsBf16(f32.data(), want.data(), static_cast<int64_t>(f32.size()));
+      const PullSlice sb{static_cast<int>(v), 0, vars[v].rows, nullptr, got.data()};
+      ASSERT_TRUE(cs.Pull({&sb, 1}).ok());
+      EXPECT_EQ(got, want) << vars[v].name;
+    }
   }
 }
 
