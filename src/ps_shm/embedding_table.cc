@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -32,8 +33,8 @@ namespace shardwild {
 
 inline constexpr uint64_t kEmbeddingMagic = 0x314445424D455753ULL;  // "SWEMBED1" little-endian
 // 2: row_lock; 3: lean rows (static rows carry no metadata; 16-byte RowMeta;
-// side words; strides below 64 bytes).
-inline constexpr uint32_t kEmbeddingFormatVersion = 3;
+// side words; strides below 64 bytes); 4: bf16 parameters.
+inline constexpr uint32_t kEmbeddingFormatVersion = 4;
 inline constexpr size_t kHeaderBytes = 4096;
 inline constexpr int kMaxNameBytes = 48;
 
@@ -57,6 +58,8 @@ struct EmbeddingTableHeader {
   float slot_init[kMaxEmbeddingSlots];
   uint32_t row_lock;     // 0 or 1: rows are updated under their seqlock word
   uint32_t tick_shift;   // LRU: a row's 16-bit tick is clock >> tick_shift (TickShift); else 0
+  uint32_t bf16;         // 0 or 1: parameters are bf16 (2 bytes each), slots f32 after them
+  uint32_t params_bytes; // bytes of a row's parameters (ParamsBytes): where its slots start
   uint64_t row_stride;   // bytes between row blocks (RowStride)
   uint64_t meta_offset;  // dynamic: RowMeta within a row block; static: 0 (no RowMeta)
   uint64_t side_offset;  // static: byte offset of the side words from the region start; else 0
@@ -76,6 +79,9 @@ struct EmbeddingTableHeader {
   uint64_t reserved;
   // LRU clock, advanced once per Pull/Push (relaxed: a tick is a hint).
   alignas(64) uint64_t clock;
+  // bf16 tables: pushes so far, one draw per Push call; salts the
+  // stochastic rounding of its updates (relaxed: only a count).
+  uint64_t rounding_draws;
   // Eviction lock: 0 free, 1 held. exchange(acquire) / store(release), so
   // everything a holder wrote is visible to the next holder.
   alignas(64) uint32_t evict_lock;
@@ -207,11 +213,18 @@ struct Layout {
   uint32_t tick_shift = 0;
 };
 
+// Bytes of a row's parameters: dim floats, or dim bf16 values rounded up to
+// 4 bytes (the f32 slots that follow stay 4-byte aligned).
+constexpr uint64_t ParamsBytes(const EmbeddingTableOptions& o) {
+  return o.bf16 ? RoundUp(static_cast<uint64_t>(o.dim) * sizeof(uint16_t), sizeof(float))
+                : static_cast<uint64_t>(o.dim) * sizeof(float);
+}
+
 // The index holds at most capacity keys in >= capacity / 0.7 slots.
 Layout ComputeLayout(const EmbeddingTableOptions& o) {
   Layout l;
   const uint64_t float_bytes =
-      static_cast<uint64_t>(1 + o.num_slots) * static_cast<uint64_t>(o.dim) * sizeof(float);
+      ParamsBytes(o) + static_cast<uint64_t>(o.num_slots) * static_cast<uint64_t>(o.dim) * sizeof(float);
   if (o.kind == EmbeddingKind::kDynamic) {
     l.meta_offset = RoundUp(float_bytes, alignof(RowMeta));
     l.row_stride = RowStride(l.meta_offset + sizeof(RowMeta));
@@ -460,6 +473,8 @@ absl::StatusOr<EmbeddingTable> EmbeddingTable::Format(void* region, size_t bytes
   for (int k = 0; k < kMaxEmbeddingSlots; ++k) h->slot_init[k] = options.slot_init[k];
   h->row_lock = options.row_lock ? 1 : 0;
   h->tick_shift = l.tick_shift;
+  h->bf16 = options.bf16 ? 1 : 0;
+  h->params_bytes = static_cast<uint32_t>(ParamsBytes(options));
   h->row_stride = l.row_stride;
   h->meta_offset = l.meta_offset;
   h->side_offset = l.side_offset;
@@ -550,13 +565,16 @@ absl::StatusOr<EmbeddingTable> EmbeddingTable::FromHeader(void* region, size_t b
   for (int k = 0; k < kMaxEmbeddingSlots; ++k) o.slot_init[k] = h->slot_init[k];
   if (h->row_lock > 1) return bad(absl::StrCat("row_lock is ", h->row_lock, ", expected 0 or 1"));
   o.row_lock = h->row_lock == 1;
+  if (h->bf16 > 1) return bad(absl::StrCat("bf16 is ", h->bf16, ", expected 0 or 1"));
+  o.bf16 = h->bf16 == 1;
   if (absl::Status s = o.Validate(); !s.ok()) return bad(std::string(s.message()));
   const Layout l = ComputeLayout(o);
   struct Field {
     const char* name;
     uint64_t got, want;
   };
-  for (const Field& f : {Field{"row_stride", h->row_stride, l.row_stride},
+  for (const Field& f : {Field{"params_bytes", h->params_bytes, ParamsBytes(o)},
+                         Field{"row_stride", h->row_stride, l.row_stride},
                          Field{"meta_offset", h->meta_offset, l.meta_offset},
                          Field{"side_offset", h->side_offset, l.side_offset},
                          Field{"side_stride", h->side_stride, l.side_stride},
@@ -598,6 +616,8 @@ void EmbeddingTable::Bind(const EmbeddingTableOptions& o, char* base) {
   dim_ = o.dim;
   capacity_ = o.capacity;
   num_slots_ = o.num_slots;
+  bf16_ = o.bf16;
+  slots_offset_ = ParamsBytes(o);
   row_stride_ = l.row_stride;
   meta_offset_ = l.meta_offset;
   side_stride_ = l.side_stride;
@@ -627,19 +647,20 @@ void EmbeddingTable::Bind(const EmbeddingTableOptions& o, char* base) {
 // ---- Rows -------------------------------------------------------------------------
 
 void EmbeddingTable::InitRowValues(int64_t row, uint64_t id) const {
-  float* p = reinterpret_cast<float*>(RowBlock(row));
+  char* block = RowBlock(row);
   const uint64_t key = RowKey(options_.seed, options_.table_id, id);
   alignas(64) float chunk[64];
   for (int64_t j = 0; j < dim_; j += 64) {
     const int64_t n = std::min<int64_t>(64, dim_ - j);
     FillInitial(options_.init, key, j, n, chunk);
-    HogwildCopyTo(chunk, p + j, n);
+    if (bf16_) {
+      // Rounded to nearest: an initial value is a draw, not an update.
+      HogwildCopyFromAsBf16(chunk, reinterpret_cast<uint16_t*>(block) + j, n);
+    } else {
+      HogwildCopyTo(chunk, reinterpret_cast<float*>(block) + j, n);
+    }
   }
-  for (int k = 0; k < num_slots_; ++k) {
-    const float v = options_.slot_init[k];
-    float* slot = p + (k + 1) * dim_;
-    HogwildFill(v, slot, dim_);
-  }
+  for (int k = 0; k < num_slots_; ++k) HogwildFill(options_.slot_init[k], Slot(block, k), dim_);
 }
 
 void EmbeddingTable::InitRow(int64_t row, uint64_t id) {
@@ -1059,17 +1080,22 @@ absl::Status EmbeddingTable::Pull(absl::Span<const uint64_t> ids, float* out, Pu
   SW_RETURN_IF_ERROR(CheckIds(ids));
   const bool insert = mode == PullMode::kInsert;
   const uint64_t tick = (lru_ && insert) ? Atomic(header_->clock).fetch_add(1, std::memory_order_relaxed) + 1 : 0;
-  const int lines = LinesFor(static_cast<size_t>(dim_) * sizeof(float));
+  const int lines = LinesFor(slots_offset_);
   const size_t n = ids.size();
   if (!row_lock_ && !lru_) {
     // Rows that never move: gathered in batches, one kernel call each. The
     // pending rows fill out[first, first + k); a missing row (kReadOnly)
     // is written at its initial value in between.
     constexpr size_t kRowBatch = 64;
-    const float* src[kRowBatch];
+    const char* src[kRowBatch];
     size_t first = 0, k = 0;
     auto flush = [&] {
-      HogwildGatherRows(src, static_cast<int64_t>(k), dim_, out + first * static_cast<size_t>(dim_));
+      float* to = out + first * static_cast<size_t>(dim_);
+      if (bf16_) {
+        HogwildGatherRowsBf16(reinterpret_cast<const uint16_t* const*>(src), static_cast<int64_t>(k), dim_, to);
+      } else {
+        HogwildGatherRows(reinterpret_cast<const float* const*>(src), static_cast<int64_t>(k), dim_, to);
+      }
       first += k;
       k = 0;
     };
@@ -1086,7 +1112,7 @@ absl::Status EmbeddingTable::Pull(absl::Span<const uint64_t> ids, float* out, Pu
         first = i + 1;
         continue;
       }
-      src[k++] = reinterpret_cast<const float*>(RowBlock(row));
+      src[k++] = RowBlock(row);
       if (k == kRowBatch) flush();
     }
     flush();
@@ -1102,10 +1128,7 @@ absl::Status EmbeddingTable::Pull(absl::Span<const uint64_t> ids, float* out, Pu
       continue;
     }
     const char* block = RowBlock(row);
-    const float* p = reinterpret_cast<const float*>(block);
-    auto copy = [&] {
-      HogwildCopyFrom(p, dst, dim_);
-    };
+    auto copy = [&] { CopyParams(block, dst); };
     if (row_lock_) {
       ReadRowConsistent(SeqWord(row), copy);
     } else {
@@ -1211,42 +1234,63 @@ absl::Status EmbeddingTable::Push(absl::Span<const uint64_t> ids, const float* g
     return sc.sum_of_[i] >= 0 ? sc.summed_.data() + static_cast<size_t>(sc.sum_of_[i]) * d
                               : grads + static_cast<size_t>(sc.first_row_[i]) * d;
   };
+  // bf16 rows: the stochastic rounding's bits hash (this call's draw, id),
+  // so a run that pushes the same ids in the same order rounds the same way.
+  const uint64_t draw = bf16_ ? Mix(Atomic(header_->rounding_draws).fetch_add(1, std::memory_order_relaxed)) : 0;
+  auto salt_of = [&](uint64_t id) { return static_cast<uint32_t>(Mix(draw ^ id)); };
+  // One row's update, params and slots in its block.
+  auto apply = [&](char* block, const float* g, const UpdateParams& up, uint64_t id) {
+    if (bf16_) {
+      uint16_t* p = reinterpret_cast<uint16_t*>(block);
+      const uint32_t salt = salt_of(id);
+      ApplyUpdateRowsBf16(optimizer, up, &p, &g, &salt, 1, dim_, static_cast<int64_t>(slots_offset_));
+      return;
+    }
+    float* slots[kMaxSlots] = {};
+    for (int k = 0; k < num_slots_; ++k) slots[k] = Slot(block, k);
+    ApplyUpdate(optimizer, up, reinterpret_cast<float*>(block), slots, g, dim_);
+  };
   if (!row_lock_ && !counts_steps && !lru_) {
     // Rows that never move (static, kError) under an optimizer with no
     // per-row step: one kernel call per batch of rows. (An LRU table pins
     // each row while it is updated, and a batch of pins could starve its own
     // evictions; Adam's t and row_lock's seqlock are per row.)
     constexpr size_t kRowBatch = 64;
-    float* rows[kRowBatch];
+    char* rows[kRowBatch];
     const float* row_grads[kRowBatch];
+    uint32_t salts[kRowBatch];
     size_t k = 0;
     UpdateParams up;
     up.lr = lr;
+    auto flush = [&] {
+      if (bf16_) {
+        ApplyUpdateRowsBf16(optimizer, up, reinterpret_cast<uint16_t* const*>(rows), row_grads, salts,
+                            static_cast<int64_t>(k), dim_, static_cast<int64_t>(slots_offset_));
+      } else {
+        ApplyUpdateRows(optimizer, up, reinterpret_cast<float* const*>(rows), row_grads, static_cast<int64_t>(k), dim_);
+      }
+      k = 0;
+    };
     for (size_t i = 0; i < m; ++i) {
       PrefetchAhead(unique, i, lines);
       int64_t row;
       if (absl::Status st = Acquire(sc.unique_ids_[i], /*insert=*/true, tick, &row); !st.ok()) {
-        ApplyUpdateRows(optimizer, up, rows, row_grads, static_cast<int64_t>(k), dim_);  // as row by row would have
+        flush();  // as row by row would have
         return st;
       }
-      rows[k] = reinterpret_cast<float*>(RowBlock(row));
+      rows[k] = RowBlock(row);
       row_grads[k] = grad_of(i);
-      if (++k == kRowBatch) {
-        ApplyUpdateRows(optimizer, up, rows, row_grads, static_cast<int64_t>(k), dim_);
-        k = 0;
-      }
+      if (bf16_) salts[k] = salt_of(sc.unique_ids_[i]);
+      if (++k == kRowBatch) flush();
     }
-    ApplyUpdateRows(optimizer, up, rows, row_grads, static_cast<int64_t>(k), dim_);
+    flush();
     return absl::OkStatus();
   }
-  float* slots[kMaxSlots] = {};
   for (size_t i = 0; i < m; ++i) {
     PrefetchAhead(unique, i, lines);
     int64_t row;
     SW_RETURN_IF_ERROR(Acquire(sc.unique_ids_[i], /*insert=*/true, tick, &row));
     char* block = RowBlock(row);
-    float* params = reinterpret_cast<float*>(block);
-    for (int k = 0; k < num_slots_; ++k) slots[k] = params + (k + 1) * d;
     UpdateParams up;
     up.lr = lr;
     const float* g = grad_of(i);
@@ -1268,7 +1312,7 @@ absl::Status EmbeddingTable::Push(absl::Span<const uint64_t> ids, const float* g
           up.step = next;
         }
       }
-      ApplyUpdate(optimizer, up, params, slots, g, dim_);
+      apply(block, g, up, sc.unique_ids_[i]);
       if (packed_) {
         // As UnlockRow (release), with the count in the upper bits.
         Atomic(*seq).store(count_bits | ((odd + 1) & kPackedSeqMask), std::memory_order_release);
@@ -1286,23 +1330,38 @@ absl::Status EmbeddingTable::Push(absl::Span<const uint64_t> ids, const float* g
         }
         up.step = c == std::numeric_limits<uint32_t>::max() ? c : c + 1;
       }
-      ApplyUpdate(optimizer, up, params, slots, g, dim_);
+      apply(block, g, up, sc.unique_ids_[i]);
     }
     Release(row);
   }
   return absl::OkStatus();
 }
 
+void EmbeddingTable::CopyParams(const char* block, float* dst) const {
+  if (bf16_) {
+    HogwildWidenBf16(reinterpret_cast<const uint16_t*>(block), dst, dim_);
+  } else {
+    HogwildCopyFrom(reinterpret_cast<const float*>(block), dst, dim_);
+  }
+}
+
 void EmbeddingTable::CopyRowState(int64_t row, float* params, absl::Span<float* const> slots,
                                   uint64_t* update_count) const {
-  const float* p = reinterpret_cast<const float*>(RowBlock(row));
+  const char* block = RowBlock(row);
   auto copy = [&] {
-    if (params != nullptr) {
+    if (params != nullptr && bf16_) {
+      // Widened: a bf16 table's checkpoint holds f32 like any other.
+      const uint16_t* p = reinterpret_cast<const uint16_t*>(block);
+      for (int64_t j = 0; j < dim_; ++j) {
+        params[j] = std::bit_cast<float>(static_cast<uint32_t>(Atomic(p[j]).load(std::memory_order_relaxed)) << 16);
+      }
+    } else if (params != nullptr) {
+      const float* p = reinterpret_cast<const float*>(block);
       for (int64_t j = 0; j < dim_; ++j) params[j] = Atomic(p[j]).load(std::memory_order_relaxed);
     }
     for (size_t k = 0; k < slots.size(); ++k) {
       if (slots[k] == nullptr) continue;
-      const float* slot = p + (k + 1) * dim_;
+      const float* slot = Slot(block, static_cast<int>(k));
       for (int64_t j = 0; j < dim_; ++j) slots[k][j] = Atomic(slot[j]).load(std::memory_order_relaxed);
     }
     if (update_count != nullptr) *update_count = LoadCount(row);
@@ -1376,13 +1435,25 @@ absl::Status EmbeddingTable::WriteRowState(uint64_t id, const float* params, abs
   const uint64_t tick = lru_ ? Atomic(header_->clock).fetch_add(1, std::memory_order_relaxed) + 1 : 0;
   int64_t row;
   SW_RETURN_IF_ERROR(Acquire(id, /*insert=*/true, tick, &row));
-  float* p = reinterpret_cast<float*>(RowBlock(row));
+  char* block = RowBlock(row);
   uint32_t* seq = row_lock_ ? SeqWord(row) : nullptr;
   const uint32_t odd = row_lock_ ? LockRow(seq) : 0;
-  for (int64_t j = 0; j < dim_; ++j) Atomic(p[j]).store(params[j], std::memory_order_relaxed);
+  if (bf16_) {
+    // Rounded to nearest (a checkpoint's f32 values into a bf16 table).
+    uint16_t* p = reinterpret_cast<uint16_t*>(block);
+    uint16_t chunk[64];
+    for (int64_t j = 0; j < dim_; j += 64) {
+      const int64_t n = std::min<int64_t>(64, dim_ - j);
+      HogwildCopyFromAsBf16(params + j, chunk, n);
+      for (int64_t i = 0; i < n; ++i) Atomic(p[j + i]).store(chunk[i], std::memory_order_relaxed);
+    }
+  } else {
+    float* p = reinterpret_cast<float*>(block);
+    for (int64_t j = 0; j < dim_; ++j) Atomic(p[j]).store(params[j], std::memory_order_relaxed);
+  }
   for (size_t k = 0; k < slots.size(); ++k) {
     if (slots[k] == nullptr) continue;
-    float* slot = p + (k + 1) * dim_;
+    float* slot = Slot(block, static_cast<int>(k));
     for (int64_t j = 0; j < dim_; ++j) Atomic(slot[j]).store(slots[k][j], std::memory_order_relaxed);
   }
   if (packed_) {

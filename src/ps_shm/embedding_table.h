@@ -229,6 +229,14 @@ struct EmbeddingTableOptions {
   RowInitializer init;
   uint64_t seed = 1;
   uint32_t table_id = 0;  // mixed into the initial values, so two tables differ
+  // Parameters stored as bf16 (model.tables[i].dtype bf16): half the bytes
+  // of f32 parameters; slots stay f32, after them. Pull, ReadRowState and
+  // ReadRowAt widen them to f32 (exactly); Push computes the update in f32
+  // and stores it back by stochastic rounding (HogwildUpdateRowsBf16), so
+  // E[stored] is the f32 result; initial values and WriteRowState round to
+  // nearest. Static tables' rows are then not usable in place
+  // (StaticRowParams is for f32 tables only).
+  bool bf16 = false;
   // Update mode row_lock (ps.update): each row's parameters, slots and update
   // count change together under the row's seqlock, and Pull copies whole
   // rows (never half from one push and half from another). Off: hogwild.
@@ -395,8 +403,8 @@ class EmbeddingTable {
   // Whether rows are written under their seqlock (update mode row_lock).
   bool row_lock() const { return row_lock_; }
   // The parameters of static row `id` (< capacity(), unchecked) in place:
-  // dim() floats that never move (ParamStore::RowAddresses). Static tables
-  // only; read and write them with the Hogwild kernels.
+  // dim() floats that never move (ParamStore::RowAddresses). Static f32
+  // tables only (not bf16()); read and write them with the Hogwild kernels.
   float* StaticRowParams(uint64_t id) const {
     return reinterpret_cast<float*>(RowBlock(static_cast<int64_t>(id)));
   }
@@ -404,6 +412,11 @@ class EmbeddingTable {
   int64_t dim() const { return dim_; }
   int64_t capacity() const { return capacity_; }
   int num_slots() const { return num_slots_; }
+  // Whether parameters are stored as bf16 (EmbeddingTableOptions::bf16).
+  bool bf16() const { return bf16_; }
+  // Bytes of one row's parameters in its block (dim x 4, or dim x 2 rounded
+  // up to 4 for bf16).
+  size_t params_bytes_per_row() const { return slots_offset_; }
   // Bytes between consecutive row blocks.
   size_t row_stride() const { return row_stride_; }
   // Bytes of the region per row: the row block plus its side words.
@@ -473,6 +486,15 @@ class EmbeddingTable {
   void InitRow(int64_t row, uint64_t id);
   // LRU: moves a pinned row's tick forward to `tick` (coarsened).
   void Touch(EmbeddingRowMeta* meta, uint64_t tick) const;
+  // Slot k of the row block at `block` (f32, after the parameters).
+  float* Slot(char* block, int k) const {
+    return reinterpret_cast<float*>(block + slots_offset_) + static_cast<size_t>(k) * static_cast<size_t>(dim_);
+  }
+  const float* Slot(const char* block, int k) const {
+    return reinterpret_cast<const float*>(block + slots_offset_) + static_cast<size_t>(k) * static_cast<size_t>(dim_);
+  }
+  // The row block's parameters as f32 into dst[dim] (a Hogwild copy; widened for bf16).
+  void CopyParams(const char* block, float* dst) const;
   // Copies a row's params, slots and update count (seqlock read in row_lock).
   void CopyRowState(int64_t row, float* params, absl::Span<float* const> slots, uint64_t* update_count) const;
   void PrefetchAhead(absl::Span<const uint64_t> ids, size_t i, int lines) const;
@@ -489,6 +511,8 @@ class EmbeddingTable {
   int64_t dim_ = 0;
   int64_t capacity_ = 0;
   int num_slots_ = 0;
+  bool bf16_ = false;         // parameters stored as bf16
+  size_t slots_offset_ = 0;   // bytes of a row's parameters: where its slots start
   size_t row_stride_ = 0;
   size_t meta_offset_ = 0;    // RowMeta within a row block (dynamic)
   size_t side_stride_ = 0;    // bytes of side words per row (static)

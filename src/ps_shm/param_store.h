@@ -58,6 +58,9 @@ struct TableSpec {
   int64_t capacity = 0;            // rows over all shards (static: the vocabulary), >= 1
   CapacityPolicy on_full = CapacityPolicy::kError;  // dynamic tables only
   RowInitializer init;
+  // Parameters stored as bf16 (EmbeddingTableOptions::bf16; config
+  // model.tables[i].dtype). Every ParamStore call still takes and gives f32.
+  bool bf16 = false;
 };
 
 // The shard of a dynamic table's id among `shards` (TableSpec): the high 32

@@ -78,6 +78,7 @@ EmbeddingTableOptions TableShardOptions(const TableSpec& spec, int t, int s, int
   o.capacity = ShardCapacity(spec, s, shards);
   o.on_full = spec.on_full;
   o.init = spec.init;
+  o.bf16 = spec.bf16;
   o.seed = seed;
   // Dynamic rows are keyed by their global id, so their draws do not depend
   // on the shard; static rows by their local row, so the shard is mixed in.
@@ -654,6 +655,9 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Attach(
         return bad(absl::StrCat("embedding table '", te.name, "' has ", table->num_slots(),
                                 " slots per row, the sparse optimizer needs ", NumSlots(st->sparse_optimizer_.type)));
       }
+      if (k > 0 && table->bf16() != st->tables_[t][0].bf16()) {
+        return bad(absl::StrCat("embedding table '", te.name, "': its shards disagree on bf16 parameters"));
+      }
       if (k == 0) {
         TableSpec spec;
         spec.name = te.name;
@@ -662,6 +666,7 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Attach(
         spec.capacity = te.capacity;
         spec.on_full = static_cast<CapacityPolicy>(te.on_full);
         spec.init = table->options().init;
+        spec.bf16 = table->options().bf16;
         st->layout_.tables.push_back(spec);
       }
       st->tables_[t].push_back(*table);
@@ -752,7 +757,7 @@ absl::Status ShmParamStore::Pull(absl::Span<const PullSlice> slices) {
                                                      spec.name, "' with ", spec.rows, " rows"));
     }
     SW_RETURN_IF_ERROR(CheckHosted(sl.var, sl.row_begin, sl.row_end, "pull"));
-    if ((sl.out == nullptr) == (sl.out_bf16 == nullptr)) {
+    if (sl.row_begin < sl.row_end && (sl.out == nullptr) == (sl.out_bf16 == nullptr)) {
       return absl::InvalidArgumentError(absl::StrCat("pull: '", spec.name, "' needs exactly one of out and out_bf16"));
     }
     for (const Part& p : parts_[sl.var]) {
@@ -1192,7 +1197,7 @@ absl::StatusOr<bool> ShmParamStore::RowAddresses(int table, absl::Span<const uin
     return false;
   }
   for (const EmbeddingTable& shard : tables_[table]) {
-    if (shard.row_lock()) return false;
+    if (shard.row_lock() || shard.bf16()) return false;  // bf16 rows: no f32 to point at
   }
   for (uint64_t id : ids) {
     if (id >= static_cast<uint64_t>(spec.capacity)) {
@@ -1264,7 +1269,7 @@ ShmParamStore::Memory ShmParamStore::memory() const {
       const uint64_t rows = static_cast<uint64_t>(part.capacity());
       const uint64_t row_bytes = static_cast<uint64_t>(part.dim()) * sizeof(float);
       tm.rows += rows;
-      tm.params += rows * row_bytes;
+      tm.params += rows * part.params_bytes_per_row();  // half for bf16 rows
       tm.slots += rows * row_bytes * static_cast<uint64_t>(part.num_slots());
       tm.overhead += EmbeddingTable::BytesFor(part.options());
       tm.bytes_per_row = part.bytes_per_row();

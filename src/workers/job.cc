@@ -73,6 +73,7 @@ std::vector<TableSpec> TableSpecsOf(const ModelSpec& spec) {
     t.dim = d.dim;
     t.capacity = d.rows;
     t.on_full = d.evict_lru ? CapacityPolicy::kEvictLru : CapacityPolicy::kError;
+    t.bf16 = d.bf16;
     if (d.init_scale > 0) {
       t.init.kind = RowInitializer::Kind::kUniform;
       t.init.a = -d.init_scale;

@@ -241,16 +241,16 @@ TEST(EmbeddingTableTest, AttachRefusesAnotherFormatVersion) {
   const size_t bytes = EmbeddingTable::BytesFor(o);
   Region region(bytes);
   ASSERT_TRUE(EmbeddingTable::Create(region.data(), bytes, o).ok());
-  // format_version follows the 8-byte magic. Version 2 had 32-byte RowMeta
-  // in every row; this build must not read its rows.
+  // format_version follows the 8-byte magic. Version 3 had no bf16 rows
+  // (nor their header fields); this build must not read its header.
   uint32_t version = 0;
   std::memcpy(&version, static_cast<char*>(region.data()) + 8, sizeof(version));
-  EXPECT_EQ(version, 3u);
-  const uint32_t old = 2;
+  EXPECT_EQ(version, 4u);
+  const uint32_t old = 3;
   std::memcpy(static_cast<char*>(region.data()) + 8, &old, sizeof(old));
   const auto s = EmbeddingTable::Attach(region.data(), bytes);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(MessageContains(s.status(), {"format_version is 2", "reads 3"}));
+  EXPECT_TRUE(MessageContains(s.status(), {"format_version is 3", "reads 4"}));
 }
 
 TEST(EmbeddingTableTest, UpdateCountsSurviveEveryMetadataLayout) {

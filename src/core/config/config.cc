@@ -230,6 +230,9 @@ void AddTableLeaves(Section* s, TableOptions* t) {
     return Enum(&t->evict_lru, {{"error", false}, {"evict_lru", true}})(k, n, l);
   };
   s->leaves["init_scale"] = Real(&t->init_scale);
+  s->custom["dtype"] = [t](const std::string& k, const YAML::Node& n, const Locator& l) {
+    return Enum(&t->bf16, {{"f32", false}, {"bf16", true}})(k, n, l);
+  };
 }
 
 absl::Status ParseTables(const std::string& key, const YAML::Node& node, const Locator& loc,
@@ -249,7 +252,7 @@ absl::Status ParseTables(const std::string& key, const YAML::Node& node, const L
 
 // model.sparse: each entry names one field (`field`) or several (`fields`,
 // each its own feature), and either a shared table (`table`) or its own
-// table's settings inline (rows, dim, kind, on_full, init_scale): then each
+// table's settings inline (rows, dim, kind, on_full, init_scale, dtype): then each
 // field gets a table named after it.
 absl::Status ParseSparse(const std::string& key, const YAML::Node& node, const Locator& loc, ModelOptions* model) {
   if (!node.IsSequence()) return loc.Error(key, node, absl::StrCat("expected a list of sparse features, got ", Describe(node)));

@@ -116,6 +116,10 @@ struct TableOptions {
   // Initial rows: uniform(-init_scale, init_scale); 0 = DLRM's
   // uniform(-1/sqrt(rows), 1/sqrt(rows)).
   float init_scale = 0.0f;
+  // dtype: the rows' parameters in the store as f32 or bf16 (half the
+  // memory; updates computed in f32 and stored by stochastic rounding;
+  // pulls, checkpoints and the wire see f32).
+  bool bf16 = false;
 };
 
 // model.sparse[]: one sparse input field pooled through a table.

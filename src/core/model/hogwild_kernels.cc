@@ -239,6 +239,100 @@ SHARDWILD_HOGWILD_KERNEL void UpdateImpl(const UpdateKernelArgs& a, float* p, fl
   }
 }
 
+// f32 lanes of the bf16 values at src (exact: a bf16 is the upper half of a float).
+template <class D>
+HWY_INLINE auto LoadBf16(D d, const uint16_t* src) {
+  const hn::RebindToUnsigned<D> du;
+  const hn::Rebind<uint16_t, D> d16;
+  return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, src))));
+}
+
+// Chris Wellons' lowbias32 integer hash, lane by lane.
+template <class V>
+HWY_INLINE V Hash32(V x) {
+  const hn::DFromV<V> du;
+  x = hn::Xor(x, hn::ShiftRight<16>(x));
+  x = hn::Mul(x, hn::Set(du, 0x7feb352du));
+  x = hn::Xor(x, hn::ShiftRight<15>(x));
+  x = hn::Mul(x, hn::Set(du, 0x846ca68bu));
+  return hn::Xor(x, hn::ShiftRight<16>(x));
+}
+
+// Stores the lanes of v (elements i, i + 1, ... of a row) to dst as bf16 by
+// stochastic rounding: 16 random bits added to the float's bits before the
+// lower half is dropped, so a value rounds away from zero with probability
+// (its distance from the bf16 below) / (the bf16 step) and the rounding is
+// unbiased. The bits hash (salt, element); a NaN is stored as its upper half.
+template <class D, class V>
+HWY_INLINE void StoreBf16Stochastic(D d, V v, uint16_t* dst, uint32_t salt, int64_t i) {
+  const hn::RebindToUnsigned<D> du;
+  const hn::RebindToSigned<D> di;
+  const hn::Rebind<uint16_t, D> d16;
+  const auto index = hn::Iota(du, static_cast<uint32_t>(i));
+  const auto random = hn::And(Hash32(hn::Xor(hn::Mul(index, hn::Set(du, 0x9E3779B9u)), hn::Set(du, salt))),
+                              hn::Set(du, 0xFFFFu));
+  const auto bits = hn::BitCast(du, v);
+  const auto rounded = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), bits, hn::Add(bits, random));
+  hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, hn::ShiftRight<16>(rounded))), d16, dst);
+}
+
+struct WidenOp {
+  const uint16_t* src;
+  float* dst;
+  template <class D>
+  HWY_INLINE void operator()(D d, int64_t i) const {
+    hn::StoreU(LoadBf16(d, src + i), d, dst + i);
+  }
+};
+
+struct StochasticStoreOp {
+  const float* src;
+  uint16_t* dst;
+  uint32_t salt;
+  int64_t first;  // the element index of src[0] in its row
+  template <class D>
+  HWY_INLINE void operator()(D d, int64_t i) const {
+    StoreBf16Stochastic(d, hn::LoadU(d, src + i), dst + i, salt, first + i);
+  }
+};
+
+// bf16 rows: each row's parameters widened to f32 a chunk at a time, the
+// f32 update (the same Update as f32 rows, slots in place), then stored
+// back by stochastic rounding.
+SHARDWILD_HOGWILD_KERNEL void UpdateRowsBf16Impl(const UpdateKernelArgs& a, uint16_t* const* rows,
+                                                 const float* const* grads, const uint32_t* salts, int64_t count,
+                                                 int64_t dim, int64_t slot_offset) {
+  constexpr int64_t kAhead = 4;
+  constexpr int64_t kChunk = 256;
+  HWY_ALIGN float buf[kChunk];
+  for (int64_t r = 0; r < count; ++r) {
+    if (r + kAhead < count) hwy::Prefetch(rows[r + kAhead]);
+    uint16_t* p = rows[r];
+    float* s0 = reinterpret_cast<float*>(reinterpret_cast<char*>(p) + slot_offset);
+    for (int64_t j = 0; j < dim; j += kChunk) {
+      const int64_t n = std::min<int64_t>(kChunk, dim - j);
+      Run(WidenOp{p + j, buf}, n);
+      Update<kNoCopy>(a, buf, s0 + j, s0 + dim + j, grads[r] + j, n, nullptr, nullptr);
+      Run(StochasticStoreOp{buf, p + j, salts[r], j}, n);
+    }
+  }
+}
+
+SHARDWILD_HOGWILD_KERNEL void WidenBf16Impl(const uint16_t* src, float* dst, int64_t n) { Run(WidenOp{src, dst}, n); }
+
+SHARDWILD_HOGWILD_KERNEL void GatherRowsBf16Impl(const uint16_t* const* rows, int64_t count, int64_t dim, float* out) {
+  constexpr int64_t kAhead = 8;
+  for (int64_t r = 0; r < count; ++r) {
+    if (r + kAhead < count) hwy::Prefetch(rows[r + kAhead]);
+    Run(WidenOp{rows[r], out + r * dim}, dim);
+  }
+}
+
+// Stochastic rounding alone (tests): dst = SR(src) with `salt`.
+SHARDWILD_HOGWILD_KERNEL void RoundBf16StochasticImpl(const float* src, uint16_t* dst, int64_t n, uint32_t salt) {
+  Run(StochasticStoreOp{src, dst, salt, 0}, n);
+}
+
 SHARDWILD_HOGWILD_KERNEL void UpdateRowsImpl(const UpdateKernelArgs& a, float* const* rows, const float* const* grads,
                                              int64_t count, int64_t dim) {
   constexpr int64_t kAhead = 4;
@@ -409,6 +503,10 @@ HWY_EXPORT(UpdateImpl);
 HWY_EXPORT(UpdateRowsImpl);
 HWY_EXPORT(CopyImpl);
 HWY_EXPORT(CopyBf16Impl);
+HWY_EXPORT(UpdateRowsBf16Impl);
+HWY_EXPORT(WidenBf16Impl);
+HWY_EXPORT(GatherRowsBf16Impl);
+HWY_EXPORT(RoundBf16StochasticImpl);
 HWY_EXPORT(FillImpl);
 HWY_EXPORT(GatherRowsImpl);
 HWY_EXPORT(EmbeddingBagForwardImpl);
@@ -427,6 +525,25 @@ void HogwildUpdateRows(const UpdateKernelArgs& args, float* const* rows, const f
   if (count <= 0 || dim <= 0) return;
   ScopedFlushDenormals ftz;
   HWY_DYNAMIC_DISPATCH(UpdateRowsImpl)(args, rows, grads, count, dim);
+}
+
+void HogwildUpdateRowsBf16(const UpdateKernelArgs& args, uint16_t* const* rows, const float* const* grads,
+                           const uint32_t* salts, int64_t count, int64_t dim, int64_t slot_offset) {
+  if (count <= 0 || dim <= 0) return;
+  ScopedFlushDenormals ftz;
+  HWY_DYNAMIC_DISPATCH(UpdateRowsBf16Impl)(args, rows, grads, salts, count, dim, slot_offset);
+}
+
+void HogwildWidenBf16(const uint16_t* src, float* dst, int64_t n) {
+  if (n > 0) HWY_DYNAMIC_DISPATCH(WidenBf16Impl)(src, dst, n);
+}
+
+void HogwildGatherRowsBf16(const uint16_t* const* rows, int64_t count, int64_t dim, float* out) {
+  if (count > 0 && dim > 0) HWY_DYNAMIC_DISPATCH(GatherRowsBf16Impl)(rows, count, dim, out);
+}
+
+void HogwildRoundBf16Stochastic(const float* src, uint16_t* dst, int64_t n, uint32_t salt) {
+  if (n > 0) HWY_DYNAMIC_DISPATCH(RoundBf16StochasticImpl)(src, dst, n, salt);
 }
 
 void HogwildCopyFrom(const float* src, float* dst, int64_t n) {

@@ -74,6 +74,29 @@ void HogwildUpdate(const UpdateKernelArgs& args, float* p, float* s0, float* s1,
 void HogwildUpdateRows(const UpdateKernelArgs& args, float* const* rows, const float* const* grads, int64_t count,
                        int64_t dim);
 
+// bf16 embedding rows (model.tables[i].dtype bf16): a row's parameters
+// are dim bf16 values at rows[r], its slots f32 from (char*)rows[r] +
+// slot_offset on, slot k at + k * dim floats. The same update as
+// HogwildUpdateRows, computed in f32 on the widened parameters, and stored
+// back by stochastic rounding (16 random bits added below the kept half, so
+// E[stored] = the f32 result: small updates are not lost to rounding). The
+// random bits hash (salts[r], element); a caller that wants runs to
+// reproduce passes salts that depend only on the row's id and a per-call
+// counter. Rows must be distinct.
+void HogwildUpdateRowsBf16(const UpdateKernelArgs& args, uint16_t* const* rows, const float* const* grads,
+                           const uint32_t* salts, int64_t count, int64_t dim, int64_t slot_offset);
+
+// dst[0, n) = the bf16 values src[0, n) as floats (exact), src parameter
+// memory other threads may be writing.
+void HogwildWidenBf16(const uint16_t* src, float* dst, int64_t n);
+
+// HogwildGatherRows for bf16 rows: out[i * dim, + dim) = rows[i][0, dim) widened.
+void HogwildGatherRowsBf16(const uint16_t* const* rows, int64_t count, int64_t dim, float* out);
+
+// dst[0, n) = src[0, n) rounded stochastically to bf16 with `salt`, as
+// HogwildUpdateRowsBf16 stores (element i's bits hash (salt, i)).
+void HogwildRoundBf16Stochastic(const float* src, uint16_t* dst, int64_t n, uint32_t salt);
+
 // dst[0, n) = src[0, n), where src is parameter memory that other threads may
 // be writing (a pull) and dst is the caller's private buffer.
 void HogwildCopyFrom(const float* src, float* dst, int64_t n);

@@ -238,7 +238,7 @@ absl::StatusOr<ModelSpec> Model::Describe(const ModelOptions& given, const DataS
       if (spec.tables[k].name == t.name) table = static_cast<int>(k);
     }
     if (table < 0) {
-      EmbeddingDecl d{t.name, t.rows, t.dim, t.dynamic, t.evict_lru, t.init_scale};
+      EmbeddingDecl d{t.name, t.rows, t.dim, t.dynamic, t.evict_lru, t.init_scale, t.bf16};
       if (d.init_scale == 0) d.init_scale = 1.0f / std::sqrt(static_cast<float>(t.rows));
       spec.tables.push_back(d);
       table = static_cast<int>(spec.tables.size()) - 1;

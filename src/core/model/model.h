@@ -50,6 +50,7 @@ struct EmbeddingDecl {
   bool dynamic = false;
   bool evict_lru = false;
   float init_scale = 0;  // rows start uniform(-init_scale, init_scale); resolved (never 0 here)
+  bool bf16 = false;     // parameters stored as bf16 (TableOptions::bf16)
 };
 
 // One sparse lookup: a data field pooled through a table.

@@ -115,4 +115,12 @@ void ApplyUpdateRows(const OptimizerOptions& opt, const UpdateParams& up, float*
   HogwildUpdateRows(a, rows, grads, count, dim);
 }
 
+void ApplyUpdateRowsBf16(const OptimizerOptions& opt, const UpdateParams& up, uint16_t* const* rows,
+                         const float* const* grads, const uint32_t* salts, int64_t count, int64_t dim,
+                         int64_t slot_offset) {
+  UpdateKernelArgs a;
+  if (!MakeKernelArgs(opt, up, &a)) return;
+  HogwildUpdateRowsBf16(a, rows, grads, salts, count, dim, slot_offset);
+}
+
 }  // namespace shardwild

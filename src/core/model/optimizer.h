@@ -98,4 +98,12 @@ void ApplyUpdate(const OptimizerOptions& opt, const UpdateParams& up, float* par
 void ApplyUpdateRows(const OptimizerOptions& opt, const UpdateParams& up, float* const* rows,
                      const float* const* grads, int64_t count, int64_t dim);
 
+// ApplyUpdateRows for bf16 rows (HogwildUpdateRowsBf16: parameters dim bf16
+// values at rows[r], slots f32 from (char*)rows[r] + slot_offset; the f32
+// update, stored back by stochastic rounding with salts[r]). With Adam, one
+// row per call (its own t in `up`).
+void ApplyUpdateRowsBf16(const OptimizerOptions& opt, const UpdateParams& up, uint16_t* const* rows,
+                         const float* const* grads, const uint32_t* salts, int64_t count, int64_t dim,
+                         int64_t slot_offset);
+
 }  // namespace shardwild

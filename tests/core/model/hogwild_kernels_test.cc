@@ -135,6 +135,111 @@ TEST_P(HogwildKernelTest, UpdateWritesItsCopyAsBf16) {
   }
 }
 
+uint16_t Bf16Bits(float x) { return static_cast<uint16_t>(std::bit_cast<uint32_t>(x) >> 16); }
+
+// Stochastic rounding to bf16: every result is one of the value's two bf16
+// neighbours (the truncation, or the next one away from zero), an exact
+// bf16 stays as it is, and over many salts the fraction rounded away from
+// zero is the value's distance from the truncation in bf16 steps: the
+// rounding is unbiased.
+TEST_P(HogwildKernelTest, RoundsToBf16StochasticallyAndUnbiased) {
+  if (n() == 0) return;
+  std::vector<float> src = Random(n(), 9);
+  src[0] = 1.5f;  // exact in bf16
+  std::vector<uint16_t> dst(n() + 2, 0xABCD);
+  for (uint32_t salt : {1u, 2u, 77u}) {
+    HogwildRoundBf16Stochastic(src.data(), dst.data(), n(), salt);
+    EXPECT_EQ(dst[0], Bf16Bits(1.5f));
+    for (int64_t i = 0; i < n(); ++i) {
+      const uint16_t down = Bf16Bits(src[i]);
+      ASSERT_TRUE(dst[i] == down || dst[i] == static_cast<uint16_t>(down + 1)) << i << ": " << src[i];
+    }
+    EXPECT_EQ(dst[n()], 0xABCD);
+  }
+  // 1 + 0.3 steps (and its negative): rounded away from zero 30% of the time.
+  const float up = std::bit_cast<float>(0x3F800000u + static_cast<uint32_t>(0.3 * 65536));
+  std::vector<float> same(n(), up);
+  for (int64_t i = 1; i < n(); i += 2) same[i] = -up;
+  int64_t away = 0, total = 0;
+  for (uint32_t salt = 0; salt < 20000 / static_cast<uint32_t>(n()) + 1; ++salt) {
+    HogwildRoundBf16Stochastic(same.data(), dst.data(), n(), salt * 2654435761u);
+    for (int64_t i = 0; i < n(); ++i) away += dst[i] != Bf16Bits(same[i]);
+    total += n();
+  }
+  EXPECT_NEAR(static_cast<double>(away) / static_cast<double>(total), 0.3, 0.03) << away << " of " << total;
+}
+
+// bf16 rows (HogwildUpdateRowsBf16): the slots are exactly the f32 update's
+// from the widened parameters, and the parameters are that update's result
+// rounded stochastically with the row's salt; widening and the row gather
+// are exact.
+TEST_P(HogwildKernelTest, UpdatesBf16RowsAsTheF32UpdateRoundedStochastically) {
+  const int64_t dim = std::max<int64_t>(n(), 1);
+  const int64_t params_bytes = (dim * 2 + 3) / 4 * 4;
+  for (OptimizerType type : {OptimizerType::kSgd, OptimizerType::kMomentum, OptimizerType::kAdam,
+                             OptimizerType::kAdagrad, OptimizerType::kRmsprop, OptimizerType::kFtrl}) {
+    OptimizerOptions opt;
+    opt.type = type;
+    const int slots = NumSlots(type);
+    const int64_t stride = params_bytes + slots * dim * 4;
+    std::vector<char> block(3 * stride);  // three rows
+    std::vector<float> f32(3 * dim * (1 + 2));  // reference rows: params, slot 0, slot 1
+    const std::vector<float> init = Random(3 * dim, 11);
+    for (int r = 0; r < 3; ++r) {
+      uint16_t* p = reinterpret_cast<uint16_t*>(block.data() + r * stride);
+      HogwildCopyFromAsBf16(init.data() + r * dim, p, dim);
+      float* ref = f32.data() + r * 3 * dim;
+      HogwildWidenBf16(p, ref, dim);
+      for (int k = 0; k < slots; ++k) {
+        float* slot = reinterpret_cast<float*>(block.data() + r * stride + params_bytes) + k * dim;
+        std::fill(slot, slot + dim, SlotInitialValue(opt, k));
+        std::fill(ref + (k + 1) * dim, ref + (k + 2) * dim, SlotInitialValue(opt, k));
+      }
+    }
+    const std::vector<float> g = Random(3 * dim, 12);
+    uint16_t* rows[3];
+    float* ref_rows[3];
+    const float* grads[3];
+    const uint32_t salts[3] = {5, 6, 7};
+    for (int r = 0; r < 3; ++r) {
+      rows[r] = reinterpret_cast<uint16_t*>(block.data() + r * stride);
+      ref_rows[r] = f32.data() + r * 3 * dim;
+      grads[r] = g.data() + r * dim;
+    }
+    const UpdateParams up{0.05f, 1};
+    ApplyUpdateRowsBf16(opt, up, rows, grads, salts, 3, dim, params_bytes);
+    for (int r = 0; r < 3; ++r) {
+      // The f32 reference: the same update on the widened row, one row at a
+      // time (ApplyUpdate), then rounded with the row's salt.
+      float* ref = ref_rows[r];
+      float* ref_slots[2] = {ref + dim, ref + 2 * dim};
+      ApplyUpdate(opt, up, ref, ref_slots, grads[r], dim);
+      std::vector<uint16_t> want(dim);
+      HogwildRoundBf16Stochastic(ref, want.data(), dim, salts[r]);
+      for (int64_t j = 0; j < dim; ++j) {
+        ASSERT_EQ(rows[r][j], want[j]) << OptimizerTypeName(type) << " row " << r << " element " << j;
+      }
+      for (int k = 0; k < slots; ++k) {
+        const float* slot = reinterpret_cast<const float*>(block.data() + r * stride + params_bytes) + k * dim;
+        for (int64_t j = 0; j < dim; ++j) {
+          ASSERT_EQ(slot[j], ref[(k + 1) * dim + j]) << OptimizerTypeName(type) << " slot " << k << " " << j;
+        }
+      }
+    }
+    // Gather widens each row exactly.
+    std::vector<float> out(3 * dim + 1, kSentinel);
+    const uint16_t* const_rows[3] = {rows[2], rows[0], rows[2]};
+    HogwildGatherRowsBf16(const_rows, 3, dim, out.data());
+    for (int r = 0; r < 3; ++r) {
+      for (int64_t j = 0; j < dim; ++j) {
+        ASSERT_EQ(Bf16Bits(out[r * dim + j]), const_rows[r][j]);
+        ASSERT_EQ(std::bit_cast<uint32_t>(out[r * dim + j]) & 0xFFFFu, 0u);
+      }
+    }
+    EXPECT_EQ(out[3 * dim], kSentinel);
+  }
+}
+
 TEST_P(HogwildKernelTest, FillsExactlyN) {
   std::vector<float> dst(n() + 3, kSentinel);
   HogwildFill(0.25f, dst.data(), n());
