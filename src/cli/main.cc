@@ -549,6 +549,7 @@ int BenchStore(const StoreBenchOptions& options, bool as_json) {
               {"update", UpdateModeName(o.update)},
               {"threads", o.threads},
               {"kind", EmbeddingKindName(o.kind)},
+              {"dtype", o.bf16 ? "bf16" : "f32"},
               {"shards", o.shards},
               {"batch", o.batch},
               {"row_bytes", r->row_bytes},
@@ -891,6 +892,10 @@ int main(int argc, char** argv) {
   bench_store->add_option("--kind", store_kind, "Table kind: static (ids 0..rows-1) or dynamic (64-bit ids)")
       ->check(CLI::IsMember(names(kind_names)))
       ->capture_default_str();
+  std::string store_dtype = "f32";
+  bench_store->add_option("--dtype", store_dtype, "Row parameters: f32, or bf16 (stochastic rounding, f32 slots)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   bench_store->add_option("--threads", store_bench.threads, "Pinned threads pushing at once")->capture_default_str();
   bench_store->add_option("--shards", store_bench.shards, "Shards the table is spread over")->capture_default_str();
   bench_store->add_option("--batch", store_bench.batch, "Ids per push")->capture_default_str();
@@ -981,6 +986,7 @@ int main(int argc, char** argv) {
     store_bench.optimizer = optimizer_names.at(store_optimizer);
     store_bench.update = update_names.at(store_update);
     store_bench.kind = kind_names.at(store_kind);
+    store_bench.bf16 = store_dtype == "bf16";
     return BenchStore(store_bench, as_json);
   }
   if (bench->parsed()) {

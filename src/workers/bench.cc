@@ -204,7 +204,11 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
     r.embedding_dim = t.dim;
     const OptimizerOptions& sparse = cfg.sparse_optimizer ? *cfg.sparse_optimizer : cfg.optimizer;
     const int slots = NumSlots(sparse.type);
-    r.embedding_bytes_per_s = r.rows_per_s * (1.0 + 2.0 * (1 + slots)) * static_cast<double>(t.dim) * sizeof(float);
+    // bf16 rows: the gather still writes f32, the update moves 2-byte params.
+    const double params_bytes = static_cast<double>(t.dim) * (t.bf16 ? 2.0 : 4.0);
+    r.embedding_bytes_per_s =
+        r.rows_per_s * (static_cast<double>(t.dim) * sizeof(float) +
+                        2.0 * (params_bytes + static_cast<double>(slots) * static_cast<double>(t.dim) * sizeof(float)));
     StoreBenchOptions so;
     so.dim = t.dim;
     // As many rows as the step's lookups spread over: every table of that
@@ -215,6 +219,7 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
       if (other.dim == t.dim) so.rows += other.capacity;
     }
     so.optimizer = sparse.type;
+    so.bf16 = t.bf16;
     so.threads = r.workers;
     so.seconds = cfg.bench.peak_seconds;
     so.warmup_seconds = 0.1;

@@ -105,13 +105,17 @@ absl::StatusOr<StoreBenchReport> RunStoreBench(const StoreBenchOptions& options)
   table.kind = o.kind;
   table.dim = o.dim;
   table.capacity = o.rows;
+  table.bf16 = o.bf16;
   so.tables.push_back(table);
   SW_ASSIGN_OR_RETURN(std::unique_ptr<ShmParamStore> store, ShmParamStore::Create(so, {}));
   r.store_name = store->name();
   const int slots = NumSlots(o.optimizer);
-  const int64_t floats_per_row = (1 + slots) * o.dim;
-  r.row_bytes = floats_per_row * static_cast<int64_t>(sizeof(float));
-  r.row_stride = static_cast<int64_t>(store->table_shard(0, 0).row_stride());
+  const EmbeddingTable& shard0 = store->table_shard(0, 0);
+  r.row_bytes = static_cast<int64_t>(shard0.params_bytes_per_row()) + slots * o.dim * static_cast<int64_t>(sizeof(float));
+  // The bound's read-modify-write covers the row's bytes as floats.
+  const int64_t floats_per_row = r.row_bytes / static_cast<int64_t>(sizeof(float));
+  const int64_t params_floats = static_cast<int64_t>(shard0.params_bytes_per_row() / sizeof(float));
+  r.row_stride = static_cast<int64_t>(shard0.row_stride());
   const float lr = so.optimizer.lr;
 
   // Ids (and, for a dynamic table, their 64-bit form), drawn before timing.
@@ -197,7 +201,8 @@ absl::StatusOr<StoreBenchReport> RunStoreBench(const StoreBenchOptions& options)
     return absl::OkStatus();
   }));
   if (r.huge_pages_requested) CollapseHugePages(segment->data(), segment->size());
-  const int lines = static_cast<int>(std::min<size_t>(stride / 64, 16));
+  // Every line a row touches (at least one: rows below 64 bytes share lines).
+  const int lines = static_cast<int>(std::clamp<size_t>((stride + 63) / 64, 1, 16));
   SW_RETURN_IF_ERROR(pool.RunAll([&](int t) -> absl::Status {
     const uint64_t threads = static_cast<uint64_t>(o.threads), me = static_cast<uint64_t>(t);
     const uint64_t nrows = static_cast<uint64_t>(o.rows);
@@ -218,7 +223,10 @@ absl::StatusOr<StoreBenchReport> RunStoreBench(const StoreBenchOptions& options)
           for (int l = 0; l < lines; ++l) __builtin_prefetch(next + 64 * l, 1);
         }
         float* p = reinterpret_cast<float*>(base + row_of(batch[i]) * stride);
-        for (int a = 0; a <= slots; ++a, p += dim) {
+        // The params' bytes (dim floats, or bf16 params' bytes as floats), then each slot.
+        for (int64_t j = 0; j < params_floats; ++j) p[j] = 0.999f * p[j] - 1e-3f * grad[j];
+        p += params_floats;
+        for (int a = 0; a < slots; ++a, p += dim) {
           for (int64_t j = 0; j < dim; ++j) p[j] = 0.999f * p[j] - 1e-3f * grad[j];
         }
       }
@@ -242,9 +250,9 @@ absl::StatusOr<StoreBenchReport> RunStoreBench(const StoreBenchOptions& options)
 std::string FormatStoreBenchReport(const StoreBenchReport& r) {
   const StoreBenchOptions& o = r.options;
   std::string s;
-  absl::StrAppendFormat(&s, "table: %s, %d rows x dim %d over %d shard(s); row %d bytes (params + %d slot(s)), stride %d\n",
-                        EmbeddingKindName(o.kind), o.rows, o.dim, o.shards, r.row_bytes, NumSlots(o.optimizer),
-                        r.row_stride);
+  absl::StrAppendFormat(&s, "table: %s, %d rows x dim %d over %d shard(s); row %d bytes (%s params + %d slot(s)), stride %d\n",
+                        EmbeddingKindName(o.kind), o.rows, o.dim, o.shards, r.row_bytes, o.bf16 ? "bf16" : "f32",
+                        NumSlots(o.optimizer), r.row_stride);
   absl::StrAppendFormat(&s, "push: %s, ps.update %s, %s ids, batch %d, %d thread(s), %.2f s timed\n",
                         OptimizerTypeName(o.optimizer), UpdateModeName(o.update), IdDistributionName(o.ids), o.batch,
                         o.threads, r.push_wall_s);

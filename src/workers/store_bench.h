@@ -46,6 +46,7 @@ struct StoreBenchOptions {
   UpdateMode update = UpdateMode::kHogwild;
   int threads = 1;
   EmbeddingKind kind = EmbeddingKind::kStatic;
+  bool bf16 = false;  // bf16 parameters (TableSpec::bf16); the bound moves the same bytes
   int shards = 1;
   int64_t batch = 512;
   double seconds = 2.0;  // timed, for the push and again for the bound
@@ -62,7 +63,7 @@ struct StoreBenchReport {
   double bytes_per_s = 0;       // rows_per_s x 2 x (1 + slots) x dim x 4
   double bound_rows_per_s = 0;  // the same-run random-row RMW, all threads
   double ratio = 0;             // rows_per_s / bound_rows_per_s
-  int64_t row_bytes = 0;        // params + slots bytes of one row
+  int64_t row_bytes = 0;        // params + slots bytes of one row (bf16 params: 2 bytes each)
   int64_t row_stride = 0;       // bytes between row blocks in the table
   double push_wall_s = 0;
   double bound_wall_s = 0;

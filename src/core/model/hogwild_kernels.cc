@@ -247,30 +247,22 @@ HWY_INLINE auto LoadBf16(D d, const uint16_t* src) {
   return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, src))));
 }
 
-// Chris Wellons' lowbias32 integer hash, lane by lane.
-template <class V>
-HWY_INLINE V Hash32(V x) {
-  const hn::DFromV<V> du;
-  x = hn::Xor(x, hn::ShiftRight<16>(x));
-  x = hn::Mul(x, hn::Set(du, 0x7feb352du));
-  x = hn::Xor(x, hn::ShiftRight<15>(x));
-  x = hn::Mul(x, hn::Set(du, 0x846ca68bu));
-  return hn::Xor(x, hn::ShiftRight<16>(x));
-}
-
 // Stores the lanes of v (elements i, i + 1, ... of a row) to dst as bf16 by
 // stochastic rounding: 16 random bits added to the float's bits before the
 // lower half is dropped, so a value rounds away from zero with probability
 // (its distance from the bf16 below) / (the bf16 step) and the rounding is
 // unbiased. The bits hash (salt, element); a NaN is stored as its upper half.
+// The salt must itself be well mixed (a SplitMix64 output), as callers give.
 template <class D, class V>
 HWY_INLINE void StoreBf16Stochastic(D d, V v, uint16_t* dst, uint32_t salt, int64_t i) {
   const hn::RebindToUnsigned<D> du;
   const hn::RebindToSigned<D> di;
   const hn::Rebind<uint16_t, D> d16;
-  const auto index = hn::Iota(du, static_cast<uint32_t>(i));
-  const auto random = hn::And(Hash32(hn::Xor(hn::Mul(index, hn::Set(du, 0x9E3779B9u)), hn::Set(du, salt))),
-                              hn::Set(du, 0xFFFFu));
+  // The random bits: the upper half of (element ^ salt) times 2^32 / phi,
+  // Knuth's multiplicative hash (its upper bits mix every input bit; one
+  // multiply, whose latency this kernel otherwise waits on).
+  const auto index = hn::Add(hn::Iota(du, 0), hn::Set(du, static_cast<uint32_t>(i)));
+  const auto random = hn::ShiftRight<16>(hn::Mul(hn::Xor(index, hn::Set(du, salt)), hn::Set(du, 0x9E3779B9u)));
   const auto bits = hn::BitCast(du, v);
   const auto rounded = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), bits, hn::Add(bits, random));
   hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, hn::ShiftRight<16>(rounded))), d16, dst);
