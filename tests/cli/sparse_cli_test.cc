@@ -91,6 +91,42 @@ TEST_F(SparseCliTest, TrainEvalPredict) {
   ExpectOneErrorLine(bad, {"trained on data read as", "log1p", "log3"});
 }
 
+// bf16 tables (model.sparse[i].dtype) with bf16 compute: they train, hold
+// half the parameter bytes, and checkpoint as f32: the run resumes with f32
+// tables, and an f32 checkpoint evaluates through bf16 tables. A bad dtype
+// is one error line naming the key.
+TEST_F(SparseCliTest, Bf16TablesTrainHalveTheirBytesAndCheckpointAsF32) {
+  const std::string ckpt = Path("ckpt16");
+  const std::vector<std::string> bf16 = {"--set", "model.sparse.0.dtype=bf16", "--set", "checkpoint.dir=" + ckpt};
+  const Result f = RunCli(Cmd({"train", kDlrm, "--json"}, {"--set", "train.epochs=1"}));
+  ASSERT_EQ(f.code(), 0) << f.err;
+  const Result t = RunCli(Cmd({"train", kDlrm, "--json"}, bf16));
+  ASSERT_EQ(t.code(), 0) << t.err;
+  const json fj = LastLineJson(f.out), tj = LastLineJson(t.out);
+  ASSERT_TRUE(fj.is_object() && tj.is_object()) << f.out << t.out;
+  EXPECT_GT(tj["test_auc"].get<double>(), 0.55) << tj.dump();
+  uint64_t f_params = 0, t_params = 0;
+  for (const json& table : fj["store"]["memory"]["tables"]) f_params += table["params_bytes"].get<uint64_t>();
+  for (const json& table : tj["store"]["memory"]["tables"]) t_params += table["params_bytes"].get<uint64_t>();
+  EXPECT_EQ(t_params * 2, f_params) << tj["store"].dump();
+
+  // Resume as f32 tables for a third epoch.
+  const Result r = RunCli(Cmd({"train", kDlrm, "--json"}, {"--set", "checkpoint.dir=" + ckpt, "--set", "train.epochs=3"}));
+  ASSERT_EQ(r.code(), 0) << r.err;
+  const json rj = LastLineJson(r.out);
+  EXPECT_EQ(rj["resumed_from_step"], tj["steps"]) << rj.dump();
+  EXPECT_GT(rj["test_auc"].get<double>(), 0.55);
+  // The f32 checkpoint of that run, evaluated with bf16 tables: the rows
+  // rounded to bf16 give nearly the same AUC.
+  const Result e = RunCli(Cmd({"eval", kDlrm, "--checkpoint", ckpt, "--json"}, {"--set", "model.sparse.0.dtype=bf16"}));
+  ASSERT_EQ(e.code(), 0) << e.err;
+  const json ej = LastLineJson(e.out);
+  EXPECT_NEAR(ej["test_auc"].get<double>(), rj["test_auc"].get<double>(), 0.01) << ej.dump();
+
+  ExpectOneErrorLine(RunCli(Cmd({"train", kDlrm}, {"--set", "model.sparse.0.dtype=fp8"})),
+                     {"model.sparse[0].dtype", "f32", "bf16", "'fp8'"});
+}
+
 TEST_F(SparseCliTest, BadRowsFailWithFileLineColumnOrAreSkippedAndCounted) {
   // Line 3 gets a bad hex in C2 (field 16, after the label and 13 I fields and C1).
   std::string text = ReadFile(Path("train.tsv"));

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -20,6 +21,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "core/model/hogwild_kernels.h"
 #include "core/model/optimizer.h"
 #include "core/config/options.h"
 #include "gtest/gtest.h"
@@ -946,6 +949,183 @@ TEST(EmbeddingTableTest, AttachRejectsACorruptedHeader) {
   // Zeroed memory was never formatted.
   Region blank(bytes);
   EXPECT_TRUE(MessageContains(EmbeddingTable::Attach(blank.data(), bytes).status(), {"magic", "not created"}));
+}
+
+}  // namespace
+}  // namespace shardwild
+
+namespace shardwild {
+namespace {
+
+// ---- bf16 parameters ----------------------------------------------------------------
+
+std::vector<float> RoundedToBf16(const std::vector<float>& v) {
+  std::vector<uint16_t> h(v.size());
+  HogwildCopyFromAsBf16(v.data(), h.data(), static_cast<int64_t>(v.size()));
+  std::vector<float> out(v.size());
+  HogwildWidenBf16(h.data(), out.data(), static_cast<int64_t>(v.size()));
+  return out;
+}
+
+// A bf16 table's rows take half the parameter bytes: static SGD of dim 16 is
+// 32 bytes a row (f32: 64), Adagrad's f32 slot follows the 32 bytes of
+// parameters, and an odd dim pads the parameters to 4 bytes.
+TEST(EmbeddingTableBf16Test, RowsHoldHalfTheParameterBytes) {
+  EmbeddingTableOptions o = StaticOptions(16, 100, 0);
+  o.bf16 = true;
+  Region region(EmbeddingTable::BytesFor(o));
+  auto t = EmbeddingTable::Create(region.data(), region.size(), o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE(t->bf16());
+  EXPECT_EQ(t->params_bytes_per_row(), 32u);
+  EXPECT_EQ(t->row_stride(), 32u);
+  o.num_slots = 1;
+  EXPECT_EQ(EmbeddingTable::BytesFor(o), 4096u + 100u * 96);
+  o.dim = 7;
+  o.num_slots = 0;
+  Region odd(EmbeddingTable::BytesFor(o));
+  auto t7 = EmbeddingTable::Create(odd.data(), odd.size(), o);
+  ASSERT_TRUE(t7.ok()) << t7.status();
+  EXPECT_EQ(t7->params_bytes_per_row(), 16u);
+}
+
+// Pull and ReadRowState give the initial values rounded to nearest bf16, as
+// f32; WriteRowState rounds to nearest and keeps the slots and count f32;
+// Attach reads the flag back.
+TEST(EmbeddingTableBf16Test, PullsWidenAndWritesRoundToNearest) {
+  for (EmbeddingKind kind : {EmbeddingKind::kStatic, EmbeddingKind::kDynamic}) {
+    for (bool row_lock : {false, true}) {
+      EmbeddingTableOptions o = kind == EmbeddingKind::kStatic ? StaticOptions(37, 50, 2) : DynamicOptions(37, 50);
+      o.bf16 = true;
+      o.row_lock = row_lock;
+      Region region(EmbeddingTable::BytesFor(o));
+      auto t = EmbeddingTable::Create(region.data(), region.size(), o);
+      ASSERT_TRUE(t.ok()) << t.status();
+      for (uint64_t id : {0u, 7u, 49u}) {
+        const std::vector<float> want = RoundedToBf16(Initial(o, id));
+        EXPECT_EQ(PullOne(*t, id, PullMode::kInsert), want) << id;
+        std::vector<float> p(37), s0(37), s1(37);
+        float* slots[2] = {s0.data(), s1.data()};
+        ASSERT_TRUE(t->ReadRowState(id, p.data(), slots).ok());
+        EXPECT_EQ(p, want);
+      }
+      std::vector<float> params(37), slot0(37), slot1(37);
+      for (int j = 0; j < 37; ++j) {
+        params[j] = 0.1f * static_cast<float>(j) + 0.0123456f;
+        slot0[j] = 1.0f + 1e-6f * static_cast<float>(j);  // not a bf16 value: must stay f32
+        slot1[j] = -2.0f * params[j];
+      }
+      const float* in_slots[2] = {slot0.data(), slot1.data()};
+      ASSERT_TRUE(t->WriteRowState(7, params.data(), in_slots, 5).ok());
+      std::vector<float> p(37), s0(37), s1(37);
+      float* out_slots[2] = {s0.data(), s1.data()};
+      uint64_t count = 0;
+      ASSERT_TRUE(t->ReadRowState(7, p.data(), out_slots, &count).ok());
+      EXPECT_EQ(p, RoundedToBf16(params));
+      EXPECT_EQ(s0, slot0);
+      EXPECT_EQ(s1, slot1);
+      EXPECT_EQ(count, 5u);
+      auto attached = EmbeddingTable::Attach(region.data(), region.size());
+      ASSERT_TRUE(attached.ok()) << attached.status();
+      EXPECT_TRUE(attached->bf16());
+      EXPECT_EQ(PullOne(*attached, 7), RoundedToBf16(params));
+    }
+  }
+}
+
+// Push on bf16 rows, every optimizer, static and dynamic, hogwild and
+// row_lock: the slots are exactly the f32 update of the widened row (one
+// row at a time, with the row's own Adam step), and the parameters one of
+// the two bf16 neighbours of that update's f32 result.
+TEST(EmbeddingTableBf16Test, PushIsTheF32UpdateStochasticallyRounded) {
+  for (OptimizerType type : {OptimizerType::kSgd, OptimizerType::kAdagrad, OptimizerType::kAdam,
+                             OptimizerType::kFtrl}) {
+    for (EmbeddingKind kind : {EmbeddingKind::kStatic, EmbeddingKind::kDynamic}) {
+      for (bool row_lock : {false, true}) {
+        SCOPED_TRACE(absl::StrCat(OptimizerTypeName(type), " ", EmbeddingKindName(kind), row_lock ? " row_lock" : ""));
+        const OptimizerOptions opt = Optimizer(type);
+        EmbeddingTableOptions o = kind == EmbeddingKind::kStatic ? StaticOptions(20, 64, 0) : DynamicOptions(20, 64);
+        o.SetOptimizer(opt);
+        o.bf16 = true;
+        o.row_lock = row_lock;
+        Region region(EmbeddingTable::BytesFor(o));
+        auto t = EmbeddingTable::Create(region.data(), region.size(), o);
+        ASSERT_TRUE(t.ok()) << t.status();
+        EmbeddingTable::Scratch scratch;
+        const std::vector<uint64_t> ids = {3, 9, 3, 40};
+        for (int step = 1; step <= 3; ++step) {
+          // The state before, per unique id, and the summed gradients.
+          const std::vector<uint64_t> unique = {3, 9, 40};
+          std::vector<std::vector<float>> p(3, std::vector<float>(20)), s(6, std::vector<float>(20));
+          std::vector<uint64_t> count(3);
+          for (int u = 0; u < 3; ++u) {
+            std::vector<float*> slots;
+            for (int k = 0; k < o.num_slots; ++k) slots.push_back(s[2 * u + k].data());
+            ASSERT_TRUE(t->ReadRowState(unique[u], p[u].data(), slots, &count[u]).ok() ||
+                        (kind == EmbeddingKind::kDynamic && step == 1));
+            if (kind == EmbeddingKind::kDynamic && step == 1) {
+              p[u] = RoundedToBf16(Initial(o, unique[u]));
+              for (int k = 0; k < o.num_slots; ++k) s[2 * u + k].assign(20, o.slot_init[k]);
+              count[u] = 0;
+            }
+          }
+          std::vector<float> g(4 * 20);
+          for (size_t i = 0; i < g.size(); ++i) g[i] = 0.05f * std::sin(0.7f * static_cast<float>(i) + step);
+          ASSERT_TRUE(t->Push(ids, g.data(), opt, 0.1f, &scratch).ok());
+          for (int u = 0; u < 3; ++u) {
+            std::vector<float> grad(g.begin() + (u == 0 ? 0 : u == 1 ? 20 : 60),
+                                    g.begin() + (u == 0 ? 20 : u == 1 ? 40 : 80));
+            if (u == 0) {
+              for (int j = 0; j < 20; ++j) grad[j] += g[40 + j];  // id 3 twice: summed in batch order
+            }
+            float* slots[2] = {s[2 * u].data(), s[2 * u + 1].data()};
+            UpdateParams up{0.1f, static_cast<int64_t>(count[u] + 1)};
+            ApplyUpdate(opt, up, p[u].data(), slots, grad.data(), 20);
+            std::vector<float> got(20), gs0(20), gs1(20);
+            std::vector<float*> got_slots = {gs0.data(), gs1.data()};
+            got_slots.resize(o.num_slots);
+            ASSERT_TRUE(t->ReadRowState(unique[u], got.data(), got_slots).ok());
+            for (int k = 0; k < o.num_slots; ++k) {
+              EXPECT_EQ(std::vector<float>(got_slots[k], got_slots[k] + 20), s[2 * u + k]) << "id " << unique[u];
+            }
+            for (int j = 0; j < 20; ++j) {
+              const uint32_t want = std::bit_cast<uint32_t>(p[u][j]) >> 16;
+              const uint32_t bits = std::bit_cast<uint32_t>(got[j]);
+              ASSERT_EQ(bits & 0xFFFFu, 0u);
+              ASSERT_TRUE((bits >> 16) == want || (bits >> 16) == want + 1)
+                  << "id " << unique[u] << " element " << j << ": " << got[j] << " vs f32 " << p[u][j];
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Stochastic rounding keeps updates far below a bf16 step: 200 SGD steps of
+// 1e-4 each on parameters near 1 (bf16 step 2^-7 ~ 0.0078, so each step is
+// 1/78 of one) move them by about 0.02, where round-to-nearest would leave
+// them where they were.
+TEST(EmbeddingTableBf16Test, SmallUpdatesAccumulateInExpectation) {
+  EmbeddingTableOptions o = StaticOptions(64, 4, 0);
+  o.init.kind = RowInitializer::Kind::kUniform;
+  o.init.a = 1.0f;
+  o.init.b = 1.0000001f;
+  o.bf16 = true;
+  Region region(EmbeddingTable::BytesFor(o));
+  auto t = EmbeddingTable::Create(region.data(), region.size(), o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EmbeddingTable::Scratch scratch;
+  const std::vector<float> g(64, 1e-3f);
+  const uint64_t id = 2;
+  for (int step = 0; step < 200; ++step) {
+    ASSERT_TRUE(t->Push({&id, 1}, g.data(), Optimizer(OptimizerType::kSgd), 0.1f, &scratch).ok());
+  }
+  const std::vector<float> v = PullOne(*t, id);
+  double mean = 0;
+  for (float x : v) mean += x;
+  mean /= 64;
+  EXPECT_NEAR(mean, 1.0 - 200 * 1e-4, 0.004);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -662,6 +663,56 @@ TEST(ShmStoreTables, ParallelInitGivesTheRowsOfSequentialInit) {
       }
     }
   }
+}
+
+}  // namespace
+}  // namespace shardwild
+
+namespace shardwild {
+namespace {
+
+// A bf16 table across shards (TableSpec::bf16): its memory counts 2 bytes a
+// parameter (half of the f32 twin's), it is never used in place, an
+// attacher sees the flag, and pulls and pushes work through every shard.
+TEST(ShmStoreTables, Bf16TableHalvesItsParamsAndIsNotUsedInPlace) {
+  TableSpec f32 = Table(EmbeddingKind::kStatic, 300);
+  TableSpec bf16 = f32;
+  bf16.name = "emb16";
+  bf16.bf16 = true;
+  OpenStoreOptions o = Options(Optimizer(OptimizerType::kSgd, 0.1f), {f32, bf16});
+  std::unique_ptr<ShmParamStore> store = MakeStore(o);
+  ASSERT_NE(store, nullptr);
+  const ShmParamStore::Memory m = store->memory();
+  ASSERT_EQ(m.tables.size(), 2u);
+  EXPECT_EQ(m.tables[0].params, 300u * kDim * 4);
+  EXPECT_EQ(m.tables[1].params, m.tables[0].params / 2);
+  const std::vector<uint64_t> ids = {1, 2, 299};
+  std::vector<float*> addresses(ids.size(), nullptr);
+  absl::StatusOr<bool> in_place = store->RowAddresses(1, ids, addresses.data());
+  ASSERT_TRUE(in_place.ok()) << in_place.status();
+  EXPECT_FALSE(*in_place);
+  in_place = store->RowAddresses(0, ids, addresses.data());
+  ASSERT_TRUE(in_place.ok()) << in_place.status();
+  EXPECT_TRUE(*in_place);  // the f32 twin is
+
+  RowScratch scratch;
+  std::vector<float> before(ids.size() * kDim), after(before.size());
+  ASSERT_TRUE(store->PullRows(1, ids, before.data(), PullMode::kInsert, &scratch).ok());
+  for (float x : before) ASSERT_EQ(std::bit_cast<uint32_t>(x) & 0xFFFFu, 0u) << x;  // bf16 values
+  const std::vector<float> grads(ids.size() * kDim, 1.0f);
+  ASSERT_TRUE(store->PushRows(1, ids, grads.data(), 0.5f, &scratch).ok());
+  ASSERT_TRUE(store->PullRows(1, ids, after.data(), PullMode::kInsert, &scratch).ok());
+  // lr 0.5 x gradient 1, within a bf16 step of the result.
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_NEAR(after[i], before[i] - 0.5f, 0.004f) << i;
+
+  absl::StatusOr<std::unique_ptr<ShmParamStore>> attached =
+      ShmParamStore::Attach(store->name(), o.optimizer, o.sparse_optimizer);
+  ASSERT_TRUE(attached.ok()) << attached.status();
+  EXPECT_FALSE((*attached)->layout().tables[0].bf16);
+  EXPECT_TRUE((*attached)->layout().tables[1].bf16);
+  std::vector<float> seen(after.size());
+  ASSERT_TRUE((*attached)->PullRows(1, ids, seen.data(), PullMode::kReadOnly, &scratch).ok());
+  EXPECT_EQ(seen, after);
 }
 
 }  // namespace
