@@ -234,8 +234,7 @@ struct EmbeddingTableOptions {
   // ReadRowAt widen them to f32 (exactly); Push computes the update in f32
   // and stores it back by stochastic rounding (HogwildUpdateRowsBf16), so
   // E[stored] is the f32 result; initial values and WriteRowState round to
-  // nearest. Static tables' rows are then not usable in place
-  // (StaticRowParams is for f32 tables only).
+  // nearest. Static rows in place (StaticRowParams) are bf16 values.
   bool bf16 = false;
   // Update mode row_lock (ps.update): each row's parameters, slots and update
   // count change together under the row's seqlock, and Pull copies whole
@@ -403,8 +402,9 @@ class EmbeddingTable {
   // Whether rows are written under their seqlock (update mode row_lock).
   bool row_lock() const { return row_lock_; }
   // The parameters of static row `id` (< capacity(), unchecked) in place:
-  // dim() floats that never move (ParamStore::RowAddresses). Static f32
-  // tables only (not bf16()); read and write them with the Hogwild kernels.
+  // dim() floats (dim() bf16 values in a bf16() table, cast) that never
+  // move (ParamStore::RowAddresses). Static tables only; read and write them
+  // with the Hogwild kernels (the bf16 ones for a bf16 table).
   float* StaticRowParams(uint64_t id) const {
     return reinterpret_cast<float*>(RowBlock(static_cast<int64_t>(id)));
   }

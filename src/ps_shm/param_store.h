@@ -288,6 +288,9 @@ class ParamStore {
   // false, writing nothing, where that does not hold (dynamic tables,
   // row_lock and sync modes, optimizers with slots, remote stores): the
   // caller pulls and pushes. Errors as PullRows for a bad table or id.
+  // A bf16 table's (layout().tables[table].bf16) addresses point at dim bf16
+  // values (uint16_t, cast to float*): read and update them with the bf16
+  // kernels (HogwildEmbeddingBagForwardBf16, HogwildEmbeddingBagSgdBf16).
   // Thread-safe; allocates nothing. The default: false.
   virtual absl::StatusOr<bool> RowAddresses(int table, absl::Span<const uint64_t> ids, float** out) {
     return false;

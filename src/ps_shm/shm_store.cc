@@ -1197,7 +1197,7 @@ absl::StatusOr<bool> ShmParamStore::RowAddresses(int table, absl::Span<const uin
     return false;
   }
   for (const EmbeddingTable& shard : tables_[table]) {
-    if (shard.row_lock() || shard.bf16()) return false;  // bf16 rows: no f32 to point at
+    if (shard.row_lock()) return false;
   }
   for (uint64_t id : ids) {
     if (id >= static_cast<uint64_t>(spec.capacity)) {

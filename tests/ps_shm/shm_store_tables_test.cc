@@ -672,9 +672,10 @@ namespace shardwild {
 namespace {
 
 // A bf16 table across shards (TableSpec::bf16): its memory counts 2 bytes a
-// parameter (half of the f32 twin's), it is never used in place, an
-// attacher sees the flag, and pulls and pushes work through every shard.
-TEST(ShmStoreTables, Bf16TableHalvesItsParamsAndIsNotUsedInPlace) {
+// parameter (half of the f32 twin's), its rows in place (RowAddresses) are
+// the bf16 values its pulls widen, an attacher sees the flag, and pulls and
+// pushes work through every shard.
+TEST(ShmStoreTables, Bf16TableHalvesItsParamsAndItsRowsInPlaceAreBf16) {
   TableSpec f32 = Table(EmbeddingKind::kStatic, 300);
   TableSpec bf16 = f32;
   bf16.name = "emb16";
@@ -690,15 +691,18 @@ TEST(ShmStoreTables, Bf16TableHalvesItsParamsAndIsNotUsedInPlace) {
   std::vector<float*> addresses(ids.size(), nullptr);
   absl::StatusOr<bool> in_place = store->RowAddresses(1, ids, addresses.data());
   ASSERT_TRUE(in_place.ok()) << in_place.status();
-  EXPECT_FALSE(*in_place);
-  in_place = store->RowAddresses(0, ids, addresses.data());
-  ASSERT_TRUE(in_place.ok()) << in_place.status();
-  EXPECT_TRUE(*in_place);  // the f32 twin is
+  EXPECT_TRUE(*in_place);
 
   RowScratch scratch;
   std::vector<float> before(ids.size() * kDim), after(before.size());
   ASSERT_TRUE(store->PullRows(1, ids, before.data(), PullMode::kInsert, &scratch).ok());
   for (float x : before) ASSERT_EQ(std::bit_cast<uint32_t>(x) & 0xFFFFu, 0u) << x;  // bf16 values
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const uint16_t* row = reinterpret_cast<const uint16_t*>(addresses[i]);
+    for (int64_t j = 0; j < kDim; ++j) {
+      ASSERT_EQ(static_cast<uint32_t>(row[j]) << 16, std::bit_cast<uint32_t>(before[i * kDim + j])) << i << " " << j;
+    }
+  }
   const std::vector<float> grads(ids.size() * kDim, 1.0f);
   ASSERT_TRUE(store->PushRows(1, ids, grads.data(), 0.5f, &scratch).ok());
   ASSERT_TRUE(store->PullRows(1, ids, after.data(), PullMode::kInsert, &scratch).ok());

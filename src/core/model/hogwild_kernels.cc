@@ -379,9 +379,9 @@ SHARDWILD_HOGWILD_KERNEL void GatherRowsImpl(const float* const* rows, int64_t c
 }
 
 // Every cache line of a row of dim floats, for writing.
-HWY_INLINE void PrefetchRowForWrite(const float* row, int64_t dim) {
+HWY_INLINE void PrefetchRowForWrite(const void* row, int64_t bytes) {
   const uintptr_t first = reinterpret_cast<uintptr_t>(row) & ~uintptr_t{63};
-  const uintptr_t last = reinterpret_cast<uintptr_t>(row + dim - 1);
+  const uintptr_t last = reinterpret_cast<uintptr_t>(row) + static_cast<uintptr_t>(bytes) - 1;
   for (uintptr_t a = first; a <= last; a += 64) __builtin_prefetch(reinterpret_cast<const void*>(a), 1);
 }
 
@@ -429,7 +429,7 @@ SHARDWILD_HOGWILD_KERNEL void EmbeddingBagForwardImpl(const float* const* rows, 
     const int64_t begin = offsets[b], end = offsets[b + 1];
     for (int64_t i = begin; i < end; ++i) {
       // With intent to write: the step's fused update follows.
-      if (i + kAhead < total) PrefetchRowForWrite(rows[i + kAhead], dim);
+      if (i + kAhead < total) PrefetchRowForWrite(rows[i + kAhead], dim * static_cast<int64_t>(sizeof(float)));
       Run(AxpyOp{weights ? weights[i] : 1.0f, rows[i], o}, dim);
     }
     if (pooling == Pooling::kMean && end > begin) Run(ScaleOp{1.0f / static_cast<float>(end - begin), o}, dim);
@@ -446,8 +446,70 @@ SHARDWILD_HOGWILD_KERNEL void EmbeddingBagSgdImpl(float* const* rows, int64_t di
     const float* g = dout + b * out_stride;
     const float pool = pooling == Pooling::kMean && end > begin ? 1.0f / static_cast<float>(end - begin) : 1.0f;
     for (int64_t i = begin; i < end; ++i) {
-      if (i + kAhead < total) PrefetchRowForWrite(rows[i + kAhead], dim);
+      if (i + kAhead < total) PrefetchRowForWrite(rows[i + kAhead], dim * static_cast<int64_t>(sizeof(float)));
       Run(BagSgdOp{(weights ? weights[i] : 1.0f) * pool * scale, lr, rows[i], g}, dim);
+    }
+  }
+}
+
+// o[0, dim) += w * widen(r[0, dim)).
+struct AxpyBf16Op {
+  float w;
+  const uint16_t* r;
+  float* o;
+  template <class D>
+  HWY_INLINE void operator()(D d, int64_t i) const {
+    hn::StoreU(hn::Add(hn::LoadU(d, o + i), hn::Mul(hn::Set(d, w), LoadBf16(d, r + i))), d, o + i);
+  }
+};
+
+// p[0, dim) = SR(widen(p) - lr * (c * g)): BagSgdOp on a bf16 row, stored
+// back by stochastic rounding.
+struct BagSgdBf16Op {
+  float c, lr;
+  uint16_t* p;
+  const float* g;
+  uint32_t salt;
+  template <class D>
+  HWY_INLINE void operator()(D d, int64_t i) const {
+    const auto grad = hn::Mul(hn::Set(d, c), hn::LoadU(d, g + i));
+    StoreBf16Stochastic(d, hn::Sub(LoadBf16(d, p + i), hn::Mul(hn::Set(d, lr), grad)), p + i, salt, i);
+  }
+};
+
+SHARDWILD_HOGWILD_KERNEL void EmbeddingBagForwardBf16Impl(const uint16_t* const* rows, int64_t dim,
+                                                          const int64_t* offsets, const float* weights, int64_t batch,
+                                                          Pooling pooling, float* out, int64_t out_stride) {
+  constexpr int64_t kAhead = 8;
+  const int64_t total = offsets[batch];
+  const int64_t bytes = dim * static_cast<int64_t>(sizeof(uint16_t));
+  for (int64_t b = 0; b < batch; ++b) {
+    float* o = out + b * out_stride;
+    Run(FillOp{0.0f, o}, dim);
+    const int64_t begin = offsets[b], end = offsets[b + 1];
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + kAhead < total) PrefetchRowForWrite(rows[i + kAhead], bytes);
+      Run(AxpyBf16Op{weights ? weights[i] : 1.0f, rows[i], o}, dim);
+    }
+    if (pooling == Pooling::kMean && end > begin) Run(ScaleOp{1.0f / static_cast<float>(end - begin), o}, dim);
+  }
+}
+
+SHARDWILD_HOGWILD_KERNEL void EmbeddingBagSgdBf16Impl(uint16_t* const* rows, int64_t dim, const int64_t* offsets,
+                                                      const float* weights, int64_t valid, Pooling pooling,
+                                                      const float* dout, int64_t out_stride, float scale, float lr,
+                                                      uint64_t seed) {
+  constexpr int64_t kAhead = 8;
+  const int64_t total = offsets[valid];
+  const int64_t bytes = dim * static_cast<int64_t>(sizeof(uint16_t));
+  for (int64_t b = 0; b < valid; ++b) {
+    const int64_t begin = offsets[b], end = offsets[b + 1];
+    const float* g = dout + b * out_stride;
+    const float pool = pooling == Pooling::kMean && end > begin ? 1.0f / static_cast<float>(end - begin) : 1.0f;
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + kAhead < total) PrefetchRowForWrite(rows[i + kAhead], bytes);
+      const uint32_t salt = BagSgdBf16Salt(seed, i);
+      Run(BagSgdBf16Op{(weights ? weights[i] : 1.0f) * pool * scale, lr, rows[i], g, salt}, dim);
     }
   }
 }
@@ -503,6 +565,8 @@ HWY_EXPORT(FillImpl);
 HWY_EXPORT(GatherRowsImpl);
 HWY_EXPORT(EmbeddingBagForwardImpl);
 HWY_EXPORT(EmbeddingBagSgdImpl);
+HWY_EXPORT(EmbeddingBagForwardBf16Impl);
+HWY_EXPORT(EmbeddingBagSgdBf16Impl);
 HWY_EXPORT(TargetNameImpl);
 
 void HogwildUpdate(const UpdateKernelArgs& args, float* p, float* s0, float* s1, const float* g, int64_t n,
@@ -572,6 +636,24 @@ void HogwildEmbeddingBagSgd(float* const* rows, int64_t dim, const int64_t* offs
   if (valid <= 0 || dim <= 0) return;
   ScopedFlushDenormals ftz;
   HWY_DYNAMIC_DISPATCH(EmbeddingBagSgdImpl)(rows, dim, offsets, weights, valid, pooling, dout, out_stride, scale, lr);
+}
+
+void HogwildEmbeddingBagForwardBf16(const uint16_t* const* rows, int64_t dim, const int64_t* offsets,
+                                    const float* weights, int64_t batch, Pooling pooling, float* out,
+                                    int64_t out_stride) {
+  if (batch > 0 && dim > 0) {
+    HWY_DYNAMIC_DISPATCH(EmbeddingBagForwardBf16Impl)(rows, dim, offsets, weights, batch, pooling, out, out_stride);
+  }
+}
+
+void HogwildEmbeddingBagSgdBf16(uint16_t* const* rows, int64_t dim, const int64_t* offsets, const float* weights,
+                                int64_t batch, int64_t valid, Pooling pooling, const float* dout, int64_t out_stride,
+                                float scale, float lr, uint64_t seed) {
+  valid = std::min(valid, batch);
+  if (valid <= 0 || dim <= 0) return;
+  ScopedFlushDenormals ftz;
+  HWY_DYNAMIC_DISPATCH(EmbeddingBagSgdBf16Impl)(rows, dim, offsets, weights, valid, pooling, dout, out_stride, scale,
+                                                lr, seed);
 }
 
 std::vector<std::string> HogwildKernelTargets() {

@@ -12,6 +12,7 @@
 #include "core/data/data_kernels.h"
 #include "core/model/hogwild_kernels.h"
 #include "core/model/sparse_layers.h"
+#include "core/base/random.h"
 #include "core/base/status.h"
 
 namespace shardwild {
@@ -310,6 +311,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelOptions& given, 
   m->batch_ = batch;
   m->dense_dim_ = shape.dense_dim;
   m->rng_ = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
+  m->rng_seed_ = m->rng_;
   m->input_.assign(batch * shape.dense_dim, 0.0f);
   m->labels_.assign(batch, 0);
   m->targets_.assign(batch, 0.0f);
@@ -589,7 +591,11 @@ void Model::Forward(bool training, const dnnl::stream& stream) {
     if (lk.wide) continue;
     LookupState& st = lookups_[l];
     const float* weights = lk.weighted ? st.weights.data() : nullptr;
-    if (st.in_place) {
+    if (st.in_place && spec_.tables[lk.table].bf16) {
+      any_in_place = true;
+      HogwildEmbeddingBagForwardBf16(reinterpret_cast<const uint16_t* const*>(st.addresses.data()), lk.dim,
+                                     st.offsets.data(), weights, batch_, lk.pooling, z_.data() + st.z_offset, zw);
+    } else if (st.in_place) {
       any_in_place = true;
       HogwildEmbeddingBagForward(st.addresses.data(), lk.dim, st.offsets.data(), weights, batch_, lk.pooling,
                                  z_.data() + st.z_offset, zw);
@@ -723,6 +729,14 @@ void Model::ApplyRowSgd(int l, float lr) {
   LookupState& st = lookups_[l];
   if (!st.in_place) return;
   const int64_t zw = static_cast<int64_t>(z_.size()) / batch_;
+  if (spec_.tables[lk.table].bf16) {
+    // Stochastic rounding: a new seed per call, from this model's seed.
+    const uint64_t seed = SplitMix64Mix(rng_seed_ + 0x9E3779B97F4A7C15ull * ++row_sgd_calls_);
+    HogwildEmbeddingBagSgdBf16(reinterpret_cast<uint16_t* const*>(st.addresses.data()), lk.dim, st.offsets.data(),
+                               lk.weighted ? st.weights.data() : nullptr, batch_, valid_, lk.pooling,
+                               dz_.data() + st.z_offset, zw, row_grad_scale_, lr, seed);
+    return;
+  }
   HogwildEmbeddingBagSgd(st.addresses.data(), lk.dim, st.offsets.data(), lk.weighted ? st.weights.data() : nullptr,
                          batch_, valid_, lk.pooling, dz_.data() + st.z_offset, zw, row_grad_scale_, lr);
 }

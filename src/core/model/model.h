@@ -157,7 +157,9 @@ class Model {
   // ids(l).size()) and calls UseRowAddresses(l, true): Forward then pools
   // the rows in place (no pulled copy), Backward writes no row_grads(l),
   // and ApplyRowSgd(l, lr) applies the embedding-bag gradient straight to
-  // the rows with plain SGD. UseRowAddresses(l, false) (the state after
+  // the rows with plain SGD. A bf16 table's addresses point at bf16 values
+  // (ParamStore::RowAddresses): Forward widens them, ApplyRowSgd rounds its
+  // updates stochastically. UseRowAddresses(l, false) (the state after
   // Create) goes back to rows(l) and row_grads(l). Returns false for a wide
   // lookup, which always uses rows(l).
   float** row_addresses(int l) { return lookups_[l].addresses.data(); }
@@ -265,6 +267,8 @@ class Model {
   float* logits_ = nullptr;
   float* dlogits_ = nullptr;
   uint64_t rng_ = 0;
+  uint64_t rng_seed_ = 0;       // the seed's state at Create: bf16 rows' rounding seeds derive from it
+  uint64_t row_sgd_calls_ = 0;  // ApplyRowSgd calls on bf16 rows so far
   // The last Backward's: records and the deep rows' gradient factor.
   int64_t valid_ = 0;
   float row_grad_scale_ = 1.0f;

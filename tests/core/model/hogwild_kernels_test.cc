@@ -344,6 +344,61 @@ TEST_P(HogwildKernelTest, EmbeddingBagSgdIsTheBackwardThenSgdPerOccurrence) {
   }
 }
 
+// The bf16 in-place kernels: the forward over bf16 rows is EmbeddingBagForward
+// over the widened rows, bit for bit; the fused SGD is, occurrence by
+// occurrence in order, the f32 step on the widened row rounded
+// stochastically with that occurrence's salt.
+TEST_P(HogwildKernelTest, Bf16InPlaceBagForwardAndSgd) {
+  const int64_t dim = std::max<int64_t>(n(), 1);
+  const Bags bags;
+  const int64_t batch = bags.batch();
+  std::vector<uint16_t> table(20 * dim);
+  const std::vector<float> init = Random(20 * dim, 3);
+  HogwildCopyFromAsBf16(init.data(), table.data(), 20 * dim);
+  std::vector<float> widened(20 * dim);
+  HogwildWidenBf16(table.data(), widened.data(), 20 * dim);
+  const int64_t stride = dim + 3;
+  for (Pooling pooling : {Pooling::kSum, Pooling::kMean}) {
+    for (const float* weights : {static_cast<const float*>(nullptr), bags.weights.data()}) {
+      std::vector<const uint16_t*> rows;
+      std::vector<float> gathered;
+      for (int64_t id : bags.ids) {
+        rows.push_back(table.data() + id * dim);
+        gathered.insert(gathered.end(), widened.begin() + id * dim, widened.begin() + (id + 1) * dim);
+      }
+      std::vector<float> want(batch * stride, kSentinel), got(batch * stride, kSentinel);
+      EmbeddingBagForward(gathered.data(), dim, bags.offsets.data(), weights, batch, pooling, want.data(), stride);
+      HogwildEmbeddingBagForwardBf16(rows.data(), dim, bags.offsets.data(), weights, batch, pooling, got.data(),
+                                     stride);
+      for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0) << i;
+
+      // SGD: the reference replays each occurrence on a copy.
+      const int64_t valid = batch - 1;
+      const std::vector<float> dout = Random(batch * stride, 4);
+      std::vector<float> drows(bags.ids.size() * dim);
+      EmbeddingBagBackward(dout.data(), stride, dim, bags.offsets.data(), weights, batch, valid, pooling,
+                           drows.data(), 0.375f);
+      std::vector<uint16_t> ref = table, live = table;
+      const uint64_t seed = 12345;
+      for (size_t i = 0; i < static_cast<size_t>(bags.offsets[valid]); ++i) {
+        std::vector<float> v(dim);
+        HogwildWidenBf16(ref.data() + bags.ids[i] * dim, v.data(), dim);
+        for (int64_t j = 0; j < dim; ++j) v[j] = v[j] - 0.1f * drows[i * dim + j];
+        HogwildRoundBf16Stochastic(v.data(), ref.data() + bags.ids[i] * dim, dim,
+                                   BagSgdBf16Salt(seed, static_cast<int64_t>(i)));
+      }
+      std::vector<uint16_t*> live_rows;
+      for (int64_t id : bags.ids) live_rows.push_back(live.data() + id * dim);
+      HogwildEmbeddingBagSgdBf16(live_rows.data(), dim, bags.offsets.data(), weights, batch, valid, pooling,
+                                 dout.data(), stride, 0.375f, 0.1f, seed);
+      ASSERT_EQ(live, ref);
+      for (int64_t id : {16, 2, 9, 4}) {  // the padding bag's ids: untouched
+        for (int64_t j = 0; j < dim; ++j) ASSERT_EQ(live[id * dim + j], table[id * dim + j]) << id;
+      }
+    }
+  }
+}
+
 const std::vector<std::string> kTargets = {"AVX3", "AVX2", "SSE4", "SSSE3", "SCALAR", "EMU128"};
 
 INSTANTIATE_TEST_SUITE_P(AllTargets, HogwildKernelTest,
