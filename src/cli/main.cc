@@ -5,7 +5,7 @@
 //   shardwild predict CONFIG --checkpoint PATH --input IMAGES --out FILE [--set key=value]...
 //   shardwild bench CONFIG [--set key=value]... [--json]
 //   shardwild bench store [--dim N] [--rows N] [--ids uniform|zipf] [--optimizer O] [--update U]
-//                         [--threads N] [--kind static|dynamic] [--shards N] [--batch N] [--seconds S] [--json]
+//                         [--threads N] [--kind static|dynamic] [--dtype f32|bf16] [--shards N] [--batch N] [--seconds S] [--json]
 //   shardwild topology [--synthetic DESC | --xml FILE] [--workers N] [--shards N] [--threads N] [--json]
 //   shardwild data gen --kind criteo|libsvm|text --rows N --out FILE [--seed S] [--classes K] [--json]
 //   shardwild cluster-info CONFIG [--cluster FILE] [--task-type T] [--task-index N] [--set key=value]... [--json]

@@ -174,7 +174,18 @@ TEST(CliTest, BenchStoreJson) {
   EXPECT_EQ(j["update"], "hogwild");
   EXPECT_EQ(j["threads"], 1);
   EXPECT_EQ(j["kind"], "static");
+  EXPECT_EQ(j["dtype"], "f32");
   EXPECT_EQ(j["shards"], 1);
+  EXPECT_EQ(j["row_bytes"], 2 * 16 * 4);  // params + Adagrad's slot
+  // bf16 rows: 2-byte parameters, the f32 slot after them.
+  const Result b = RunCli({"bench", "store", "--rows", "10000", "--dim", "16", "--seconds", "0.05", "--threads", "1",
+                           "--dtype", "bf16", "--json"});
+  ASSERT_EQ(b.code(), 0) << b.err;
+  const json bj = LastLineJson(b.out);
+  EXPECT_EQ(bj["dtype"], "bf16");
+  EXPECT_EQ(bj["row_bytes"], 16 * 2 + 16 * 4);
+  EXPECT_GT(bj["rows_per_s"].get<double>(), 0);
+  ExpectOneErrorLine(RunCli({"bench", "store", "--dtype", "fp16"}), {"--dtype"});
   const Result help = RunCli({"bench", "store", "--help"});
   EXPECT_EQ(help.code(), 0) << help.err;
   EXPECT_NE(help.out.find("--rows"), std::string::npos) << help.out;
