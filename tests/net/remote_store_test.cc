@@ -46,6 +46,16 @@ std::unique_ptr<ShmParamStore> Make(UpdateMode mode) {
   return s.ok() ? std::move(*s) : nullptr;
 }
 
+// A client of `server` as task ps:0, pushing with `compression`.
+PsClientOptions ClientOf(const PsServer& server, GradientCompression compression = GradientCompression::kNone) {
+  PsClientOptions co;
+  co.address = server.address();
+  co.task_name = "ps:0";
+  co.token = kToken;
+  co.compression = compression;
+  return co;
+}
+
 // A few steps of a worker's traffic through the ParamStore interface; returns
 // everything it pulled.
 std::vector<float> Exercise(ParamStore& store) {
@@ -82,11 +92,7 @@ TEST(RemoteParamStoreTest, SameBitsAsTheLocalStore) {
     so.token = kToken;
     absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(so, served.get());
     ASSERT_TRUE(server.ok()) << server.status();
-    PsClientOptions co;
-    co.address = (*server)->address();
-    co.task_name = "ps:0";
-    co.token = kToken;
-    absl::StatusOr<std::unique_ptr<RemoteParamStore>> remote = RemoteParamStore::Connect(co);
+    absl::StatusOr<std::unique_ptr<RemoteParamStore>> remote = RemoteParamStore::Connect(ClientOf(**server));
     ASSERT_TRUE(remote.ok()) << remote.status();
     EXPECT_EQ((*remote)->name(), "ps:0/" + served->name());
     EXPECT_EQ((*remote)->layout().num_shards, 3);
@@ -161,12 +167,7 @@ TEST(RemoteParamStoreTest, Bf16PullsComposeWithCompression) {
     so.token = kToken;
     absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(so, served.get());
     ASSERT_TRUE(server.ok()) << server.status();
-    PsClientOptions co;
-    co.address = (*server)->address();
-    co.task_name = "ps:0";
-    co.token = kToken;
-    co.compression = c;
-    absl::StatusOr<std::unique_ptr<RemoteParamStore>> remote = RemoteParamStore::Connect(co);
+    absl::StatusOr<std::unique_ptr<RemoteParamStore>> remote = RemoteParamStore::Connect(ClientOf(**server, c));
     ASSERT_TRUE(remote.ok()) << remote.status();
     auto on_wire = [c](float x) {
       switch (c) {
