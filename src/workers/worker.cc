@@ -98,7 +98,10 @@ absl::Status Worker::PrepareRows(bool in_place_allowed) {
   for (int l = 0; l < lookups; ++l) {
     const Lookup& lk = model_->lookup(l);
     bool in_place = false;
-    if (in_place_allowed && !lk.wide && in_place_possible_[l]) {
+    // Rows in place only where the model reads them as the store keeps
+    // them (bf16 or f32); otherwise the pull and push convert.
+    const bool same_dtype = store_->layout().tables[lk.table].bf16 == model_->spec().tables[lk.table].bf16;
+    if (in_place_allowed && !lk.wide && in_place_possible_[l] && same_dtype) {
       SW_ASSIGN_OR_RETURN(in_place, store_->RowAddresses(lk.table, model_->ids(l), model_->row_addresses(l)));
       if (!in_place) in_place_possible_[l] = 0;
     }
