@@ -123,6 +123,7 @@ json StoreMemoryJson(ReplicatedStore& store) {
   json tables = json::array();
   for (const ShmParamStore::TableMemory& t : m.tables) {
     tables.push_back({{"name", t.name},
+                      {"dtype", t.bf16 ? "bf16" : "f32"},
                       {"rows", t.rows},
                       {"bytes_per_row", t.bytes_per_row},
                       {"meta_bytes_per_row", t.meta_bytes_per_row},
@@ -187,6 +188,7 @@ void PrintTrainSummary(const TrainSummary& s, Job& job, bool as_json) {
   if (as_json) {
     json j = {{"samples_per_s", s.samples_per_s},
               {"epochs", s.epochs},
+              {"precision", PrecisionName(job.config().model.precision)},
               {"workers", s.workers},
               {"intra_op_threads", s.intra_op_threads},
               {"shards", s.shards},

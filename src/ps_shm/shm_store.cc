@@ -1265,6 +1265,7 @@ ShmParamStore::Memory ShmParamStore::memory() const {
   for (size_t t = 0; t < tables_.size(); ++t) {
     TableMemory tm;
     tm.name = layout_.tables[t].name;
+    tm.bf16 = layout_.tables[t].bf16;
     for (const EmbeddingTable& part : tables_[t]) {
       const uint64_t rows = static_cast<uint64_t>(part.capacity());
       const uint64_t row_bytes = static_cast<uint64_t>(part.dim()) * sizeof(float);

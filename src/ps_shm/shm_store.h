@@ -163,6 +163,7 @@ class ShmParamStore final : public ParamStore {
     std::string name;
     uint64_t rows = 0, bytes_per_row = 0, meta_bytes_per_row = 0;
     uint64_t params = 0, slots = 0, overhead = 0;
+    bool bf16 = false;  // parameters stored as bf16 (params counts 2 bytes each)
   };
   struct Memory {
     uint64_t params = 0, slots = 0, overhead = 0;

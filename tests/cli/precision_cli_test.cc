@@ -73,6 +73,7 @@ TEST_F(PrecisionTrainTest, Bf16MlpReachesTheF32AccuracyAndResumesAsF32) {
   const json j = LastLineJson(bf16.out);
   ASSERT_TRUE(j.is_object()) << bf16.out;
   EXPECT_EQ(j["epochs"], 10);
+  EXPECT_EQ(j["precision"], "bf16");
   EXPECT_GE(j["test_accuracy"].get<double>(), 0.885) << j.dump();
 
   const Result f32 = RunCli({"train", kConfig, "--set", "model.precision=f32", "--set", "checkpoint.dir=" + ckpt,
@@ -81,6 +82,7 @@ TEST_F(PrecisionTrainTest, Bf16MlpReachesTheF32AccuracyAndResumesAsF32) {
   const json k = LastLineJson(f32.out);
   ASSERT_TRUE(k.is_object()) << f32.out;
   EXPECT_EQ(k["resumed_from_step"], j["steps"]) << k.dump();
+  EXPECT_EQ(k["precision"], "f32");
   EXPECT_GE(k["test_accuracy"].get<double>(), 0.88) << k.dump();
 }
 

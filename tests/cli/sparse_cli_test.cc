@@ -107,7 +107,11 @@ TEST_F(SparseCliTest, Bf16TablesTrainHalveTheirBytesAndCheckpointAsF32) {
   EXPECT_GT(tj["test_auc"].get<double>(), 0.55) << tj.dump();
   uint64_t f_params = 0, t_params = 0;
   for (const json& table : fj["store"]["memory"]["tables"]) f_params += table["params_bytes"].get<uint64_t>();
-  for (const json& table : tj["store"]["memory"]["tables"]) t_params += table["params_bytes"].get<uint64_t>();
+  for (const json& table : tj["store"]["memory"]["tables"]) {
+    t_params += table["params_bytes"].get<uint64_t>();
+    EXPECT_EQ(table["dtype"], "bf16") << table.dump();
+  }
+  for (const json& table : fj["store"]["memory"]["tables"]) EXPECT_EQ(table["dtype"], "f32") << table.dump();
   EXPECT_EQ(t_params * 2, f_params) << tj["store"].dump();
 
   // Resume as f32 tables for a third epoch.
