@@ -317,11 +317,12 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelOptions& given, 
   m->targets_.assign(batch, 0.0f);
   m->label_offsets_.assign(batch + 1, 0);
   for (const VariableSpec& s : m->spec_.variables) {
-    m->params_.emplace_back(s.size(), 0.0f);
+    // bf16: the layers' weights come from the pull already rounded, with no
+    // f32 copy (the biases stay f32).
+    const bool bf16 = options.precision == Precision::kBf16 && absl::EndsWith(s.name, "/kernel");
+    m->params_.emplace_back(bf16 ? 0 : s.size(), 0.0f);
+    m->params16_.emplace_back(bf16 ? s.size() : 0, uint16_t{0});
     m->grads_.emplace_back(s.size(), 0.0f);
-    // bf16: the layers' weights come from the pull already rounded (the biases stay f32).
-    const bool kernel = absl::EndsWith(s.name, "/kernel");
-    m->params16_.emplace_back(options.precision == Precision::kBf16 && kernel ? s.size() : 0, uint16_t{0});
   }
   const int64_t deep = static_cast<int64_t>(options.sparse.size());
   m->db_ = options.bottom.empty() ? shape.dense_dim : options.bottom.back().units;

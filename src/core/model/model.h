@@ -133,7 +133,9 @@ class Model {
   int64_t dense_dim() const { return dense_dim_; }
   int num_variables() const { return static_cast<int>(spec_.variables.size()); }
   const VariableSpec& variable(int v) const { return spec_.variables[v]; }
-  float* params(int v) { return params_[v].data(); }
+  // Where the caller puts variable v's parameters (a pull), for the layers
+  // to read; null where params_bf16(v) takes its place.
+  float* params(int v) { return params_[v].empty() ? nullptr : params_[v].data(); }
   // model.precision bf16: where variable v's parameters go instead of
   // params(v), rounded to bf16 (the layers' weights, which only the bf16
   // matmuls read); the caller's pull writes them (PullSlice::out_bf16).
