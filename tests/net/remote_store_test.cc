@@ -3,6 +3,7 @@
 // bits as on a local twin.
 #include "net/remote_store.h"
 
+#include <bit>
 #include <cmath>
 #include <thread>
 #include <vector>
@@ -18,7 +19,7 @@ namespace {
 
 constexpr char kToken[] = "remote-store-test-token-0123";
 
-OpenStoreOptions Options(UpdateMode mode) {
+OpenStoreOptions Options(UpdateMode mode, bool bf16_table = false) {
   OpenStoreOptions o;
   o.store.job_name = "swtest-remote";
   o.store.huge_pages = HugePagePolicy::kOff;
@@ -32,6 +33,7 @@ OpenStoreOptions Options(UpdateMode mode) {
   t.kind = EmbeddingKind::kDynamic;
   t.dim = 6;
   t.capacity = 500;
+  t.bf16 = bf16_table;
   o.tables = {t};
   return o;
 }
@@ -40,8 +42,8 @@ std::vector<VariableSpec> Variables() {
   return {VariableSpec{"k", 50, 7, InitKind::kGlorotUniform, 7, 50}, VariableSpec{"bias", 1, 7, InitKind::kZeros}};
 }
 
-std::unique_ptr<ShmParamStore> Make(UpdateMode mode) {
-  auto s = ShmParamStore::Create(Options(mode), Variables());
+std::unique_ptr<ShmParamStore> Make(UpdateMode mode, bool bf16_table = false) {
+  auto s = ShmParamStore::Create(Options(mode, bf16_table), Variables());
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? std::move(*s) : nullptr;
 }
@@ -197,6 +199,37 @@ TEST(RemoteParamStoreTest, Bf16PullsComposeWithCompression) {
       HogwildCopyFromAsBf16(want.data(), want16.data(), 350);
       EXPECT_EQ(k16, want16) << "step " << step;
       EXPECT_EQ(bias, want_bias) << "step " << step;
+    }
+  }
+}
+
+// A bf16 table served over the bridge, its row pushes compressed: the
+// client pulls the f32 (widened) rows the served table holds, and the
+// served rows are bf16 values that moved the way the gradients say.
+TEST(RemoteParamStoreTest, Bf16TableBehindTheBridgeWithCompressedPushes) {
+  for (GradientCompression c : {GradientCompression::kNone, GradientCompression::kBf16}) {
+    SCOPED_TRACE(GradientCompressionName(c));
+    std::unique_ptr<ShmParamStore> served = Make(UpdateMode::kHogwild, /*bf16_table=*/true);
+    ASSERT_TRUE(served);
+    ASSERT_TRUE(served->layout().tables[0].bf16);
+    PsServerOptions so;
+    so.token = kToken;
+    absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(so, served.get());
+    ASSERT_TRUE(server.ok()) << server.status();
+    absl::StatusOr<std::unique_ptr<RemoteParamStore>> remote = RemoteParamStore::Connect(ClientOf(**server, c));
+    ASSERT_TRUE(remote.ok()) << remote.status();
+    RowScratch scratch;
+    const std::vector<uint64_t> ids = {5, 1ull << 40, 77};
+    std::vector<float> before(ids.size() * 6), after(before.size()), local(before.size());
+    ASSERT_TRUE((*remote)->PullRows(0, ids, before.data(), PullMode::kInsert, &scratch).ok());
+    const std::vector<float> grads(ids.size() * 6, 0.25f);
+    ASSERT_TRUE((*remote)->PushRows(0, ids, grads.data(), 1.0f, &scratch).ok());
+    ASSERT_TRUE((*remote)->PullRows(0, ids, after.data(), PullMode::kReadOnly, &scratch).ok());
+    ASSERT_TRUE(served->PullRows(0, ids, local.data(), PullMode::kReadOnly, &scratch).ok());
+    EXPECT_EQ(after, local);
+    for (size_t i = 0; i < after.size(); ++i) {
+      EXPECT_EQ(std::bit_cast<uint32_t>(after[i]) & 0xFFFFu, 0u) << i;  // a bf16 value
+      EXPECT_LT(after[i], before[i]) << i;  // Adam's first step moves against the gradient
     }
   }
 }
