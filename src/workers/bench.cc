@@ -199,16 +199,9 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
   const StoreLayout& layout = job.param_store().layout();
   if (rows > 0 && !layout.tables.empty()) {
     r.rows_per_s = static_cast<double>(rows) / r.wall_s;
-    // Bytes per id: the gathered row, and the update's params + slots read and written.
     const TableSpec& t = layout.tables[0];
     r.embedding_dim = t.dim;
     const OptimizerOptions& sparse = cfg.sparse_optimizer ? *cfg.sparse_optimizer : cfg.optimizer;
-    const int slots = NumSlots(sparse.type);
-    // bf16 rows: the gather still writes f32, the update moves 2-byte params.
-    const double params_bytes = static_cast<double>(t.dim) * (t.bf16 ? 2.0 : 4.0);
-    r.embedding_bytes_per_s =
-        r.rows_per_s * (static_cast<double>(t.dim) * sizeof(float) +
-                        2.0 * (params_bytes + static_cast<double>(slots) * static_cast<double>(t.dim) * sizeof(float)));
     StoreBenchOptions so;
     so.dim = t.dim;
     // As many rows as the step's lookups spread over: every table of that
@@ -225,6 +218,11 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
     so.warmup_seconds = 0.1;
     so.seed = cfg.train.seed;
     SW_ASSIGN_OR_RETURN(StoreBenchReport sb, RunStoreBench(so));
+    // Bytes per id: the gathered row (f32, whatever the table's dtype), and
+    // the update reading and writing the row's params and slots (the store
+    // bench's row_bytes: bf16 params count 2 bytes each).
+    r.embedding_bytes_per_s =
+        r.rows_per_s * (static_cast<double>(t.dim) * sizeof(float) + 2.0 * static_cast<double>(sb.row_bytes));
     r.bound_rows_per_s = sb.bound_rows_per_s;
     r.rows_ratio = r.bound_rows_per_s > 0 ? r.rows_per_s / r.bound_rows_per_s : 0;
     // Phase times are summed over the workers, which run at once.

@@ -69,7 +69,13 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(int index, const ModelOpt
   }
   w->row_pulls_.reserve(w->model_->num_lookups());
   w->row_pushes_.reserve(w->model_->num_lookups());
+  // Rows in place only where the model reads them as the store keeps them
+  // (bf16 or f32); otherwise the pull and push convert.
   w->in_place_possible_.assign(w->model_->num_lookups(), 1);
+  for (int l = 0; l < w->model_->num_lookups(); ++l) {
+    const int t = w->model_->lookup(l).table;
+    if (layout.tables[t].bf16 != tables[t].bf16) w->in_place_possible_[l] = 0;
+  }
   w->batch_records_.assign(batch, 0);
   w->next_records_.assign(batch, 0);
   try {
@@ -98,10 +104,7 @@ absl::Status Worker::PrepareRows(bool in_place_allowed) {
   for (int l = 0; l < lookups; ++l) {
     const Lookup& lk = model_->lookup(l);
     bool in_place = false;
-    // Rows in place only where the model reads them as the store keeps
-    // them (bf16 or f32); otherwise the pull and push convert.
-    const bool same_dtype = store_->layout().tables[lk.table].bf16 == model_->spec().tables[lk.table].bf16;
-    if (in_place_allowed && !lk.wide && in_place_possible_[l] && same_dtype) {
+    if (in_place_allowed && !lk.wide && in_place_possible_[l]) {
       SW_ASSIGN_OR_RETURN(in_place, store_->RowAddresses(lk.table, model_->ids(l), model_->row_addresses(l)));
       if (!in_place) in_place_possible_[l] = 0;
     }

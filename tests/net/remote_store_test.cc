@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "core/base/status.h"
 #include "core/model/hogwild_kernels.h"
 #include "net/half.h"
 #include "net/ps_server.h"
@@ -48,14 +49,24 @@ std::unique_ptr<ShmParamStore> Make(UpdateMode mode, bool bf16_table = false) {
   return s.ok() ? std::move(*s) : nullptr;
 }
 
-// A client of `server` as task ps:0, pushing with `compression`.
-PsClientOptions ClientOf(const PsServer& server, GradientCompression compression = GradientCompression::kNone) {
+// `store` served by a loopback PsServer with the test token, and a
+// RemoteParamStore on it as task ps:0, pushing with `compression`.
+struct Bridge {
+  std::unique_ptr<PsServer> server;
+  std::unique_ptr<RemoteParamStore> remote;
+};
+absl::StatusOr<Bridge> Serve(ShmParamStore* store, GradientCompression compression = GradientCompression::kNone) {
+  PsServerOptions so;
+  so.token = kToken;
+  Bridge b;
+  SW_ASSIGN_OR_RETURN(b.server, PsServer::Start(so, store));
   PsClientOptions co;
-  co.address = server.address();
+  co.address = b.server->address();
   co.task_name = "ps:0";
   co.token = kToken;
   co.compression = compression;
-  return co;
+  SW_ASSIGN_OR_RETURN(b.remote, RemoteParamStore::Connect(co));
+  return b;
 }
 
 // A few steps of a worker's traffic through the ParamStore interface; returns
@@ -90,17 +101,14 @@ TEST(RemoteParamStoreTest, SameBitsAsTheLocalStore) {
     SCOPED_TRACE(UpdateModeName(mode));
     std::unique_ptr<ShmParamStore> served = Make(mode), local = Make(mode);
     ASSERT_TRUE(served && local);
-    PsServerOptions so;
-    so.token = kToken;
-    absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(so, served.get());
-    ASSERT_TRUE(server.ok()) << server.status();
-    absl::StatusOr<std::unique_ptr<RemoteParamStore>> remote = RemoteParamStore::Connect(ClientOf(**server));
-    ASSERT_TRUE(remote.ok()) << remote.status();
-    EXPECT_EQ((*remote)->name(), "ps:0/" + served->name());
-    EXPECT_EQ((*remote)->layout().num_shards, 3);
-    EXPECT_EQ((*remote)->layout().variables[0].name, "k");
-    EXPECT_EQ((*remote)->layout().tables[0].dim, 6);
-    const std::vector<float> via_remote = Exercise(**remote);
+    absl::StatusOr<Bridge> bridge = Serve(served.get());
+    ASSERT_TRUE(bridge.ok()) << bridge.status();
+    RemoteParamStore& remote = *bridge->remote;
+    EXPECT_EQ(remote.name(), "ps:0/" + served->name());
+    EXPECT_EQ(remote.layout().num_shards, 3);
+    EXPECT_EQ(remote.layout().variables[0].name, "k");
+    EXPECT_EQ(remote.layout().tables[0].dim, 6);
+    const std::vector<float> via_remote = Exercise(remote);
     const std::vector<float> via_local = Exercise(*local);
     ASSERT_EQ(via_remote.size(), via_local.size());
     EXPECT_EQ(via_remote, via_local);
@@ -112,9 +120,9 @@ TEST(RemoteParamStoreTest, SameBitsAsTheLocalStore) {
     // Errors come back as Status.
     std::vector<float> out(7);
     const PullSlice bad{0, 49, 51, out.data()};
-    EXPECT_EQ((*remote)->Pull({&bad, 1}).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(remote.Pull({&bad, 1}).code(), absl::StatusCode::kInvalidArgument);
     const uint64_t id = 5;
-    EXPECT_EQ((*remote)->PullRows(3, {&id, 1}, out.data(), PullMode::kInsert, nullptr).code(),
+    EXPECT_EQ(remote.PullRows(3, {&id, 1}, out.data(), PullMode::kInsert, nullptr).code(),
               absl::StatusCode::kInvalidArgument);
   }
 }
@@ -165,12 +173,9 @@ TEST(RemoteParamStoreTest, Bf16PullsComposeWithCompression) {
     SCOPED_TRACE(GradientCompressionName(c));
     std::unique_ptr<ShmParamStore> served = Make(UpdateMode::kHogwild), local = Make(UpdateMode::kHogwild);
     ASSERT_TRUE(served && local);
-    PsServerOptions so;
-    so.token = kToken;
-    absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(so, served.get());
-    ASSERT_TRUE(server.ok()) << server.status();
-    absl::StatusOr<std::unique_ptr<RemoteParamStore>> remote = RemoteParamStore::Connect(ClientOf(**server, c));
-    ASSERT_TRUE(remote.ok()) << remote.status();
+    absl::StatusOr<Bridge> bridge = Serve(served.get(), c);
+    ASSERT_TRUE(bridge.ok()) << bridge.status();
+    RemoteParamStore& remote = *bridge->remote;
     auto on_wire = [c](float x) {
       switch (c) {
         case GradientCompression::kNone: return x;
@@ -189,7 +194,7 @@ TEST(RemoteParamStoreTest, Bf16PullsComposeWithCompression) {
       std::vector<float> bias(7, -9.0f);
       const PullSlice slices[] = {{0, 0, 50, nullptr, k16.data()}, {1, 0, 1, bias.data(), nullptr}};
       const DenseGrad grads[] = {{0, g.data()}};
-      ASSERT_TRUE((*remote)->PushPull(grads, 0.01f, slices).ok());
+      ASSERT_TRUE(remote.PushPull(grads, 0.01f, slices).ok());
       const DenseGrad local_grads[] = {{0, rounded.data()}};
       ASSERT_TRUE(local->Push(local_grads, 0.01f).ok());
       std::vector<float> want(350), want_bias(7);
@@ -212,19 +217,16 @@ TEST(RemoteParamStoreTest, Bf16TableBehindTheBridgeWithCompressedPushes) {
     std::unique_ptr<ShmParamStore> served = Make(UpdateMode::kHogwild, /*bf16_table=*/true);
     ASSERT_TRUE(served);
     ASSERT_TRUE(served->layout().tables[0].bf16);
-    PsServerOptions so;
-    so.token = kToken;
-    absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(so, served.get());
-    ASSERT_TRUE(server.ok()) << server.status();
-    absl::StatusOr<std::unique_ptr<RemoteParamStore>> remote = RemoteParamStore::Connect(ClientOf(**server, c));
-    ASSERT_TRUE(remote.ok()) << remote.status();
+    absl::StatusOr<Bridge> bridge = Serve(served.get(), c);
+    ASSERT_TRUE(bridge.ok()) << bridge.status();
+    RemoteParamStore& remote = *bridge->remote;
     RowScratch scratch;
     const std::vector<uint64_t> ids = {5, 1ull << 40, 77};
     std::vector<float> before(ids.size() * 6), after(before.size()), local(before.size());
-    ASSERT_TRUE((*remote)->PullRows(0, ids, before.data(), PullMode::kInsert, &scratch).ok());
+    ASSERT_TRUE(remote.PullRows(0, ids, before.data(), PullMode::kInsert, &scratch).ok());
     const std::vector<float> grads(ids.size() * 6, 0.25f);
-    ASSERT_TRUE((*remote)->PushRows(0, ids, grads.data(), 1.0f, &scratch).ok());
-    ASSERT_TRUE((*remote)->PullRows(0, ids, after.data(), PullMode::kReadOnly, &scratch).ok());
+    ASSERT_TRUE(remote.PushRows(0, ids, grads.data(), 1.0f, &scratch).ok());
+    ASSERT_TRUE(remote.PullRows(0, ids, after.data(), PullMode::kReadOnly, &scratch).ok());
     ASSERT_TRUE(served->PullRows(0, ids, local.data(), PullMode::kReadOnly, &scratch).ok());
     EXPECT_EQ(after, local);
     for (size_t i = 0; i < after.size(); ++i) {

@@ -23,6 +23,8 @@
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 
+#include <type_traits>
+
 #include "core/model/hogwild_kernels.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -385,14 +387,36 @@ HWY_INLINE void PrefetchRowForWrite(const void* row, int64_t bytes) {
   for (uintptr_t a = first; a <= last; a += 64) __builtin_prefetch(reinterpret_cast<const void*>(a), 1);
 }
 
-// o[0, dim) += w * r[0, dim).
+// A row's elements as f32 lanes: f32 rows as they are, bf16 rows widened.
+template <class D>
+HWY_INLINE auto LoadRow(D d, const float* p) {
+  return hn::LoadU(d, p);
+}
+template <class D>
+HWY_INLINE auto LoadRow(D d, const uint16_t* p) {
+  return LoadBf16(d, p);
+}
+
+// Stores f32 lanes (elements i, ... of a row) back to the row: f32 rows as
+// they are, bf16 rows by stochastic rounding with `salt`.
+template <class D, class V>
+HWY_INLINE void StoreRow(D d, V v, float* row, uint32_t /*salt*/, int64_t i) {
+  hn::StoreU(v, d, row + i);
+}
+template <class D, class V>
+HWY_INLINE void StoreRow(D d, V v, uint16_t* row, uint32_t salt, int64_t i) {
+  StoreBf16Stochastic(d, v, row + i, salt, i);
+}
+
+// o[0, dim) += w * r[0, dim) (r widened for a bf16 row).
+template <typename T>
 struct AxpyOp {
   float w;
-  const float* r;
+  const T* r;
   float* o;
   template <class D>
   HWY_INLINE void operator()(D d, int64_t i) const {
-    hn::StoreU(hn::Add(hn::LoadU(d, o + i), hn::Mul(hn::Set(d, w), hn::LoadU(d, r + i))), d, o + i);
+    hn::StoreU(hn::Add(hn::LoadU(d, o + i), hn::Mul(hn::Set(d, w), LoadRow(d, r + i))), d, o + i);
   }
 };
 
@@ -406,112 +430,86 @@ struct ScaleOp {
   }
 };
 
-// p[0, dim) = p - lr * (c * g): EmbeddingBagBackward's product, then SgdOp's step.
+// p[0, dim) = p - lr * (c * g): EmbeddingBagBackward's product, then SgdOp's
+// step (computed on the widened row and stochastically rounded for bf16).
+template <typename T>
 struct BagSgdOp {
   float c, lr;
-  float* p;
+  T* p;
   const float* g;
+  uint32_t salt;  // bf16 rows only
   template <class D>
   HWY_INLINE void operator()(D d, int64_t i) const {
     const auto grad = hn::Mul(hn::Set(d, c), hn::LoadU(d, g + i));
-    hn::StoreU(hn::Sub(hn::LoadU(d, p + i), hn::Mul(hn::Set(d, lr), grad)), d, p + i);
+    StoreRow(d, hn::Sub(LoadRow(d, p + i), hn::Mul(hn::Set(d, lr), grad)), p, salt, i);
   }
 };
 
-SHARDWILD_HOGWILD_KERNEL void EmbeddingBagForwardImpl(const float* const* rows, int64_t dim, const int64_t* offsets,
-                                                      const float* weights, int64_t batch, Pooling pooling,
-                                                      float* out, int64_t out_stride) {
+// The in-place embedding-bag forward over rows of T (float or bf16).
+template <typename T>
+HWY_INLINE void EmbeddingBagForwardRows(const T* const* rows, int64_t dim, const int64_t* offsets,
+                                        const float* weights, int64_t batch, Pooling pooling, float* out,
+                                        int64_t out_stride) {
   constexpr int64_t kAhead = 8;
   const int64_t total = offsets[batch];
+  const int64_t bytes = dim * static_cast<int64_t>(sizeof(T));
   for (int64_t b = 0; b < batch; ++b) {
     float* o = out + b * out_stride;
     Run(FillOp{0.0f, o}, dim);
     const int64_t begin = offsets[b], end = offsets[b + 1];
     for (int64_t i = begin; i < end; ++i) {
       // With intent to write: the step's fused update follows.
-      if (i + kAhead < total) PrefetchRowForWrite(rows[i + kAhead], dim * static_cast<int64_t>(sizeof(float)));
-      Run(AxpyOp{weights ? weights[i] : 1.0f, rows[i], o}, dim);
+      if (i + kAhead < total) PrefetchRowForWrite(rows[i + kAhead], bytes);
+      Run(AxpyOp<T>{weights ? weights[i] : 1.0f, rows[i], o}, dim);
     }
     if (pooling == Pooling::kMean && end > begin) Run(ScaleOp{1.0f / static_cast<float>(end - begin), o}, dim);
   }
 }
 
-SHARDWILD_HOGWILD_KERNEL void EmbeddingBagSgdImpl(float* const* rows, int64_t dim, const int64_t* offsets,
-                                                  const float* weights, int64_t valid, Pooling pooling,
-                                                  const float* dout, int64_t out_stride, float scale, float lr) {
+// The fused embedding-bag backward and SGD over rows of T; bf16 rows round
+// occurrence i with BagSgdBf16Salt(seed, i).
+template <typename T>
+HWY_INLINE void EmbeddingBagSgdRows(T* const* rows, int64_t dim, const int64_t* offsets, const float* weights,
+                                    int64_t valid, Pooling pooling, const float* dout, int64_t out_stride,
+                                    float scale, float lr, uint64_t seed) {
   constexpr int64_t kAhead = 8;
   const int64_t total = offsets[valid];
+  const int64_t bytes = dim * static_cast<int64_t>(sizeof(T));
   for (int64_t b = 0; b < valid; ++b) {
     const int64_t begin = offsets[b], end = offsets[b + 1];
     const float* g = dout + b * out_stride;
     const float pool = pooling == Pooling::kMean && end > begin ? 1.0f / static_cast<float>(end - begin) : 1.0f;
     for (int64_t i = begin; i < end; ++i) {
-      if (i + kAhead < total) PrefetchRowForWrite(rows[i + kAhead], dim * static_cast<int64_t>(sizeof(float)));
-      Run(BagSgdOp{(weights ? weights[i] : 1.0f) * pool * scale, lr, rows[i], g}, dim);
+      if (i + kAhead < total) PrefetchRowForWrite(rows[i + kAhead], bytes);
+      const uint32_t salt = std::is_same_v<T, uint16_t> ? BagSgdBf16Salt(seed, i) : 0u;
+      Run(BagSgdOp<T>{(weights ? weights[i] : 1.0f) * pool * scale, lr, rows[i], g, salt}, dim);
     }
   }
 }
 
-// o[0, dim) += w * widen(r[0, dim)).
-struct AxpyBf16Op {
-  float w;
-  const uint16_t* r;
-  float* o;
-  template <class D>
-  HWY_INLINE void operator()(D d, int64_t i) const {
-    hn::StoreU(hn::Add(hn::LoadU(d, o + i), hn::Mul(hn::Set(d, w), LoadBf16(d, r + i))), d, o + i);
-  }
-};
+SHARDWILD_HOGWILD_KERNEL void EmbeddingBagForwardImpl(const float* const* rows, int64_t dim, const int64_t* offsets,
+                                                      const float* weights, int64_t batch, Pooling pooling,
+                                                      float* out, int64_t out_stride) {
+  EmbeddingBagForwardRows(rows, dim, offsets, weights, batch, pooling, out, out_stride);
+}
 
-// p[0, dim) = SR(widen(p) - lr * (c * g)): BagSgdOp on a bf16 row, stored
-// back by stochastic rounding.
-struct BagSgdBf16Op {
-  float c, lr;
-  uint16_t* p;
-  const float* g;
-  uint32_t salt;
-  template <class D>
-  HWY_INLINE void operator()(D d, int64_t i) const {
-    const auto grad = hn::Mul(hn::Set(d, c), hn::LoadU(d, g + i));
-    StoreBf16Stochastic(d, hn::Sub(LoadBf16(d, p + i), hn::Mul(hn::Set(d, lr), grad)), p + i, salt, i);
-  }
-};
+SHARDWILD_HOGWILD_KERNEL void EmbeddingBagSgdImpl(float* const* rows, int64_t dim, const int64_t* offsets,
+                                                  const float* weights, int64_t valid, Pooling pooling,
+                                                  const float* dout, int64_t out_stride, float scale, float lr) {
+  EmbeddingBagSgdRows(rows, dim, offsets, weights, valid, pooling, dout, out_stride, scale, lr, /*seed=*/0);
+}
 
 SHARDWILD_HOGWILD_KERNEL void EmbeddingBagForwardBf16Impl(const uint16_t* const* rows, int64_t dim,
                                                           const int64_t* offsets, const float* weights, int64_t batch,
                                                           Pooling pooling, float* out, int64_t out_stride) {
-  constexpr int64_t kAhead = 8;
-  const int64_t total = offsets[batch];
-  const int64_t bytes = dim * static_cast<int64_t>(sizeof(uint16_t));
-  for (int64_t b = 0; b < batch; ++b) {
-    float* o = out + b * out_stride;
-    Run(FillOp{0.0f, o}, dim);
-    const int64_t begin = offsets[b], end = offsets[b + 1];
-    for (int64_t i = begin; i < end; ++i) {
-      if (i + kAhead < total) PrefetchRowForWrite(rows[i + kAhead], bytes);
-      Run(AxpyBf16Op{weights ? weights[i] : 1.0f, rows[i], o}, dim);
-    }
-    if (pooling == Pooling::kMean && end > begin) Run(ScaleOp{1.0f / static_cast<float>(end - begin), o}, dim);
-  }
+  EmbeddingBagForwardRows(rows, dim, offsets, weights, batch, pooling, out, out_stride);
 }
 
 SHARDWILD_HOGWILD_KERNEL void EmbeddingBagSgdBf16Impl(uint16_t* const* rows, int64_t dim, const int64_t* offsets,
                                                       const float* weights, int64_t valid, Pooling pooling,
                                                       const float* dout, int64_t out_stride, float scale, float lr,
                                                       uint64_t seed) {
-  constexpr int64_t kAhead = 8;
-  const int64_t total = offsets[valid];
-  const int64_t bytes = dim * static_cast<int64_t>(sizeof(uint16_t));
-  for (int64_t b = 0; b < valid; ++b) {
-    const int64_t begin = offsets[b], end = offsets[b + 1];
-    const float* g = dout + b * out_stride;
-    const float pool = pooling == Pooling::kMean && end > begin ? 1.0f / static_cast<float>(end - begin) : 1.0f;
-    for (int64_t i = begin; i < end; ++i) {
-      if (i + kAhead < total) PrefetchRowForWrite(rows[i + kAhead], bytes);
-      const uint32_t salt = BagSgdBf16Salt(seed, i);
-      Run(BagSgdBf16Op{(weights ? weights[i] : 1.0f) * pool * scale, lr, rows[i], g, salt}, dim);
-    }
-  }
+  EmbeddingBagSgdRows(rows, dim, offsets, weights, valid, pooling, dout, out_stride, scale, lr, seed);
 }
 
 const char* TargetNameImpl() { return hwy::TargetName(HWY_TARGET); }

@@ -148,18 +148,18 @@ void HogwildEmbeddingBagSgd(float* const* rows, int64_t dim, const int64_t* offs
 // The SGD computes each occurrence's step in f32 on the widened row and
 // stores it back by stochastic rounding with salt BagSgdBf16Salt(seed,
 // occurrence) (HogwildRoundBf16Stochastic's bits): pass a new seed per call.
-// The stochastic rounding salt HogwildEmbeddingBagSgdBf16 uses for
-// occurrence i (its index into the bags' ids) with `seed`.
-inline uint32_t BagSgdBf16Salt(uint64_t seed, int64_t i) {
-  return static_cast<uint32_t>(SplitMix64Mix(seed ^ static_cast<uint64_t>(i)) >> 32);
-}
-
 void HogwildEmbeddingBagForwardBf16(const uint16_t* const* rows, int64_t dim, const int64_t* offsets,
                                     const float* weights, int64_t batch, Pooling pooling, float* out,
                                     int64_t out_stride);
 void HogwildEmbeddingBagSgdBf16(uint16_t* const* rows, int64_t dim, const int64_t* offsets, const float* weights,
                                 int64_t batch, int64_t valid, Pooling pooling, const float* dout, int64_t out_stride,
                                 float scale, float lr, uint64_t seed);
+
+// The stochastic rounding salt HogwildEmbeddingBagSgdBf16 uses for
+// occurrence i (its index into the bags' ids) with `seed`.
+inline uint32_t BagSgdBf16Salt(uint64_t seed, int64_t i) {
+  return static_cast<uint32_t>(SplitMix64Mix(seed ^ static_cast<uint64_t>(i)) >> 32);
+}
 
 // The instruction-set targets compiled in and supported by this CPU, best
 // first (Highway's names: "AVX3", "AVX2", "SSE4", "SSSE3", "SCALAR"/"EMU128").
