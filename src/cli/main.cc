@@ -6,6 +6,9 @@
 //   shardwild bench CONFIG [--set key=value]... [--json]
 //   shardwild bench store [--dim N] [--rows N] [--ids uniform|zipf] [--optimizer O] [--update U]
 //                         [--threads N] [--kind static|dynamic] [--dtype f32|bf16] [--shards N] [--batch N] [--seconds S] [--json]
+//   shardwild bench sweep CONFIG --grid KEY=V1,V2,... [--grid ...] [--repeats N] [--set key=value]... --out DIR
+//   shardwild bench compare A_DIR B_DIR [--out DIR] [--json]
+//   shardwild bench report DIR
 //   shardwild topology [--synthetic DESC | --xml FILE] [--workers N] [--shards N] [--threads N] [--json]
 //   shardwild data gen --kind criteo|libsvm|text --rows N --out FILE [--seed S] [--classes K] [--json]
 //   shardwild cluster-info CONFIG [--cluster FILE] [--task-type T] [--task-index N] [--set key=value]... [--json]
@@ -19,6 +22,7 @@
 // Every error is one line on stderr ("shardwild: error: ...") and a non-zero
 // exit status.
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -27,6 +31,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <string>
@@ -42,6 +48,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/base/cpu_features.h"
+#include "core/model/hogwild_kernels.h"
 #include "core/base/status.h"
 #include "core/config/config.h"
 #include "core/data/data_gen.h"
@@ -54,11 +61,14 @@
 #include "net/worker_task.h"
 #include "ps_shm/shm_segment.h"
 #include "workers/bench.h"
+#include "workers/bench_sweep.h"
 #include "workers/evaluator.h"
 #include "workers/store_bench.h"
 #include "workers/job.h"
 #include "workers/task_trainer.h"
 #include "workers/trainer.h"
+
+#include "shardwild_commit.h"  // generated: SHARDWILD_COMMIT
 
 #ifndef SHARDWILD_VERSION
 #define SHARDWILD_VERSION "unknown"
@@ -436,6 +446,38 @@ int Predict(const std::string& path, const std::vector<std::string>& sets, const
   return 0;
 }
 
+// The CPU's marketing name from /proc/cpuinfo ("model name"); empty if unknown.
+std::string CpuModelName() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) break;
+    const size_t start = line.find_first_not_of(" \t", colon + 1);
+    return start == std::string::npos ? std::string() : line.substr(start);
+  }
+  return "";
+}
+
+// The machine a bench ran on, for comparing figures across runs and hosts:
+// `bench --json`'s "machine" (and each row of a sweep's results).
+json MachineJson(const Topology& t) {
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  return {{"cpu_model", CpuModelName()},
+          {"cores", t.num_cores()},
+          {"pus", t.num_pus()},
+          {"numa_nodes", t.num_nodes()},
+          {"packages", t.num_packages()},
+          {"isa", DetectCpuFeatures().Names()},
+          {"kernel_target", ActiveHogwildKernelTarget()},
+          {"onednn_isa", OneDnnCpuIsaName()},
+          {"commit", SHARDWILD_COMMIT},
+          {"version", SHARDWILD_VERSION},
+          {"hostname", host}};
+}
+
 int Bench(const std::string& path, const std::vector<std::string>& sets, bool as_json,
           const ClusterSpecSources& cluster) {
   absl::StatusOr<Config> config = LoadWithOverrides(path, sets);
@@ -529,8 +571,92 @@ int Bench(const std::string& path, const std::vector<std::string>& sets, bool as
     if ((*job)->has_local_store()) {
       j["store"] = {{"memory", StoreMemoryJson((*job)->replicas())}, {"setup_s", (*job)->store_setup_seconds()}};
     }
+    j["machine"] = MachineJson((*job)->topology());
     std::printf("%s\n", j.dump().c_str());
   }
+  return 0;
+}
+
+// tools/bench_report.py: beside an installed binary (bin/../share/shardwild/),
+// else in the source tree the binary was built from.
+std::string ReportScript() {
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const std::filesystem::path installed = exe.parent_path().parent_path() / "share" / "shardwild" / "bench_report.py";
+    if (std::filesystem::exists(installed, ec)) return installed.string();
+  }
+  return SHARDWILD_REPORT_SCRIPT;
+}
+
+// The Python that runs it: the system's (/usr/bin/python3, where Debian's
+// python3-matplotlib is), else the first python3 on PATH.
+std::string ReportPython() {
+  std::error_code ec;
+  return std::filesystem::exists("/usr/bin/python3", ec) ? "/usr/bin/python3" : "python3";
+}
+
+// `bench sweep`: every point of the grid, --repeats times interleaved, each
+// a `shardwild bench --json` child; then the report.
+int BenchSweep(SweepOptions options) {
+  for (const std::string& set : options.sets) {
+    if (absl::StatusOr<ConfigOverride> o = ParseOverride(set); !o.ok()) return Fail(o.status());
+  }
+  absl::Status checked = CheckSweep(options, [&](const std::vector<std::string>& point_sets) {
+    return LoadWithOverrides(options.config_path, point_sets).status();
+  });
+  if (!checked.ok()) return Fail(checked);
+  const int points = static_cast<int>(ExpandGrid(options.grid).size());
+  std::printf("shardwild bench sweep %s: %d points x %d repeats = %d runs (interleaved), into %s\n",
+              options.config_path.c_str(), points, options.repeats, points * options.repeats,
+              options.out_dir.c_str());
+  std::fflush(stdout);
+  absl::StatusOr<json> results =
+      RunSweep(options, ChildProcessBenchRunner("/proc/self/exe"), [](const SweepProgress& p) {
+        std::printf("sweep: %d/%d runs done (point %d: %s, repeat %d): %.0f samples/s; ETA %s\n", p.done, p.total,
+                    p.point, p.label.c_str(), p.repeat, p.samples_per_s,
+                    ProgressReporter::FormatDuration(p.eta_s).c_str());
+        std::fflush(stdout);
+      });
+  if (!results.ok()) return Fail(results.status());
+  const std::filesystem::path dir(options.out_dir);
+  std::printf("sweep: wrote %s and %s\n", (dir / "results.csv").c_str(), (dir / "results.json").c_str());
+  std::fflush(stdout);
+  if (absl::Status s = RunReportScript(ReportPython(), ReportScript(), "sweep", options.out_dir); !s.ok()) return Fail(s);
+  std::printf("sweep: wrote %s\n", (dir / "report.html").c_str());
+  return 0;
+}
+
+// `bench report DIR`: draws DIR's report again from its results.json.
+int RedrawReport(const std::string& dir) {
+  if (absl::StatusOr<json> sweep = LoadSweep(dir); !sweep.ok()) return Fail(sweep.status());
+  if (absl::Status s = RunReportScript(ReportPython(), ReportScript(), "sweep", dir); !s.ok()) return Fail(s);
+  std::printf("wrote %s\n", (std::filesystem::path(dir) / "report.html").c_str());
+  return 0;
+}
+
+// `bench compare A B [--out DIR]`: B's medians over A's per common point.
+int BenchCompare(const std::string& a_dir, const std::string& b_dir, const std::string& out_dir, bool as_json) {
+  absl::StatusOr<json> a = LoadSweep(a_dir);
+  if (!a.ok()) return Fail(a.status());
+  absl::StatusOr<json> b = LoadSweep(b_dir);
+  if (!b.ok()) return Fail(b.status());
+  const json c = CompareSweeps(*a, *b, a_dir, b_dir);
+  std::printf("shardwild bench compare\n%s", FormatComparison(c).c_str());
+  if (c.at("rows").empty()) {
+    return Fail(absl::FailedPreconditionError(
+        absl::StrCat("bench compare: ", a_dir, " and ", b_dir, " have no point in common (no grid values agree)")));
+  }
+  if (!out_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(out_dir, ec);
+    if (ec) return Fail(absl::InternalError(absl::StrCat(out_dir, ": cannot create the directory: ", ec.message())));
+    const std::string path = (std::filesystem::path(out_dir) / "compare.json").string();
+    if (absl::Status s = WriteFileAtomically(path, c.dump(1) + "\n"); !s.ok()) return Fail(s);
+    if (absl::Status s = RunReportScript(ReportPython(), ReportScript(), "compare", out_dir); !s.ok()) return Fail(s);
+    std::printf("wrote %s and %s\n", path.c_str(), (std::filesystem::path(out_dir) / "compare.html").c_str());
+  }
+  if (as_json) std::printf("%s\n", c.dump().c_str());
   return 0;
 }
 
@@ -905,6 +1031,31 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bench_store->add_flag("--json", as_json, "End with one line of JSON");
 
+  SweepOptions sweep;
+  std::vector<std::string> grid_args;
+  CLI::App* bench_sweep = bench->add_subcommand(
+      "sweep", "Run the bench at every point of a grid of config values, repeated and interleaved; write results "
+               "(CSV, JSON) and an HTML report");
+  bench_sweep->add_option("config", sweep.config_path, "YAML config file")->required();
+  bench_sweep->add_option("--grid", grid_args, "A config key and its values: --grid train.workers=1,2,4 (repeatable)")
+      ->required();
+  bench_sweep->add_option("--set", sweep.sets, "Override a config key at every point");
+  bench_sweep->add_option("--repeats", sweep.repeats, "Runs per point (interleaved across the points)")
+      ->capture_default_str();
+  bench_sweep->add_option("--out", sweep.out_dir, "Directory to write (new, empty, or an earlier sweep's)")->required();
+
+  std::string compare_a, compare_b, compare_out;
+  CLI::App* bench_compare = bench->add_subcommand(
+      "compare", "Compare two sweeps point by point: ratio of median samples/s and whether min-max ranges overlap");
+  bench_compare->add_option("a", compare_a, "The baseline sweep's directory")->required();
+  bench_compare->add_option("b", compare_b, "The sweep to compare with it")->required();
+  bench_compare->add_option("--out", compare_out, "Also write DIR/compare.json and the page DIR/compare.html");
+  bench_compare->add_flag("--json", as_json, "End with one line of JSON");
+
+  std::string report_dir;
+  CLI::App* bench_report = bench->add_subcommand("report", "Draw a sweep directory's report.html again");
+  bench_report->add_option("dir", report_dir, "A sweep's directory")->required();
+
   std::string synthetic, xml;
   int workers = 0, shards = 0, threads = 0;
   CLI::App* topo = app.add_subcommand("topology", "Show the machine and the placement of workers and shards");
@@ -991,10 +1142,20 @@ int main(int argc, char** argv) {
     store_bench.bf16 = store_dtype == "bf16";
     return BenchStore(store_bench, as_json);
   }
+  if (bench_sweep->parsed()) {
+    for (const std::string& arg : grid_args) {
+      absl::StatusOr<SweepAxis> axis = ParseSweepAxis(arg);
+      if (!axis.ok()) return Fail(axis.status());
+      sweep.grid.push_back(*std::move(axis));
+    }
+    return BenchSweep(sweep);
+  }
+  if (bench_compare->parsed()) return BenchCompare(compare_a, compare_b, compare_out, as_json);
+  if (bench_report->parsed()) return RedrawReport(report_dir);
   if (bench->parsed()) {
     if (config_path.empty()) {
       std::fprintf(stderr,
-                   "shardwild: error: bench: a CONFIG path or the subcommand 'store' is required "
+                   "shardwild: error: bench: a CONFIG path or a subcommand (store, sweep, compare, report) is required "
                    "(run with --help for usage)\n");
       return 2;
     }
