@@ -186,7 +186,18 @@ json HugePagesJson(const HugePageStatus& h) {
 
 // The end of `train`: the result line and, with --json, the summary.
 void PrintTrainSummary(const TrainSummary& s, Job& job, bool as_json) {
-  if (s.test_accuracy) {
+  if (s.already_complete) {
+    if (s.test_accuracy) {
+      std::string extra;
+      for (const auto& [name, value] : s.test_metrics) absl::StrAppendFormat(&extra, ", %s %.4f", name.substr(5), value);
+      std::printf("already complete: the final model (step %ld) has test accuracy %.4f (test loss %.4f%s); "
+                  "nothing was trained\n",
+                  static_cast<long>(s.steps), *s.test_accuracy, *s.test_loss, extra.c_str());
+    } else {
+      std::printf("already complete: the final checkpoint (step %ld) is the newest; nothing was trained "
+                  "(--fresh starts over)\n", static_cast<long>(s.steps));
+    }
+  } else if (s.test_accuracy) {
     std::string extra;
     for (const auto& [name, value] : s.test_metrics) absl::StrAppendFormat(&extra, ", %s %.4f", name.substr(5), value);
     std::printf("test accuracy: %.4f (test loss %.4f%s) after %d epochs, %.0f samples/s, %.1f s\n", *s.test_accuracy,
@@ -196,7 +207,10 @@ void PrintTrainSummary(const TrainSummary& s, Job& job, bool as_json) {
                 s.samples_per_s, s.wall_s);
   }
   if (as_json) {
-    json j = {{"samples_per_s", s.samples_per_s},
+    // A job that was already complete trained nothing: no throughput and no
+    // training loss to report (null), and says so.
+    json j = {{"samples_per_s", s.already_complete ? json(nullptr) : json(s.samples_per_s)},
+              {"already_complete", s.already_complete},
               {"epochs", s.epochs},
               {"precision", PrecisionName(job.config().model.precision)},
               {"workers", s.workers},
@@ -213,7 +227,7 @@ void PrintTrainSummary(const TrainSummary& s, Job& job, bool as_json) {
               {"skipped_checkpoints", s.skipped_checkpoints},
               {"stopped_early_at_epoch",
                s.stopped_early_at_epoch ? json(*s.stopped_early_at_epoch) : json(nullptr)},
-              {"train_loss", s.train_loss},
+              {"train_loss", s.already_complete ? json(nullptr) : json(s.train_loss)},
               {"test_loss", Optional(s.test_loss)},
               {"test_accuracy", Optional(s.test_accuracy)},
               {"wall_s", s.wall_s},

@@ -137,6 +137,12 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
     if (named_classes) test = LoadDataset(config, config.data.test, config.data.max_test_records, &job->train_);
     if (!test.ok()) return test.status();
     SW_RETURN_IF_ERROR(CheckTestData(job->train_, *test));
+    if (config.early_stopping.monitor == "test_precision_at_5" && !test->multi_label()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(config.source, ": early_stopping.monitor: test_precision_at_5 is reported for multi-label "
+                                      "data (records with several __label__ tokens), and ",
+                       config.data.test, " has one label per record; monitor test_accuracy"));
+    }
     job->test_ = *std::move(test);
   }
   job->data_load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();

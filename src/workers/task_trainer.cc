@@ -551,7 +551,16 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
   const auto run_start = Clock::now();
   double train_seconds = 0;
   int64_t run_records = 0;
-  if (first_epoch <= epochs) {
+  // Resumed from the final checkpoint: nothing to train; the workers start
+  // only to evaluate the final model.
+  const bool already_complete = first_epoch > epochs;
+  std::optional<RunCallbacks::Evaluation> final_evaluation;
+  if (already_complete) {
+    progress.Line(absl::StrCat("the job was already complete (its final checkpoint is the newest in ",
+                               cfg.checkpoint.dir, "): nothing to train",
+                               inline_eval ? "; evaluating the final model" : ""));
+  }
+  if (!already_complete || inline_eval) {
     std::unique_ptr<TaskWorkers> procs_owner;
     if (ext != nullptr) {
       SW_ASSIGN_OR_RETURN(procs_owner, ext->make_workers());
@@ -882,7 +891,10 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
       }
       return absl::OkStatus();
     };
-    while (!finished && !callbacks->stopped()) {
+    if (already_complete) {
+      SW_ASSIGN_OR_RETURN(final_evaluation, evaluate());
+    }
+    while (!already_complete && !finished && !callbacks->stopped()) {
       SW_RETURN_IF_ERROR(pump(/*evaluation=*/false));
       if (finished) break;
 
@@ -928,6 +940,12 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
     summary.test_loss = last->loss;
     summary.test_accuracy = last->accuracy;
     summary.test_metrics = last->extra;
+  }
+  summary.already_complete = already_complete;
+  if (final_evaluation) {
+    summary.test_loss = final_evaluation->loss;
+    summary.test_accuracy = final_evaluation->accuracy;
+    summary.test_metrics = final_evaluation->extra;
   }
   summary.model_version = model_version();
   summary.wall_s = SecondsSince(run_start);

@@ -434,6 +434,18 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
     summary.test_accuracy = last->accuracy;
     summary.test_metrics = last->extra;
   }
+  if (first_epoch > cfg.train.epochs) {
+    // Resumed from the final checkpoint: say so, and report the final model.
+    summary.already_complete = true;
+    progress.Line(absl::StrCat("the job was already complete (its final checkpoint is the newest in ", ck.dir,
+                               "): nothing to train", inline_eval ? "; evaluating the final model" : ""));
+    if (inline_eval) {
+      SW_ASSIGN_OR_RETURN(const Evaluated ev, evaluate());
+      summary.test_loss = ev.loss;
+      summary.test_accuracy = ev.accuracy;
+      summary.test_metrics = ev.extra;
+    }
+  }
   summary.model_version = job.replicas().version();
   summary.wall_s = std::chrono::duration<double>(Clock::now() - run_start).count();
   return summary;

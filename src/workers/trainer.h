@@ -50,6 +50,10 @@ struct TrainSummary {
   // if it started fresh), checkpoints this run wrote, the last one's path,
   // and the checkpoints skipped on resume because they did not verify.
   std::optional<int64_t> resumed_from_step;
+  // The newest checkpoint was the job's final one (after the last epoch, or
+  // written when early stopping ended it): this run trained nothing, and
+  // the test metrics, if any, are the final model's, evaluated now.
+  bool already_complete = false;
   int64_t checkpoints_written = 0;
   std::string last_checkpoint;
   std::vector<std::string> skipped_checkpoints;

@@ -305,8 +305,11 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
 absl::StatusOr<EvalResult> Worker::Evaluate(const Dataset& data, int64_t begin, int64_t end) {
   EvalResult result;
   const bool softmax = model_->head() == HeadType::kSoftmax;
+  // P@5 (fastText's precision at k) only where a record can have several
+  // labels: with one label per record it is top-5 accuracy over 5, at most
+  // 0.2, and says nothing accuracy does not.
   result.metrics.emplace(model_->head(), softmax ? static_cast<int>(model_->outputs()) : 2,
-                         /*top_k=*/softmax && model_->outputs() >= 5 ? 5 : 1);
+                         /*top_k=*/softmax && model_->outputs() >= 5 && data.multi_label() ? 5 : 1);
   if (begin >= end) return result;
   SW_RETURN_IF_ERROR(CheckShape(data, "evaluation data"));
   SW_RETURN_IF_ERROR(PullAll());

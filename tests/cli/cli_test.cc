@@ -242,6 +242,9 @@ TEST_F(CliTrainTest, LastLineIsJsonSummary) {
   EXPECT_GT(j["test_accuracy"].get<double>(), 0.3);
   ASSERT_EQ(j["history"].size(), 1u);
   EXPECT_EQ(j["history"][0]["records"], 3000);
+  // A 10-class single-label head: accuracy, no P@5.
+  EXPECT_FALSE(j.contains("test_precision_at_5")) << j.dump();
+  EXPECT_EQ(j["already_complete"], false);
   EXPECT_EQ(j["store"]["name"].get<std::string>().rfind(job_name_ + "-", 0), 0u) << j.dump();
   // Memory: the MLP 784-256-128-10 has 235146 parameters; Adam keeps 2 slots each.
   const json& mem = j["store"]["memory"];
@@ -399,6 +402,84 @@ TEST(CliSignalTest, SigkilledTrainingResumesFromItsCheckpoint) {
   EXPECT_EQ(j["eval_records_seen"].get<int64_t>(), 1000 * static_cast<int64_t>(j["history"].size()));
   EXPECT_NE(again.out.find("resumed from " + dir + "/ckpt-"), std::string::npos) << again.out;
   EXPECT_EQ(ShmEntriesContaining(prefix), std::vector<std::string>{}) << "the killed run's segments were removed";
+  EXPECT_EQ(j["already_complete"], false) << j.dump();
+
+  // Once more: the newest checkpoint is the final one. The run says the job
+  // was already complete, trains nothing, and reports the final model's
+  // test metrics (not null), with no throughput to speak of.
+  const Result done = RunCli(args);
+  ASSERT_EQ(done.code(), 0) << "stdout:\n" << done.out << "\nstderr:\n" << done.err;
+  const json d = LastLineJson(done.out);
+  EXPECT_EQ(d["already_complete"], true) << d.dump();
+  EXPECT_TRUE(d["samples_per_s"].is_null()) << d.dump();
+  EXPECT_TRUE(d["train_loss"].is_null()) << d.dump();
+  EXPECT_TRUE(d["history"].empty()) << d.dump();
+  EXPECT_EQ(d["records_seen"], 2 * 12000) << d.dump();
+  EXPECT_EQ(d["checkpoints_written"], 0) << d.dump();
+  ASSERT_TRUE(d["test_accuracy"].is_number()) << d.dump();
+  EXPECT_NEAR(d["test_accuracy"].get<double>(), j["test_accuracy"].get<double>(), 1e-12) << "the same final model";
+  EXPECT_EQ(d["eval_records_seen"], 1000) << d.dump();
+  EXPECT_NE(done.out.find("the job was already complete"), std::string::npos) << done.out;
+  EXPECT_NE(done.out.find("already complete: the final model"), std::string::npos) << done.out;
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+// The same for lockstep training (ps.update sync runs its own loop).
+TEST(CliTest, AlreadyCompleteSyncJobEvaluatesItsFinalModel) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not under /usr/share/datasets/fashion-mnist";
+  char tmpl[] = "/tmp/sw-cli-done-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const std::vector<std::string> args = {"train", kConfig, "--set", "ps.update=sync", "--set",
+                                         "data.max_train_records=2000", "--set", "data.max_test_records=500",
+                                         "--set", "train.epochs=1", "--set", "checkpoint.dir=" + dir, "--json"};
+  const Result first = RunCli(args);
+  ASSERT_EQ(first.code(), 0) << first.err;
+  const Result done = RunCli(args);
+  ASSERT_EQ(done.code(), 0) << done.err;
+  const json a = LastLineJson(first.out), d = LastLineJson(done.out);
+  EXPECT_EQ(a["already_complete"], false);
+  EXPECT_EQ(d["already_complete"], true) << d.dump();
+  ASSERT_TRUE(d["test_accuracy"].is_number()) << d.dump();
+  EXPECT_NEAR(d["test_accuracy"].get<double>(), a["test_accuracy"].get<double>(), 1e-12);
+  EXPECT_TRUE(d["samples_per_s"].is_null()) << d.dump();
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+// P@5 (fastText's precision at k) is reported for multi-label data only: on
+// single-label data it is top-5 accuracy over 5 and says nothing.
+TEST(CliTest, PrecisionAtFiveOnlyForMultiLabelData) {
+  char tmpl[] = "/tmp/sw-cli-p5-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const char* kClasses[] = {"a", "b", "c", "d", "e", "f"};
+  auto write = [&](const std::string& path, bool multi) {
+    std::ofstream f(path);
+    for (int i = 0; i < 600; ++i) {
+      const int c = i % 6;
+      f << "__label__" << kClasses[c];
+      if (multi) f << " __label__" << kClasses[(c + 1) % 6];
+      f << " w" << c << " w" << (c + 1) % 6 << " x" << i % 7 << "\n";
+    }
+  };
+  write(dir + "/single.txt", false);
+  write(dir + "/multi.txt", true);
+  for (const bool multi : {false, true}) {
+    const std::string file = dir + (multi ? "/multi.txt" : "/single.txt");
+    const Result r = RunCli({"train", std::string(SHARDWILD_SOURCE_DIR) + "/configs/text_bow.yaml", "--set",
+                             "data.train=" + file, "--set", "data.test=" + file, "--set", "train.epochs=1", "--set",
+                             "model.sparse.0.rows=1000", "--json"});
+    ASSERT_EQ(r.code(), 0) << r.err;
+    const json j = LastLineJson(r.out);
+    EXPECT_EQ(j.contains("test_precision_at_5"), multi) << j.dump();
+    EXPECT_EQ(r.out.find("precision_at_5") != std::string::npos, multi) << r.out;
+  }
+  // Watching it on single-label data is refused up front, saying why.
+  const Result bad = RunCli({"train", std::string(SHARDWILD_SOURCE_DIR) + "/configs/text_bow.yaml", "--set",
+                             "data.train=" + dir + "/single.txt", "--set", "data.test=" + dir + "/single.txt",
+                             "--set", "early_stopping.monitor=test_precision_at_5", "--set",
+                             "model.sparse.0.rows=1000"});
+  ExpectOneErrorLine(bad, {"early_stopping.monitor", "multi-label", "test_accuracy"});
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
 }
