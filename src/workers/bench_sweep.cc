@@ -528,14 +528,29 @@ json CompareSweeps(const json& a, const json& b, const std::string& a_name, cons
   for (const json& pa : a.at("points")) {
     if (!in_b.count(pa.at("grid").dump())) only_a.push_back(pa.at("grid"));
   }
-  return {{"format", kCompareFormat}, {"version", kSweepVersion}, {"a", a_name},       {"b", b_name},
-          {"metric", "samples_per_s"}, {"rows", rows},           {"only_in_a", only_a}, {"only_in_b", only_b}};
+  json keys = json::array();  // b's grid keys in its order, for labels
+  for (const json& axis : b.at("grid")) keys.push_back(axis.at("key"));
+  return {{"format", kCompareFormat}, {"version", kSweepVersion}, {"a", a_name},          {"b", b_name},
+          {"metric", "samples_per_s"}, {"keys", keys},              {"rows", rows},         {"only_in_a", only_a},
+          {"only_in_b", only_b}};
 }
 
 std::string FormatComparison(const json& c) {
-  auto grid_label = [](const json& g) {
+  // The grid values in the sweep's key order, then any other key.
+  std::vector<std::string> order;
+  if (c.contains("keys")) {
+    for (const json& k : c.at("keys")) order.push_back(k.get<std::string>());
+  }
+  auto grid_label = [&](const json& g) {
     std::vector<std::string> parts;
-    for (const auto& [k, v] : g.items()) parts.push_back(absl::StrCat(k, "=", v.get<std::string>()));
+    for (const std::string& k : order) {
+      if (g.contains(k)) parts.push_back(absl::StrCat(k, "=", g.at(k).get<std::string>()));
+    }
+    for (const auto& [k, v] : g.items()) {
+      if (std::find(order.begin(), order.end(), k) == order.end()) {
+        parts.push_back(absl::StrCat(k, "=", v.get<std::string>()));
+      }
+    }
     return parts.empty() ? std::string("(default)") : absl::StrJoin(parts, " ");
   };
   std::vector<std::string> labels;

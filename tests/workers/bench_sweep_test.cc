@@ -336,5 +336,52 @@ TEST(CompareSweeps, RatiosOverlapAndMissingPoints) {
   EXPECT_NE(FormatComparison(c).find("only in B: train.workers=4"), std::string::npos);
 }
 
+// A stand-in for the shardwild binary: a shell script that prints what a
+// bench prints, or fails as a bench fails.
+std::string FakeBinary(const TempDir& dir, const std::string& body) {
+  const std::string path = dir.Sub("fake_shardwild.sh");
+  std::ofstream(path) << "#!/bin/sh\n" << body;
+  fs::permissions(path, fs::perms::owner_all);
+  return path;
+}
+
+TEST(ChildProcessBenchRunner, ReadsTheLastLineAsJson) {
+  TempDir dir;
+  const std::string exe = FakeBinary(dir,
+                                     "echo \"report for $2 $3 $4\"\n"
+                                     "echo 'shardwild: warning: a note' >&2\n"
+                                     "echo '{\"samples_per_s\": 1234.5, \"args\": \"'\"$*\"'\"}'\n");
+  absl::StatusOr<json> j = ChildProcessBenchRunner(exe)({"cfg.yaml", "--set", "a=1", "--json"});
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_DOUBLE_EQ((*j)["samples_per_s"].get<double>(), 1234.5);
+  EXPECT_EQ((*j)["args"], "bench cfg.yaml --set a=1 --json");
+}
+
+TEST(ChildProcessBenchRunner, ABenchsErrorLineBecomesTheError) {
+  TempDir dir;
+  const std::string exe =
+      FakeBinary(dir, "echo 'shardwild: error: train.batch_size: expected a positive integer' >&2\nexit 1\n");
+  absl::StatusOr<json> j = ChildProcessBenchRunner(exe)({"cfg.yaml", "--json"});
+  ASSERT_FALSE(j.ok());
+  EXPECT_EQ(j.status().message(), "train.batch_size: expected a positive integer");
+  // No JSON line, or killed by a signal: said so.
+  const std::string silent = FakeBinary(dir, "echo 'no json here'\n");
+  EXPECT_NE(ChildProcessBenchRunner(silent)({"x"}).status().message().find("no JSON summary"), std::string::npos);
+  const std::string killed = FakeBinary(dir, "kill -9 $$\n");
+  EXPECT_NE(ChildProcessBenchRunner(killed)({"x"}).status().message().find("killed by signal 9"), std::string::npos);
+  EXPECT_FALSE(ChildProcessBenchRunner(dir.Sub("absent"))({"x"}).ok());
+}
+
+TEST(RunReportScript, PassesTheScriptsErrorLineOn) {
+  TempDir dir;
+  const std::string ok_script = dir.Sub("ok.sh"), bad_script = dir.Sub("bad.sh");
+  std::ofstream(ok_script) << "test \"$1\" = sweep && test -d \"$2\"\n";
+  std::ofstream(bad_script) << "echo 'bench_report.py: error: x/results.json: not valid JSON' >&2\nexit 1\n";
+  EXPECT_TRUE(RunReportScript("/bin/sh", ok_script, "sweep", dir.path()).ok());
+  const absl::Status s = RunReportScript("/bin/sh", bad_script, "sweep", dir.path());
+  EXPECT_NE(s.message().find("failed: bench_report.py: error: x/results.json: not valid JSON"), std::string::npos)
+      << s;
+}
+
 }  // namespace
 }  // namespace shardwild
