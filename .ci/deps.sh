@@ -8,7 +8,7 @@ pkgs=(build-essential cmake pkg-config ninja-build g++ python3
       libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev zlib1g-dev
       libgtest-dev libgmock-dev googletest libbenchmark-dev nlohmann-json3-dev
       opencl-headers ocl-icd-opencl-dev dataset-fashion-mnist
-      libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+      libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libcpp-httplib-dev
       python3-matplotlib python3-numpy chromium)
 # (python3-matplotlib draws `bench sweep`'s report; its tests render the page in headless chromium.)
 # (libdnnl-dev is built with the OpenCL GPU runtime; its CMake config needs the OpenCL headers.)

@@ -65,6 +65,7 @@
 #include "workers/evaluator.h"
 #include "workers/store_bench.h"
 #include "workers/job.h"
+#include "workers/live_metrics.h"
 #include "workers/task_trainer.h"
 #include "workers/trainer.h"
 
@@ -272,6 +273,16 @@ bool IsCluster(const ClusterSpecSources& sources) {
          sources.task_index.has_value();
 }
 
+// The live metrics of `train` (metrics.port; workers/live_metrics.h), the
+// chief's: listening before the data loads, so that a port in use is an
+// error before any training. Prints where; nullptr when metrics are off.
+absl::StatusOr<std::unique_ptr<MetricsServer>> ServeChiefMetrics(const Config& config, const LiveMetrics& live) {
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<MetricsServer> server,
+                      ServeLiveMetrics(config.metrics, MetricsProcess::Chief(), live));
+  if (server) std::printf("live metrics: http://%s/metrics\n", server->address().c_str());
+  return server;
+}
+
 // `train` on a cluster: this process is its chief (net/chief_task.h).
 int TrainChief(const Config& config, const ClusterSpecSources& sources, bool as_json, bool fresh) {
   absl::StatusOr<ClusterSpec> spec = ResolveClusterSpec(sources);
@@ -284,9 +295,13 @@ int TrainChief(const Config& config, const ClusterSpecSources& sources, bool as_
               SHARDWILD_VERSION, spec->num_tasks(Role::kPs), spec->num_tasks(Role::kWorker), spec->source.c_str(),
               config.source.c_str());
   std::fflush(stdout);
+  LiveMetrics live(MetricsRole::kChief);
+  absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server = ServeChiefMetrics(config, live);
+  if (!metrics_server.ok()) return Fail(metrics_server.status());
   ProgressReporter progress = ProgressReporter::ForStream(stdout);
   TrainRunOptions run;
   run.fresh = fresh;
+  run.live_metrics = &live;
   JobOptions jo;
   jo.workers = false;  // the chief holds the data; its workers are the worker tasks
   absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(config, jo);
@@ -302,6 +317,9 @@ int Train(const std::string& path, const std::vector<std::string>& sets, bool as
   absl::StatusOr<Config> config = LoadWithOverrides(path, sets);
   if (!config.ok()) return Fail(config.status());
   if (IsCluster(cluster)) return TrainChief(*config, cluster, as_json, fresh);
+  LiveMetrics live(MetricsRole::kChief);
+  absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server = ServeChiefMetrics(*config, live);
+  if (!metrics_server.ok()) return Fail(metrics_server.status());
   absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(*config);
   if (!job.ok()) return Fail(job.status());
   const Placement& p = (*job)->placement();
@@ -319,6 +337,7 @@ int Train(const std::string& path, const std::vector<std::string>& sets, bool as
   ProgressReporter progress = ProgressReporter::ForStream(stdout);
   TrainRunOptions run;
   run.fresh = fresh;
+  run.live_metrics = &live;
   run.worker_command = {"/proc/self/exe", "worker", path};  // train.worker_processes
   for (const std::string& set : sets) run.worker_command.insert(run.worker_command.end(), {"--set", set});
   run.worker_command.insert(run.worker_command.end(), worker_args.begin(), worker_args.end());

@@ -8,6 +8,7 @@
 #include "net/ps_server.h"
 #include "ps_shm/shm_store.h"
 #include "workers/job.h"
+#include "workers/live_metrics.h"
 
 namespace shardwild {
 
@@ -15,6 +16,10 @@ absl::Status RunPsTask(const Config& config, const ClusterSpec& spec, int index,
                        const TaskLog& log) {
   SW_RETURN_IF_ERROR(config.Validate());
   const TaskId task{Role::kPs, index};
+  // Live metrics (metrics.port + 1 + index): the store's version and bytes.
+  LiveMetrics live(MetricsRole::kPs);
+  SW_ASSIGN_OR_RETURN(const std::unique_ptr<MetricsServer> metrics_server,
+                      ServeLiveMetrics(config.metrics, MetricsProcess::PsTask(index), live));
   SW_ASSIGN_OR_RETURN(const int shards, ClusterShards(config, spec));
   SW_ASSIGN_OR_RETURN(const ShardMap map, ShardMap::Make(shards, spec.num_tasks(Role::kPs)));
   SW_ASSIGN_OR_RETURN(Dataset train, LoadDataset(config, config.data.train, config.data.max_train_records, nullptr));
@@ -36,6 +41,8 @@ absl::Status RunPsTask(const Config& config, const ClusterSpec& spec, int index,
   so.placer = topo.get();
   so.tables = std::move(model.tables);
   SW_ASSIGN_OR_RETURN(std::unique_ptr<ShmParamStore> store, ShmParamStore::Create(so, std::move(model.variables)));
+  const LiveMetrics::Attachment live_store =
+      live.AttachStore([s = store.get()] { return s->version(); }, StoreBytesOf(*store));
 
   SW_ASSIGN_OR_RETURN(PsServerOptions server_options, MakePsServerOptions(config.cluster, spec, task));
   if (!config.checkpoint.dir.empty()) {
@@ -45,6 +52,7 @@ absl::Status RunPsTask(const Config& config, const ClusterSpec& spec, int index,
   log(absl::StrCat(task.ToString(), ": serving shards [", map.first_shard(index), ", ",
                    map.first_shard(index) + map.num_shards_of(index), ") of ", shards, " on ", server->address(),
                    " (store ", store->name(), ", ", store->total_bytes() >> 20, " MiB)"));
+  if (metrics_server) log(absl::StrCat(task.ToString(), ": metrics at http://", metrics_server->address(), "/metrics"));
   while (!stop.load(std::memory_order_relaxed)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   log(absl::StrCat(task.ToString(), ": stopping"));
   server->Shutdown(/*grace_s=*/2.0);

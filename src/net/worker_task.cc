@@ -12,6 +12,7 @@
 #include "net/cluster_functions.h"
 #include "net/grpc_util.h"
 #include "workers/job.h"
+#include "workers/live_metrics.h"
 #include "workers/task_workers.h"
 
 namespace shardwild {
@@ -94,12 +95,18 @@ absl::Status RunWorkerTask(const Config& config, const ClusterSpec& spec, int in
                            const FunctionRegistry* functions) {
   SW_RETURN_IF_ERROR(config.Validate());
   const TaskId task{Role::kWorker, index};
+  // Live metrics (metrics.port + 1 + ps tasks + index): the worker threads' counters.
+  LiveMetrics live(MetricsRole::kWorker);
+  SW_ASSIGN_OR_RETURN(
+      const std::unique_ptr<MetricsServer> metrics_server,
+      ServeLiveMetrics(config.metrics, MetricsProcess::WorkerTask(index, spec.num_tasks(Role::kPs)), live));
   SW_ASSIGN_OR_RETURN(std::unique_ptr<ClusterStoreConnection> connection,
                       ConnectClusterStore(config, spec, task, log));
   ClusterParamStore* const store = connection->store.get();
   JobOptions jo;
   jo.store = store;
   SW_ASSIGN_OR_RETURN(std::unique_ptr<Job> job, Job::Create(config, jo));
+  const std::vector<LiveMetrics::Attachment> live_sources = AttachJob(&live, *job);
   SW_ASSIGN_OR_RETURN(PsClientOptions chief, MakePsClientOptions(config.cluster, spec, TaskId{Role::kChief, 0}));
   std::shared_ptr<grpc::Channel> channel = MakeChannel(chief);
   std::unique_ptr<net::Chief::Stub> stub = net::Chief::NewStub(channel);
@@ -107,6 +114,7 @@ absl::Status RunWorkerTask(const Config& config, const ClusterSpec& spec, int in
   for (int p = 0; p < store->num_ps(); ++p) local += store->is_local(p) ? 1 : 0;
   log(absl::StrCat(task.ToString(), ": ", job->num_workers(), " worker threads, ", job->train().count,
                    " training records; ", local, " of ", store->num_ps(), " ps tasks through shared memory"));
+  if (metrics_server) log(absl::StrCat(task.ToString(), ": metrics at http://", metrics_server->address(), "/metrics"));
   FunctionRegistry builtins;
   if (functions == nullptr) {
     SW_RETURN_IF_ERROR(AddBuiltinFunctions(&builtins));

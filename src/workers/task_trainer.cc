@@ -38,6 +38,7 @@
 #include "workers/checkpoint.h"
 #include "workers/coordinator.h"
 #include "workers/dispatcher.h"
+#include "workers/live_metrics.h"
 #include "workers/run_callbacks.h"
 #include "workers/task_workers.h"
 #include "workers/worker.h"
@@ -120,6 +121,11 @@ absl::Status ServeTasks(const Config& config, const WorkerProcessArgs& args, Lin
   if (args.index < 0 || args.index >= workers) {
     return absl::InvalidArgumentError(absl::StrCat("worker index ", args.index, " is not in [0, ", workers, ")"));
   }
+  // Live metrics on metrics.port + 1 + index, listening before the data
+  // loads, so that a port in use fails the start at once.
+  LiveMetrics live(MetricsRole::kWorker);
+  SW_ASSIGN_OR_RETURN(const std::unique_ptr<MetricsServer> metrics_server,
+                      ServeLiveMetrics(config.metrics, MetricsProcess::WorkerProcess(args.index), live));
   const Placement placement = topo->Plan(workers, topo->ResolveShards(config.ps.shards), threads);
   omp_set_dynamic(0);
   omp_set_num_threads(threads);
@@ -142,6 +148,7 @@ absl::Status ServeTasks(const Config& config, const WorkerProcessArgs& args, Lin
   update.max_staleness = config.ps.max_staleness;
   if (config.sparse_optimizer) update.sparse_optimizer = &*config.sparse_optimizer;
   worker->set_update_options(update);
+  const LiveMetrics::Attachment live_worker = live.AttachWorkers({&worker->counters()});
   if (!channel.Send(absl::StrCat("ready ", getpid(), " ", train.count, " ", test ? test->count : 0))) {
     return absl::OkStatus();  // parent gone
   }
@@ -206,6 +213,9 @@ class WorkerProcesses final : public TaskWorkers {
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, child_end, 3);
+    // Nothing else of this process's descriptors reaches the worker (the
+    // metrics server's accepted connections are not close-on-exec).
+    posix_spawn_file_actions_addclosefrom_np(&actions, 4);
     pid_t pid = -1;
     const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&actions);
@@ -397,6 +407,7 @@ int RunWorkerProcess(const absl::StatusOr<Config>& config, const WorkerProcessAr
 absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progress, const TrainRunOptions& options) {
   const Config& cfg = job.config();
   const ExternalTraining* const ext = options.external;
+  LiveMetrics* const live = options.live_metrics;  // may be null
   const bool processes = ext == nullptr && cfg.train.worker_processes;
   if (processes && options.worker_command.empty()) {
     return absl::InvalidArgumentError(
@@ -848,6 +859,7 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
       er.train_accuracy = er.records > 0 ? static_cast<double>(totals.correct) / er.records : 0;
       er.seconds = seconds;
       er.samples_per_s = seconds > 0 ? er.records / seconds : 0;
+      if (er.records > 0 && live != nullptr) live->SetTrainLoss(er.train_loss);
       const bool last_epoch = epoch == epochs;
       if (inline_eval && !stopped_before &&
           (last_epoch || eval_due || (cfg.eval.every_epochs > 0 && epoch % cfg.eval.every_epochs == 0))) {
@@ -900,6 +912,7 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
 
       // An epoch ended: nothing is out, so every worker is idle.
       const DispatcherCounters dc = dispatcher->counters();
+      if (live != nullptr) live->SetTaskCounters(dc.tasks_requeued, dc.worker_failures);
       if (dc.epochs_completed > completed) {
         completed = dc.epochs_completed;
         SW_RETURN_IF_ERROR(end_epoch(/*stopped_before=*/false));
@@ -922,6 +935,7 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
         const double per_step = s.step > 0 ? elapsed / s.step : 0;
         s.eta_s = per_step * ((steps_per_epoch - s.step) + steps_per_epoch * (epochs - epoch));
         progress.Update(s);
+        if (live != nullptr) live->SetTrainLoss(s.loss);
         SW_RETURN_IF_ERROR(callbacks->OnProgress(epoch, base_steps + run_steps, s.loss, s.samples_per_s));
       }
     }
@@ -930,6 +944,7 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
   }
 
   const DispatcherCounters dc = dispatcher->counters();
+  if (live != nullptr) live->SetTaskCounters(dc.tasks_requeued, dc.worker_failures);
   summary.steps = base_steps + run_steps;
   summary.records_seen = first_epoch <= epochs ? dc.records_seen : restored_records;
   summary.tasks_requeued = dc.tasks_requeued;

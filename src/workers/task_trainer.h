@@ -145,7 +145,11 @@
 // Metrics. Every train.log_every_s, from the tasks reported done so far in
 // the epoch, a progress line and a `kind: train` metrics record
 // (RunCallbacks::OnProgress: the epoch's mean train loss and its samples/s,
-// at the global step).
+// at the global step). With TrainRunOptions::live_metrics the loop also
+// publishes that loss (and each epoch's) and the dispatcher's counters
+// there; with metrics.port set, each worker process serves its own worker's
+// counters on metrics.port + 1 + I (workers/live_metrics.h), listening
+// before it loads its data, so that a port in use fails its start (`fatal`).
 //
 // Requirements (Config::Validate and RunTaskTraining): ps.update hogwild or
 // row_lock (sync steps all workers together, trainer.h); worker processes

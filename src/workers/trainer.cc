@@ -9,6 +9,7 @@
 #include "core/io/crc32c.h"
 #include "core/base/random.h"
 #include "workers/checkpoint.h"
+#include "workers/live_metrics.h"
 #include "workers/run_callbacks.h"
 #include "workers/task_trainer.h"
 #include "core/model/partitioner.h"
@@ -162,6 +163,7 @@ absl::Status WriteTrainingCheckpoint(Job& job, CheckpointState state, const RunC
     SW_ASSIGN_OR_RETURN(summary->last_checkpoint, WriteCheckpoint(job.config().checkpoint.dir, job.store(), state, wo));
   }
   ++summary->checkpoints_written;
+  if (options.live_metrics != nullptr) options.live_metrics->AddCheckpoint();
   if (options.stop_after_checkpoints > 0 && summary->checkpoints_written >= options.stop_after_checkpoints) {
     return absl::AbortedError(absl::StrCat("stopped after checkpoint ", summary->last_checkpoint, " (test hook)"));
   }
@@ -216,6 +218,8 @@ std::string TrainingConfigHash(const Config& c) {
 }
 
 absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, const TrainRunOptions& options) {
+  // Scrapes read the workers' counters and the store while the run lasts.
+  const std::vector<LiveMetrics::Attachment> live_sources = AttachJob(options.live_metrics, job);
   // Hogwild and row_lock train in dispatcher tasks (on worker processes or
   // on the job's threads); sync trains in lockstep rounds below.
   if (job.config().train.worker_processes || job.config().ps.update != UpdateMode::kSync) {
@@ -347,6 +351,7 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
       if (samples > 0 && metrics_status.ok()) {
         metrics_status = callbacks->OnProgress(epoch, base_steps + now.steps, s.loss, s.samples_per_s);
       }
+      if (samples > 0 && options.live_metrics != nullptr) options.live_metrics->SetTrainLoss(s.loss);
     };
     const double progress_begin = static_cast<double>(epoch - 1) / cfg.train.epochs;
     const double progress_end = static_cast<double>(epoch) / cfg.train.epochs;
@@ -400,6 +405,7 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
     er.train_accuracy = er.records > 0 ? static_cast<double>(after.correct - before.correct) / er.records : 0;
     er.seconds = seconds;
     er.samples_per_s = seconds > 0 ? er.records / seconds : 0;
+    if (er.records > 0 && options.live_metrics != nullptr) options.live_metrics->SetTrainLoss(er.train_loss);
     const bool last_epoch = epoch == cfg.train.epochs;
     if (inline_eval && !callbacks->stopped() &&
         (last_epoch || (cfg.eval.every_epochs > 0 && epoch % cfg.eval.every_epochs == 0))) {

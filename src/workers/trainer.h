@@ -14,6 +14,7 @@
 
 namespace shardwild {
 
+class LiveMetrics;
 class RunCallbacks;
 struct ExternalTraining;
 
@@ -83,6 +84,11 @@ struct TrainRunOptions {
   // the workers are remote worker tasks (task_trainer.h, ExternalTraining);
   // not owned. nullptr = this machine's store and workers.
   const ExternalTraining* external = nullptr;
+  // Live metrics (metrics.port; workers/live_metrics.h): the run attaches
+  // its job's worker counters and store to it while it trains, and
+  // publishes the train loss of each progress interval and epoch, the
+  // dispatcher's counters and its checkpoints. Not owned; nullptr = none.
+  LiveMetrics* live_metrics = nullptr;
 };
 
 // A hash of the config fields that decide what a run computes (model,

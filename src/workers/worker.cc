@@ -291,6 +291,11 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
     t.backward += Seconds(t4, t5);
     t.push += Seconds(t5, t6);
     t.push_rows += Seconds(t6, t7);
+    const Clock::time_point marks[kNumStepPhases + 1] = {t0, t1, t2, t3, t4, t5, t6, t7};
+    for (int p = 0; p < kNumStepPhases; ++p) {
+      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(marks[p + 1] - marks[p]);
+      counters_.phase_ns[p].fetch_add(ns.count(), std::memory_order_relaxed);
+    }
     counters_.steps.fetch_add(1, std::memory_order_relaxed);
     counters_.samples.fetch_add(valid, std::memory_order_relaxed);
     counters_.loss_sum.fetch_add(loss.loss_sum, std::memory_order_relaxed);

@@ -79,8 +79,16 @@ struct PhaseTimes {
   }
 };
 
+// The phases of a training step as PhaseTimes times them (rows_in_forward
+// is part of forward), in the order of WorkerCounters::phase_ns and of the
+// live metrics' phase label (workers/live_metrics.h).
+inline constexpr int kNumStepPhases = 7;
+inline constexpr const char* kStepPhaseNames[kNumStepPhases] = {"data",     "read_params", "pull_rows", "forward",
+                                                                 "backward", "push",        "push_rows"};
+
 // Progress counters, written by the worker's thread and read by the
-// progress reporter: relaxed atomics, as they publish nothing else.
+// progress reporter and the live metrics: relaxed atomics, as they publish
+// nothing else.
 struct alignas(64) WorkerCounters {
   std::atomic<int64_t> steps{0};
   std::atomic<int64_t> samples{0};
@@ -89,6 +97,9 @@ struct alignas(64) WorkerCounters {
   std::atomic<int64_t> pulls{0};     // training steps that pulled the parameters
   std::atomic<int64_t> rows_pulled{0};  // embedding rows gathered (ids, repeats included)
   std::atomic<int64_t> rows_pushed{0};  // embedding row gradients pushed (ids, before deduplication)
+  // Nanoseconds of training steps spent in each phase (kStepPhaseNames),
+  // added once per step.
+  std::atomic<int64_t> phase_ns[kNumStepPhases]{};
 };
 
 struct EvalResult {

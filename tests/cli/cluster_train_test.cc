@@ -24,12 +24,14 @@
 #include <fstream>
 #include <memory>
 #include <regex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "cli_child.h"
 #include "gtest/gtest.h"
+#include "metrics_scrape.h"
 #include "../net/free_ports.h"
 
 namespace shardwild::clitest {
@@ -402,6 +404,55 @@ TEST(ClusterTrainTest, EvaluatorTaskEvaluatesEveryCheckpoint) {
   const Result e = RunCli(eval);
   ASSERT_EQ(e.code(), 0) << e.err;
   EXPECT_TRUE(Has(e.out, "test loss " + m[1].str() + " acc " + m[2].str())) << e.out << "\nevaluator:\n" << out;
+  c.StopAll();
+}
+
+// metrics.port on every task of a cluster on one machine: the chief on the
+// port, ps task i on port + 1 + i, worker task j on port + 1 + (ps tasks) +
+// j, each serving what it knows (workers/live_metrics.h).
+TEST(ClusterTrainTest, EveryTaskServesLiveMetrics) {
+  SKIP_WITHOUT_DATA();
+  const int port = FreePortRun(3);
+  ASSERT_GT(port, 0);
+  Cluster c(1, 2, Settings("cl-metrics", {"train.epochs=100000", "eval.every_epochs=0", kPromptJoin,
+                                          "metrics.port=" + std::to_string(port)}));
+  ASSERT_TRUE(c.ok());
+  c.StartAll();
+  const auto role = [](const Scrape& s) {
+    return s.parsed.families.at("shardwild_info").samples.at(0).labels.at("role");
+  };
+  const auto families = [](const Scrape& s) {
+    std::set<std::string> names;
+    for (const auto& [name, f] : s.parsed.families) names.insert(name);
+    return names;
+  };
+  const std::optional<Scrape> ps = ScrapeUntil(
+      c.ps(0), port + 1, [](const Scrape& s) { return s.parsed.Value("shardwild_store_version") > 0; },
+      std::chrono::seconds(180));
+  ASSERT_TRUE(ps) << Describe(c, 1, 2);
+  EXPECT_EQ(role(*ps), "ps");
+  EXPECT_EQ(families(*ps),
+            (std::set<std::string>{"shardwild_store_version", "shardwild_store_bytes", "shardwild_info"}));
+  EXPECT_GT(ps->parsed.Value("shardwild_store_bytes", {{"kind", "params"}}), 0);
+  EXPECT_TRUE(Has(c.ps(0).out(), "ps:0: metrics at http://127.0.0.1:" + std::to_string(port + 1) + "/metrics"));
+  for (int j = 0; j < 2; ++j) {
+    const std::optional<Scrape> w = ScrapeUntil(
+        c.worker(j), port + 2 + j, [](const Scrape& s) { return s.parsed.Value("shardwild_samples_total") > 0; },
+        std::chrono::seconds(180));
+    ASSERT_TRUE(w) << "worker:" << j << "\n" << Describe(c, 1, 2);
+    EXPECT_EQ(role(*w), "worker");
+    EXPECT_EQ(families(*w), (std::set<std::string>{"shardwild_samples_total", "shardwild_steps_total",
+                                                   "shardwild_step_phase_seconds_total", "shardwild_info"}));
+  }
+  const std::optional<Scrape> chief = ScrapeUntil(
+      c.chief(), port, [](const Scrape& s) { return s.parsed.Value("shardwild_train_loss") > 0; },
+      std::chrono::seconds(180));
+  ASSERT_TRUE(chief) << Describe(c, 1, 2);
+  EXPECT_EQ(role(*chief), "chief");
+  for (const std::string& family : ChiefFamilies()) EXPECT_TRUE(chief->parsed.families.count(family)) << family;
+  EXPECT_EQ(chief->parsed.Value("shardwild_samples_total"), 0);  // the worker tasks count the steps
+  kill(c.chief().pid(), SIGTERM);
+  c.chief().Wait();
   c.StopAll();
 }
 

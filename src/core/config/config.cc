@@ -541,6 +541,8 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
   Section metrics;
   metrics.leaves["jsonl"] = String(&c->metrics.jsonl);
   metrics.leaves["tensorboard"] = String(&c->metrics.tensorboard);
+  metrics.leaves["port"] = Int(&c->metrics.port);
+  metrics.leaves["bind"] = String(&c->metrics.bind);
 
   Section early;
   early.leaves["monitor"] = String(&c->early_stopping.monitor);

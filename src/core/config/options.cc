@@ -1,5 +1,8 @@
 #include "core/config/options.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -421,10 +424,22 @@ absl::Status ClusterOptions::Validate() const {
   return absl::OkStatus();
 }
 
+absl::Status MetricsOptions::Validate() const {
+  if (port < 0 || port > 65535) {
+    return Bad("metrics.port", absl::StrCat("must be in [1, 65535], or 0 for off, got ", port));
+  }
+  in6_addr addr;
+  if (inet_pton(AF_INET, bind.c_str(), &addr) != 1 && inet_pton(AF_INET6, bind.c_str(), &addr) != 1) {
+    return Bad("metrics.bind", absl::StrCat("expected an IPv4 or IPv6 address such as 127.0.0.1, ::1 or 0.0.0.0, got '",
+                                            bind, "'"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Config::Validate() const {
   for (absl::Status s : {model.Validate(), data.Validate(), train.Validate(), optimizer.Validate(),
                          ps.Validate(), bench.Validate(), topology.Validate(), checkpoint.Validate(),
-                         early_stopping.Validate(), eval.Validate(), cluster.Validate()}) {
+                         early_stopping.Validate(), eval.Validate(), cluster.Validate(), metrics.Validate()}) {
     if (!s.ok()) return s;
   }
   if (train.worker_processes && ps.update == UpdateMode::kSync) {

@@ -381,6 +381,20 @@ struct MetricsOptions {
   // A directory for TensorBoard event files (scalars train/loss,
   // train/samples_per_s, eval/loss, eval/accuracy). Empty = none.
   std::string tensorboard;
+  // Live metrics in the Prometheus text format at http://<bind>:<port>/metrics
+  // (workers/live_metrics.h): 0 = off; else in [1, 65535]. That port is the
+  // chief's (the process of `shardwild train`); the job's other processes
+  // take the ports after it, so that those of one machine never collide
+  // (workers/live_metrics.h, MetricsProcess): worker process k of
+  // train.worker_processes port + 1 + k; in a cluster ps task i
+  // port + 1 + i and worker task j port + 1 + (ps tasks) + j.
+  int port = 0;
+  // The address the metrics server listens on: an IPv4 or IPv6 literal.
+  // Loopback by default; "0.0.0.0" or "::" = every interface, where anyone
+  // who can reach the port may read the metrics (there is no
+  // authentication).
+  std::string bind = "127.0.0.1";
+  absl::Status Validate() const;
 };
 
 struct TopologyOptions {

@@ -1055,5 +1055,33 @@ TEST(ConfigClusterTest, ValidateNamesTheKey) {
   }
 }
 
+TEST(ConfigMetricsTest, PortAndBind) {
+  absl::StatusOr<Config> c = LoadConfigFromString(kMinimal, "m.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->metrics.port, 0);  // off
+  EXPECT_EQ(c->metrics.bind, "127.0.0.1");
+  c = LoadConfigFromString(std::string(kMinimal) + "metrics: {port: 9100, bind: '::'}\n", "m.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->metrics.port, 9100);
+  EXPECT_EQ(c->metrics.bind, "::");
+  c = LoadConfigFromString(kMinimal, "m.yaml", {{"metrics.port", "65535"}, {"metrics.bind", "0.0.0.0"}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->metrics.port, 65535);
+  EXPECT_EQ(c->metrics.bind, "0.0.0.0");
+  const std::pair<const char*, const char*> cases[] = {
+      {"{port: 70000}", "metrics.port: must be in [1, 65535], or 0 for off, got 70000"},
+      {"{port: -1}", "metrics.port: must be in [1, 65535], or 0 for off, got -1"},
+      {"{port: http}", "metrics.port: expected an integer, got 'http'"},
+      {"{bind: localhost}", "metrics.bind: expected an IPv4 or IPv6 address such as 127.0.0.1, ::1 or 0.0.0.0, got 'localhost'"},
+      {"{bind: ''}", "metrics.bind: expected an IPv4 or IPv6 address"},
+      {"{bind: 10.0.0}", "metrics.bind: expected an IPv4 or IPv6 address"},
+      {"{pot: 1}", "unknown key 'metrics.pot'"},
+  };
+  for (const auto& [yaml, message] : cases) {
+    c = LoadConfigFromString(std::string(kMinimal) + "metrics: " + yaml + "\n", "m.yaml");
+    EXPECT_TRUE(MessageContains(c.status(), {"m.yaml", message})) << yaml << ": " << c.status();
+  }
+}
+
 }  // namespace
 }  // namespace shardwild
