@@ -492,6 +492,33 @@ absl::StatusOr<json> LoadSweep(const std::string& dir) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": ", key, ": expected an array"));
     }
   }
+  // What the summaries and the comparison read: grid keys, and each run's
+  // point, grid values (strings) and numbers.
+  for (const json& axis : j.at("grid")) {
+    if (!axis.is_object() || !axis.contains("key") || !axis.at("key").is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": grid: expected objects with a string \"key\""));
+    }
+  }
+  for (size_t i = 0; i < j.at("runs").size(); ++i) {
+    const json& r = j.at("runs")[i];
+    bool ok = r.is_object() && r.contains("point") && r.at("point").is_number_integer() && r.contains("grid") &&
+              r.at("grid").is_object() && (!r.contains("phases") || r.at("phases").is_object());
+    if (ok) {
+      for (const json& axis : j.at("grid")) {
+        const auto v = r.at("grid").find(axis.at("key").get<std::string>());
+        ok = ok && v != r.at("grid").end() && v->is_string();
+      }
+      for (const auto& [key, value] : r.at("grid").items()) ok = ok && value.is_string();
+      for (const char* key : {"workers", "intra_op_threads"}) {
+        ok = ok && (!r.contains(key) || r.at(key).is_number_integer());
+      }
+    }
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": runs[", i, "]: expected an object with an integer \"point\" and a \"grid\" of string values "
+                              "for every grid key"));
+    }
+  }
   try {
     j["points"] = SummarisePoints(j);  // recomputed, so a hand-edited file cannot disagree with its runs
   } catch (const json::exception& e) {

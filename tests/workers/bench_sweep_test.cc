@@ -289,6 +289,18 @@ TEST(LoadSweep, ReadsASweepAndNamesTheFileOtherwise) {
   EXPECT_NE(s.message().find("bad/results.json: not valid JSON"), std::string::npos) << s;
   std::ofstream(dir.Sub("bad/results.json"), std::ios::trunc) << "{\"format\": \"shardwild-bench-sweep\", \"version\": 7}";
   EXPECT_NE(LoadSweep(dir.Sub("bad")).status().message().find("version"), std::string::npos);
+  // Runs that a sweep does not write: named, not thrown.
+  json doc = json::parse(ReadFile(dir.Sub("out/results.json")));
+  for (const auto& [where, value] : std::vector<std::pair<std::string, json>>{
+           {"/runs/3/grid/train.workers", 2}, {"/runs/0/point", "zero"}, {"/runs/1/grid", json::array()},
+           {"/runs/2/phases", 7}, {"/grid/0/key", 5}, {"/runs/4/workers", "two"}}) {
+    json broken = doc;
+    broken[json::json_pointer(where)] = value;
+    std::ofstream(dir.Sub("bad/results.json"), std::ios::trunc) << broken.dump();
+    const absl::Status st = LoadSweep(dir.Sub("bad")).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << where << ": " << st;
+    EXPECT_NE(st.message().find("bad/results.json: "), std::string::npos) << st;
+  }
 }
 
 TEST(CompareSweeps, ASweepAgainstItselfIsOneWithinNoise) {
