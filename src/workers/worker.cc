@@ -248,7 +248,7 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
       // new. After the first step a fused pull came with the last push.
       version_at_pull_ = version;
       if (!(fuse_pull && step > 0)) SW_RETURN_IF_ERROR(PullAll());
-      counters_.pulls.fetch_add(1, std::memory_order_relaxed);
+      WorkerCounters::Bump(counters_.pulls, int64_t{1});
     }
     const auto t2 = Clock::now();
     // Embedding rows are pulled every step: they are the batch's own.
@@ -294,14 +294,14 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
     const Clock::time_point marks[kNumStepPhases + 1] = {t0, t1, t2, t3, t4, t5, t6, t7};
     for (int p = 0; p < kNumStepPhases; ++p) {
       const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(marks[p + 1] - marks[p]);
-      counters_.phase_ns[p].fetch_add(ns.count(), std::memory_order_relaxed);
+      WorkerCounters::Bump(counters_.phase_ns[p], static_cast<int64_t>(ns.count()));
     }
-    counters_.steps.fetch_add(1, std::memory_order_relaxed);
-    counters_.samples.fetch_add(valid, std::memory_order_relaxed);
-    counters_.loss_sum.fetch_add(loss.loss_sum, std::memory_order_relaxed);
-    counters_.correct.fetch_add(loss.correct, std::memory_order_relaxed);
-    counters_.rows_pulled.fetch_add(rows, std::memory_order_relaxed);
-    counters_.rows_pushed.fetch_add(rows, std::memory_order_relaxed);
+    WorkerCounters::Bump(counters_.steps, int64_t{1});
+    WorkerCounters::Bump(counters_.samples, static_cast<int64_t>(valid));
+    WorkerCounters::Bump(counters_.loss_sum, static_cast<double>(loss.loss_sum));
+    WorkerCounters::Bump(counters_.correct, static_cast<int64_t>(loss.correct));
+    WorkerCounters::Bump(counters_.rows_pulled, rows);
+    WorkerCounters::Bump(counters_.rows_pushed, rows);
   }
   if (times) times->Add(t);
   return absl::OkStatus();

@@ -88,7 +88,9 @@ inline constexpr const char* kStepPhaseNames[kNumStepPhases] = {"data",     "rea
 
 // Progress counters, written by the worker's thread and read by the
 // progress reporter and the live metrics: relaxed atomics, as they publish
-// nothing else.
+// nothing else. One thread writes them (the worker's), so it adds with a
+// relaxed load and store (Bump), plain moves on x86, not a locked
+// read-modify-write (a compare-exchange loop for the double) each step.
 struct alignas(64) WorkerCounters {
   std::atomic<int64_t> steps{0};
   std::atomic<int64_t> samples{0};
@@ -100,6 +102,12 @@ struct alignas(64) WorkerCounters {
   // Nanoseconds of training steps spent in each phase (kStepPhaseNames),
   // added once per step.
   std::atomic<int64_t> phase_ns[kNumStepPhases]{};
+
+  // counter += delta, by the counters' one writer.
+  template <class T>
+  static void Bump(std::atomic<T>& counter, T delta) {
+    counter.store(counter.load(std::memory_order_relaxed) + delta, std::memory_order_relaxed);
+  }
 };
 
 struct EvalResult {
