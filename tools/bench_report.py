@@ -618,7 +618,8 @@ def sweep_page(doc, figures_html):
             esc(fmt_ratio(p['parallel_efficiency']))])
         bound_rows.append(grid_cells + [
             esc(fmt_num(med(p['peak_gflops']))), esc(fmt_num(med(p['bf16_peak_gflops']))),
-            esc(fmt_num(med(p['embedding_bound_rows_per_s'])))])
+            # 0: not measured (a model without embedding tables).
+            esc(fmt_num(med(p['embedding_bound_rows_per_s']) or None))])
     points_table = table(keys + ['runs', 'samples/s median', 'min', 'max', 'step ms (median)',
                                  'fraction of peak (median)', 'parallel efficiency'],
                          point_rows, text_columns=len(keys))
