@@ -7,7 +7,7 @@
 //   shardwild bench store [--dim N] [--rows N] [--ids uniform|zipf] [--optimizer O] [--update U]
 //                         [--threads N] [--kind static|dynamic] [--dtype f32|bf16] [--shards N] [--batch N] [--seconds S] [--json]
 //   shardwild bench sweep CONFIG --grid KEY=V1,V2,... [--grid ...] [--repeats N] [--set key=value]... --out DIR
-//   shardwild bench compare A_DIR B_DIR [--out DIR] [--json]
+//   shardwild bench compare A_DIR B_DIR [--out DIR] [--json] [--fail-on-slower]
 //   shardwild bench report DIR
 //   shardwild topology [--synthetic DESC | --xml FILE] [--workers N] [--shards N] [--threads N] [--json]
 //   shardwild data gen --kind criteo|libsvm|text --rows N --out FILE [--seed S] [--classes K] [--json]
@@ -669,7 +669,8 @@ int RedrawReport(const std::string& dir) {
 }
 
 // `bench compare A B [--out DIR]`: B's medians over A's per common point.
-int BenchCompare(const std::string& a_dir, const std::string& b_dir, const std::string& out_dir, bool as_json) {
+int BenchCompare(const std::string& a_dir, const std::string& b_dir, const std::string& out_dir, bool as_json,
+                 bool fail_on_slower) {
   absl::StatusOr<json> a = LoadSweep(a_dir);
   if (!a.ok()) return Fail(a.status());
   absl::StatusOr<json> b = LoadSweep(b_dir);
@@ -690,6 +691,22 @@ int BenchCompare(const std::string& a_dir, const std::string& b_dir, const std::
     std::printf("wrote %s and %s\n", path.c_str(), (std::filesystem::path(out_dir) / "compare.html").c_str());
   }
   if (as_json) std::printf("%s\n", c.dump().c_str());
+  if (fail_on_slower) {
+    // A gate for CI: B slower than A beyond the noise at any common point.
+    std::vector<std::string> slower;
+    for (const json& row : c.at("rows")) {
+      if (row.at("verdict") != "slower") continue;
+      std::vector<std::string> values;
+      for (const auto& [k, v] : row.at("grid").items()) values.push_back(absl::StrCat(k, "=", v.get<std::string>()));
+      slower.push_back(absl::StrFormat("%s (%.3f)", absl::StrJoin(values, " "), row.at("ratio").get<double>()));
+    }
+    if (!slower.empty()) {
+      std::fprintf(stderr, "shardwild: error: bench compare: %s is slower than %s beyond the min-max ranges at %zu "
+                           "point(s): %s\n",
+                   b_dir.c_str(), a_dir.c_str(), slower.size(), absl::StrJoin(slower, ", ").c_str());
+      return 3;
+    }
+  }
   return 0;
 }
 
@@ -1084,6 +1101,9 @@ int main(int argc, char** argv) {
   bench_compare->add_option("b", compare_b, "The sweep to compare with it")->required();
   bench_compare->add_option("--out", compare_out, "Also write DIR/compare.json and the page DIR/compare.html");
   bench_compare->add_flag("--json", as_json, "End with one line of JSON");
+  bool fail_on_slower = false;
+  bench_compare->add_flag("--fail-on-slower", fail_on_slower,
+                          "Exit with status 3 if B is slower than A beyond the min-max ranges at any point");
 
   std::string report_dir;
   CLI::App* bench_report = bench->add_subcommand("report", "Draw a sweep directory's report.html again");
@@ -1183,7 +1203,7 @@ int main(int argc, char** argv) {
     }
     return BenchSweep(sweep);
   }
-  if (bench_compare->parsed()) return BenchCompare(compare_a, compare_b, compare_out, as_json);
+  if (bench_compare->parsed()) return BenchCompare(compare_a, compare_b, compare_out, as_json, fail_on_slower);
   if (bench_report->parsed()) return RedrawReport(report_dir);
   if (bench->parsed()) {
     if (config_path.empty()) {

@@ -126,6 +126,30 @@ class BenchSweepCliTest(unittest.TestCase):
         self.assertIn('train.workers=1 train.batch_size=64', out)
         self.assertTrue(os.path.exists(os.path.join(out_dir, 'compare.html')))
 
+    def test_compare_fails_on_slower_only_when_asked(self):
+        # B: every run of the sweep at half its throughput, so every range is below A's.
+        slow = os.path.join(self.root, 'slow')
+        shutil.copytree(self.sweep, slow)
+        path = os.path.join(slow, 'results.json')
+        with open(path) as f:
+            doc = json.load(f)
+        for run in doc['runs']:
+            run['samples_per_s'] *= 0.5
+        with open(path, 'w') as f:
+            json.dump(doc, f)
+        rc, out, err = shardwild('bench', 'compare', self.sweep, slow)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out.count('slower'), 4, out)
+        self.assertIn('0.500', out)
+        rc, out, err = shardwild('bench', 'compare', self.sweep, slow, '--fail-on-slower')
+        self.assertEqual(rc, 3, err)
+        lines = error_lines(err)
+        self.assertEqual(len(lines), 1, err)
+        self.assertIn('slower than', lines[0])
+        self.assertIn('at 4 point(s)', lines[0])
+        rc, _, err = shardwild('bench', 'compare', slow, self.sweep, '--fail-on-slower')
+        self.assertEqual(rc, 0, err)
+
     def test_report_is_drawn_again_from_the_results(self):
         copy = os.path.join(self.root, 'copy')
         shutil.copytree(self.sweep, copy)
