@@ -127,6 +127,7 @@ LiveMetrics::Values LiveMetrics::Read() const {
   v.tasks_requeued = tasks_requeued_.load(std::memory_order_relaxed);
   v.worker_failures = worker_failures_.load(std::memory_order_relaxed);
   v.checkpoints_written = checkpoints_written_.load(std::memory_order_relaxed);
+  v.job_records = job_records_.load(std::memory_order_relaxed);
   return v;
 }
 
@@ -192,6 +193,11 @@ absl::Status LiveMetrics::Register(MetricRegistry* registry) const {
     SW_RETURN_IF_ERROR(registry->Add(family("shardwild_checkpoints_written_total", MetricType::kCounter,
                                             "Checkpoints this run has written.",
                                             value([](const Values& v) { return v.checkpoints_written; }))));
+    SW_RETURN_IF_ERROR(registry->Add(family(
+        "shardwild_job_records_total", MetricType::kCounter,
+        "Training records of the whole job done so far (resumed runs included), each counted once whichever "
+        "process stepped through it; advances a task at a time when the steps run in other processes.",
+        value([](const Values& v) { return v.job_records; }))));
   }
   return registry->Add(MetricFamily{"shardwild_info",
                                     MetricType::kGauge,

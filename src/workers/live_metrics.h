@@ -137,6 +137,10 @@ class LiveMetrics {
     worker_failures_.store(worker_failures, std::memory_order_relaxed);
   }
   void AddCheckpoint() { checkpoints_written_.fetch_add(1, std::memory_order_relaxed); }
+  // Training records of the whole job done so far, each once, whichever
+  // process stepped through them (the dispatcher's records_seen, or the
+  // lockstep loop's count): the chief's view of the job's progress.
+  void SetJobRecords(int64_t records) { job_records_.store(records, std::memory_order_relaxed); }
 
   // What a scrape reads now.
   struct Values {
@@ -146,6 +150,7 @@ class LiveMetrics {
     StoreBytes store_bytes;
     double train_loss = 0;
     int64_t tasks_requeued = 0, worker_failures = 0, checkpoints_written = 0;
+    int64_t job_records = 0;
   };
   Values Read() const;
 
@@ -174,6 +179,7 @@ class LiveMetrics {
   std::atomic<int64_t> tasks_requeued_{0};
   std::atomic<int64_t> worker_failures_{0};
   std::atomic<int64_t> checkpoints_written_{0};
+  std::atomic<int64_t> job_records_{0};
 };
 
 // Attaches a job's workers and (when it created one) its store to `live`;

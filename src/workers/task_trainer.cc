@@ -912,7 +912,10 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
 
       // An epoch ended: nothing is out, so every worker is idle.
       const DispatcherCounters dc = dispatcher->counters();
-      if (live != nullptr) live->SetTaskCounters(dc.tasks_requeued, dc.worker_failures);
+      if (live != nullptr) {
+        live->SetTaskCounters(dc.tasks_requeued, dc.worker_failures);
+        live->SetJobRecords(dc.records_seen);
+      }
       if (dc.epochs_completed > completed) {
         completed = dc.epochs_completed;
         SW_RETURN_IF_ERROR(end_epoch(/*stopped_before=*/false));
@@ -944,7 +947,10 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
   }
 
   const DispatcherCounters dc = dispatcher->counters();
-  if (live != nullptr) live->SetTaskCounters(dc.tasks_requeued, dc.worker_failures);
+  if (live != nullptr) {
+    live->SetTaskCounters(dc.tasks_requeued, dc.worker_failures);
+    live->SetJobRecords(dc.records_seen);
+  }
   summary.steps = base_steps + run_steps;
   summary.records_seen = first_epoch <= epochs ? dc.records_seen : restored_records;
   summary.tasks_requeued = dc.tasks_requeued;

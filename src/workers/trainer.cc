@@ -351,7 +351,10 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
       if (samples > 0 && metrics_status.ok()) {
         metrics_status = callbacks->OnProgress(epoch, base_steps + now.steps, s.loss, s.samples_per_s);
       }
-      if (samples > 0 && options.live_metrics != nullptr) options.live_metrics->SetTrainLoss(s.loss);
+      if (samples > 0 && options.live_metrics != nullptr) {
+        options.live_metrics->SetTrainLoss(s.loss);
+        options.live_metrics->SetJobRecords(base_records + now.samples);
+      }
     };
     const double progress_begin = static_cast<double>(epoch - 1) / cfg.train.epochs;
     const double progress_end = static_cast<double>(epoch) / cfg.train.epochs;

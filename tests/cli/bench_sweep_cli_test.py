@@ -127,20 +127,25 @@ class BenchSweepCliTest(unittest.TestCase):
         self.assertTrue(os.path.exists(os.path.join(out_dir, 'compare.html')))
 
     def test_compare_fails_on_slower_only_when_asked(self):
-        # B: every run of the sweep at half its throughput, so every range is below A's.
+        # B: every run of the sweep slowed by one factor, small enough that
+        # each point's range falls below A's (a noisy run can spread a range
+        # by 3x on a busy machine).
         slow = os.path.join(self.root, 'slow')
         shutil.copytree(self.sweep, slow)
         path = os.path.join(slow, 'results.json')
         with open(path) as f:
             doc = json.load(f)
+        factor = 0.5 * min(p['samples_per_s']['min'] / p['samples_per_s']['max'] for p in doc['points'])
         for run in doc['runs']:
-            run['samples_per_s'] *= 0.5
+            run['samples_per_s'] *= factor
         with open(path, 'w') as f:
             json.dump(doc, f)
-        rc, out, err = shardwild('bench', 'compare', self.sweep, slow)
+        rc, out, err = shardwild('bench', 'compare', self.sweep, slow, '--json')
         self.assertEqual(rc, 0, err)
-        self.assertEqual(out.count('slower'), 4, out)
-        self.assertIn('0.500', out)
+        self.assertEqual(out.count('slower'), 4 + 4, out)  # the table's and the JSON's
+        for row in json.loads(out.strip().splitlines()[-1])['rows']:
+            self.assertAlmostEqual(row['ratio'], factor, places=9)
+            self.assertEqual(row['verdict'], 'slower')
         rc, out, err = shardwild('bench', 'compare', self.sweep, slow, '--fail-on-slower')
         self.assertEqual(rc, 3, err)
         lines = error_lines(err)

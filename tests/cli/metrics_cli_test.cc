@@ -132,7 +132,8 @@ TEST(MetricsCliTest, TrainServesLiveMetricsThatGrow) {
       {"shardwild_step_phase_seconds_total", "counter"}, {"shardwild_train_loss", "gauge"},
       {"shardwild_store_version", "gauge"},          {"shardwild_store_bytes", "gauge"},
       {"shardwild_tasks_requeued_total", "counter"}, {"shardwild_worker_failures_total", "counter"},
-      {"shardwild_checkpoints_written_total", "counter"}, {"shardwild_info", "gauge"}};
+      {"shardwild_checkpoints_written_total", "counter"}, {"shardwild_job_records_total", "counter"},
+      {"shardwild_info", "gauge"}};
   for (const auto& [family, type] : types) EXPECT_EQ(b.families.at(family).type, type) << family;
   std::set<std::string> phases;
   for (const prometheus_text::Sample& s : b.families.at("shardwild_step_phase_seconds_total").samples) {
@@ -269,8 +270,13 @@ TEST(MetricsCliTest, WorkerProcessesServeTheNextPorts) {
                   std::chrono::seconds(60));
   ASSERT_TRUE(chief) << child.out() << child.err();
   for (const std::string& family : ChiefFamilies()) EXPECT_TRUE(chief->parsed.families.count(family)) << family;
-  // Its own worker threads are idle: the worker processes count the steps.
+  // Its own worker threads are idle: the worker processes count the steps,
+  // and the chief the job's records, task by task.
   EXPECT_EQ(chief->parsed.Value("shardwild_samples_total"), 0);
+  const std::optional<Scrape> progressed = ScrapeUntil(
+      child, port, [](const Scrape& s) { return s.parsed.Value("shardwild_job_records_total") > 0; },
+      std::chrono::seconds(60));
+  ASSERT_TRUE(progressed) << "the chief counted no records of finished tasks\n" << child.out() << child.err();
   Stop(child, {port, port + 1, port + 2});  // the worker processes die with the chief
   EXPECT_TRUE(ShmEntriesContaining(job).empty()) << "shared memory left behind";
 }

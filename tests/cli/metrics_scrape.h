@@ -113,7 +113,7 @@ inline const std::vector<std::string>& ChiefFamilies() {
       "shardwild_samples_total",         "shardwild_steps_total",           "shardwild_step_phase_seconds_total",
       "shardwild_train_loss",            "shardwild_store_version",         "shardwild_store_bytes",
       "shardwild_tasks_requeued_total",  "shardwild_worker_failures_total", "shardwild_checkpoints_written_total",
-      "shardwild_info"};
+      "shardwild_job_records_total",     "shardwild_info"};
   return kFamilies;
 }
 

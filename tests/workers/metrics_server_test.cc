@@ -159,6 +159,7 @@ TEST(LiveMetricsTest, EachRoleServesWhatItKnows) {
                                        "shardwild_tasks_requeued_total",
                                        "shardwild_worker_failures_total",
                                        "shardwild_checkpoints_written_total",
+                                       "shardwild_job_records_total",
                                        "shardwild_info"};
   EXPECT_EQ(FamiliesOf(LiveMetrics(MetricsRole::kChief)), chief);
   EXPECT_EQ(FamiliesOf(LiveMetrics(MetricsRole::kWorker)),
@@ -194,6 +195,7 @@ TEST(LiveMetricsTest, ReadsAttachedSourcesAndKeepsWhatTheyCounted) {
     LiveMetrics::Attachment store = live.AttachStore([&version] { return version; }, StoreBytes{1000, 2000, 30});
     live.SetTrainLoss(0.25);
     live.SetTaskCounters(3, 1);
+    live.SetJobRecords(4096);
     live.AddCheckpoint();
     live.AddCheckpoint();
     p = prometheus_text::Parse(registry.Render());
@@ -212,6 +214,7 @@ TEST(LiveMetricsTest, ReadsAttachedSourcesAndKeepsWhatTheyCounted) {
     EXPECT_EQ(p.Value("shardwild_tasks_requeued_total"), 3);
     EXPECT_EQ(p.Value("shardwild_worker_failures_total"), 1);
     EXPECT_EQ(p.Value("shardwild_checkpoints_written_total"), 2);
+    EXPECT_EQ(p.Value("shardwild_job_records_total"), 4096);
     // Live: a step later, the next scrape sees it.
     a.samples += 64;
     version = 9;
