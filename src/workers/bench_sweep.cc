@@ -133,14 +133,15 @@ bool IsSweepDir(const std::string& dir) {
   std::ifstream in(std::filesystem::path(dir) / "results.json");
   if (!in) return false;
   json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
-  return j.is_object() && j.value("format", "") == kSweepFormat;
+  return j.is_object() && j.contains("format") && j.at("format") == kSweepFormat;
 }
 
 // Median, minimum and maximum of `v` (non-empty).
 json Stats(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
-  const double median = n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  // (Halves first: the sum of two large values may overflow.)
+  const double median = n % 2 == 1 ? v[n / 2] : 0.5 * v[n / 2 - 1] + 0.5 * v[n / 2];
   return {{"median", median}, {"min", v.front()}, {"max", v.back()}};
 }
 
@@ -253,7 +254,7 @@ BenchRunner ChildProcessBenchRunner(std::string exe) {
       return absl::AbortedError(error_line.empty() ? absl::StrCat("the bench ", how) : error_line);
     }
     json j = json::parse(LastLine(r.out), nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object() || !j.contains("samples_per_s")) {
+    if (!j.is_object() || !j.contains("samples_per_s") || !j.at("samples_per_s").is_number()) {
       return absl::InternalError("the bench printed no JSON summary as its last line");
     }
     return j;
@@ -479,12 +480,18 @@ absl::StatusOr<json> LoadSweep(const std::string& dir) {
     return absl::NotFoundError(absl::StrCat(path, ": cannot read it (", std::strerror(errno),
                                             "); expected the directory of a `shardwild bench sweep`"));
   }
-  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseSweep(text.str(), path);
+}
+
+absl::StatusOr<json> ParseSweep(absl::string_view text, const std::string& path) {
+  json j = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
-  if (!j.is_object() || j.value("format", "") != kSweepFormat) {
+  if (!j.is_object() || !j.contains("format") || j.at("format") != kSweepFormat) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": format: expected \"", kSweepFormat, "\""));
   }
-  if (j.value("version", 0) != kSweepVersion) {
+  if (!j.contains("version") || j.at("version") != kSweepVersion) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": version: expected ", kSweepVersion));
   }
   for (const char* key : {"grid", "runs"}) {
@@ -509,8 +516,10 @@ absl::StatusOr<json> LoadSweep(const std::string& dir) {
         ok = ok && v != r.at("grid").end() && v->is_string();
       }
       for (const auto& [key, value] : r.at("grid").items()) ok = ok && value.is_string();
+      // Thread counts as a machine has them (their product must not overflow).
       for (const char* key : {"workers", "intra_op_threads"}) {
-        ok = ok && (!r.contains(key) || r.at(key).is_number_integer());
+        ok = ok && (!r.contains(key) || (r.at(key).is_number_integer() && r.at(key).get<int64_t>() >= 0 &&
+                                         r.at(key).get<int64_t>() <= (1 << 16)));
       }
     }
     if (!ok) {

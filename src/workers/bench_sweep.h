@@ -108,6 +108,10 @@ std::string SweepCsv(const nlohmann::json& results);
 // Reads DIR/results.json of a sweep. NotFound or InvalidArgument naming the
 // file otherwise.
 absl::StatusOr<nlohmann::json> LoadSweep(const std::string& dir);
+// The same from the file's text (`path` names it in errors): a sweep as
+// RunSweep writes it, with its points recomputed from its runs; any other
+// text, however malformed, is InvalidArgument, never an exception.
+absl::StatusOr<nlohmann::json> ParseSweep(absl::string_view text, const std::string& path);
 
 // For each point present in both sweeps (the same grid values), the ratio of
 // the median samples/s (b over a), whether the min-max ranges overlap, and a

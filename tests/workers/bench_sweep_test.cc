@@ -301,6 +301,15 @@ TEST(LoadSweep, ReadsASweepAndNamesTheFileOtherwise) {
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << where << ": " << st;
     EXPECT_NE(st.message().find("bad/results.json: "), std::string::npos) << st;
   }
+  // Fields of the wrong type where a value() would throw, and thread counts
+  // whose product would overflow: errors too (ParseSweep never throws).
+  for (const auto& [where, value] : std::vector<std::pair<std::string, json>>{
+           {"/format", 1}, {"/version", "1"}, {"/runs/0/workers", int64_t{1} << 40}, {"/runs/0/intra_op_threads", -1}}) {
+    json broken = doc;
+    broken[json::json_pointer(where)] = value;
+    EXPECT_EQ(ParseSweep(broken.dump(), "x.json").status().code(), absl::StatusCode::kInvalidArgument) << where;
+  }
+  EXPECT_TRUE(ParseSweep(doc.dump(), "x.json").ok());
 }
 
 TEST(CompareSweeps, ASweepAgainstItselfIsOneWithinNoise) {
