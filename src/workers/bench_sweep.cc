@@ -456,18 +456,20 @@ std::string SweepCsv(const json& results) {
   for (const std::string& phase : PhaseNames()) header.push_back("phase_" + phase);
   for (const char* m : {"cpu_model", "cores", "numa_nodes", "isa", "commit"}) header.push_back(m);
   std::string csv = absl::StrJoin(header, ",") + "\n";
-  const json& machine = results.at("machine");
+  // A field of an object, or null where it has none (a results.json read
+  // back may lack what RunSweep always writes).
+  static const json kNull;
+  auto field = [](const json& o, const std::string& key) -> const json& {
+    return o.is_object() && o.contains(key) ? o.at(key) : kNull;
+  };
+  const json& machine = field(results, "machine");
   for (const json& r : results.at("runs")) {
-    std::vector<std::string> row = {CsvValue(r.at("point")), CsvValue(r.at("repeat")), CsvValue(r.at("order"))};
-    for (const std::string& k : keys) row.push_back(CsvValue(r.at("grid").at(k)));
-    for (const std::string& c : kRunColumns) row.push_back(r.contains(c) ? CsvValue(r.at(c)) : std::string());
-    for (const std::string& phase : PhaseNames()) {
-      const json& ph = r.at("phases");
-      row.push_back(ph.contains(phase) ? CsvValue(ph.at(phase)) : std::string());
-    }
-    for (const char* m : {"cpu_model", "cores", "numa_nodes", "isa", "commit"}) {
-      row.push_back(machine.is_object() && machine.contains(m) ? CsvValue(machine.at(m)) : std::string());
-    }
+    std::vector<std::string> row = {CsvValue(field(r, "point")), CsvValue(field(r, "repeat")),
+                                    CsvValue(field(r, "order"))};
+    for (const std::string& k : keys) row.push_back(CsvValue(field(field(r, "grid"), k)));
+    for (const std::string& c : kRunColumns) row.push_back(CsvValue(field(r, c)));
+    for (const std::string& phase : PhaseNames()) row.push_back(CsvValue(field(field(r, "phases"), phase)));
+    for (const char* m : {"cpu_model", "cores", "numa_nodes", "isa", "commit"}) row.push_back(CsvValue(field(machine, m)));
     csv += absl::StrJoin(row, ",") + "\n";
   }
   return csv;
@@ -526,6 +528,22 @@ absl::StatusOr<json> ParseSweep(absl::string_view text, const std::string& path)
       return absl::InvalidArgumentError(absl::StrCat(
           path, ": runs[", i, "]: expected an object with an integer \"point\" and a \"grid\" of string values "
                               "for every grid key"));
+    }
+  }
+  // One grid per point, and one point per grid (the comparison matches
+  // points by their grid values).
+  std::map<int64_t, std::string> grid_of;
+  std::map<std::string, int64_t> point_of;
+  for (size_t i = 0; i < j.at("runs").size(); ++i) {
+    const json& r = j.at("runs")[i];
+    const int64_t p = r.at("point").get<int64_t>();
+    const std::string g = r.at("grid").dump();
+    const auto [gi, new_point] = grid_of.emplace(p, g);
+    const auto [pi, new_grid] = point_of.emplace(g, p);
+    if ((!new_point && gi->second != g) || (!new_grid && pi->second != p)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": runs[", i, "]: point ", p, " with grid ", g,
+          ": each point has one set of grid values, and no two points the same"));
     }
   }
   try {

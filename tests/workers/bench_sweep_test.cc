@@ -310,6 +310,21 @@ TEST(LoadSweep, ReadsASweepAndNamesTheFileOtherwise) {
     EXPECT_EQ(ParseSweep(broken.dump(), "x.json").status().code(), absl::StatusCode::kInvalidArgument) << where;
   }
   EXPECT_TRUE(ParseSweep(doc.dump(), "x.json").ok());
+  // A point whose runs disagree on its grid values, or two points with the
+  // same values (the comparison matches points by them).
+  json twice = doc;
+  twice["runs"][1]["grid"] = twice["runs"][0]["grid"];
+  EXPECT_NE(ParseSweep(twice.dump(), "x.json").status().message().find("no two points the same"), std::string::npos);
+  json moved = doc;
+  moved["runs"][4]["grid"] = moved["runs"][1]["grid"];
+  EXPECT_FALSE(ParseSweep(moved.dump(), "x.json").ok());
+  // Without the machine (or other fields a sweep always writes but nothing
+  // needs), it still reads and writes CSV.
+  json bare = doc;
+  bare.erase("machine");
+  absl::StatusOr<json> read = ParseSweep(bare.dump(), "x.json");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_NE(SweepCsv(*read).find("\n0,0,0,1,64,"), std::string::npos);
 }
 
 TEST(CompareSweeps, ASweepAgainstItselfIsOneWithinNoise) {
