@@ -187,20 +187,16 @@ json HugePagesJson(const HugePageStatus& h) {
 
 // The end of `train`: the result line and, with --json, the summary.
 void PrintTrainSummary(const TrainSummary& s, Job& job, bool as_json) {
-  if (s.already_complete) {
-    if (s.test_accuracy) {
-      std::string extra;
-      for (const auto& [name, value] : s.test_metrics) absl::StrAppendFormat(&extra, ", %s %.4f", name.substr(5), value);
-      std::printf("already complete: the final model (step %ld) has test accuracy %.4f (test loss %.4f%s); "
-                  "nothing was trained\n",
-                  static_cast<long>(s.steps), *s.test_accuracy, *s.test_loss, extra.c_str());
-    } else {
-      std::printf("already complete: the final checkpoint (step %ld) is the newest; nothing was trained "
-                  "(--fresh starts over)\n", static_cast<long>(s.steps));
-    }
+  std::string extra;  // ", auc 0.7712, ..." for the metrics the head adds
+  for (const auto& [name, value] : s.test_metrics) absl::StrAppendFormat(&extra, ", %s %.4f", name.substr(5), value);
+  if (s.already_complete && s.test_accuracy) {
+    std::printf("already complete: the final model (step %ld) has test accuracy %.4f (test loss %.4f%s); "
+                "nothing was trained\n",
+                static_cast<long>(s.steps), *s.test_accuracy, *s.test_loss, extra.c_str());
+  } else if (s.already_complete) {
+    std::printf("already complete: the final checkpoint (step %ld) is the newest; nothing was trained "
+                "(--fresh starts over)\n", static_cast<long>(s.steps));
   } else if (s.test_accuracy) {
-    std::string extra;
-    for (const auto& [name, value] : s.test_metrics) absl::StrAppendFormat(&extra, ", %s %.4f", name.substr(5), value);
     std::printf("test accuracy: %.4f (test loss %.4f%s) after %d epochs, %.0f samples/s, %.1f s\n", *s.test_accuracy,
                 *s.test_loss, extra.c_str(), s.epochs, s.samples_per_s, s.wall_s);
   } else {

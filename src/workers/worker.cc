@@ -14,7 +14,6 @@ namespace shardwild {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 }  // namespace
 
@@ -283,19 +282,15 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
       if (lookups > 0) SW_RETURN_IF_ERROR(UpdateRows(sparse_lr));
     }
     const auto t7 = Clock::now();
-    t.data += Seconds(t0, t1);
-    t.read_params += Seconds(t1, t2);
-    t.pull_rows += Seconds(t2, t3);
-    t.forward += Seconds(t3, t4);
-    t.rows_in_forward += model_->TakeInPlacePoolSeconds();
-    t.backward += Seconds(t4, t5);
-    t.push += Seconds(t5, t6);
-    t.push_rows += Seconds(t6, t7);
+    // Each phase's time, once: into this call's PhaseTimes and the live
+    // counters.
     const Clock::time_point marks[kNumStepPhases + 1] = {t0, t1, t2, t3, t4, t5, t6, t7};
     for (int p = 0; p < kNumStepPhases; ++p) {
-      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(marks[p + 1] - marks[p]);
-      WorkerCounters::Bump(counters_.phase_ns[p], static_cast<int64_t>(ns.count()));
+      const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(marks[p + 1] - marks[p]).count();
+      t.*kStepPhaseFields[p] += static_cast<double>(ns) * 1e-9;
+      WorkerCounters::Bump(counters_.phase_ns[p], ns);
     }
+    t.rows_in_forward += model_->TakeInPlacePoolSeconds();
     WorkerCounters::Bump(counters_.steps, int64_t{1});
     WorkerCounters::Bump(counters_.samples, static_cast<int64_t>(valid));
     WorkerCounters::Bump(counters_.loss_sum, static_cast<double>(loss.loss_sum));

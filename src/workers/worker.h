@@ -85,6 +85,10 @@ struct PhaseTimes {
 inline constexpr int kNumStepPhases = 7;
 inline constexpr const char* kStepPhaseNames[kNumStepPhases] = {"data",     "read_params", "pull_rows", "forward",
                                                                  "backward", "push",        "push_rows"};
+// The PhaseTimes field of each, in the same order.
+inline constexpr double PhaseTimes::*kStepPhaseFields[kNumStepPhases] = {
+    &PhaseTimes::data,     &PhaseTimes::read_params, &PhaseTimes::pull_rows, &PhaseTimes::forward,
+    &PhaseTimes::backward, &PhaseTimes::push,        &PhaseTimes::push_rows};
 
 // Progress counters, written by the worker's thread and read by the
 // progress reporter and the live metrics: relaxed atomics, as they publish
