@@ -305,18 +305,6 @@ absl::Status CheckSweep(const SweepOptions& options,
   return absl::OkStatus();
 }
 
-absl::Status WriteFileAtomically(const std::string& path, const std::string& text) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) return absl::InternalError(absl::StrCat(path, ": cannot write: ", std::strerror(errno)));
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (std::fclose(f) != 0 || !ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    return absl::InternalError(absl::StrCat(path, ": write failed: ", std::strerror(err)));
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<json> RunSweep(const SweepOptions& options, const BenchRunner& run,
                               const std::function<void(const SweepProgress&)>& progress) {

@@ -25,6 +25,7 @@
 
 #include <functional>
 #include <string>
+#include "core/io/atomic_file.h"  // WriteFileAtomically (results.json, results.csv, compare.json)
 #include "absl/strings/string_view.h"
 #include <vector>
 
@@ -121,10 +122,6 @@ nlohmann::json CompareSweeps(const nlohmann::json& a, const nlohmann::json& b, c
                              const std::string& b_name);
 // The comparison as a table for the terminal.
 std::string FormatComparison(const nlohmann::json& comparison);
-
-// Writes `text` to `path` through a temporary file in the same directory and
-// a rename, so a reader sees the old file or the new one.
-absl::Status WriteFileAtomically(const std::string& path, const std::string& text);
 
 // Runs `PYTHON SCRIPT MODE DIR` (tools/bench_report.py) to draw DIR's
 // report: MODE "sweep" writes DIR/report.html from results.json, "compare"

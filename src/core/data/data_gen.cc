@@ -18,6 +18,7 @@
 #include "core/metrics/metrics.h"
 #include "core/base/random.h"
 #include "core/base/status.h"
+#include "core/io/atomic_file.h"
 #include "core/io/writable_file.h"
 
 namespace shardwild {
@@ -498,29 +499,19 @@ absl::Status DataGenOptions::Validate() const {
 
 absl::StatusOr<DataGenResult> GenerateData(const DataGenOptions& options) {
   SW_RETURN_IF_ERROR(options.Validate());
-  const std::string tmp = absl::StrCat(options.out, ".tmp.", ::getpid());
-  SW_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, WritableFile::Open(tmp));
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFile> out, AtomicFile::Open(options.out, /*sync=*/true));
+  WritableFile* file = &out->file();
   DataGenResult result;
   result.rows = options.rows;
-  absl::Status s;
   if (options.kind == "criteo") {
-    s = GenerateCriteo(options, file.get(), &result);
+    SW_RETURN_IF_ERROR(GenerateCriteo(options, file, &result));
   } else if (options.kind == "libsvm") {
-    s = GenerateLibsvm(options, file.get(), &result);
+    SW_RETURN_IF_ERROR(GenerateLibsvm(options, file, &result));
   } else {
-    s = GenerateText(options, file.get(), &result);
+    SW_RETURN_IF_ERROR(GenerateText(options, file, &result));
   }
-  if (s.ok()) s = file->Sync();
-  if (s.ok()) s = file->Close();
   result.bytes = static_cast<int64_t>(file->bytes_appended());
-  file.reset();
-  if (s.ok() && std::rename(tmp.c_str(), options.out.c_str()) != 0) {
-    s = absl::ErrnoToStatus(errno, absl::StrCat(options.out, ": rename from ", tmp));
-  }
-  if (!s.ok()) {
-    std::remove(tmp.c_str());
-    return s;
-  }
+  SW_RETURN_IF_ERROR(out->Commit());
   return result;
 }
 

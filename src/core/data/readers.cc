@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/io/crc32c.h"
 #include "core/base/status.h"
+#include "core/io/atomic_file.h"
 #include "core/io/writable_file.h"
 
 namespace shardwild {
@@ -1110,19 +1111,11 @@ absl::Status WriteCache(const std::string& cache, CacheHeader h, const Dataset& 
   const std::string payload = Serialize(d);
   h.payload_size = payload.size();
   h.payload_crc = Crc32c(payload.data(), payload.size());
-  // Unique per process and call: two reads of one file may race to write it.
-  static std::atomic<uint64_t> sequence{0};
-  const std::string tmp = absl::StrCat(cache, ".tmp.", ::getpid(), ".", sequence.fetch_add(1, std::memory_order_relaxed));
-  SW_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, WritableFile::Open(tmp));
-  absl::Status s = f->Append(absl::string_view(reinterpret_cast<const char*>(&h), sizeof h));
-  if (s.ok()) s = f->Append(absl::string_view(payload));
-  if (s.ok()) s = f->Sync();
-  if (s.ok()) s = f->Close();
-  if (s.ok() && std::rename(tmp.c_str(), cache.c_str()) != 0) {
-    s = absl::InternalError(absl::StrCat(cache, ": rename: ", std::strerror(errno)));
-  }
-  if (!s.ok()) std::remove(tmp.c_str());
-  return s;
+  // Two reads of one file may race to write it: each has its own temporary file.
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFile> f, AtomicFile::Open(cache, /*sync=*/true));
+  SW_RETURN_IF_ERROR(f->Append(absl::string_view(reinterpret_cast<const char*>(&h), sizeof h)));
+  SW_RETURN_IF_ERROR(f->Append(absl::string_view(payload)));
+  return f->Commit();
 }
 
 }  // namespace
@@ -1213,5 +1206,7 @@ absl::StatusOr<Dataset> ReadDataset(const std::string& path, const ReadOptions& 
   }
   return d;
 }
+
+float ApplyDenseTransform(double x, DenseTransform t) { return Transform(x, t); }
 
 }  // namespace shardwild

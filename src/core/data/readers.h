@@ -61,6 +61,10 @@
 
 namespace shardwild {
 
+// data.dense_transform applied to one raw dense value, as the Criteo and CSV
+// readers apply it (log1p and log3 clamp below 0 and -2).
+float ApplyDenseTransform(double x, DenseTransform t);
+
 struct ReadOptions {
   DataFormat format = DataFormat::kCriteo;  // not kIdx (core/data/idx_reader.h reads those)
   LabelKind labels = LabelKind::kBinary;
