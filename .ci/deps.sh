@@ -9,8 +9,11 @@ pkgs=(build-essential cmake pkg-config ninja-build g++ python3
       libgtest-dev libgmock-dev googletest libbenchmark-dev nlohmann-json3-dev
       opencl-headers ocl-icd-opencl-dev dataset-fashion-mnist
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libcpp-httplib-dev
-      python3-matplotlib python3-numpy chromium)
+      python3-matplotlib python3-numpy chromium
+      python3-dev pybind11-dev python3-pytest python3-torch libopenblas0-pthread)
 # (python3-matplotlib draws `bench sweep`'s report; its tests render the page in headless chromium.)
+# (pybind11-dev and python3-dev build the Python package; python3-pytest runs its
+#  tests; python3-torch runs its PyTorch tests and examples.)
 # (libdnnl-dev is built with the OpenCL GPU runtime; its CMake config needs the OpenCL headers.)
 
 for arg in "$@"; do

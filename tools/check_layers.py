@@ -33,6 +33,8 @@ ALLOWED['ps_shm'] = CORE | {'ps_shm'}
 ALLOWED['workers'] = ALLOWED['ps_shm'] | {'workers'}
 ALLOWED['net'] = ALLOWED['workers'] | {'net'}
 ALLOWED['cli'] = ALLOWED['net'] | {'cli'}
+# The Python extension module sits on the workers layer, beside net and cli.
+ALLOWED['python'] = ALLOWED['workers'] | {'python'}
 TOP = {room: room.split('/')[0] for room in ALLOWED}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')

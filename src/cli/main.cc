@@ -52,6 +52,7 @@
 #include "core/base/status.h"
 #include "core/config/config.h"
 #include "core/data/data_gen.h"
+#include "core/io/atomic_file.h"
 #include "core/base/mutex.h"
 #include "net/chief_task.h"
 #include "net/cluster_setup.h"
@@ -64,6 +65,7 @@
 #include "workers/bench_sweep.h"
 #include "workers/evaluator.h"
 #include "workers/store_bench.h"
+#include "workers/summary_json.h"
 #include "workers/job.h"
 #include "workers/live_metrics.h"
 #include "workers/task_trainer.h"
@@ -107,84 +109,6 @@ absl::StatusOr<Config> LoadWithOverrides(const std::string& path, const std::vec
   return LoadConfig(path, overrides);
 }
 
-json Optional(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
-
-// store.memory of the train summary, summed over the replicas: bytes of
-// parameters, optimizer slots and everything else, and per embedding table
-// the bytes a row takes (bytes_per_row, of which meta_bytes_per_row are
-// metadata) and the same split.
-json StoreMemoryJson(ReplicatedStore& store) {
-  ShmParamStore::Memory m;
-  for (int r = 0; r < store.num_replicas(); ++r) {
-    const ShmParamStore::Memory rm = store.replica(r).memory();
-    m.params += rm.params;
-    m.slots += rm.slots;
-    m.overhead += rm.overhead;
-    if (r == 0) {
-      m.tables = rm.tables;
-      continue;
-    }
-    for (size_t t = 0; t < rm.tables.size(); ++t) {
-      m.tables[t].rows += rm.tables[t].rows;
-      m.tables[t].params += rm.tables[t].params;
-      m.tables[t].slots += rm.tables[t].slots;
-      m.tables[t].overhead += rm.tables[t].overhead;
-    }
-  }
-  json tables = json::array();
-  for (const ShmParamStore::TableMemory& t : m.tables) {
-    tables.push_back({{"name", t.name},
-                      {"dtype", t.bf16 ? "bf16" : "f32"},
-                      {"rows", t.rows},
-                      {"bytes_per_row", t.bytes_per_row},
-                      {"meta_bytes_per_row", t.meta_bytes_per_row},
-                      {"params_bytes", t.params},
-                      {"slot_bytes", t.slots},
-                      {"overhead_bytes", t.overhead}});
-  }
-  return {{"params_bytes", m.params}, {"slot_bytes", m.slots}, {"overhead_bytes", m.overhead}, {"tables", tables}};
-}
-
-// store.replication of the train summary: what ps.replication chose and why.
-json ReplicationJson(ReplicatedStore& store) {
-  const ReplicationPlan& p = store.plan();
-  return {{"policy", ReplicationPolicyName(p.policy)},
-          {"reason", p.reason},
-          {"replicas", store.num_replicas()},
-          {"replica_nodes", p.replica_nodes},
-          {"sync_every", p.sync_every},
-          {"averagings", store.averagings()}};
-}
-
-// One entry per shard of the first replica: its NUMA node and its model version.
-json ShardsJson(Job& job) {
-  json shards = json::array();
-  const StoreLayout& l = job.store().layout();
-  for (int s = 0; s < l.num_shards; ++s) {
-    shards.push_back({{"index", s}, {"node", l.shard_nodes[s]}, {"version", job.store().shard_version(s)}});
-  }
-  return shards;
-}
-
-// store.huge_pages of the train summary; an unknown value is null.
-// Rows the readers left out, by reason: {"train": {...}, "test": {...}, "total": N}.
-json SkippedJson(const SkippedRows& train, const Dataset* test) {
-  json j = {{"train", train.by_reason}, {"total", train.total()}};
-  if (test != nullptr) {
-    j["test"] = test->skipped.by_reason;
-    j["total"] = train.total() + test->skipped.total();
-  }
-  return j;
-}
-
-json HugePagesJson(const HugePageStatus& h) {
-  auto text = [](const std::string& v) { return v.empty() ? json(nullptr) : json(v); };
-  return {{"requested", h.requested},
-          {"shmem_enabled", text(h.shmem_enabled)},
-          {"tmpfs_huge", text(h.tmpfs_huge)},
-          {"granted_bytes", h.granted_bytes ? json(*h.granted_bytes) : json(nullptr)}};
-}
-
 // The end of `train`: the result line and, with --json, the summary.
 void PrintTrainSummary(const TrainSummary& s, Job& job, bool as_json) {
   std::string extra;  // ", auc 0.7712, ..." for the metrics the head adds
@@ -203,63 +127,7 @@ void PrintTrainSummary(const TrainSummary& s, Job& job, bool as_json) {
     std::printf("done: %d epochs, train loss %.4f, %.0f samples/s, %.1f s\n", s.epochs, s.train_loss,
                 s.samples_per_s, s.wall_s);
   }
-  if (as_json) {
-    // A job that was already complete trained nothing: no throughput and no
-    // training loss to report (null), and says so.
-    json j = {{"samples_per_s", s.already_complete ? json(nullptr) : json(s.samples_per_s)},
-              {"already_complete", s.already_complete},
-              {"epochs", s.epochs},
-              {"precision", PrecisionName(job.config().model.precision)},
-              {"workers", s.workers},
-              {"intra_op_threads", s.intra_op_threads},
-              {"shards", s.shards},
-              {"steps", s.steps},
-              {"records_seen", s.records_seen},
-              {"eval_records_seen", s.eval_records_seen},
-              {"tasks_requeued", s.tasks_requeued},
-              {"worker_failures", s.worker_failures},
-              {"resumed_from_step", s.resumed_from_step ? json(*s.resumed_from_step) : json(nullptr)},
-              {"checkpoints_written", s.checkpoints_written},
-              {"last_checkpoint", s.last_checkpoint.empty() ? json(nullptr) : json(s.last_checkpoint)},
-              {"skipped_checkpoints", s.skipped_checkpoints},
-              {"stopped_early_at_epoch",
-               s.stopped_early_at_epoch ? json(*s.stopped_early_at_epoch) : json(nullptr)},
-              {"train_loss", s.already_complete ? json(nullptr) : json(s.train_loss)},
-              {"test_loss", Optional(s.test_loss)},
-              {"test_accuracy", Optional(s.test_accuracy)},
-              {"wall_s", s.wall_s},
-              {"model_version", s.model_version},
-              {"store", {{"name", s.store_name}, {"bytes", s.store_bytes}}}};
-    if (job.has_local_store()) {
-      j["store"]["memory"] = StoreMemoryJson(job.replicas());
-      j["store"]["setup_s"] = job.store_setup_seconds();
-      j["store"]["replication"] = ReplicationJson(job.replicas());
-      j["store"]["shards"] = ShardsJson(job);
-      j["store"]["huge_pages"] = HugePagesJson(job.store().huge_pages());
-    }
-    json hist = json::array();
-    for (const EpochResult& e : s.history) {
-      json h = {{"epoch", e.epoch},
-                {"records", e.records},
-                {"train_loss", e.train_loss},
-                {"train_accuracy", e.train_accuracy},
-                {"test_loss", Optional(e.test_loss)},
-                {"test_accuracy", Optional(e.test_accuracy)},
-                {"seconds", e.seconds},
-                {"samples_per_s", e.samples_per_s}};
-      for (const auto& [name, value] : e.test_metrics) h[name] = value;
-      hist.push_back(h);
-    }
-    j["history"] = hist;
-    for (const auto& [name, value] : s.test_metrics) j[name] = value;
-    const Dataset& train = job.train();
-    j["rows_skipped"] = SkippedJson(train.skipped, job.test());
-    if (train.tokens > 0 && train.count > 0 && s.workers > 0) {
-      j["tokens_per_s_per_worker"] =
-          s.samples_per_s * (static_cast<double>(train.tokens) / static_cast<double>(train.count)) / s.workers;
-    }
-    std::printf("%s\n", j.dump().c_str());
-  }
+  if (as_json) std::printf("%s\n", TrainSummaryJson(s, job).dump().c_str());
 }
 
 // Whether the command runs as a task of a cluster: a spec from TF_CONFIG,
@@ -343,14 +211,6 @@ int Train(const std::string& path, const std::vector<std::string>& sets, bool as
   return 0;
 }
 
-json EvaluationJson(const CheckpointEvaluation& e, const Dataset& data) {
-  json j = {{"checkpoint", e.path}, {"step", e.step},          {"final", e.final},
-            {"records", e.result.count}, {"test_loss", e.loss()}, {"test_accuracy", e.accuracy()}};
-  for (const auto& [name, value] : ExtraTestMetrics(e.result)) j[name] = value;
-  j["rows_skipped"] = SkippedJson(SkippedRows(), &data);
-  return j;
-}
-
 // Builds the job of `path` for evaluation or prediction (no training).
 absl::StatusOr<std::unique_ptr<Job>> EvalJob(const std::string& path, const std::vector<std::string>& sets) {
   SW_ASSIGN_OR_RETURN(Config config, LoadWithOverrides(path, sets));
@@ -432,44 +292,44 @@ int Predict(const std::string& path, const std::vector<std::string>& sets, const
   absl::StatusOr<std::vector<float>> probs = PredictAll(**job, *data);
   if (!probs.ok()) return Fail(probs.status());
   // Written under a temporary name and renamed, so `out` is never half written.
-  const std::string tmp = out + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f == nullptr) return Fail(absl::NotFoundError(absl::StrCat(out, ": cannot be written: ", std::strerror(errno))));
+  absl::StatusOr<std::unique_ptr<AtomicFile>> file = AtomicFile::Open(out);
+  if (!file.ok()) return Fail(file.status());
   const HeadType head = config.model.head;
   const int64_t k = (*job)->worker(0).model().outputs();
   const std::vector<std::string>& names = (*job)->train().class_names;
+  std::string line;
   switch (head) {
     case HeadType::kSoftmax:
-      std::fprintf(f, "index,prediction");
-      for (int64_t c = 0; c < k; ++c) std::fprintf(f, ",p%ld", static_cast<long>(c));
+      line = "index,prediction";
+      for (int64_t c = 0; c < k; ++c) absl::StrAppend(&line, ",p", c);
       break;
-    case HeadType::kBinary: std::fprintf(f, "index,prediction,p1"); break;
-    case HeadType::kRegression: std::fprintf(f, "index,prediction"); break;
+    case HeadType::kBinary: line = "index,prediction,p1"; break;
+    case HeadType::kRegression: line = "index,prediction"; break;
   }
-  std::fprintf(f, "\n");
-  for (int64_t i = 0; i < data->count; ++i) {
+  line += "\n";
+  absl::Status written = (*file)->Append(line);
+  for (int64_t i = 0; i < data->count && written.ok(); ++i) {
     const float* p = probs->data() + i * k;
+    line.clear();
     switch (head) {
       case HeadType::kSoftmax: {
         const int64_t best = std::max_element(p, p + k) - p;
         if (static_cast<size_t>(best) < names.size()) {
-          std::fprintf(f, "%ld,%s", static_cast<long>(i), names[best].c_str());
+          absl::StrAppend(&line, i, ",", names[best]);
         } else {
-          std::fprintf(f, "%ld,%ld", static_cast<long>(i), static_cast<long>(best));
+          absl::StrAppend(&line, i, ",", best);
         }
-        for (int64_t c = 0; c < k; ++c) std::fprintf(f, ",%.6g", p[c]);
+        for (int64_t c = 0; c < k; ++c) absl::StrAppendFormat(&line, ",%.6g", p[c]);
         break;
       }
-      case HeadType::kBinary: std::fprintf(f, "%ld,%d,%.6g", static_cast<long>(i), p[0] > 0.5f ? 1 : 0, p[0]); break;
-      case HeadType::kRegression: std::fprintf(f, "%ld,%.6g", static_cast<long>(i), p[0]); break;
+      case HeadType::kBinary: absl::StrAppendFormat(&line, "%d,%d,%.6g", i, p[0] > 0.5f ? 1 : 0, p[0]); break;
+      case HeadType::kRegression: absl::StrAppendFormat(&line, "%d,%.6g", i, p[0]); break;
     }
-    std::fprintf(f, "\n");
+    line += "\n";
+    written = (*file)->Append(line);
   }
-  const bool write_ok = std::ferror(f) == 0;
-  if (std::fclose(f) != 0 || !write_ok || std::rename(tmp.c_str(), out.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return Fail(absl::InternalError(absl::StrCat(out, ": write failed: ", std::strerror(errno))));
-  }
+  if (written.ok()) written = (*file)->Commit();
+  if (!written.ok()) return Fail(written);
   std::printf("%s: %ld predictions from %s (step %ld) written to %s\n", input.c_str(), static_cast<long>(data->count),
               info->path.c_str(), static_cast<long>(info->step), out.c_str());
   return 0;

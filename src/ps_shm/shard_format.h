@@ -97,7 +97,23 @@ struct TableEntry {
   uint64_t bytes;            // EmbeddingTable::BytesFor of its options
 };
 
+// A store's metadata segment "<store>-meta" (store_metadata.h): this
+// header, then text_bytes bytes of text. Written whole by the creator before
+// the store's name is shared, then never changed, so it needs no
+// synchronisation. stale_segments.cc reads magic, owner_pid and store_name.
+inline constexpr uint64_t kStoreMetaMagic = 0x31304154454d5753ULL;  // "SWMETA01" little-endian
+inline constexpr uint32_t kStoreMetaFormatVersion = 1;
+
+struct StoreMetaHeader {
+  uint64_t magic;
+  uint32_t format_version;
+  uint32_t reserved;
+  int64_t owner_pid;
+  uint64_t text_bytes;
+  char store_name[kMaxNameBytes];
+};
+
 static_assert(sizeof(ShardHeader) % 8 == 0 && sizeof(LayoutEntry) % 8 == 0 && sizeof(TableEntry) % 8 == 0 &&
-              sizeof(GlobalPart) % 8 == 0);
+              sizeof(GlobalPart) % 8 == 0 && sizeof(StoreMetaHeader) % 8 == 0);
 
 }  // namespace shardwild

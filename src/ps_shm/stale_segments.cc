@@ -23,11 +23,12 @@ namespace {
 
 constexpr char kShmDir[] = "/dev/shm";
 
-// The parts of "<job>-<pid>-<nonce>-s<k>".
+// The parts of "<job>-<pid>-<nonce>-s<k>" or "<job>-<pid>-<nonce>-meta".
 struct SegmentName {
   pid_t pid = 0;
-  uint32_t shard = 0;
-  std::string store;  // "<job>-<pid>-<nonce>"
+  uint32_t shard = 0;  // a shard's k
+  bool meta = false;   // the store's metadata segment (store_metadata.h)
+  std::string store;   // "<job>-<pid>-<nonce>"
 };
 
 // A decimal number as printf("%d") writes it: digits, no sign, no leading
@@ -53,16 +54,21 @@ std::optional<SegmentName> ParseSegmentName(std::string_view name, std::string_v
   if (dash == std::string_view::npos) return std::nullopt;
   const std::optional<uint64_t> pid = ParseDecimal(rest.substr(0, dash), 0x7fffffff);
   if (!pid || *pid == 0) return std::nullopt;
-  rest.remove_prefix(dash + 1);  // "<nonce>-s<k>"
-  if (rest.size() < 8 + 3 || rest.substr(8, 2) != "-s") return std::nullopt;
+  rest.remove_prefix(dash + 1);  // "<nonce>-s<k>" or "<nonce>-meta"
+  if (rest.size() < 8 + 3) return std::nullopt;
   for (char c : rest.substr(0, 8)) {
     if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return std::nullopt;
   }
-  const std::optional<uint64_t> shard = ParseDecimal(rest.substr(10), 4095);
-  if (!shard) return std::nullopt;
   SegmentName out;
+  if (rest.substr(8) == "-meta") {
+    out.meta = true;
+  } else {
+    if (rest.substr(8, 2) != "-s") return std::nullopt;
+    const std::optional<uint64_t> shard = ParseDecimal(rest.substr(10), 4095);
+    if (!shard) return std::nullopt;
+    out.shard = static_cast<uint32_t>(*shard);
+  }
   out.pid = static_cast<pid_t>(*pid);
-  out.shard = static_cast<uint32_t>(*shard);
   out.store = std::string(name.substr(0, name.size() - rest.size() + 8));
   return out;
 }
@@ -74,9 +80,18 @@ bool ProcessIsGone(pid_t pid) {
   return kill(pid, 0) != 0 && errno == ESRCH;
 }
 
+// Whether the header of type H at the start of `fd` (a file of `size`
+// bytes) passes `check`.
+template <typename H, typename Check>
+bool HeaderPasses(int fd, off_t size, const Check& check) {
+  H h;
+  return size >= static_cast<off_t>(sizeof(H)) && pread(fd, &h, sizeof(h), 0) == static_cast<ssize_t>(sizeof(h)) &&
+         check(h);
+}
+
 // The checks that need the file: a regular file of ours holding a Shardwild
-// header that names `parsed`. Returns its size, or nullopt if any check fails
-// or the file cannot be read.
+// header (a shard's, or a metadata segment's) that names `parsed`. Returns
+// its size, or nullopt if any check fails or the file cannot be read.
 std::optional<uint64_t> VerifyHeader(const std::string& name, const SegmentName& parsed) {
   const std::string path = absl::StrCat(kShmDir, "/", name);
   // O_NONBLOCK: never hang on a FIFO someone named like a segment.
@@ -84,24 +99,31 @@ std::optional<uint64_t> VerifyHeader(const std::string& name, const SegmentName&
   if (fd < 0) return std::nullopt;
   std::optional<uint64_t> result;
   struct stat st;
-  ShardHeader h;
-  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
-      st.st_size >= static_cast<off_t>(sizeof(ShardHeader)) &&
-      pread(fd, &h, sizeof(h), 0) == static_cast<ssize_t>(sizeof(h)) && h.magic == kShardMagic &&
-      h.owner_pid == parsed.pid &&
-      // Segment k of a partial store holds global shard first_hosted_shard + k
-      // (shard_format.h; the field reads 0 in format 3 segments, as it should).
-      h.shard_index == static_cast<uint64_t>(parsed.shard) + h.first_hosted_shard &&
-      std::memchr(h.store_name, 0, sizeof(h.store_name)) != nullptr && parsed.store == h.store_name) {
-    result = static_cast<uint64_t>(st.st_size);
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid()) {
+    bool ours = false;
+    if (parsed.meta) {
+      ours = HeaderPasses<StoreMetaHeader>(fd, st.st_size, [&](const StoreMetaHeader& h) {
+        return h.magic == kStoreMetaMagic && h.owner_pid == parsed.pid &&
+               std::memchr(h.store_name, 0, sizeof(h.store_name)) != nullptr && parsed.store == h.store_name;
+      });
+    } else {
+      ours = HeaderPasses<ShardHeader>(fd, st.st_size, [&](const ShardHeader& h) {
+        return h.magic == kShardMagic && h.owner_pid == parsed.pid &&
+               // Segment k of a partial store holds global shard first_hosted_shard + k
+               // (shard_format.h; the field reads 0 in format 3 segments, as it should).
+               h.shard_index == static_cast<uint64_t>(parsed.shard) + h.first_hosted_shard &&
+               std::memchr(h.store_name, 0, sizeof(h.store_name)) != nullptr && parsed.store == h.store_name;
+      });
+    }
+    if (ours) result = static_cast<uint64_t>(st.st_size);
   }
   close(fd);
   return result;
 }
 
-// The job part of "<job>-<pid>-<nonce>-s<k>": everything before the third
-// '-' from the end (the nonce is hex and the pid and k are decimal, so none of
-// them holds a '-').
+// The job part of "<job>-<pid>-<nonce>-s<k>" (or "-meta"): everything before
+// the third '-' from the end (the nonce is hex and the pid and k are decimal,
+// so none of them holds a '-').
 std::optional<std::string> JobOf(std::string_view name) {
   size_t end = name.size();
   for (int i = 0; i < 3; ++i) {

@@ -6,12 +6,17 @@
 // returns or dies by a signal the CLI handles unlinks its segments; one that
 // is SIGKILLed (or crashes hard) leaves them, holding memory until reboot.
 //
+// A store may also have a metadata segment "J-<pid>-<nonce>-meta"
+// (store_metadata.h), starting with a StoreMetaHeader.
+//
 // A segment of job J is stale when all of these hold:
-//   - its name is exactly "J-<pid>-<nonce>-s<k>";
+//   - its name is exactly "J-<pid>-<nonce>-s<k>" or "J-<pid>-<nonce>-meta";
 //   - it is a regular file owned by this process's effective user;
-//   - it starts with a ShardHeader with kShardMagic, owner_pid == <pid>,
+//   - a shard starts with a ShardHeader with kShardMagic, owner_pid == <pid>,
 //     shard_index == k and store_name == "J-<pid>-<nonce>" (any format
-//     version: a segment of an older build is stale all the same);
+//     version: a segment of an older build is stale all the same); a
+//     metadata segment with a StoreMetaHeader with kStoreMetaMagic,
+//     owner_pid == <pid> and the same store_name (any format version);
 //   - kill(<pid>, 0) fails with ESRCH: no such process.
 // Anything else is never listed and never removed: another user's segment,
 // one that cannot be read, a file with other content (including a segment

@@ -15,11 +15,18 @@ namespace fs = std::filesystem;
 
 absl::StatusOr<CheckpointInfo> ResolveCheckpoint(const std::string& path, std::vector<std::string>* skipped) {
   std::error_code ec;
-  if (fs::exists(fs::path(path) / "manifest.json", ec)) return VerifyCheckpoint(path);
-  if (!fs::is_directory(path, ec)) return absl::NotFoundError(absl::StrCat(path, ": no such checkpoint or directory"));
-  SW_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> found, FindLatestCheckpoint(path, skipped));
-  if (!found) return absl::NotFoundError(absl::StrCat(path, ": holds no checkpoint that verifies"));
-  return *std::move(found);
+  if (fs::exists(fs::path(path) / "manifest.json", ec)) return WithErrorKind(VerifyCheckpoint(path), ErrorKind::kCheckpoint);
+  if (!fs::is_directory(path, ec)) {
+    return WithErrorKind(absl::NotFoundError(absl::StrCat(path, ": no such checkpoint or directory")),
+                         ErrorKind::kCheckpoint);
+  }
+  absl::StatusOr<std::optional<CheckpointInfo>> found = FindLatestCheckpoint(path, skipped);
+  if (!found.ok()) return WithErrorKind(found.status(), ErrorKind::kCheckpoint);
+  if (!*found) {
+    return WithErrorKind(absl::NotFoundError(absl::StrCat(path, ": holds no checkpoint that verifies")),
+                         ErrorKind::kCheckpoint);
+  }
+  return **std::move(found);
 }
 
 absl::StatusOr<CheckpointEvaluation> EvaluateCheckpoint(Job& job, const CheckpointInfo& checkpoint,
@@ -88,7 +95,9 @@ absl::StatusOr<WatchSummary> WatchCheckpoints(
   }
 }
 
-absl::StatusOr<Dataset> LoadImagesForPrediction(const std::string& path, int64_t features) {
+namespace {
+
+absl::StatusOr<Dataset> LoadImagesForPredictionImpl(const std::string& path, int64_t features) {
   SW_ASSIGN_OR_RETURN(IdxArray images, ReadIdx(path));
   if (images.dims.size() != 3) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": expected images (3 dimensions: count, rows, cols), got ",
@@ -105,6 +114,12 @@ absl::StatusOr<Dataset> LoadImagesForPrediction(const std::string& path, int64_t
   for (size_t i = 0; i < images.data.size(); ++i) d.dense[i] = images.data[i] / 255.0f;
   d.labels.assign(static_cast<size_t>(d.count), 0);
   return d;
+}
+
+}  // namespace
+
+absl::StatusOr<Dataset> LoadImagesForPrediction(const std::string& path, int64_t features) {
+  return WithErrorKind(LoadImagesForPredictionImpl(path, features), ErrorKind::kData);
 }
 
 }  // namespace shardwild

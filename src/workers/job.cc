@@ -34,15 +34,16 @@ LabelKind LabelKindOf(HeadType head) {
 absl::StatusOr<Dataset> LoadDataset(const Config& config, const std::string& path, int64_t max_records,
                                     const Dataset* train) {
   if (config.data.format == DataFormat::kIdx) {
-    return LoadIdxImageDataset(path, config.model.input_dim, max_records);
+    return WithErrorKind(LoadIdxImageDataset(path, config.model.input_dim, max_records), ErrorKind::kData);
   }
   ReadOptions ro = MakeReadOptions(config.data, LabelKindOf(config.model.head));
   ro.max_records = max_records;
   if (train != nullptr && !train->class_names.empty()) ro.class_names = &train->class_names;
-  return ReadDataset(path, ro);
+  return WithErrorKind(ReadDataset(path, ro), ErrorKind::kData);
 }
 
-absl::Status CheckTestData(const Dataset& train, const Dataset& test) {
+namespace {
+absl::Status CheckTestDataImpl(const Dataset& train, const Dataset& test) {
   if (test.dense_dim != train.dense_dim) {
     return absl::InvalidArgumentError(absl::StrCat("data.test: ", test.dense_dim, " dense features per record, data.train has ",
                                                    train.dense_dim));
@@ -64,25 +65,33 @@ absl::Status CheckTestData(const Dataset& train, const Dataset& test) {
   return absl::OkStatus();
 }
 
+}  // namespace
+
+absl::Status CheckTestData(const Dataset& train, const Dataset& test) {
+  return WithErrorKind(CheckTestDataImpl(train, test), ErrorKind::kData);
+}
+
+TableSpec TableSpecOf(const EmbeddingDecl& d) {
+  TableSpec t;
+  t.name = d.name;
+  t.kind = d.dynamic ? EmbeddingKind::kDynamic : EmbeddingKind::kStatic;
+  t.dim = d.dim;
+  t.capacity = d.rows;
+  t.on_full = d.evict_lru ? CapacityPolicy::kEvictLru : CapacityPolicy::kError;
+  t.bf16 = d.bf16;
+  if (d.init_scale > 0) {
+    t.init.kind = RowInitializer::Kind::kUniform;
+    t.init.a = -d.init_scale;
+    t.init.b = d.init_scale;
+  } else {
+    t.init.kind = RowInitializer::Kind::kZeros;
+  }
+  return t;
+}
+
 std::vector<TableSpec> TableSpecsOf(const ModelSpec& spec) {
   std::vector<TableSpec> tables;
-  for (const EmbeddingDecl& d : spec.tables) {
-    TableSpec t;
-    t.name = d.name;
-    t.kind = d.dynamic ? EmbeddingKind::kDynamic : EmbeddingKind::kStatic;
-    t.dim = d.dim;
-    t.capacity = d.rows;
-    t.on_full = d.evict_lru ? CapacityPolicy::kEvictLru : CapacityPolicy::kError;
-    t.bf16 = d.bf16;
-    if (d.init_scale > 0) {
-      t.init.kind = RowInitializer::Kind::kUniform;
-      t.init.a = -d.init_scale;
-      t.init.b = d.init_scale;
-    } else {
-      t.init.kind = RowInitializer::Kind::kZeros;
-    }
-    tables.push_back(t);
-  }
+  for (const EmbeddingDecl& d : spec.tables) tables.push_back(TableSpecOf(d));
   return tables;
 }
 
@@ -165,7 +174,8 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
     for (const WorkerPlacement& w : job->placement_.workers) so.init_threads += static_cast<int>(w.cores.size());
     so.tables = TableSpecsOf(spec);
     const auto setup_start = std::chrono::steady_clock::now();
-    SW_ASSIGN_OR_RETURN(job->store_, ReplicatedStore::Create(so, std::move(vars), std::move(replication)));
+    SW_ASSIGN_OR_RETURN(job->store_, WithErrorKind(ReplicatedStore::Create(so, std::move(vars), std::move(replication)),
+                                                  ErrorKind::kStore));
     job->store_setup_seconds_ =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
     // Stale segments of the job are found (and acted on) by the first replica.

@@ -35,6 +35,9 @@ absl::StatusOr<Dataset> LoadDataset(const Config& config, const std::string& pat
 // training set: dense width, classes, sparse fields.
 absl::Status CheckTestData(const Dataset& train, const Dataset& test);
 
+// The store's table for one a model declares (initial rows uniform in
+// +-init_scale, zeros where it is 0: the wide tables).
+TableSpec TableSpecOf(const EmbeddingDecl& d);
 // The store's tables for a model (ModelSpec::tables, in order).
 std::vector<TableSpec> TableSpecsOf(const ModelSpec& spec);
 

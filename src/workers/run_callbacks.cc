@@ -55,10 +55,25 @@ bool RunCallbacks::Stop(double value) {
 }
 
 absl::Status RunCallbacks::OnProgress(int epoch, int64_t step, double loss, double samples_per_s) {
-  if (!jsonl_ && !events_) return absl::OkStatus();
-  const ScalarValue scalars[] = {{"train/loss", static_cast<float>(loss)},
-                                 {"train/samples_per_s", static_cast<float>(samples_per_s)}};
-  return Log({{"kind", "train"}, {"epoch", epoch}, {"loss", loss}, {"samples_per_s", samples_per_s}}, step, scalars);
+  if (jsonl_ || events_) {
+    const ScalarValue scalars[] = {{"train/loss", static_cast<float>(loss)},
+                                   {"train/samples_per_s", static_cast<float>(samples_per_s)}};
+    SW_RETURN_IF_ERROR(
+        Log({{"kind", "train"}, {"epoch", epoch}, {"loss", loss}, {"samples_per_s", samples_per_s}}, step, scalars));
+  }
+  if (!observer_ || stopped_) return absl::OkStatus();
+  SW_ASSIGN_OR_RETURN(const bool go_on, observer_({{"event", "progress"},
+                                                   {"epoch", epoch},
+                                                   {"step", step},
+                                                   {"train_loss", loss},
+                                                   {"samples_per_s", samples_per_s}}));
+  if (!go_on) StopForObserver(epoch, step);
+  return absl::OkStatus();
+}
+
+void RunCallbacks::StopForObserver(int epoch, int64_t step) {
+  stopped_ = true;
+  progress_->Line(absl::StrFormat("stopping: a callback asked to stop at epoch %d, step %d", epoch, step));
 }
 
 std::optional<bool> RunCallbacks::StopOnTest(double loss, double accuracy, const MetricValues& extra) {
@@ -118,15 +133,31 @@ absl::StatusOr<bool> RunCallbacks::OnEpochEnd(const EpochResult& er, int epochs,
   }
   absl::StrAppendFormat(&line, " | %.1f s, %.0f samples/s", er.seconds, er.samples_per_s);
   progress_->Line(line);
-  SW_RETURN_IF_ERROR(Log(std::move(record), step, scalars));
+  SW_RETURN_IF_ERROR(Log(record, step, scalars));
   // Keras' on_epoch_end: on the training metrics, or on the test metrics
   // when this epoch evaluated.
-  if (!early_) return false;
-  const std::string& m = early_->monitor();
-  if (m == "train_loss") return Stop(er.train_loss);
-  if (m == "train_accuracy") return Stop(er.train_accuracy);
-  if (er.test_loss) return StopOnTest(*er.test_loss, *er.test_accuracy, er.test_metrics).value_or(false);
-  return false;
+  bool stop = false;
+  if (early_) {
+    const std::string& m = early_->monitor();
+    if (m == "train_loss") {
+      stop = Stop(er.train_loss);
+    } else if (m == "train_accuracy") {
+      stop = Stop(er.train_accuracy);
+    } else if (er.test_loss) {
+      stop = StopOnTest(*er.test_loss, *er.test_accuracy, er.test_metrics).value_or(false);
+    }
+  }
+  if (observer_) {
+    record.erase("kind");
+    record["event"] = "epoch";
+    record["epochs"] = epochs;
+    record["step"] = step;
+    record["samples_per_s"] = er.samples_per_s;
+    SW_ASSIGN_OR_RETURN(const bool go_on, observer_(record));
+    if (!go_on && !stopped_) StopForObserver(er.epoch, step);
+    stop = stop || !go_on;
+  }
+  return stop;
 }
 
 }  // namespace shardwild

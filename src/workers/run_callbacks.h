@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -49,7 +50,14 @@ class RunCallbacks {
   // values. Returns whether training should stop now.
   absl::StatusOr<bool> OnEpochEnd(const EpochResult& er, int epochs, int64_t step);
 
-  // Whether early stopping has asked to stop.
+  // The caller's observer (TrainRunOptions::on_metrics, the Python API's
+  // callbacks): given the metrics of each progress interval and each epoch
+  // as a JSON object; returning false stops training as early stopping
+  // does, an error ends the run with it.
+  using Observer = std::function<absl::StatusOr<bool>(const nlohmann::json&)>;
+  void set_observer(Observer observer) { observer_ = std::move(observer); }
+
+  // Whether early stopping or the observer has asked to stop.
   bool stopped() const { return stopped_; }
   // The early-stopping state for a checkpoint; null when it is off.
   nlohmann::json early_stopping_state() const { return early_ ? early_->ToJson() : nlohmann::json(); }
@@ -66,6 +74,8 @@ class RunCallbacks {
   absl::Status Log(nlohmann::json record, int64_t step, absl::Span<const ScalarValue> scalars);
   // Feeds early stopping; announces a stop.
   bool Stop(double value);
+  // The observer said stop: the line, and stopped().
+  void StopForObserver(int epoch, int64_t step);
 
   ProgressReporter* progress_ = nullptr;
   std::unique_ptr<MetricsLog> jsonl_;
@@ -73,6 +83,7 @@ class RunCallbacks {
   std::optional<EarlyStopping> early_;
   bool stopped_ = false;
   std::optional<Evaluation> last_eval_;
+  Observer observer_;
   // Early stopping on a test_* metric of `extra` (or loss/accuracy).
   std::optional<bool> StopOnTest(double loss, double accuracy, const MetricValues& extra);
 };

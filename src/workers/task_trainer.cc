@@ -505,6 +505,7 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
   // Metrics, early stopping (its state travels in checkpoints), epoch lines.
   SW_ASSIGN_OR_RETURN(std::unique_ptr<RunCallbacks> callbacks,
                       RunCallbacks::Create(cfg, summary.resumed_from_step.has_value(), restored_extra, &progress));
+  if (options.on_metrics) callbacks->set_observer(options.on_metrics);
   int64_t run_steps = 0;  // steps of done tasks, this run
 
   // Averages the replicas (in-process ps.replication per_node / per_core),
@@ -709,6 +710,9 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
     };
 
     const double timeout_s = cfg.train.task_timeout_s;
+    // A callback stopped the run in the middle of an epoch: no more training
+    // tasks go out, and the epoch ends once those out are back.
+    bool draining = false;
     auto connected = Clock::now();  // the last time a worker was ready (remote workers connect when they can)
     bool finished = false;  // the dispatcher said kEnd: every training task is done
 
@@ -719,10 +723,11 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
     // steps (then it drains); `evaluation` hands out only the open
     // evaluation round's tasks.
     auto pump = [&](bool evaluation) -> absl::Status {
+      if (Interrupted(options)) return InterruptedError();
       int64_t out = steps_out();
       for (Slot& slot : procs.slots()) {
         if (slot.pid <= 0 || !slot.ready || slot.busy) continue;
-        if (!evaluation && base_steps + run_steps + out >= std::min(next_ckpt, next_eval)) break;
+        if (!evaluation && (draining || base_steps + run_steps + out >= std::min(next_ckpt, next_eval))) break;
         SW_ASSIGN_OR_RETURN(Assignment a,
                             evaluation ? dispatcher->GetEvaluationTask(slot.id) : dispatcher->GetTask(slot.id));
         if (a.kind == Assignment::Kind::kEnd) {
@@ -940,6 +945,14 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
         progress.Update(s);
         if (live != nullptr) live->SetTrainLoss(s.loss);
         SW_RETURN_IF_ERROR(callbacks->OnProgress(epoch, base_steps + run_steps, s.loss, s.samples_per_s));
+        if (callbacks->stopped()) {
+          draining = true;
+          while (std::any_of(procs.slots().begin(), procs.slots().end(),
+                             [](const Slot& slot) { return slot.pid > 0 && slot.busy; })) {
+            SW_RETURN_IF_ERROR(pump(/*evaluation=*/false));
+          }
+          SW_RETURN_IF_ERROR(end_epoch(/*stopped_before=*/true));
+        }
       }
     }
     SW_RETURN_IF_ERROR(dispatcher->status());

@@ -116,13 +116,14 @@ absl::Status CheckCheckpointData(const Config& config, const CheckpointInfo& che
 }
 
 absl::Status RestoreJob(Job& job, const CheckpointInfo& checkpoint) {
-  SW_RETURN_IF_ERROR(CheckCheckpointData(job.config(), checkpoint));
+  SW_RETURN_IF_ERROR(WithErrorKind(CheckCheckpointData(job.config(), checkpoint), ErrorKind::kCheckpoint));
   // A cluster's checkpoint (the chief's, naming the ps tasks' parts)
   // assembles the whole model here.
   const bool cluster = checkpoint.kind == CheckpointKind::kState;
   for (int r = 0; r < job.replicas().num_replicas(); ++r) {
-    SW_RETURN_IF_ERROR(cluster ? RestoreClusterCheckpoint(checkpoint, job.replicas().replica(r))
-                               : RestoreCheckpoint(checkpoint, job.replicas().replica(r)));
+    SW_RETURN_IF_ERROR(WithErrorKind(cluster ? RestoreClusterCheckpoint(checkpoint, job.replicas().replica(r))
+                                             : RestoreCheckpoint(checkpoint, job.replicas().replica(r)),
+                                     ErrorKind::kCheckpoint));
   }
   return absl::OkStatus();
 }
@@ -133,13 +134,14 @@ absl::StatusOr<std::optional<CheckpointInfo>> ResumeJob(Job& job, bool fresh, Pr
   const Config& cfg = job.config();
   if (cfg.checkpoint.dir.empty() || fresh) return std::optional<CheckpointInfo>();
   std::vector<std::string> skipped_here;
-  SW_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> found, FindLatestCheckpoint(cfg.checkpoint.dir, &skipped_here));
+  SW_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> found,
+                      WithErrorKind(FindLatestCheckpoint(cfg.checkpoint.dir, &skipped_here), ErrorKind::kCheckpoint));
   for (const std::string& s : skipped_here) progress.Line(absl::StrCat("warning: skipped checkpoint ", s));
   if (skipped != nullptr) skipped->insert(skipped->end(), skipped_here.begin(), skipped_here.end());
   if (!found) return found;
   if (external != nullptr) {
-    SW_RETURN_IF_ERROR(CheckCheckpointData(cfg, *found));
-    SW_RETURN_IF_ERROR(external->restore_params(*found));
+    SW_RETURN_IF_ERROR(WithErrorKind(CheckCheckpointData(cfg, *found), ErrorKind::kCheckpoint));
+    SW_RETURN_IF_ERROR(WithErrorKind(external->restore_params(*found), ErrorKind::kCheckpoint));
   } else {
     SW_RETURN_IF_ERROR(RestoreJob(job, *found));
   }
@@ -217,6 +219,10 @@ std::string TrainingConfigHash(const Config& c) {
   return absl::StrFormat("%08x", Crc32c(key.data(), key.size()));
 }
 
+absl::Status InterruptedError() {
+  return absl::CancelledError("training interrupted; the checkpoints written so far are kept");
+}
+
 absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, const TrainRunOptions& options) {
   // Scrapes read the workers' counters and the store while the run lasts.
   const std::vector<LiveMetrics::Attachment> live_sources = AttachJob(options.live_metrics, job);
@@ -292,7 +298,22 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
   // Metrics, early stopping (its state travels in checkpoints), epoch lines.
   SW_ASSIGN_OR_RETURN(std::unique_ptr<RunCallbacks> callbacks,
                       RunCallbacks::Create(cfg, summary.resumed_from_step.has_value(), restored_extra, &progress));
+  if (options.on_metrics) callbacks->set_observer(options.on_metrics);
   const bool inline_eval = job.test() != nullptr && !cfg.eval.sidecar;
+
+  // Ends the rounds between steps when the run is stopped (a callback) or
+  // interrupted: every worker checks it before each step, for this run only.
+  std::atomic<bool> stop_steps{false};
+  struct StopFlagGuard {
+    Job& job;
+    ~StopFlagGuard() {
+      for (int i = 0; i < job.num_workers(); ++i) job.worker(i).set_stop(nullptr);
+    }
+  } stop_guard{job};
+  for (int i = 0; i < workers; ++i) job.worker(i).set_stop(&stop_steps);
+  // The progress tick runs every train.log_every_s; with an interrupt to
+  // watch, the wait wakes every 100 ms to look at it and ticks when due.
+  const double tick_s = options.interrupt != nullptr ? std::min(cfg.train.log_every_s, 0.1) : cfg.train.log_every_s;
 
   // Writes a checkpoint of the (quiescent) job: the next step to run is step
   // `round` of epoch `epoch`.
@@ -334,7 +355,11 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
     const Totals before = ReadCounters(job);
     const auto epoch_start = Clock::now();
     const int64_t start_round = epoch == first_epoch ? first_round : 0;
+    auto last_tick = Clock::now();
     auto tick = [&] {
+      if (Interrupted(options) || callbacks->stopped()) stop_steps.store(true, std::memory_order_relaxed);
+      if (std::chrono::duration<double>(Clock::now() - last_tick).count() < cfg.train.log_every_s - 1e-3) return;
+      last_tick = Clock::now();
       const Totals now = ReadCounters(job);
       const double elapsed = std::chrono::duration<double>(Clock::now() - epoch_start).count();
       ProgressState s;
@@ -350,6 +375,7 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
       progress.Update(s);
       if (samples > 0 && metrics_status.ok()) {
         metrics_status = callbacks->OnProgress(epoch, base_steps + now.steps, s.loss, s.samples_per_s);
+        if (!metrics_status.ok() || callbacks->stopped()) stop_steps.store(true, std::memory_order_relaxed);
       }
       if (samples > 0 && options.live_metrics != nullptr) {
         options.live_metrics->SetTrainLoss(s.loss);
@@ -378,7 +404,10 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
             return job.worker(i).TrainRange(order.data() + parts[i].begin + begin_record, count, cfg.optimizer,
                                             progress_begin, per_step, first, nullptr);
           },
-          absl::Seconds(cfg.train.log_every_s), tick));
+          absl::Seconds(tick_s), tick));
+      if (Interrupted(options)) return InterruptedError();
+      SW_RETURN_IF_ERROR(metrics_status);
+      if (callbacks->stopped()) break;  // a callback stopped the run: the epoch ends here
       global_round += end - round;
       round = end;
       if (inline_eval && cfg.eval.every_steps > 0 && global_round % cfg.eval.every_steps == 0 && round < epoch_rounds) {

@@ -2,7 +2,9 @@
 // end of each epoch.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -89,7 +91,32 @@ struct TrainRunOptions {
   // publishes the train loss of each progress interval and epoch, the
   // dispatcher's counters and its checkpoints. Not owned; nullptr = none.
   LiveMetrics* live_metrics = nullptr;
+  // The Python API's callbacks (src/python): called on the trainer's thread
+  // with the metrics of each progress interval ({"event": "progress",
+  // "epoch", "step", "train_loss", "samples_per_s"}) and of each epoch's end
+  // ({"event": "epoch", "epoch", "epochs", "step", "records", "train_loss",
+  // "train_accuracy", "seconds", "samples_per_s", and test_loss,
+  // test_accuracy, test_* when the epoch evaluated}). Returning false stops
+  // training as early stopping does: no more steps are started, the epoch
+  // ends with what it trained, the final checkpoint is written (with
+  // checkpoint.dir) and the summary's stopped_early_at_epoch says where. An
+  // error ends the run with that error. Empty = none.
+  std::function<absl::StatusOr<bool>(const nlohmann::json&)> on_metrics;
+  // Set from any thread to interrupt the run (the Python API's
+  // KeyboardInterrupt): no more steps are started (a worker stops between
+  // steps; worker processes finish their task), nothing more is written,
+  // and RunTraining returns Cancelled. The checkpoints written so far stay,
+  // so a restart resumes from the last one. Not owned; nullptr = never.
+  const std::atomic<bool>* interrupt = nullptr;
 };
+
+// Whether options.interrupt is set.
+inline bool Interrupted(const TrainRunOptions& options) {
+  return options.interrupt != nullptr && options.interrupt->load(std::memory_order_relaxed);
+}
+
+// The status RunTraining returns when options.interrupt stopped it.
+absl::Status InterruptedError();
 
 // A hash of the config fields that decide what a run computes (model,
 // data, optimizers, batch, workers, seed, epochs, update mode, shards), as

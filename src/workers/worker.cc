@@ -222,6 +222,7 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
   int64_t cursor = 0;
   PhaseTimes t;
   for (int64_t step = 0; step < steps; ++step) {
+    if (stop_ != nullptr && stop_->load(std::memory_order_relaxed)) break;
     const double progress = progress_begin + static_cast<double>(first_step + step) * progress_per_step;
     const float lr = optimizer.LrAt(progress);
     const float sparse_lr = sparse_optimizer.LrAt(progress);

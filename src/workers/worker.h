@@ -170,6 +170,13 @@ class Worker {
   absl::Status TrainRange(const int32_t* order, int64_t count, const OptimizerOptions& optimizer,
                           double progress_begin, double progress_per_step, int64_t first_step, PhaseTimes* times);
 
+  // Train and TrainRange return before their next step once *stop is true
+  // (read relaxed, once a step): how the lockstep trainer ends its rounds
+  // early when a run is stopped or interrupted (a worker in a sync group
+  // then leaves it as usual). nullptr = every step runs. Set only while the
+  // worker is idle.
+  void set_stop(const std::atomic<bool>* stop) { stop_ = stop; }
+
   // Evaluates records [begin, end) of `data` with the store's current parameters.
   absl::StatusOr<EvalResult> Evaluate(const Dataset& data, int64_t begin, int64_t end);
 
@@ -235,7 +242,8 @@ class Worker {
   std::vector<DenseGrad> pushes_;     // one per variable, from the model's grads
   WorkerCounters counters_;
   WorkerUpdateOptions update_;
-  uint64_t version_at_pull_ = 0;      // store->version() read just before the last training pull
+  uint64_t version_at_pull_ = 0;
+  const std::atomic<bool>* stop_ = nullptr;  // set_stop      // store->version() read just before the last training pull
   const PackedRecords* packed_ = nullptr;  // set_packed_records
 };
 

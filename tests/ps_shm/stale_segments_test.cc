@@ -26,6 +26,7 @@
 #include "ps_shm/shard_format.h"
 #include "ps_shm/shm_segment.h"
 #include "ps_shm/shm_store.h"
+#include "ps_shm/store_metadata.h"
 
 namespace shardwild {
 namespace {
@@ -372,6 +373,93 @@ TEST_F(StaleSegmentsTest, MatchesTheJobNameExactly) {
     ASSERT_TRUE(WriteShmFile(store + "-s0", &h, sizeof(h)));
   }
   stale = FindStaleSegments(job_);
+  ASSERT_TRUE(stale.ok()) << stale.status();
+  EXPECT_TRUE(stale->empty()) << stale->front().name;
+}
+
+// A store's metadata segment (store_metadata.h) goes with its shards: stale
+// when its header names a dead creator and its store, kept otherwise.
+TEST_F(StaleSegmentsTest, MetadataSegmentsOfADeadCreator) {
+  const pid_t dead = DeadPid();
+  const std::string store = absl::StrCat(job_, "-", dead, "-0badf00d");
+  auto meta_header = [](const std::string& store_name, pid_t pid) {
+    StoreMetaHeader h;
+    std::memset(&h, 0, sizeof(h));
+    h.magic = kStoreMetaMagic;
+    h.format_version = kStoreMetaFormatVersion;
+    h.owner_pid = pid;
+    std::snprintf(h.store_name, sizeof(h.store_name), "%s", store_name.c_str());
+    return h;
+  };
+  const ShardHeader shard0 = FakeHeader(store, dead);
+  ASSERT_TRUE(WriteShmFile(store + "-s0", &shard0, sizeof(shard0)));
+  const StoreMetaHeader good = meta_header(store, dead);
+  ASSERT_TRUE(WriteShmFile(store + "-meta", &good, sizeof(good)));
+  // Named like metadata, but naming another store, another pid, or not
+  // metadata at all (a shard header, garbage): kept.
+  const std::string other = absl::StrCat(job_, "-", dead, "-0badf00e");
+  const StoreMetaHeader wrong_store = meta_header(store, dead);
+  ASSERT_TRUE(WriteShmFile(other + "-meta", &wrong_store, sizeof(wrong_store)));
+  const std::string other2 = absl::StrCat(job_, "-", dead, "-0badf00f");
+  const StoreMetaHeader wrong_pid = meta_header(other2, dead == 1 ? 2 : 1);
+  ASSERT_TRUE(WriteShmFile(other2 + "-meta", &wrong_pid, sizeof(wrong_pid)));
+  const std::string other3 = absl::StrCat(job_, "-", dead, "-0badf010");
+  const ShardHeader not_meta = FakeHeader(other3, dead);
+  ASSERT_TRUE(WriteShmFile(other3 + "-meta", &not_meta, sizeof(not_meta)));
+  const std::string other4 = absl::StrCat(job_, "-", dead, "-0badf011");
+  ASSERT_TRUE(WriteShmFile(other4 + "-metadata", &good, sizeof(good)));  // not the suffix
+
+  absl::StatusOr<std::vector<StaleSegment>> stale = FindStaleSegments(job_);
+  ASSERT_TRUE(stale.ok()) << stale.status();
+  EXPECT_EQ(Names(*stale), (std::vector<std::string>{store + "-meta", store + "-s0"}));
+  ASSERT_TRUE(RemoveStaleSegments(*stale).ok());
+  EXPECT_FALSE(ShmSegment::Exists(store + "-meta"));
+  EXPECT_FALSE(ShmSegment::Exists(store + "-s0"));
+  for (const std::string& kept : {other + "-meta", other2 + "-meta", other3 + "-meta", other4 + "-metadata"}) {
+    EXPECT_TRUE(ShmSegment::Exists(kept)) << kept;
+  }
+}
+
+// A live store's metadata is not stale, and a crashed run's is removed by
+// the next Create of the job with the shards.
+TEST_F(StaleSegmentsTest, CreateRemovesACrashedRunsMetadata) {
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(pipe_fds[0]);
+    absl::StatusOr<std::unique_ptr<ShmParamStore>> store =
+        ShmParamStore::Create(Options(job_, StaleSegmentPolicy::kReport, 2), Variables());
+    if (!store.ok()) _exit(2);
+    absl::StatusOr<std::unique_ptr<ShmSegment>> meta = WriteStoreMetadata((*store)->name(), "{\"a\": 1}");
+    if (!meta.ok()) _exit(3);
+    const std::string name = (*store)->name();
+    const char len = static_cast<char>(name.size());
+    if (write(pipe_fds[1], &len, 1) != 1 || write(pipe_fds[1], name.data(), name.size()) != static_cast<ssize_t>(name.size())) {
+      _exit(4);
+    }
+    _exit(0);  // no destructors: everything stays
+  }
+  close(pipe_fds[1]);
+  char len = 0;
+  std::string crashed;
+  if (read(pipe_fds[0], &len, 1) == 1) {
+    crashed.resize(static_cast<unsigned char>(len));
+    if (read(pipe_fds[0], crashed.data(), crashed.size()) != static_cast<ssize_t>(crashed.size())) crashed.clear();
+  }
+  close(pipe_fds[0]);
+  EXPECT_EQ(WaitFor(pid), 0);
+  ASSERT_FALSE(crashed.empty());
+
+  absl::StatusOr<std::unique_ptr<ShmParamStore>> live =
+      ShmParamStore::Create(Options(job_, StaleSegmentPolicy::kRemove), Variables());
+  ASSERT_TRUE(live.ok()) << live.status();
+  EXPECT_EQ(Names((*live)->removed_stale_segments()),
+            (std::vector<std::string>{crashed + "-meta", crashed + "-s0", crashed + "-s1"}));
+  EXPECT_EQ(ShmEntries(crashed), std::vector<std::string>{});
+  absl::StatusOr<std::unique_ptr<ShmSegment>> meta = WriteStoreMetadata((*live)->name(), "{}");
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  absl::StatusOr<std::vector<StaleSegment>> stale = FindStaleSegments(job_);
   ASSERT_TRUE(stale.ok()) << stale.status();
   EXPECT_TRUE(stale->empty()) << stale->front().name;
 }

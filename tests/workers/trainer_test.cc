@@ -1,6 +1,8 @@
 #include "workers/trainer.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +12,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -354,6 +357,97 @@ TEST(TrainerTest, EarlyStoppingStopsAndStaysStopped) {
   ASSERT_TRUE(full.ok()) << full.status();
   EXPECT_FALSE(full->stopped_early_at_epoch.has_value());
   EXPECT_EQ(full->history.size(), 5u);
+}
+
+absl::StatusOr<TrainSummary> TrainWithOptions(const std::vector<std::string>& sets, const TrainRunOptions& options) {
+  SW_ASSIGN_OR_RETURN(Config config, LoadDefaultConfig(sets));
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<Job> job, Job::Create(config));
+  ProgressReporter silent = ProgressReporter::Silent();
+  return RunTraining(*job, silent, options);
+}
+
+// TrainRunOptions::on_metrics (the Python API's callbacks): it sees every
+// progress interval and epoch end; false at the first progress interval
+// ends the epoch early and the run, as early stopping does, in the task
+// loop (hogwild) and in lockstep rounds (sync); an error ends the run.
+TEST(TrainerTest, OnMetricsSeesTheRunAndStopsIt) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not under /usr/share/datasets/fashion-mnist";
+  for (const char* update : {"hogwild", "sync"}) {
+    SCOPED_TRACE(update);
+    const std::vector<std::string> sets = {"data.max_train_records=20000", "data.max_test_records=500",
+                                           "train.epochs=3", "train.workers=2", "train.log_every_s=0.001",
+                                           std::string("ps.update=") + update};
+    std::vector<nlohmann::json> seen;
+    TrainRunOptions all;
+    all.on_metrics = [&](const nlohmann::json& m) -> absl::StatusOr<bool> {
+      seen.push_back(m);
+      return true;
+    };
+    absl::StatusOr<TrainSummary> s = TrainWithOptions({"data.max_train_records=3000", "data.max_test_records=500",
+                                                       "train.epochs=2", "train.workers=2",
+                                                       std::string("ps.update=") + update},
+                                                      all);
+    ASSERT_TRUE(s.ok()) << s.status();
+    std::vector<int> epochs;
+    for (const nlohmann::json& m : seen) {
+      if (m["event"] == "epoch") epochs.push_back(m["epoch"].get<int>());
+    }
+    EXPECT_EQ(epochs, (std::vector<int>{1, 2}));
+    EXPECT_EQ(seen.back()["test_accuracy"].get<double>(), *s->test_accuracy);
+    EXPECT_EQ(seen.back()["records"].get<int64_t>(), 3000);
+
+    TrainRunOptions stop;
+    int calls = 0;
+    stop.on_metrics = [&](const nlohmann::json& m) -> absl::StatusOr<bool> {
+      ++calls;
+      return m["event"] != "progress";
+    };
+    s = TrainWithOptions(sets, stop);
+    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_TRUE(s->stopped_early_at_epoch.has_value());
+    EXPECT_EQ(*s->stopped_early_at_epoch, 1);
+    ASSERT_EQ(s->history.size(), 1u);
+    EXPECT_GT(s->history[0].records, 0);
+    EXPECT_LT(s->history[0].records, 20000);
+    EXPECT_LE(calls, 2);  // the progress interval that stopped it, and the epoch's end
+
+    TrainRunOptions fail;
+    fail.on_metrics = [](const nlohmann::json&) -> absl::StatusOr<bool> {
+      return absl::CancelledError("the observer failed");
+    };
+    s = TrainWithOptions(sets, fail);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.status().message(), "the observer failed");
+  }
+}
+
+// TrainRunOptions::interrupt, set from another thread while the workers
+// train: the run stops between steps and returns Cancelled, in every loop.
+TEST(TrainerTest, InterruptStopsTheRunBetweenSteps) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not under /usr/share/datasets/fashion-mnist";
+  for (const char* update : {"hogwild", "sync"}) {
+    SCOPED_TRACE(update);
+    std::atomic<bool> interrupt{false};
+    TrainRunOptions options;
+    options.interrupt = &interrupt;
+    std::atomic<int> progress_calls{0};
+    options.on_metrics = [&](const nlohmann::json& m) -> absl::StatusOr<bool> {
+      if (m["event"] == "progress") progress_calls.fetch_add(1);
+      return true;
+    };
+    std::thread interrupter([&] {
+      while (progress_calls.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      interrupt.store(true);
+    });
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<TrainSummary> s = TrainWithOptions(
+        {"train.epochs=50", "train.workers=2", "train.log_every_s=0.01", std::string("ps.update=") + update}, options);
+    interrupter.join();
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kCancelled) << s.status();
+    // 50 epochs would take minutes; the interrupt ends it within moments.
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 60.0);
+  }
 }
 
 }  // namespace

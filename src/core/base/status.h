@@ -5,7 +5,9 @@
 // file, key or line involved and what was expected.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -48,6 +50,41 @@ template <typename T>
 absl::StatusOr<T> DeepCopy(const absl::StatusOr<T>& r) {
   if (r.ok()) return r;
   return DeepCopy(r.status());
+}
+
+// What an error is about, for callers that sort errors into kinds (the
+// Python API raises shardwild.ConfigError, DataError, ...). Carried as a
+// payload of the status, so a message stays exactly the CLI's one line.
+enum class ErrorKind {
+  kOther,       // none recorded
+  kConfig,      // the configuration: a key, a value, a combination
+  kData,        // a data file or array: missing, unreadable, a bad row
+  kCheckpoint,  // a checkpoint: none found, damaged, not matching the model
+  kStore,       // the parameter store: creating, attaching, a bad variable, table or id
+};
+
+inline constexpr absl::string_view kErrorKindPayload = "type.shardwild.dev/error_kind";
+
+// `s` with `kind` recorded, unless it is OK or already has a kind (the
+// innermost one, nearest the cause, wins).
+inline absl::Status WithErrorKind(absl::Status s, ErrorKind kind) {
+  if (s.ok() || kind == ErrorKind::kOther || s.GetPayload(kErrorKindPayload).has_value()) return s;
+  s.SetPayload(kErrorKindPayload, absl::Cord(std::string(1, static_cast<char>('0' + static_cast<int>(kind)))));
+  return s;
+}
+template <typename T>
+absl::StatusOr<T> WithErrorKind(absl::StatusOr<T> r, ErrorKind kind) {
+  if (r.ok()) return r;
+  return WithErrorKind(std::move(r).status(), kind);
+}
+
+// The kind recorded in `s`, or kOther.
+inline ErrorKind ErrorKindOf(const absl::Status& s) {
+  const auto p = s.GetPayload(kErrorKindPayload);
+  if (!p.has_value()) return ErrorKind::kOther;
+  const std::string v(*p);
+  if (v.size() != 1 || v[0] < '0' || v[0] > '4') return ErrorKind::kOther;
+  return static_cast<ErrorKind>(v[0] - '0');
 }
 
 }  // namespace shardwild

@@ -26,8 +26,10 @@ namespace {
 // Where a node came from, for messages: "file:line:col" or "--set key=value".
 class Locator {
  public:
-  Locator(std::string source, std::map<std::string, std::string> overridden)
-      : source_(std::move(source)), overridden_(std::move(overridden)) {}
+  // `positions`: name the line and column of a node (false for text made
+  // from another structure, whose positions mean nothing to its author).
+  Locator(std::string source, std::map<std::string, std::string> overridden, bool positions = true)
+      : source_(std::move(source)), overridden_(std::move(overridden)), positions_(positions) {}
 
   std::string Where(const std::string& key, const YAML::Node& node) const {
     // The longest overridden prefix of `key` wins: its node came from --set.
@@ -38,7 +40,7 @@ class Locator {
       if (dot == std::string::npos) break;
       k.resize(dot);
     }
-    if (node.IsDefined() && node.Mark().line >= 0) {
+    if (positions_ && node.IsDefined() && node.Mark().line >= 0) {
       return absl::StrCat(source_, ":", node.Mark().line + 1, ":", node.Mark().column + 1);
     }
     return source_;
@@ -51,6 +53,7 @@ class Locator {
  private:
   std::string source_;
   std::map<std::string, std::string> overridden_;  // parser key -> "key=value" as given to --set
+  bool positions_ = true;
 };
 
 std::string Describe(const YAML::Node& node) {
@@ -399,6 +402,35 @@ void AddOptimizerLeaves(Section* s, OptimizerOptions* o, EpochKeys* epoch_keys) 
                                                           {"sum", LossReduction::kSum}});
 }
 
+// The keys of the ps section into `o`.
+void AddStoreLeaves(Section* s, StoreOptions* o) {
+  s->leaves["shards"] = IntOrAuto(&o->shards);
+  s->leaves["update"] = Enum(&o->update, {{"hogwild", UpdateMode::kHogwild},
+                                          {"row_lock", UpdateMode::kRowLock},
+                                          {"sync", UpdateMode::kSync}});
+  s->leaves["max_staleness"] = Int64(&o->max_staleness);
+  s->leaves["job_name"] = String(&o->job_name);
+  s->leaves["stale_segments"] = Enum(&o->stale_segments, {{"remove", StaleSegmentPolicy::kRemove},
+                                                          {"report", StaleSegmentPolicy::kReport},
+                                                          {"fail", StaleSegmentPolicy::kFail}});
+  s->leaves["huge_pages"] = Enum(&o->huge_pages, {{"auto", HugePagePolicy::kAuto}, {"off", HugePagePolicy::kOff}});
+  s->leaves["replication"] = Enum(&o->replication, {{"per_machine", ReplicationPolicy::kPerMachine},
+                                                    {"per_node", ReplicationPolicy::kPerNode},
+                                                    {"per_core", ReplicationPolicy::kPerCore},
+                                                    {"auto", ReplicationPolicy::kAuto}});
+  s->leaves["sync_every"] = Int64(&o->sync_every);
+  s->custom["partitioner"] = [o](const std::string& k, const YAML::Node& n, const Locator& l) {
+    Section partitioner;
+    partitioner.leaves["type"] = Enum(&o->partitioner.kind, {{"fixed_shards", PartitionerOptions::Kind::kFixedShards},
+                                                             {"min_size", PartitionerOptions::Kind::kMinSize},
+                                                             {"max_size", PartitionerOptions::Kind::kMaxSize}});
+    partitioner.leaves["min_shard_bytes"] = Int64(&o->partitioner.min_shard_bytes);
+    partitioner.leaves["max_shard_bytes"] = Int64(&o->partitioner.max_shard_bytes);
+    partitioner.leaves["max_shards"] = Int(&o->partitioner.max_shards);
+    return partitioner.Parse(k, n, l);
+  };
+}
+
 absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
   Section model;
   model.leaves["input_dim"] = Int64(&c->model.input_dim);
@@ -496,31 +528,7 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
   };
 
   Section ps;
-  ps.leaves["shards"] = IntOrAuto(&c->ps.shards);
-  ps.leaves["update"] = Enum(&c->ps.update, {{"hogwild", UpdateMode::kHogwild},
-                                             {"row_lock", UpdateMode::kRowLock},
-                                             {"sync", UpdateMode::kSync}});
-  ps.leaves["max_staleness"] = Int64(&c->ps.max_staleness);
-  ps.leaves["job_name"] = String(&c->ps.job_name);
-  ps.leaves["stale_segments"] = Enum(&c->ps.stale_segments, {{"remove", StaleSegmentPolicy::kRemove},
-                                                             {"report", StaleSegmentPolicy::kReport},
-                                                             {"fail", StaleSegmentPolicy::kFail}});
-  ps.leaves["huge_pages"] = Enum(&c->ps.huge_pages, {{"auto", HugePagePolicy::kAuto}, {"off", HugePagePolicy::kOff}});
-  ps.leaves["replication"] = Enum(&c->ps.replication, {{"per_machine", ReplicationPolicy::kPerMachine},
-                                                       {"per_node", ReplicationPolicy::kPerNode},
-                                                       {"per_core", ReplicationPolicy::kPerCore},
-                                                       {"auto", ReplicationPolicy::kAuto}});
-  ps.leaves["sync_every"] = Int64(&c->ps.sync_every);
-  Section partitioner;
-  partitioner.leaves["type"] = Enum(&c->ps.partitioner.kind, {{"fixed_shards", PartitionerOptions::Kind::kFixedShards},
-                                                              {"min_size", PartitionerOptions::Kind::kMinSize},
-                                                              {"max_size", PartitionerOptions::Kind::kMaxSize}});
-  partitioner.leaves["min_shard_bytes"] = Int64(&c->ps.partitioner.min_shard_bytes);
-  partitioner.leaves["max_shard_bytes"] = Int64(&c->ps.partitioner.max_shard_bytes);
-  partitioner.leaves["max_shards"] = Int(&c->ps.partitioner.max_shards);
-  ps.custom["partitioner"] = [&partitioner](const std::string& k, const YAML::Node& n, const Locator& l) {
-    return partitioner.Parse(k, n, l);
-  };
+  AddStoreLeaves(&ps, &c->ps);
 
   Section bench;
   bench.leaves["warmup_steps"] = Int64(&c->bench.warmup_steps);
@@ -652,9 +660,7 @@ std::string DottedToKey(const std::string& dotted) {
   return out;
 }
 
-}  // namespace
-
-absl::StatusOr<ConfigOverride> ParseOverride(const std::string& text) {
+absl::StatusOr<ConfigOverride> ParseOverrideImpl(const std::string& text) {
   const size_t eq = text.find('=');
   if (eq == std::string::npos || eq == 0) {
     return absl::InvalidArgumentError(absl::StrCat("--set ", text, ": expected key=value (for example train.workers=2)"));
@@ -662,8 +668,16 @@ absl::StatusOr<ConfigOverride> ParseOverride(const std::string& text) {
   return ConfigOverride{text.substr(0, eq), text.substr(eq + 1)};
 }
 
-absl::StatusOr<Config> LoadConfigFromString(const std::string& yaml, const std::string& source_name,
-                                            const std::vector<ConfigOverride>& overrides) {
+}  // namespace
+
+absl::StatusOr<ConfigOverride> ParseOverride(const std::string& text) {
+  return WithErrorKind(ParseOverrideImpl(text), ErrorKind::kConfig);
+}
+
+namespace {
+
+absl::StatusOr<Config> LoadConfigFromStringImpl(const std::string& yaml, const std::string& source_name,
+                                                const std::vector<ConfigOverride>& overrides) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml);
@@ -690,12 +704,202 @@ absl::StatusOr<Config> LoadConfigFromString(const std::string& yaml, const std::
   return config;
 }
 
+}  // namespace
+
+absl::StatusOr<Config> LoadConfigFromString(const std::string& yaml, const std::string& source_name,
+                                            const std::vector<ConfigOverride>& overrides) {
+  return WithErrorKind(LoadConfigFromStringImpl(yaml, source_name, overrides), ErrorKind::kConfig);
+}
+
 absl::StatusOr<Config> LoadConfig(const std::string& path, const std::vector<ConfigOverride>& overrides) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open config file: ", std::strerror(errno)));
+  if (!in) {
+    return WithErrorKind(absl::NotFoundError(absl::StrCat(path, ": cannot open config file: ", std::strerror(errno))),
+                         ErrorKind::kConfig);
+  }
   std::stringstream ss;
   ss << in.rdbuf();
   return LoadConfigFromString(ss.str(), path, overrides);
+}
+
+// ---- Store specs (StoreSpec) -------------------------------------------------
+
+namespace {
+
+// Optimizer keys of a training run rather than of a store's update rule: a
+// store applies the rate each push gives, and the gradient it is handed.
+constexpr const char* kRunOnlyOptimizerKeys[] = {"schedule",     "final_lr", "decay_rate",    "decay_every",
+                                                 "decay_epochs", "warmup",   "warmup_epochs", "warmup_start_lr",
+                                                 "loss_reduction"};
+// ps keys of a training job's workers and replicas rather than of one store.
+constexpr const char* kJobOnlyStoreKeys[] = {"max_staleness", "replication", "sync_every"};
+
+// An optimizer section of a store spec (optimizer, optimizer.sparse) into `o`.
+void AddStoreOptimizerLeaves(Section* s, OptimizerOptions* o, EpochKeys* unused_epoch_keys) {
+  AddOptimizerLeaves(s, o, unused_epoch_keys);
+  for (const char* key : kRunOnlyOptimizerKeys) s->leaves.erase(key);
+}
+
+// variables.<name>'s shape: a list of 1 or 2 integers >= 1.
+absl::Status ParseShape(const std::string& key, const YAML::Node& node, const Locator& loc, std::vector<int64_t>* shape) {
+  constexpr char kExpected[] = "expected a shape: a list of 1 or 2 integers >= 1, got ";
+  if (!node.IsSequence()) return loc.Error(key, node, absl::StrCat(kExpected, Describe(node)));
+  if (node.size() < 1 || node.size() > 2) return loc.Error(key, node, absl::StrCat(kExpected, "a list of ", node.size()));
+  shape->clear();
+  for (size_t i = 0; i < node.size(); ++i) {
+    int64_t v = 0;
+    if (!node[i].IsScalar() || !absl::SimpleAtoi(node[i].Scalar(), &v) || v < 1) {
+      return loc.Error(key, node[i], absl::StrCat(kExpected, Describe(node[i]), " in it"));
+    }
+    shape->push_back(v);
+  }
+  return absl::OkStatus();
+}
+
+// variables: {name: [rows] | [rows, cols] | {shape: [...], init: ...}}.
+absl::Status ParseStoreVariables(const std::string& key, const YAML::Node& node, const Locator& loc,
+                                 std::vector<StoreVariableOptions>* variables) {
+  if (!node.IsMap()) {
+    return loc.Error(key, node, absl::StrCat("expected a mapping of variable names to shapes, got ", Describe(node)));
+  }
+  for (const auto& kv : node) {
+    StoreVariableOptions v;
+    v.name = kv.first.Scalar();
+    const std::string k = absl::StrCat(key, ".", v.name);
+    if (v.name.empty() || v.name.size() > 63) return loc.Error(k, kv.first, "a variable name must be 1..63 bytes");
+    for (const StoreVariableOptions& other : *variables) {
+      if (other.name == v.name) return loc.Error(k, kv.first, "this variable is given twice");
+    }
+    if (kv.second.IsMap()) {
+      bool has_shape = false;
+      Section s;
+      s.custom["shape"] = [&v, &has_shape](const std::string& sk, const YAML::Node& n, const Locator& l) {
+        has_shape = true;
+        return ParseShape(sk, n, l, &v.shape);
+      };
+      s.leaves["init"] = Enum(&v.init, {{"zeros", StoreVariableInit::kZeros},
+                                        {"glorot_uniform", StoreVariableInit::kGlorotUniform}});
+      SW_RETURN_IF_ERROR(s.Parse(k, kv.second, loc));
+      if (!has_shape) return loc.Error(k + ".shape", kv.second, "is required");
+    } else {
+      SW_RETURN_IF_ERROR(ParseShape(k, kv.second, loc, &v.shape));
+    }
+    variables->push_back(std::move(v));
+  }
+  return absl::OkStatus();
+}
+
+// A store spec's optimizer section (with `sparse`) into `optimizer` and
+// `sparse_optimizer`.
+absl::Status ParseStoreOptimizers(const std::string& key, const YAML::Node& node, const Locator& loc,
+                                  OptimizerOptions* optimizer, std::optional<OptimizerOptions>* sparse_optimizer) {
+  EpochKeys epoch_keys;  // stays empty: the epoch keys are run-only
+  Section opt;
+  AddStoreOptimizerLeaves(&opt, optimizer, &epoch_keys);
+  opt.custom["sparse"] = [sparse_optimizer, &epoch_keys](const std::string& k, const YAML::Node& n, const Locator& l) {
+    sparse_optimizer->emplace();
+    Section sparse;
+    AddStoreOptimizerLeaves(&sparse, &**sparse_optimizer, &epoch_keys);
+    return sparse.Parse(k, n, l);
+  };
+  return opt.Parse(key, node, loc);
+}
+
+// OptimizerOptions::Validate of both.
+absl::Status ValidateStoreOptimizers(const OptimizerOptions& optimizer,
+                                     const std::optional<OptimizerOptions>& sparse_optimizer) {
+  SW_RETURN_IF_ERROR(optimizer.Validate());
+  if (sparse_optimizer) SW_RETURN_IF_ERROR(ValidateSparseOptimizer(*sparse_optimizer));
+  return absl::OkStatus();
+}
+
+// YAML::Load of `yaml`, an empty document read as an empty mapping.
+absl::StatusOr<YAML::Node> LoadYamlOrEmptyMap(const std::string& yaml, const std::string& source_name) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::ParserException& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name, ":", e.mark.line + 1, ":", e.mark.column + 1, ": invalid YAML: ", e.msg));
+  }
+  if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  return root;
+}
+
+absl::Status ParseStoreSpec(const YAML::Node& root, const Locator& loc, StoreSpec* spec) {
+  Section top;
+  top.custom["variables"] = [spec](const std::string& k, const YAML::Node& n, const Locator& l) {
+    return ParseStoreVariables(k, n, l, &spec->variables);
+  };
+  top.custom["tables"] = [spec](const std::string& k, const YAML::Node& n, const Locator& l) {
+    return ParseTables(k, n, l, &spec->tables);
+  };
+  top.custom["optimizer"] = [spec](const std::string& k, const YAML::Node& n, const Locator& l) {
+    return ParseStoreOptimizers(k, n, l, &spec->optimizer, &spec->sparse_optimizer);
+  };
+  Section ps;
+  AddStoreLeaves(&ps, &spec->ps);
+  for (const char* key : kJobOnlyStoreKeys) ps.leaves.erase(key);
+  top.custom["ps"] = [&ps](const std::string& k, const YAML::Node& n, const Locator& l) { return ps.Parse(k, n, l); };
+  top.leaves["seed"] = Uint64(&spec->seed);
+  return top.Parse("", root, loc);
+}
+
+absl::StatusOr<StoreSpec> LoadStoreSpecFromStringImpl(const std::string& yaml, const std::string& source_name,
+                                                      bool positions) {
+  SW_ASSIGN_OR_RETURN(YAML::Node root, LoadYamlOrEmptyMap(yaml, source_name));
+  if (!root.IsMap()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source_name, ": expected a mapping of variables, tables, optimizer, ps and seed, got ", Describe(root)));
+  }
+  Locator loc(source_name, {}, positions);
+  StoreSpec spec;
+  try {
+    SW_RETURN_IF_ERROR(ParseStoreSpec(root, loc, &spec));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", e.what()));
+  }
+  absl::Status valid = [&]() -> absl::Status {
+    if (spec.variables.empty() && spec.tables.empty()) {
+      return absl::InvalidArgumentError("a store needs at least one variable (variables) or embedding table (tables)");
+    }
+    SW_RETURN_IF_ERROR(ValidateTables(spec.tables, "tables"));
+    SW_RETURN_IF_ERROR(ValidateStoreOptimizers(spec.optimizer, spec.sparse_optimizer));
+    if (spec.ps.update == UpdateMode::kSync) {
+      return absl::InvalidArgumentError(
+          "ps.update: sync averages the gradients of a training job's workers in lock-step; a store on its own "
+          "takes hogwild or row_lock");
+    }
+    return spec.ps.Validate();
+  }();
+  if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", valid.message()));
+  return spec;
+}
+
+}  // namespace
+
+absl::StatusOr<StoreSpec> LoadStoreSpecFromString(const std::string& yaml, const std::string& source_name,
+                                                  bool positions) {
+  return WithErrorKind(LoadStoreSpecFromStringImpl(yaml, source_name, positions), ErrorKind::kConfig);
+}
+
+absl::StatusOr<StoreOptimizers> LoadStoreOptimizersFromString(const std::string& yaml, const std::string& source_name,
+                                                              bool positions) {
+  auto load = [&]() -> absl::StatusOr<StoreOptimizers> {
+    SW_ASSIGN_OR_RETURN(YAML::Node root, LoadYamlOrEmptyMap(yaml, source_name));
+    Locator loc(source_name, {}, positions);
+    StoreOptimizers out;
+    try {
+      SW_RETURN_IF_ERROR(ParseStoreOptimizers("optimizer", root, loc, &out.optimizer, &out.sparse_optimizer));
+    } catch (const YAML::Exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", e.what()));
+    }
+    if (absl::Status s = ValidateStoreOptimizers(out.optimizer, out.sparse_optimizer); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(source_name, ": ", s.message()));
+    }
+    return out;
+  };
+  return WithErrorKind(load(), ErrorKind::kConfig);
 }
 
 }  // namespace shardwild

@@ -13,6 +13,8 @@
 // [0, train.epochs).
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,5 +43,61 @@ absl::StatusOr<Config> LoadConfig(const std::string& path,
 // Same, from YAML text; `source_name` stands in for the file name in messages.
 absl::StatusOr<Config> LoadConfigFromString(const std::string& yaml, const std::string& source_name,
                                             const std::vector<ConfigOverride>& overrides = {});
+
+// How a store variable's values start (StoreSpec; core/model/variable.h's
+// InitKind, which this layer cannot name).
+enum class StoreVariableInit { kZeros, kGlorotUniform };
+
+// One dense variable of a StoreSpec: `variables.<name>` given as its shape
+// ([rows] or [rows, cols]) or as {shape: [...], init: zeros|glorot_uniform}.
+struct StoreVariableOptions {
+  std::string name;            // 1..63 bytes, unique
+  std::vector<int64_t> shape;  // 1 or 2 dimensions, each >= 1; [rows] means cols 1
+  StoreVariableInit init = StoreVariableInit::kZeros;
+};
+
+// A parameter store described on its own, without a model or data: what the
+// Python API's Store.create(layout) builds. The keys are those of the
+// config file where they exist there, read by the same parsers with the
+// same messages:
+//   variables:  {name: shape or {shape, init}}   (StoreVariableOptions)
+//   tables:     a list as model.tables           (TableOptions)
+//   optimizer:  as optimizer, with optimizer.sparse; only the update rule's
+//               keys (type, lr, momentum, nesterov, beta1, beta2, epsilon,
+//               initial_accumulator_value, rho, l1, l2): the learning-rate
+//               schedule and loss_reduction belong to a training run
+//   ps:         shards, update (hogwild or row_lock), job_name,
+//               stale_segments, huge_pages, partitioner
+//   seed:       the initial values' seed (train.seed)
+// Unknown keys are errors naming the key; at least one variable or table
+// is required.
+struct StoreSpec {
+  std::vector<StoreVariableOptions> variables;
+  std::vector<TableOptions> tables;
+  OptimizerOptions optimizer;
+  std::optional<OptimizerOptions> sparse_optimizer;  // optimizer.sparse; unset = `optimizer` for tables too
+  StoreOptions ps;
+  uint64_t seed = 1;
+};
+
+// Reads a StoreSpec from YAML (or JSON) text and validates it. Messages
+// start with `source_name` and, where `positions` is true, the line and
+// column ("layout.yaml:3:7: tables[0].dim: expected an integer, got 'x'");
+// text made from another structure (a Python dict serialised to JSON) gives
+// positions = false, since they would mean nothing to its author
+// ("layout: tables[0].dim: ..."). InvalidArgument, kind kConfig.
+absl::StatusOr<StoreSpec> LoadStoreSpecFromString(const std::string& yaml, const std::string& source_name,
+                                                  bool positions = true);
+
+// A store spec's optimizer section on its own (the Python API's
+// Store.attach(name, optimizer=...)): `yaml` holds what StoreSpec's
+// `optimizer` key would, read and checked the same way, with the same
+// messages (optimizer.*, optimizer.sparse.*).
+struct StoreOptimizers {
+  OptimizerOptions optimizer;
+  std::optional<OptimizerOptions> sparse_optimizer;
+};
+absl::StatusOr<StoreOptimizers> LoadStoreOptimizersFromString(const std::string& yaml, const std::string& source_name,
+                                                              bool positions = true);
 
 }  // namespace shardwild

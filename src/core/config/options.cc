@@ -103,6 +103,23 @@ const TableOptions* ModelOptions::FindTable(const std::string& name) const {
   return nullptr;
 }
 
+absl::Status ValidateTables(const std::vector<TableOptions>& tables, const std::string& key) {
+  for (size_t i = 0; i < tables.size(); ++i) {
+    const TableOptions& t = tables[i];
+    const std::string k = absl::StrCat(key, "[", i, "] (", t.name, ")");
+    if (t.name.empty() || t.name.size() > 40) return Bad(k + ".name", "must be 1..40 bytes");
+    if (t.name.rfind("wide/", 0) == 0) return Bad(k + ".name", "names starting with 'wide/' are the wide part's");
+    for (size_t j = 0; j < i; ++j) {
+      if (tables[j].name == t.name) return Bad(k + ".name", absl::StrCat("table '", t.name, "' is defined twice"));
+    }
+    if (t.rows < 1) return Bad(k + ".rows", absl::StrCat("must be >= 1, got ", t.rows));
+    if (t.dim < 1) return Bad(k + ".dim", absl::StrCat("must be >= 1, got ", t.dim));
+    if (t.evict_lru && !t.dynamic) return Bad(k + ".on_full", "evict_lru needs kind: dynamic");
+    if (!(t.init_scale >= 0.0f)) return Bad(k + ".init_scale", "must be >= 0");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ModelOptions::Validate() const {
   if (input_dim < 0) return Bad("model.input_dim", absl::StrCat("must be >= 0, got ", input_dim));
   if (layers.empty()) return Bad("model.layers", "must list at least one layer (the top tower; its last layer gives the outputs)");
@@ -119,19 +136,7 @@ absl::Status ModelOptions::Validate() const {
     return Bad(absl::StrCat("model.layers[", layers.size() - 1, "].units"),
                absl::StrCat("a ", HeadTypeName(head), " head takes one output, got ", layers.back().units));
   }
-  for (size_t i = 0; i < tables.size(); ++i) {
-    const TableOptions& t = tables[i];
-    const std::string k = absl::StrCat("model.tables[", i, "] (", t.name, ")");
-    if (t.name.empty() || t.name.size() > 40) return Bad(k + ".name", "must be 1..40 bytes");
-    if (t.name.rfind("wide/", 0) == 0) return Bad(k + ".name", "names starting with 'wide/' are the wide part's");
-    for (size_t j = 0; j < i; ++j) {
-      if (tables[j].name == t.name) return Bad(k + ".name", absl::StrCat("table '", t.name, "' is defined twice"));
-    }
-    if (t.rows < 1) return Bad(k + ".rows", absl::StrCat("must be >= 1, got ", t.rows));
-    if (t.dim < 1) return Bad(k + ".dim", absl::StrCat("must be >= 1, got ", t.dim));
-    if (t.evict_lru && !t.dynamic) return Bad(k + ".on_full", "evict_lru needs kind: dynamic");
-    if (!(t.init_scale >= 0.0f)) return Bad(k + ".init_scale", "must be >= 0");
-  }
+  SW_RETURN_IF_ERROR(ValidateTables(tables, "model.tables"));
   for (size_t i = 0; i < sparse.size(); ++i) {
     const std::string k = absl::StrCat("model.sparse[", i, "] (", sparse[i].field, ")");
     if (sparse[i].field.empty()) return Bad(k + ".field", "is required");
@@ -234,8 +239,9 @@ float OptimizerOptions::LrAt(double progress) const {
 }
 
 absl::Status OptimizerOptions::Validate() const {
-  if (!(final_lr >= 0) || final_lr > lr) return Bad("optimizer.final_lr", absl::StrCat("must be in [0, lr], got ", final_lr));
+  // lr first: the bounds of final_lr and warmup_start_lr are given by it.
   if (!(lr > 0) || !std::isfinite(lr)) return Bad("optimizer.lr", absl::StrCat("must be a finite number > 0, got ", lr));
+  if (!(final_lr >= 0) || final_lr > lr) return Bad("optimizer.final_lr", absl::StrCat("must be in [0, lr], got ", final_lr));
   if (!(decay_rate > 0 && decay_rate <= 1)) {
     return Bad("optimizer.decay_rate", absl::StrCat("must be in (0, 1], got ", decay_rate));
   }
@@ -459,13 +465,16 @@ absl::Status Config::Validate() const {
   if (early_stopping.monitor.rfind("test_", 0) == 0 && data.test.empty()) {
     return Bad("early_stopping.monitor", absl::StrCat("'", early_stopping.monitor, "' needs a test set (data.test)"));
   }
-  if (sparse_optimizer) {
-    // Its errors name optimizer.* keys; they are optimizer.sparse.* here.
-    if (absl::Status s = sparse_optimizer->Validate(); !s.ok()) {
-      std::string message(s.message());
-      if (message.rfind("optimizer.", 0) == 0) message.insert(10, "sparse.");
-      return absl::InvalidArgumentError(message);
-    }
+  if (sparse_optimizer) SW_RETURN_IF_ERROR(ValidateSparseOptimizer(*sparse_optimizer));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSparseOptimizer(const OptimizerOptions& sparse) {
+  // Its errors name optimizer.* keys; they are optimizer.sparse.* here.
+  if (absl::Status s = sparse.Validate(); !s.ok()) {
+    std::string message(s.message());
+    if (message.rfind("optimizer.", 0) == 0) message.insert(10, "sparse.");
+    return absl::InvalidArgumentError(message);
   }
   return absl::OkStatus();
 }

@@ -122,6 +122,11 @@ struct TableOptions {
   bool bf16 = false;
 };
 
+// Checks embedding tables as model.tables are checked (names 1..40 bytes,
+// unique, not wide/...; rows and dim >= 1; on_full; init_scale); errors name
+// `key`[i] and the table, e.g. "model.tables[2] (C3).dim: must be >= 1, got 0".
+absl::Status ValidateTables(const std::vector<TableOptions>& tables, const std::string& key);
+
 // model.sparse[]: one sparse input field pooled through a table.
 struct SparseFeatureOptions {
   std::string field;                  // data field ("C1", "features", "tokens", ...)
@@ -455,6 +460,10 @@ struct ClusterOptions {
   GradientCompression compression = GradientCompression::kNone;
   absl::Status Validate() const;
 };
+
+// OptimizerOptions::Validate of optimizer.sparse: its errors name
+// optimizer.sparse.* keys instead of optimizer.*.
+absl::Status ValidateSparseOptimizer(const OptimizerOptions& sparse);
 
 struct Config {
   ModelOptions model;

@@ -182,6 +182,12 @@ ModelOptions ResolveAutoUnits(const ModelOptions& options, const DataShape& shap
 }
 }  // namespace
 
+EmbeddingDecl EmbeddingDeclOf(const TableOptions& t) {
+  EmbeddingDecl d{t.name, t.rows, t.dim, t.dynamic, t.evict_lru, t.init_scale, t.bf16};
+  if (d.init_scale == 0) d.init_scale = 1.0f / std::sqrt(static_cast<float>(t.rows));
+  return d;
+}
+
 absl::StatusOr<ModelSpec> Model::Describe(const ModelOptions& given, const DataShape& shape) {
   SW_RETURN_IF_ERROR(given.Validate());
   const ModelOptions options = ResolveAutoUnits(given, shape);
@@ -239,9 +245,7 @@ absl::StatusOr<ModelSpec> Model::Describe(const ModelOptions& given, const DataS
       if (spec.tables[k].name == t.name) table = static_cast<int>(k);
     }
     if (table < 0) {
-      EmbeddingDecl d{t.name, t.rows, t.dim, t.dynamic, t.evict_lru, t.init_scale, t.bf16};
-      if (d.init_scale == 0) d.init_scale = 1.0f / std::sqrt(static_cast<float>(t.rows));
-      spec.tables.push_back(d);
+      spec.tables.push_back(EmbeddingDeclOf(t));
       table = static_cast<int>(spec.tables.size()) - 1;
     }
     l.table = table;

@@ -53,6 +53,10 @@ struct EmbeddingDecl {
   bool bf16 = false;     // parameters stored as bf16 (TableOptions::bf16)
 };
 
+// The table a model.tables entry declares: its settings, with init_scale 0
+// resolved to DLRM's 1/sqrt(rows).
+EmbeddingDecl EmbeddingDeclOf(const TableOptions& t);
+
 // One sparse lookup: a data field pooled through a table.
 struct Lookup {
   std::string field;

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "core/base/status.h"
 #include "core/config/options.h"
 #include "gtest/gtest.h"
 
@@ -607,6 +608,162 @@ TEST(SparseOptimizerConfigTest, NestedSectionAndItsErrors) {
   EXPECT_NE(std::string(typo.status().message()).find("optimizer.sparse.lrr"), std::string::npos) << typo.status();
 }
 
+
+// ------------------------------------------------- store specs (StoreSpec)
+
+TEST(StoreSpecTest, ReadsEveryPart) {
+  absl::StatusOr<StoreSpec> spec = LoadStoreSpecFromString(
+      "variables:\n"
+      "  w: [784, 10]\n"
+      "  b: [10]\n"
+      "  k: {shape: [4, 3], init: glorot_uniform}\n"
+      "tables:\n"
+      "  - {name: emb, rows: 100000, dim: 16, kind: static}\n"
+      "  - {name: ids, rows: 1000, dim: 8, kind: dynamic, on_full: evict_lru, init_scale: 0.5, dtype: bf16}\n"
+      "optimizer: {type: sgd, lr: 0.1, sparse: {type: adagrad, lr: 0.05, initial_accumulator_value: 0.2}}\n"
+      "ps: {shards: 2, update: row_lock, job_name: mystore, stale_segments: fail, huge_pages: off,\n"
+      "     partitioner: {type: min_size, min_shard_bytes: 4096}}\n"
+      "seed: 7\n",
+      "s.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_EQ(spec->variables.size(), 3u);
+  EXPECT_EQ(spec->variables[0].name, "w");
+  EXPECT_EQ(spec->variables[0].shape, (std::vector<int64_t>{784, 10}));
+  EXPECT_EQ(spec->variables[0].init, StoreVariableInit::kZeros);
+  EXPECT_EQ(spec->variables[1].name, "b");
+  EXPECT_EQ(spec->variables[1].shape, (std::vector<int64_t>{10}));
+  EXPECT_EQ(spec->variables[2].shape, (std::vector<int64_t>{4, 3}));
+  EXPECT_EQ(spec->variables[2].init, StoreVariableInit::kGlorotUniform);
+  ASSERT_EQ(spec->tables.size(), 2u);
+  EXPECT_EQ(spec->tables[0].name, "emb");
+  EXPECT_EQ(spec->tables[0].rows, 100000);
+  EXPECT_EQ(spec->tables[0].dim, 16);
+  EXPECT_FALSE(spec->tables[0].dynamic);
+  EXPECT_TRUE(spec->tables[1].dynamic);
+  EXPECT_TRUE(spec->tables[1].evict_lru);
+  EXPECT_TRUE(spec->tables[1].bf16);
+  EXPECT_FLOAT_EQ(spec->tables[1].init_scale, 0.5f);
+  EXPECT_EQ(spec->optimizer.type, OptimizerType::kSgd);
+  EXPECT_FLOAT_EQ(spec->optimizer.lr, 0.1f);
+  ASSERT_TRUE(spec->sparse_optimizer.has_value());
+  EXPECT_EQ(spec->sparse_optimizer->type, OptimizerType::kAdagrad);
+  EXPECT_FLOAT_EQ(spec->sparse_optimizer->initial_accumulator_value, 0.2f);
+  EXPECT_EQ(spec->ps.shards, 2);
+  EXPECT_EQ(spec->ps.update, UpdateMode::kRowLock);
+  EXPECT_EQ(spec->ps.job_name, "mystore");
+  EXPECT_EQ(spec->ps.stale_segments, StaleSegmentPolicy::kFail);
+  EXPECT_EQ(spec->ps.huge_pages, HugePagePolicy::kOff);
+  EXPECT_EQ(spec->ps.partitioner.kind, PartitionerOptions::Kind::kMinSize);
+  EXPECT_EQ(spec->ps.partitioner.min_shard_bytes, 4096);
+  EXPECT_EQ(spec->seed, 7u);
+}
+
+TEST(StoreSpecTest, DefaultsAreTheConfigsAndJsonIsRead) {
+  // JSON (what the Python API hands over) is YAML too.
+  absl::StatusOr<StoreSpec> spec =
+      LoadStoreSpecFromString(R"({"tables": [{"name": "e", "rows": 10, "dim": 4}]})", "layout", false);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const Config defaults;
+  EXPECT_TRUE(spec->variables.empty());
+  EXPECT_EQ(spec->optimizer.type, defaults.optimizer.type);
+  EXPECT_FLOAT_EQ(spec->optimizer.lr, defaults.optimizer.lr);
+  EXPECT_FALSE(spec->sparse_optimizer.has_value());
+  EXPECT_EQ(spec->ps.shards, defaults.ps.shards);
+  EXPECT_EQ(spec->ps.update, defaults.ps.update);
+  EXPECT_EQ(spec->ps.job_name, defaults.ps.job_name);
+  EXPECT_EQ(spec->seed, 1u);
+}
+
+TEST(StoreSpecTest, ErrorsNameTheKey) {
+  // {layout, exact message} with positions off (a Python dict's JSON).
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"variables": {"w": [2, 2]}, "optimzer": {}})",
+       "layout: unknown key 'optimzer' (expected one of: seed, optimizer, ps, tables, variables)"},
+      {R"({"variables": {"w": [2, 2]}, "ps": {"replication": "per_node"}})",
+       "layout: unknown key 'ps.replication' (expected one of: huge_pages, job_name, shards, stale_segments, update, "
+       "partitioner)"},
+      {R"({"variables": {"w": [2, 2]}, "optimizer": {"schedule": "cosine"}})", "layout: unknown key 'optimizer.schedule' (expected one of: beta1, beta2, epsilon, initial_accumulator_value, "
+       "l1, l2, lr, momentum, nesterov, rho, type, sparse)"},
+      {R"({"variables": {"w": [2, 2]}, "optimizer": {"sparse": {"warmup_epochs": 1}}})",
+       "layout: unknown key 'optimizer.sparse.warmup_epochs' (expected one of: beta1, beta2, epsilon, "
+       "initial_accumulator_value, l1, l2, lr, momentum, nesterov, rho, type)"},
+      {R"({"variables": {"w": [2, 0]}})", "layout: variables.w: expected a shape: a list of 1 or 2 integers >= 1, got '0' in it"},
+      {R"({"variables": {"w": [2, 3, 4]}})", "layout: variables.w: expected a shape: a list of 1 or 2 integers >= 1, got a list of 3"},
+      {R"({"variables": {"w": 5}})", "layout: variables.w: expected a shape: a list of 1 or 2 integers >= 1, got '5'"},
+      {R"({"variables": {"w": {"init": "zeros"}}})", "layout: variables.w.shape: is required"},
+      {R"({"variables": {"w": {"shape": [2], "init": "ones"}}})",
+       "layout: variables.w.init: expected one of zeros, glorot_uniform; got 'ones'"},
+      {R"({"variables": {"w": {"shape": [2], "dtype": "f32"}}})",
+       "layout: unknown key 'variables.w.dtype' (expected one of: init, shape)"},
+      {R"({"variables": [1, 2]})", "layout: variables: expected a mapping of variable names to shapes, got a list"},
+      {R"({"tables": [{"name": "e", "rows": 10, "dim": "x"}]})", "layout: tables[0].dim: expected an integer, got 'x'"},
+      {R"({"tables": [{"name": "e", "rows": 10, "dim": 0}]})", "layout: tables[0] (e).dim: must be >= 1, got 0"},
+      {R"({"tables": [{"rows": 10, "dim": 2}]})", "layout: tables[0].name: is required"},
+      {R"({"tables": [{"name": "e", "rows": 10, "dim": 2, "knd": "static"}]})", "layout: unknown key 'tables[0].knd' (expected one of: dim, init_scale, name, rows, dtype, kind, "
+       "on_full)"},
+      {R"({"tables": [{"name": "e", "rows": 1, "dim": 2}, {"name": "e", "rows": 1, "dim": 2}]})",
+       "layout: tables[1] (e).name: table 'e' is defined twice"},
+      {R"({"variables": {"w": [2]}, "optimizer": {"type": "lamb"}})",
+       "layout: optimizer.type: expected one of sgd, momentum, adam, adagrad, rmsprop, ftrl; got 'lamb'"},
+      {R"({"variables": {"w": [2]}, "optimizer": {"lr": -1}})", "layout: optimizer.lr: must be a finite number > 0, got -1"},
+      {R"({"variables": {"w": [2]}, "optimizer": {"sparse": {"rho": 2}}})",
+       "layout: optimizer.sparse.rho: must be in [0, 1), got 2"},
+      {R"({"variables": {"w": [2]}, "ps": {"shards": 0}})", "layout: ps.shards: expected a positive integer or 'auto', got '0'"},
+      {R"({"variables": {"w": [2]}, "ps": {"job_name": "a/b"}})",
+       "layout: ps.job_name: may hold only letters, digits, '_' and '-'"},
+      {R"({"variables": {"w": [2]}, "ps": {"update": "sync"}})",
+       "layout: ps.update: sync averages the gradients of a training job's workers in lock-step; a store on its own "
+       "takes hogwild or row_lock"},
+      {R"({"variables": {"w": [2]}, "seed": -1})", "layout: seed: expected a non-negative integer, got '-1'"},
+      {R"({"optimizer": {"type": "sgd"}})",
+       "layout: a store needs at least one variable (variables) or embedding table (tables)"},
+      {R"([1, 2])", "layout: expected a mapping of variables, tables, optimizer, ps and seed, got a list"},
+  };
+  for (const auto& [layout, message] : cases) {
+    absl::StatusOr<StoreSpec> spec = LoadStoreSpecFromString(layout, "layout", /*positions=*/false);
+    ASSERT_FALSE(spec.ok()) << layout;
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << layout;
+    EXPECT_EQ(std::string(spec.status().message()), message) << layout;
+    EXPECT_EQ(ErrorKindOf(spec.status()), ErrorKind::kConfig) << layout;
+  }
+}
+
+TEST(StoreSpecTest, PositionsNameLineAndColumn) {
+  absl::StatusOr<StoreSpec> spec = LoadStoreSpecFromString("variables:\n  w: [2, 2]\ntables:\n  - {name: e, rows: x}\n", "s.yaml");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(std::string(spec.status().message()), "s.yaml:4:21: tables[0].rows: expected an integer, got 'x'");
+  spec = LoadStoreSpecFromString("variables: {w: [1]}\nps: {shard: 2}\n", "s.yaml");
+  EXPECT_TRUE(MessageContains(spec.status(), {"s.yaml:2:6: unknown key 'ps.shard'"})) << spec.status();
+  spec = LoadStoreSpecFromString("variables: [\n", "s.yaml");
+  EXPECT_TRUE(MessageContains(spec.status(), {"s.yaml:", "invalid YAML"})) << spec.status();
+}
+
+TEST(StoreSpecTest, OptimizersOnTheirOwn) {
+  absl::StatusOr<StoreOptimizers> o =
+      LoadStoreOptimizersFromString(R"({"type": "adagrad", "lr": 0.5, "sparse": {"type": "sgd"}})", "optimizer=", false);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->optimizer.type, OptimizerType::kAdagrad);
+  EXPECT_FLOAT_EQ(o->optimizer.lr, 0.5f);
+  ASSERT_TRUE(o->sparse_optimizer.has_value());
+  EXPECT_EQ(o->sparse_optimizer->type, OptimizerType::kSgd);
+  o = LoadStoreOptimizersFromString("{}", "optimizer=", false);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->sparse_optimizer.has_value());
+
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"typ": "sgd"})", "optimizer=: unknown key 'optimizer.typ'"},
+      {R"({"decay_rate": 0.5})", "optimizer=: unknown key 'optimizer.decay_rate'"},
+      {R"({"epsilon": 0})", "optimizer=: optimizer.epsilon: must be > 0"},
+      {R"({"sparse": {"lr": 0}})", "optimizer=: optimizer.sparse.lr: must be a finite number > 0, got 0"},
+      {R"("sgd")", "optimizer=: optimizer: expected a mapping, got 'sgd'"},
+  };
+  for (const auto& [text, message] : cases) {
+    o = LoadStoreOptimizersFromString(text, "optimizer=", false);
+    ASSERT_FALSE(o.ok()) << text;
+    EXPECT_EQ(std::string(o.status().message()).substr(0, std::string(message).size()), message) << o.status();
+    EXPECT_EQ(ErrorKindOf(o.status()), ErrorKind::kConfig) << text;
+  }
+}
 
 // ------------------------------------------------- learning-rate schedules
 

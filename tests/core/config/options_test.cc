@@ -1,8 +1,12 @@
 // Tests for OptimizerOptions: the linear schedule's values and the
-// validation of schedule and loss_reduction (errors name the key).
+// validation of schedule and loss_reduction (errors name the key); and the
+// shared checks of tables and of the sparse optimizer.
 #include "core/config/options.h"
 
+#include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -91,6 +95,53 @@ TEST(OptimizerValidateTest, SparseOptimizerErrorsNameTheSparseKey) {
   c.sparse_optimizer->loss_reduction = static_cast<LossReduction>(5);
   const absl::Status s = c.Validate();
   EXPECT_NE(s.message().find("optimizer.sparse.loss_reduction"), std::string::npos) << s;
+}
+
+// A bad lr is named as such, not as the final_lr it bounds.
+TEST(OptimizerValidateTest, LrIsCheckedBeforeTheRatesItBounds) {
+  OptimizerOptions o;
+  o.lr = -1.0f;
+  EXPECT_EQ(std::string(o.Validate().message()), "optimizer.lr: must be a finite number > 0, got -1");
+}
+
+TEST(OptimizerValidateTest, ValidateSparseOptimizerNamesTheSparseKeys) {
+  OptimizerOptions o;
+  EXPECT_TRUE(ValidateSparseOptimizer(o).ok());
+  o.rho = 2.0f;
+  const absl::Status s = ValidateSparseOptimizer(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(s.message()), "optimizer.sparse.rho: must be in [0, 1), got 2");
+}
+
+TEST(ValidateTablesTest, ErrorsNameTheKeyTheIndexAndTheTable) {
+  std::vector<TableOptions> tables(2);
+  tables[0] = {"a", 10, 4};
+  tables[1] = {"b", 10, 4};
+  EXPECT_TRUE(ValidateTables(tables, "tables").ok());
+  EXPECT_TRUE(ValidateTables({}, "tables").ok());
+  const std::pair<std::function<void(std::vector<TableOptions>*)>, const char*> cases[] = {
+      {[](auto* t) { (*t)[1].name = ""; }, "tables[1] ().name: must be 1..40 bytes"},
+      {[](auto* t) { (*t)[1].name = std::string(41, 'x'); }, "must be 1..40 bytes"},
+      {[](auto* t) { (*t)[1].name = "wide/x"; }, "tables[1] (wide/x).name: names starting with 'wide/' are the wide part's"},
+      {[](auto* t) { (*t)[1].name = "a"; }, "tables[1] (a).name: table 'a' is defined twice"},
+      {[](auto* t) { (*t)[0].rows = 0; }, "tables[0] (a).rows: must be >= 1, got 0"},
+      {[](auto* t) { (*t)[1].dim = -2; }, "tables[1] (b).dim: must be >= 1, got -2"},
+      {[](auto* t) { (*t)[0].evict_lru = true; }, "tables[0] (a).on_full: evict_lru needs kind: dynamic"},
+      {[](auto* t) { (*t)[0].init_scale = -1; }, "tables[0] (a).init_scale: must be >= 0"},
+  };
+  for (const auto& [change, message] : cases) {
+    std::vector<TableOptions> bad = tables;
+    change(&bad);
+    const absl::Status s = ValidateTables(bad, "tables");
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_NE(std::string(s.message()).find(message), std::string::npos) << s << " lacks " << message;
+  }
+  // The model's tables are checked by the same rules, under model.tables.
+  ModelOptions m;
+  m.layers = {{"dense", 1, Activation::kNone}};
+  m.tables = tables;
+  m.tables[1].dim = 0;
+  EXPECT_EQ(std::string(m.Validate().message()), "model.tables[1] (b).dim: must be >= 1, got 0");
 }
 
 TEST(LossReductionNameTest, NamesAreTheConfigValues) {

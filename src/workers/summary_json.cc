@@ -1,0 +1,158 @@
+#include "workers/summary_json.h"
+
+#include "core/config/options.h"
+#include "ps_shm/huge_pages.h"
+
+namespace shardwild {
+
+using nlohmann::json;
+
+json Optional(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
+
+// store.memory of the train summary, summed over the replicas: bytes of
+// parameters, optimizer slots and everything else, and per embedding table
+// the bytes a row takes (bytes_per_row, of which meta_bytes_per_row are
+// metadata) and the same split.
+json StoreMemoryJson(ReplicatedStore& store) {
+  ShmParamStore::Memory m;
+  for (int r = 0; r < store.num_replicas(); ++r) {
+    const ShmParamStore::Memory rm = store.replica(r).memory();
+    m.params += rm.params;
+    m.slots += rm.slots;
+    m.overhead += rm.overhead;
+    if (r == 0) {
+      m.tables = rm.tables;
+      continue;
+    }
+    for (size_t t = 0; t < rm.tables.size(); ++t) {
+      m.tables[t].rows += rm.tables[t].rows;
+      m.tables[t].params += rm.tables[t].params;
+      m.tables[t].slots += rm.tables[t].slots;
+      m.tables[t].overhead += rm.tables[t].overhead;
+    }
+  }
+  json tables = json::array();
+  for (const ShmParamStore::TableMemory& t : m.tables) {
+    tables.push_back({{"name", t.name},
+                      {"dtype", t.bf16 ? "bf16" : "f32"},
+                      {"rows", t.rows},
+                      {"bytes_per_row", t.bytes_per_row},
+                      {"meta_bytes_per_row", t.meta_bytes_per_row},
+                      {"params_bytes", t.params},
+                      {"slot_bytes", t.slots},
+                      {"overhead_bytes", t.overhead}});
+  }
+  return {{"params_bytes", m.params}, {"slot_bytes", m.slots}, {"overhead_bytes", m.overhead}, {"tables", tables}};
+}
+
+namespace {
+
+// store.replication of the train summary: what ps.replication chose and why.
+json ReplicationJson(ReplicatedStore& store) {
+  const ReplicationPlan& p = store.plan();
+  return {{"policy", ReplicationPolicyName(p.policy)},
+          {"reason", p.reason},
+          {"replicas", store.num_replicas()},
+          {"replica_nodes", p.replica_nodes},
+          {"sync_every", p.sync_every},
+          {"averagings", store.averagings()}};
+}
+
+// One entry per shard of the first replica: its NUMA node and its model version.
+json ShardsJson(Job& job) {
+  json shards = json::array();
+  const StoreLayout& l = job.store().layout();
+  for (int s = 0; s < l.num_shards; ++s) {
+    shards.push_back({{"index", s}, {"node", l.shard_nodes[s]}, {"version", job.store().shard_version(s)}});
+  }
+  return shards;
+}
+
+// store.huge_pages of the train summary; an unknown value is null.
+// Rows the readers left out, by reason: {"train": {...}, "test": {...}, "total": N}.
+json SkippedJson(const SkippedRows& train, const Dataset* test) {
+  json j = {{"train", train.by_reason}, {"total", train.total()}};
+  if (test != nullptr) {
+    j["test"] = test->skipped.by_reason;
+    j["total"] = train.total() + test->skipped.total();
+  }
+  return j;
+}
+
+json HugePagesJson(const HugePageStatus& h) {
+  auto text = [](const std::string& v) { return v.empty() ? json(nullptr) : json(v); };
+  return {{"requested", h.requested},
+          {"shmem_enabled", text(h.shmem_enabled)},
+          {"tmpfs_huge", text(h.tmpfs_huge)},
+          {"granted_bytes", h.granted_bytes ? json(*h.granted_bytes) : json(nullptr)}};
+}
+
+}  // namespace
+
+json TrainSummaryJson(const TrainSummary& s, Job& job) {
+  // A job that was already complete trained nothing: no throughput and no
+  // training loss to report (null), and says so.
+  json j = {{"samples_per_s", s.already_complete ? json(nullptr) : json(s.samples_per_s)},
+            {"already_complete", s.already_complete},
+            {"epochs", s.epochs},
+            {"precision", PrecisionName(job.config().model.precision)},
+            {"workers", s.workers},
+            {"intra_op_threads", s.intra_op_threads},
+            {"shards", s.shards},
+            {"steps", s.steps},
+            {"records_seen", s.records_seen},
+            {"eval_records_seen", s.eval_records_seen},
+            {"tasks_requeued", s.tasks_requeued},
+            {"worker_failures", s.worker_failures},
+            {"resumed_from_step", s.resumed_from_step ? json(*s.resumed_from_step) : json(nullptr)},
+            {"checkpoints_written", s.checkpoints_written},
+            {"last_checkpoint", s.last_checkpoint.empty() ? json(nullptr) : json(s.last_checkpoint)},
+            {"skipped_checkpoints", s.skipped_checkpoints},
+            {"stopped_early_at_epoch",
+             s.stopped_early_at_epoch ? json(*s.stopped_early_at_epoch) : json(nullptr)},
+            {"train_loss", s.already_complete ? json(nullptr) : json(s.train_loss)},
+            {"test_loss", Optional(s.test_loss)},
+            {"test_accuracy", Optional(s.test_accuracy)},
+            {"wall_s", s.wall_s},
+            {"model_version", s.model_version},
+            {"store", {{"name", s.store_name}, {"bytes", s.store_bytes}}}};
+  if (job.has_local_store()) {
+    j["store"]["memory"] = StoreMemoryJson(job.replicas());
+    j["store"]["setup_s"] = job.store_setup_seconds();
+    j["store"]["replication"] = ReplicationJson(job.replicas());
+    j["store"]["shards"] = ShardsJson(job);
+    j["store"]["huge_pages"] = HugePagesJson(job.store().huge_pages());
+  }
+  json hist = json::array();
+  for (const EpochResult& e : s.history) {
+    json h = {{"epoch", e.epoch},
+              {"records", e.records},
+              {"train_loss", e.train_loss},
+              {"train_accuracy", e.train_accuracy},
+              {"test_loss", Optional(e.test_loss)},
+              {"test_accuracy", Optional(e.test_accuracy)},
+              {"seconds", e.seconds},
+              {"samples_per_s", e.samples_per_s}};
+    for (const auto& [name, value] : e.test_metrics) h[name] = value;
+    hist.push_back(h);
+  }
+  j["history"] = hist;
+  for (const auto& [name, value] : s.test_metrics) j[name] = value;
+  const Dataset& train = job.train();
+  j["rows_skipped"] = SkippedJson(train.skipped, job.test());
+  if (train.tokens > 0 && train.count > 0 && s.workers > 0) {
+    j["tokens_per_s_per_worker"] =
+        s.samples_per_s * (static_cast<double>(train.tokens) / static_cast<double>(train.count)) / s.workers;
+  }
+  return j;
+}
+
+json EvaluationJson(const CheckpointEvaluation& e, const Dataset& data) {
+  json j = {{"checkpoint", e.path}, {"step", e.step},          {"final", e.final},
+            {"records", e.result.count}, {"test_loss", e.loss()}, {"test_accuracy", e.accuracy()}};
+  for (const auto& [name, value] : ExtraTestMetrics(e.result)) j[name] = value;
+  j["rows_skipped"] = SkippedJson(SkippedRows(), &data);
+  return j;
+}
+
+}  // namespace shardwild

@@ -1,0 +1,32 @@
+// The JSON summaries of runs: what `shardwild train --json` and `eval --json`
+// print, and what the Python API's train() and evaluate() return (one
+// builder for both, so the two never drift apart).
+#pragma once
+
+#include <optional>
+
+#include "nlohmann/json.hpp"
+#include "workers/evaluator.h"
+#include "workers/job.h"
+#include "workers/trainer.h"
+
+namespace shardwild {
+
+// A number, or null when absent.
+nlohmann::json Optional(const std::optional<double>& v);
+
+// store.memory of the train summary, summed over the replicas: bytes of
+// parameters, optimizer slots and everything else, and per embedding table
+// the bytes a row takes (bytes_per_row, of which meta_bytes_per_row are
+// metadata) and the same split.
+nlohmann::json StoreMemoryJson(ReplicatedStore& store);
+
+// The summary of a training run of `job` (train --json): throughput,
+// counters, checkpoints, test metrics, the store, per-epoch history, rows
+// skipped.
+nlohmann::json TrainSummaryJson(const TrainSummary& s, Job& job);
+
+// One checkpoint's evaluation on `data` (eval --json).
+nlohmann::json EvaluationJson(const CheckpointEvaluation& e, const Dataset& data);
+
+}  // namespace shardwild
