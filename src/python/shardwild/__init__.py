@@ -23,11 +23,7 @@ from ._shardwild import (  # noqa: F401
     evaluate,
     predict,
     load_checkpoint,
+    Store,
+    Dispatcher,
+    Task,
 )
-from . import _shardwild
-
-# The parameter store and the dispatcher (src/python/store.cc, dispatcher.cc).
-for _name in ("Store", "Dispatcher", "Task"):
-    if hasattr(_shardwild, _name):
-        globals()[_name] = getattr(_shardwild, _name)
-del _name
