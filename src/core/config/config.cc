@@ -676,8 +676,8 @@ absl::StatusOr<ConfigOverride> ParseOverride(const std::string& text) {
 
 namespace {
 
-absl::StatusOr<Config> LoadConfigFromStringImpl(const std::string& yaml, const std::string& source_name,
-                                                const std::vector<ConfigOverride>& overrides) {
+// YAML::Load of `yaml`, an empty document read as an empty mapping.
+absl::StatusOr<YAML::Node> LoadYamlOrEmptyMap(const std::string& yaml, const std::string& source_name) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml);
@@ -686,6 +686,12 @@ absl::StatusOr<Config> LoadConfigFromStringImpl(const std::string& yaml, const s
         absl::StrCat(source_name, ":", e.mark.line + 1, ":", e.mark.column + 1, ": invalid YAML: ", e.msg));
   }
   if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  return root;
+}
+
+absl::StatusOr<Config> LoadConfigFromStringImpl(const std::string& yaml, const std::string& source_name,
+                                                const std::vector<ConfigOverride>& overrides) {
+  SW_ASSIGN_OR_RETURN(YAML::Node root, LoadYamlOrEmptyMap(yaml, source_name));
   std::map<std::string, std::string> overridden;
   for (const ConfigOverride& o : overrides) {
     SW_RETURN_IF_ERROR(ApplyOverride(root, o));
@@ -811,19 +817,6 @@ absl::Status ValidateStoreOptimizers(const OptimizerOptions& optimizer,
   SW_RETURN_IF_ERROR(optimizer.Validate());
   if (sparse_optimizer) SW_RETURN_IF_ERROR(ValidateSparseOptimizer(*sparse_optimizer));
   return absl::OkStatus();
-}
-
-// YAML::Load of `yaml`, an empty document read as an empty mapping.
-absl::StatusOr<YAML::Node> LoadYamlOrEmptyMap(const std::string& yaml, const std::string& source_name) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml);
-  } catch (const YAML::ParserException& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source_name, ":", e.mark.line + 1, ":", e.mark.column + 1, ": invalid YAML: ", e.msg));
-  }
-  if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
-  return root;
 }
 
 absl::Status ParseStoreSpec(const YAML::Node& root, const Locator& loc, StoreSpec* spec) {
