@@ -227,7 +227,10 @@ class TempConfigFile {
     path_ = pattern;
     const bool ok = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
     close(fd);
-    if (!ok) Raise(absl::InternalError(absl::StrCat(path_, ": cannot write the worker processes' config")));
+    if (!ok) {
+      std::remove(path_.c_str());
+      Raise(absl::InternalError(absl::StrCat(path_, ": cannot write the worker processes' config")));
+    }
   }
   ~TempConfigFile() { std::remove(path_.c_str()); }
   const std::string& path() const { return path_; }
