@@ -203,8 +203,32 @@ T RunInterruptibly(std::function<T()> work, std::atomic<bool>* interrupt) {
   return *std::move(result);
 }
 
+// Progress lines through Python's sys.stdout (so a notebook shows them), a
+// refreshing line when it is a terminal. Written from the job's thread,
+// which takes the GIL for each piece.
 ProgressReporter Reporter(bool verbose) {
-  return verbose ? ProgressReporter::ForStream(stdout) : ProgressReporter::Silent();
+  if (!verbose) return ProgressReporter::Silent();
+  bool interactive = false;
+  {
+    py::gil_scoped_acquire acquire;
+    try {
+      interactive = py::module_::import("sys").attr("stdout").attr("isatty")().cast<bool>();
+    } catch (py::error_already_set&) {
+      interactive = false;  // a replaced sys.stdout without isatty()
+    }
+  }
+  return ProgressReporter::ForSink(
+      [](const std::string& text) {
+        py::gil_scoped_acquire acquire;
+        try {
+          py::object out = py::module_::import("sys").attr("stdout");
+          out.attr("write")(text);
+          out.attr("flush")();
+        } catch (py::error_already_set&) {
+          // Progress output is best effort: a closed or odd sys.stdout must not stop training.
+        }
+      },
+      interactive);
 }
 
 // The binary that train.worker_processes starts (`shardwild worker`).
@@ -631,7 +655,7 @@ callbacks: callables, each called with a dict of metrics at every progress
   stopped_early_at_epoch says where); an exception a callback raises ends the
   run and is raised from train().
 fresh: ignore checkpoint.dir's checkpoints (the CLI's --fresh).
-verbose: print the progress lines, as the CLI does.
+verbose: print the progress lines, as the CLI does, through sys.stdout.
 The GIL is released while training. A KeyboardInterrupt stops the run
 between steps, removes its shared memory and is re-raised; the checkpoints
 written so far are kept.)");

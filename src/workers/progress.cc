@@ -17,26 +17,32 @@ std::string ProgressReporter::FormatDuration(double seconds) {
   return absl::StrFormat("%d:%02d", s / 60, s % 60);
 }
 
+void ProgressReporter::Write(const std::string& text) {
+  if (sink_) {
+    sink_(text);
+    return;
+  }
+  std::fputs(text.c_str(), out_);
+  std::fflush(out_);
+}
+
 void ProgressReporter::Update(const ProgressState& s) {
-  if (!out_) return;
+  if (!out_ && !sink_) return;
   const std::string text =
       absl::StrFormat("epoch %d/%d  step %d/%d  %.0f samples/s  loss %.4f  ETA %s", s.epoch, s.epochs, s.step,
                       s.steps, s.samples_per_s, s.loss, FormatDuration(s.eta_s));
   if (interactive_) {
-    std::fprintf(out_, "\r\033[K%s", text.c_str());
+    Write("\r\033[K" + text);
     dirty_ = true;
   } else {
-    std::fprintf(out_, "%s\n", text.c_str());
+    Write(text + "\n");
   }
-  std::fflush(out_);
 }
 
 void ProgressReporter::Line(const std::string& text) {
-  if (!out_) return;
-  if (dirty_) std::fprintf(out_, "\r\033[K");
+  if (!out_ && !sink_) return;
+  Write((dirty_ ? "\r\033[K" : "") + text + "\n");
   dirty_ = false;
-  std::fprintf(out_, "%s\n", text.c_str());
-  std::fflush(out_);
 }
 
 }  // namespace shardwild

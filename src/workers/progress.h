@@ -11,7 +11,9 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
+#include <utility>
 
 namespace shardwild {
 
@@ -33,6 +35,15 @@ class ProgressReporter {
   static ProgressReporter ForStream(FILE* out);
   // A reporter that prints nothing.
   static ProgressReporter Silent() { return ProgressReporter(nullptr, false); }
+  // A reporter whose output goes to `sink` instead of a FILE, in the same
+  // pieces it would write there (a refreshing line starts with "\r\033[K",
+  // a plain one ends with "\n"): the Python API prints through sys.stdout.
+  // Called on the coordinating thread.
+  static ProgressReporter ForSink(std::function<void(const std::string&)> sink, bool interactive) {
+    ProgressReporter r(nullptr, interactive);
+    r.sink_ = std::move(sink);
+    return r;
+  }
 
   void Update(const ProgressState& s);
   void Line(const std::string& text);
@@ -40,7 +51,11 @@ class ProgressReporter {
   static std::string FormatDuration(double seconds);
 
  private:
+  // Writes `text` to out_ or sink_ and flushes.
+  void Write(const std::string& text);
+
   FILE* out_;
+  std::function<void(const std::string&)> sink_;  // ForSink; then out_ is null
   bool interactive_;
   bool dirty_ = false;  // a refreshing line is on screen
 };

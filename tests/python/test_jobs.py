@@ -194,6 +194,15 @@ def test_callbacks_see_metrics_and_can_stop_the_run(tmp_path):
 
 
 @needs_data
+def test_progress_lines_go_through_sys_stdout(capsys):
+    # Through Python's sys.stdout (what a notebook shows), not the C stdout.
+    shardwild.train(shardwild.load_config(CONFIG, overrides=SMALL), verbose=True)
+    out = capsys.readouterr().out
+    assert "epoch 1/1: train loss" in out and "test loss" in out
+    shardwild.train(shardwild.load_config(CONFIG, overrides=SMALL), verbose=False)
+    assert capsys.readouterr().out == ""
+
+@needs_data
 def test_train_from_a_dict_on_worker_processes(tmp_path):
     # Worker processes load the config themselves: a dict's text goes to a
     # temporary file, removed when the run ends.

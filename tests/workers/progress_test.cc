@@ -76,6 +76,29 @@ TEST(ProgressTest, ForStreamOfAFileIsNotInteractive) {
   EXPECT_EQ(cap.text().find('\r'), std::string::npos);
 }
 
+TEST(ProgressTest, ASinkGetsWhatTheStreamWould) {
+  for (const bool interactive : {false, true}) {
+    Capture cap;
+    ASSERT_NE(cap.stream(), nullptr);
+    ProgressReporter file(cap.stream(), interactive);
+    std::string sunk;
+    int pieces = 0;
+    ProgressReporter sink = ProgressReporter::ForSink(
+        [&](const std::string& text) {
+          sunk += text;
+          ++pieces;
+        },
+        interactive);
+    for (ProgressReporter* p : {&file, &sink}) {
+      p->Update(State());
+      p->Line("kept");
+      p->Update(State());
+    }
+    EXPECT_EQ(sunk, cap.text()) << interactive;
+    EXPECT_EQ(pieces, 3);  // one write per call
+  }
+}
+
 TEST(ProgressTest, SilentPrintsNothing) {
   ProgressReporter p = ProgressReporter::Silent();
   p.Update(State());  // must not crash on the null stream
