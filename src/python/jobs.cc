@@ -33,6 +33,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -161,8 +162,9 @@ PyConfig AsConfig(const py::object& cfg) {
 // (KeyboardInterrupt), `interrupt` is set, `work` is left to wind down, and
 // the exception is raised after it returns. Exceptions `work` throws are
 // rethrown here.
-template <typename T>
-T RunInterruptibly(std::function<T()> work, std::atomic<bool>* interrupt) {
+template <typename F>
+auto RunInterruptibly(const F& work, std::atomic<bool>* interrupt) -> decltype(work()) {
+  using T = decltype(work());
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
@@ -329,8 +331,7 @@ py::object Train(const py::object& cfg_arg, const py::object& callbacks_arg, boo
     SW_ASSIGN_OR_RETURN(TrainSummary s, RunTraining(*job, progress, run));
     return TrainSummaryJson(s, *job);
   };
-  absl::StatusOr<json> summary =
-      RunInterruptibly<absl::StatusOr<json>>(std::function<absl::StatusOr<json>()>(work), &interrupt);
+  absl::StatusOr<json> summary = RunInterruptibly(work, &interrupt);
   if (callback_error) throw std::move(*callback_error);
   if (!summary.ok()) Raise(summary.status());
   return ToPython(*summary);
@@ -356,26 +357,21 @@ py::object Evaluate(const py::object& cfg_arg, const std::string& checkpoint) {
     SW_ASSIGN_OR_RETURN(CheckpointEvaluation e, EvaluateCheckpoint(*job, info, *data));
     return EvaluationJson(e, *data);
   };
-  absl::StatusOr<json> r = RunInterruptibly<absl::StatusOr<json>>(std::function<absl::StatusOr<json>()>(work), &interrupt);
+  absl::StatusOr<json> r = RunInterruptibly(work, &interrupt);
   if (!r.ok()) Raise(r.status());
   return ToPython(*r);
 }
 
-// A float32 C-contiguous copy (or view) of `a`, or DataError naming `what`.
-py::array_t<float, py::array::c_style | py::array::forcecast> Floats(const py::handle& a, const std::string& what) {
-  auto arr = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(a);
+// `a` as a C-contiguous array of T (a view where it already is one, else a
+// converted copy), or DataError naming `what`.
+template <typename T>
+py::array_t<T, py::array::c_style | py::array::forcecast> ArrayAs(const py::handle& a, const std::string& what) {
+  auto arr = py::array_t<T, py::array::c_style | py::array::forcecast>::ensure(a);
   if (!arr) {
     PyErr_Clear();
-    Raise(absl::InvalidArgumentError(absl::StrCat(what, ": expected an array of numbers")), ErrorKind::kData);
-  }
-  return arr;
-}
-
-py::array_t<int64_t, py::array::c_style | py::array::forcecast> Ints(const py::handle& a, const std::string& what) {
-  auto arr = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
-  if (!arr) {
-    PyErr_Clear();
-    Raise(absl::InvalidArgumentError(absl::StrCat(what, ": expected an array of integers")), ErrorKind::kData);
+    Raise(absl::InvalidArgumentError(
+              absl::StrCat(what, ": expected an array of ", std::is_integral_v<T> ? "integers" : "numbers")),
+          ErrorKind::kData);
   }
   return arr;
 }
@@ -411,7 +407,7 @@ Dataset DatasetFromArrays(const py::object& inputs, const Config& config, const 
   d.count = -1;
   d.dense_dim = train.dense_dim;
   if (!dense.is_none()) {
-    auto a = Floats(dense, "inputs[\"dense\"]");
+    auto a = ArrayAs<float>(dense, "inputs[\"dense\"]");
     if (a.ndim() < 1) DataFail("inputs: dense features need one row per record");
     int64_t per_record = 1;
     for (py::ssize_t i = 1; i < a.ndim(); ++i) per_record *= a.shape(i);
@@ -454,8 +450,8 @@ Dataset DatasetFromArrays(const py::object& inputs, const Config& config, const 
       DataFail(absl::StrCat("inputs[\"", tf.name, "\"]: expected (ids, offsets) or {\"ids\", \"offsets\", \"weights\"}"));
     }
     const std::string where = absl::StrCat("inputs[\"", tf.name, "\"]");
-    auto id_arr = Ints(ids, where + " ids");
-    auto off_arr = Ints(offsets, where + " offsets");
+    auto id_arr = ArrayAs<int64_t>(ids, where + " ids");
+    auto off_arr = ArrayAs<int64_t>(offsets, where + " offsets");
     if (id_arr.ndim() != 1 || off_arr.ndim() != 1 || off_arr.shape(0) < 1) {
       DataFail(where + ": ids and offsets must be 1-dimensional, offsets with one entry per record plus one");
     }
@@ -479,7 +475,7 @@ Dataset DatasetFromArrays(const py::object& inputs, const Config& config, const 
       f.ids[i] = static_cast<uint64_t>(id_arr.data()[i]);
     }
     if (!weights.is_none()) {
-      auto w = Floats(weights, where + " weights");
+      auto w = ArrayAs<float>(weights, where + " weights");
       if (w.ndim() != 1 || w.shape(0) != id_arr.shape(0)) DataFail(where + ": weights need one value per id");
       f.weights.assign(w.data(), w.data() + w.shape(0));
     }
@@ -507,8 +503,8 @@ py::object Predict(const py::object& cfg_arg, const std::string& checkpoint, con
   // The job loads the training data (class names, dense width, fields)
   // before the arrays can be checked against it.
   std::atomic<bool> interrupt{false};
-  std::unique_ptr<Job> job = ValueOrThrow(RunInterruptibly<absl::StatusOr<std::unique_ptr<Job>>>(
-      std::function<absl::StatusOr<std::unique_ptr<Job>>()>([&] { return Job::Create(cfg.config); }), &interrupt));
+  std::unique_ptr<Job> job =
+      ValueOrThrow(RunInterruptibly([&] { return Job::Create(cfg.config); }, &interrupt));
   std::optional<Dataset> arrays;
   if (!path) arrays = DatasetFromArrays(inputs, cfg.config, job->train());
   struct Out {
@@ -530,7 +526,7 @@ py::object Predict(const py::object& cfg_arg, const std::string& checkpoint, con
     job.reset();  // the store's shared memory goes before control returns to Python
     return out;
   };
-  absl::StatusOr<Out> r = RunInterruptibly<absl::StatusOr<Out>>(std::function<absl::StatusOr<Out>()>(work), &interrupt);
+  absl::StatusOr<Out> r = RunInterruptibly(work, &interrupt);
   if (!r.ok()) Raise(r.status());
   // softmax: [n, classes]; binary: [n] (the probability of label 1);
   // regression: [n].

@@ -477,43 +477,36 @@ class Store {
   }
 
   int VariableIndex(const char* what, const py::handle& var) const {
-    if (py::isinstance<py::str>(var)) {
-      const std::string name = var.cast<std::string>();
-      auto it = variable_index_.find(name);
-      if (it != variable_index_.end()) return it->second;
-      std::vector<std::string> names;
-      for (const Variable& v : variables_) names.push_back(v.name);
-      ThrowStoreError(absl::StrCat(what, ": no variable '", name, "' in store ", name_, " (it has: ",
-                                   names.empty() ? "none" : absl::StrJoin(names, ", "), ")"));
-    }
-    if (py::isinstance<py::int_>(var)) {
-      const int64_t i = var.cast<int64_t>();
-      if (i < 0 || i >= static_cast<int64_t>(variables_.size())) {
-        ThrowStoreError(absl::StrCat(what, ": no variable ", i, " in store ", name_, " (it has ", variables_.size(), ")"));
-      }
-      return static_cast<int>(i);
-    }
-    throw py::type_error(absl::StrCat(what, ": a variable is named by a str (or its index)"));
+    std::vector<std::string> names;
+    for (const Variable& v : variables_) names.push_back(v.name);
+    return IndexOf(what, "variable", var, variable_index_, names);
   }
 
   int TableIndex(const char* what, const py::handle& table) const {
-    if (py::isinstance<py::str>(table)) {
-      const std::string name = table.cast<std::string>();
-      auto it = table_index_.find(name);
-      if (it != table_index_.end()) return it->second;
-      std::vector<std::string> names;
-      for (const TableSpec& t : tables_) names.push_back(t.name);
-      ThrowStoreError(absl::StrCat(what, ": no embedding table '", name, "' in store ", name_, " (it has: ",
+    std::vector<std::string> names;
+    for (const TableSpec& t : tables_) names.push_back(t.name);
+    return IndexOf(what, "embedding table", table, table_index_, names);
+  }
+
+  // The position of `key` (a name in `index`, or a position) among `names`;
+  // StoreError naming the `noun` and what the store has otherwise.
+  int IndexOf(const char* what, const char* noun, const py::handle& key,
+              const std::unordered_map<std::string, int>& index, const std::vector<std::string>& names) const {
+    if (py::isinstance<py::str>(key)) {
+      const std::string name = key.cast<std::string>();
+      auto it = index.find(name);
+      if (it != index.end()) return it->second;
+      ThrowStoreError(absl::StrCat(what, ": no ", noun, " '", name, "' in store ", name_, " (it has: ",
                                    names.empty() ? "none" : absl::StrJoin(names, ", "), ")"));
     }
-    if (py::isinstance<py::int_>(table)) {
-      const int64_t i = table.cast<int64_t>();
-      if (i < 0 || i >= static_cast<int64_t>(tables_.size())) {
-        ThrowStoreError(absl::StrCat(what, ": no embedding table ", i, " in store ", name_, " (it has ", tables_.size(), ")"));
+    if (py::isinstance<py::int_>(key)) {
+      const int64_t i = key.cast<int64_t>();
+      if (i < 0 || i >= static_cast<int64_t>(names.size())) {
+        ThrowStoreError(absl::StrCat(what, ": no ", noun, " ", i, " in store ", name_, " (it has ", names.size(), ")"));
       }
       return static_cast<int>(i);
     }
-    throw py::type_error(absl::StrCat(what, ": a table is named by a str (or its index)"));
+    throw py::type_error(absl::StrCat(what, ": name the ", noun, " by a str (or its index)"));
   }
 
   // The tables of a batch call: all of one dim.

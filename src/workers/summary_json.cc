@@ -1,13 +1,13 @@
 #include "workers/summary_json.h"
 
+#include <optional>
+
 #include "core/config/options.h"
 #include "ps_shm/huge_pages.h"
 
 namespace shardwild {
 
 using nlohmann::json;
-
-json Optional(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
 
 // store.memory of the train summary, summed over the replicas: bytes of
 // parameters, optimizer slots and everything else, and per embedding table
@@ -46,6 +46,9 @@ json StoreMemoryJson(ReplicatedStore& store) {
 }
 
 namespace {
+
+// A number, or null when absent.
+json Optional(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
 
 // store.replication of the train summary: what ps.replication chose and why.
 json ReplicationJson(ReplicatedStore& store) {

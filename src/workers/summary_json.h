@@ -3,17 +3,12 @@
 // builder for both, so the two never drift apart).
 #pragma once
 
-#include <optional>
-
 #include "nlohmann/json.hpp"
 #include "workers/evaluator.h"
 #include "workers/job.h"
 #include "workers/trainer.h"
 
 namespace shardwild {
-
-// A number, or null when absent.
-nlohmann::json Optional(const std::optional<double>& v);
 
 // store.memory of the train summary, summed over the replicas: bytes of
 // parameters, optimizer slots and everything else, and per embedding table

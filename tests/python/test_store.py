@@ -196,8 +196,19 @@ def test_errors_have_their_kind_and_message():
             s.pull("w", out=np.zeros((5, 3)))
         assert str(e.value) == ("Store.pull: out must be a writable C-contiguous float32 array of shape (5, 3), "
                                 "got float64 array of shape (5, 3)")
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match=r"^Store.pull: name the variable by a str \(or its index\)$"):
             s.pull(1.5)
+        with pytest.raises(TypeError, match=r"^Store.pull_rows: name the embedding table by a str \(or its index\)$"):
+            s.pull_rows(None, [1])
+        # By index: in range, and out of it.
+        np.testing.assert_array_equal(s.pull(0), s.pull("w"))
+        np.testing.assert_array_equal(s.pull_rows(0, [1]), s.pull_rows("emb", [1]))
+        with pytest.raises(shardwild.StoreError) as e:
+            s.pull(2)
+        assert str(e.value) == f"Store.pull: no variable 2 in store {name} (it has 2)"
+        with pytest.raises(shardwild.StoreError) as e:
+            s.pull_rows(-1, [1])
+        assert str(e.value) == f"Store.pull_rows: no embedding table -1 in store {name} (it has 1)"
     # Closed: every call says so.
     with pytest.raises(shardwild.StoreError) as e:
         s.pull("w")
