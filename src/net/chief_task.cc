@@ -63,6 +63,16 @@ class PsMonitor {
     MutexLock lock(&mu_);
     return SecondsSince(last_ok_[i]);
   }
+  // Records that ps task i now serves the store `name` (a GetLayout made
+  // by the caller); another name than before marks it restarted.
+  void Observe(size_t i, const std::string& name) {
+    MutexLock lock(&mu_);
+    last_ok_[i] = Clock::now();
+    if (name != names_[i]) {
+      names_[i] = name;
+      restarted_[i] = true;
+    }
+  }
   // The ps tasks restarted since the last call.
   std::vector<int> TakeRestarted() {
     MutexLock lock(&mu_);
@@ -89,13 +99,7 @@ class PsMonitor {
       }
       for (size_t i = 0; i < clients_.size(); ++i) {
         absl::StatusOr<RemoteLayout> l = clients_[i]->GetLayout();
-        MutexLock lock(&mu_);
-        if (!l.ok()) continue;
-        last_ok_[i] = Clock::now();
-        if (l->store_name != names_[i]) {
-          names_[i] = l->store_name;
-          restarted_[i] = true;
-        }
+        if (l.ok()) Observe(i, l->store_name);
       }
     }
   }
@@ -210,6 +214,11 @@ absl::StatusOr<TrainSummary> RunChief(Job& job, const ClusterSpec& spec, Progres
     SW_ASSIGN_OR_RETURN(RemoteLayout layout, cluster.client(i).GetLayout());
     names.push_back(layout.store_name);
   }
+  // A ps task starts closed (PsServerOptions::start_closed): this opens the
+  // ones that just started with their initial values (a resume then
+  // restores them before any worker trains), and is a no-op on the ones of
+  // a chief that restarted.
+  for (int i = 0; i < num_ps; ++i) SW_RETURN_IF_ERROR(cluster.client(i).Open());
   progress.Line(absl::StrCat("chief: ", num_ps, " ps task", num_ps == 1 ? "" : "s", " (", shards, " shards), ",
                              workers_tasks, " worker task", workers_tasks == 1 ? "" : "s", " x ", threads,
                              " threads"));
@@ -239,8 +248,34 @@ absl::StatusOr<TrainSummary> RunChief(Job& job, const ClusterSpec& spec, Progres
     }
     return std::unique_ptr<TaskWorkers>(std::move(w));
   };
+  // A restarted ps task serves nothing until it is reopened here: with the
+  // last committed checkpoint's shards, or before the first one with its
+  // initial values. `probe`: ask every ps task now rather than rely on the
+  // monitor's last round.
+  auto reopen_restarted = [&](bool probe) -> absl::Status {
+    if (probe) {
+      for (int i = 0; i < num_ps; ++i) {
+        SW_ASSIGN_OR_RETURN(const RemoteLayout layout, cluster.client(i).GetLayout());
+        monitor->Observe(static_cast<size_t>(i), layout.store_name);
+      }
+    }
+    for (int i : monitor->TakeRestarted()) {
+      if (committed) {
+        SW_ASSIGN_OR_RETURN(const int64_t step, cluster.client(i).RestoreShard(*committed));
+        progress.Line(absl::StrCat(ps_options[i].task_name, " was restarted: it reloaded its shards from the "
+                                   "checkpoint of step ", step, "; training goes on"));
+      } else {
+        SW_RETURN_IF_ERROR(cluster.client(i).Open());
+        progress.Line(absl::StrCat(ps_options[i].task_name, " was restarted before the first checkpoint: its "
+                                   "shards start again from their initial values; training goes on"));
+      }
+    }
+    return absl::OkStatus();
+  };
   ext.write_checkpoint = [&](const CheckpointState& state,
                              const CheckpointWriteOptions& wo) -> absl::StatusOr<std::string> {
+    // A ps task restarted since the monitor's last round saves nothing.
+    SW_RETURN_IF_ERROR(reopen_restarted(/*probe=*/true));
     SW_ASSIGN_OR_RETURN(const std::vector<std::string> paths, cluster.SaveShards(state.step));
     nlohmann::json params = nlohmann::json::object();
     params["kind"] = "cluster";
@@ -270,17 +305,7 @@ absl::StatusOr<TrainSummary> RunChief(Job& job, const ClusterSpec& spec, Progres
             committed ? absl::StrCat("the checkpoint of step ", *committed) : std::string("the start")));
       }
     }
-    for (int i : monitor->TakeRestarted()) {
-      if (committed) {
-        SW_ASSIGN_OR_RETURN(const int64_t step, cluster.client(i).RestoreShard(*committed));
-        progress.Line(absl::StrCat(ps_options[i].task_name, " was restarted: it reloaded its shards from the "
-                                   "checkpoint of step ", step, "; training goes on"));
-      } else {
-        progress.Line(absl::StrCat(ps_options[i].task_name, " was restarted before the first checkpoint: its "
-                                   "shards start again from their initial values; training goes on"));
-      }
-    }
-    return absl::OkStatus();
+    return reopen_restarted(/*probe=*/false);
   };
   options.external = &ext;
   return RunTraining(job, progress, options);

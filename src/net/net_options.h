@@ -39,6 +39,12 @@ struct PsServerOptions {
   std::string checkpoint_dir;
   // This task's name for messages ("ps:0").
   std::string task_name = "ps";
+  // Closed: pulls and pushes answer UNAVAILABLE (clients retry) and
+  // SaveShard FAILED_PRECONDITION until a RestoreShard (a checkpoint, or
+  // as_is) opens the store. A ps task of a cluster starts closed, so that
+  // after a restart no worker trains against its initial values before the
+  // chief has reloaded its shards.
+  bool start_closed = false;
   // HTTP/2 keepalive (cluster.keepalive_s): pings after this long without
   // traffic, the connection dropped when one goes unanswered as long; and
   // clients' pings as often are allowed. 0 = off.

@@ -555,6 +555,13 @@ absl::StatusOr<int64_t> PsClient::RestoreShard(std::optional<int64_t> step) {
   return r.step();
 }
 
+absl::Status PsClient::Open() {
+  net::RestoreShardRequest request;
+  request.set_as_is(true);
+  net::RestoreShardResponse r;
+  return impl_->Call([&](grpc::ClientContext* c) { return impl_->stub_->RestoreShard(c, request, &r); });
+}
+
 absl::StatusOr<bool> PsClient::Healthy(const std::string& service) {
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(service);

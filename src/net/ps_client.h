@@ -147,6 +147,9 @@ class PsClient {
   // The server loads ckpt-<step> (nullopt: its newest good checkpoint);
   // returns the step loaded.
   absl::StatusOr<int64_t> RestoreShard(std::optional<int64_t> step);
+  // Opens a server started closed (PsServerOptions::start_closed) with the
+  // values its store holds; a no-op on an open one.
+  absl::Status Open();
   // grpc.health.v1 Check of `service` ("" = the server): true for SERVING.
   absl::StatusOr<bool> Healthy(const std::string& service = "");
 

@@ -33,7 +33,8 @@ class PsServer::Impl {
                             .max_chunk_floats = (options.max_message_bytes - 1024) / int64_t{sizeof(float)},
                             .max_push_bytes = options.max_push_bytes,
                             .checkpoint_dir = options.checkpoint_dir,
-                            .task_name = options.task_name}),
+                            .task_name = options.task_name,
+                            .start_closed = options.start_closed}),
         ps_(this),
         health_(this) {}
 

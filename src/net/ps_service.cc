@@ -48,7 +48,15 @@ void DecodeValues(net::Encoding encoding, const float* floats, const std::string
 
 }  // namespace
 
-PsService::PsService(ShmParamStore* store, Options options) : store_(store), options_(std::move(options)) {}
+PsService::PsService(ShmParamStore* store, Options options)
+    : store_(store), options_(std::move(options)), open_(!options_.start_closed) {}
+
+absl::Status PsService::CheckOpen(const char* what) const {
+  if (open()) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(options_.task_name, ": ", what,
+                                             ": this ps task (re)started and waits for the chief to reload its "
+                                             "shards"));
+}
 
 absl::Status PsService::Invalid(const std::string& what) const {
   return absl::InvalidArgumentError(absl::StrCat(options_.task_name, ": ", what));
@@ -169,12 +177,14 @@ absl::Status PsService::StreamPull(const net::PullDenseRequest& request, int sli
 }
 
 absl::Status PsService::PullDense(const net::PullDenseRequest& request, const Writer<net::DenseChunk>& write) const {
+  SW_RETURN_IF_ERROR(CheckOpen("pull"));
   SW_RETURN_IF_ERROR(CheckPull(request));
   return StreamPull(request, -1, store_->version(), write);
 }
 
 absl::Status PsService::PullDenseBatch(const net::PullDenseBatchRequest& request,
                                        const Writer<net::DenseChunk>& write) const {
+  SW_RETURN_IF_ERROR(CheckOpen("pull"));
   for (const net::PullDenseRequest& slice : request.slices()) SW_RETURN_IF_ERROR(CheckPull(slice));
   const uint64_t version = store_->version();
   for (int i = 0; i < request.slices_size(); ++i) SW_RETURN_IF_ERROR(StreamPull(request.slices(i), i, version, write));
@@ -183,6 +193,7 @@ absl::Status PsService::PullDenseBatch(const net::PullDenseBatchRequest& request
 
 
 absl::Status PsService::PushDense(const Reader<net::PushDenseRequest>& read, net::PushResponse* out) {
+  SW_RETURN_IF_ERROR(CheckOpen("push"));
   const StoreLayout& l = store_->layout();
   net::PushDenseRequest msg;
   uint64_t client = 0, sequence = 0;
@@ -354,6 +365,7 @@ absl::Status PsService::StreamRows(const net::PullRowsRequest& request, PullMode
 
 absl::Status PsService::PullRowsBatch(const net::PullRowsBatchRequest& request,
                                       const Writer<net::RowsChunk>& write) const {
+  SW_RETURN_IF_ERROR(CheckOpen("pull rows"));
   std::vector<PullMode> modes;
   modes.reserve(request.parts_size());
   for (int i = 0; i < request.parts_size(); ++i) {
@@ -457,6 +469,7 @@ absl::Status PsService::ApplyRowPush(const RowPushRequest& request, net::PushRes
 }
 
 absl::Status PsService::PushRowsBatch(const Reader<net::PushRowsRequest>& read, net::PushResponse* out) {
+  SW_RETURN_IF_ERROR(CheckOpen("push rows"));
   RowPushRequest request;
   SW_RETURN_IF_ERROR(ReadRowPush(read, &request));
   return ApplyRowPush(request, out);
@@ -468,6 +481,10 @@ absl::Status PsService::SaveShard(const net::SaveShardRequest& request, net::Sav
         absl::StrCat(options_.task_name, ": save: this server has no checkpoint directory"));
   }
   if (request.step() < 0) return Invalid(absl::StrCat("save: step must be >= 0, got ", request.step()));
+  if (!open()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        options_.task_name, ": save: this ps task (re)started and its shards were not reloaded yet"));
+  }
   MutexLock lock(&checkpoint_mu_);
   CheckpointState state;
   state.step = request.step();
@@ -478,6 +495,14 @@ absl::Status PsService::SaveShard(const net::SaveShardRequest& request, net::Sav
 }
 
 absl::Status PsService::RestoreShard(const net::RestoreShardRequest& request, net::RestoreShardResponse* out) {
+  if (request.as_is()) {
+    if (request.latest() || request.step() != 0) return Invalid("restore: as_is names no checkpoint");
+    MutexLock lock(&checkpoint_mu_);
+    open_.store(true, std::memory_order_release);
+    out->set_step(-1);
+    out->set_version(store_->version());
+    return absl::OkStatus();
+  }
   if (options_.checkpoint_dir.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat(options_.task_name, ": restore: this server has no checkpoint directory"));
@@ -498,6 +523,7 @@ absl::Status PsService::RestoreShard(const net::RestoreShardRequest& request, ne
     SW_ASSIGN_OR_RETURN(info, VerifyCheckpoint(absl::StrCat(options_.checkpoint_dir, "/ckpt-", request.step())));
   }
   SW_RETURN_IF_ERROR(RestoreCheckpoint(info, *store_));
+  open_.store(true, std::memory_order_release);
   out->set_path(info.path);
   out->set_step(info.step);
   out->set_version(store_->version());

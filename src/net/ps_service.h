@@ -17,6 +17,7 @@
 // pushes run mixes them as ShmParamStore's snapshots do.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -43,6 +44,9 @@ class PsService {
     std::string checkpoint_dir;
     // For messages ("ps:0").
     std::string task_name = "ps";
+    // PsServerOptions::start_closed: pulls and pushes are UNAVAILABLE and
+    // saves FAILED_PRECONDITION until RestoreShard opens the store.
+    bool start_closed = false;
   };
   // Recently applied push sequences remembered per client, and clients
   // remembered; beyond them the oldest are forgotten.
@@ -74,6 +78,8 @@ class PsService {
   uint64_t Version() const { return store_->version(); }
   absl::Status SaveShard(const net::SaveShardRequest& request, net::SaveShardResponse* out);
   absl::Status RestoreShard(const net::RestoreShardRequest& request, net::RestoreShardResponse* out);
+  // Whether pulls and pushes are served (Options::start_closed).
+  bool open() const { return open_.load(std::memory_order_acquire); }
 
   // Pushes applied, and those answered as duplicates of an applied one.
   uint64_t pushes_applied() const;
@@ -86,6 +92,8 @@ class PsService {
   // Forgets (client, sequence) after its push failed, so a retry applies.
   void AbortPush(uint64_t client, uint64_t sequence);
   absl::Status Invalid(const std::string& what) const;
+  // UNAVAILABLE while the store is closed; `what` names the request.
+  absl::Status CheckOpen(const char* what) const;
   // PullDense's checks of one slice.
   absl::Status CheckPull(const net::PullDenseRequest& request) const;
   // Streams one checked slice; its chunks carry `slice`.
@@ -134,6 +142,9 @@ class PsService {
 
   // Serialises SaveShard and RestoreShard.
   Mutex checkpoint_mu_;
+  // Set by RestoreShard (release: its writes are seen by the requests that
+  // pass CheckOpen).
+  std::atomic<bool> open_;
 };
 
 }  // namespace shardwild

@@ -45,6 +45,8 @@ absl::Status RunPsTask(const Config& config, const ClusterSpec& spec, int index,
       live.AttachStore([s = store.get()] { return s->version(); }, StoreBytesOf(*store));
 
   SW_ASSIGN_OR_RETURN(PsServerOptions server_options, MakePsServerOptions(config.cluster, spec, task));
+  // Closed until the chief opens it (as it is, or with a checkpoint's shards).
+  server_options.start_closed = true;
   if (!config.checkpoint.dir.empty()) {
     server_options.checkpoint_dir = absl::StrCat(config.checkpoint.dir, "/ps-", index);
   }

@@ -63,7 +63,7 @@ class Task {
     server_ = std::make_unique<FunctionServer>(chief, registry, context, [](const std::string&) {});
     thread_ = std::thread([this] { status_ = server_->Run(); });
   }
-  ~Task() { Stop(); }
+  ~Task() { (void)Stop(); }
   absl::Status Stop() {
     if (thread_.joinable()) {
       server_->Stop();

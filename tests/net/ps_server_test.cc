@@ -104,8 +104,10 @@ Snapshot Take(ShmParamStore& store) {
 }
 
 std::unique_ptr<PsServer> Serve(ShmParamStore* store, const std::string& token = kToken,
-                                int64_t max_message_bytes = 4 << 20, const std::string& checkpoint_dir = "") {
+                                int64_t max_message_bytes = 4 << 20, const std::string& checkpoint_dir = "",
+                                bool start_closed = false) {
   PsServerOptions o;
+  o.start_closed = start_closed;
   o.token = token;
   o.task_name = "ps:0";
   o.max_message_bytes = max_message_bytes;
@@ -936,6 +938,89 @@ TEST(PsServerTest, SaveAndRestoreShard) {
   std::unique_ptr<PsClient> bare_client = Connect(ClientOptions(*bare));
   ASSERT_TRUE(bare_client);
   EXPECT_EQ(bare_client->SaveShard(1).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// A server started closed (a ps task, until its chief opens it) serves no
+// pull, push or save: clients see UNAVAILABLE and retry; a RestoreShard, of a
+// checkpoint or as_is, opens it and the waiting calls go through.
+TEST(PsServerTest, ClosedServerRefusesParameterTrafficUntilOpened) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("ps_server_test_closed_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  std::unique_ptr<ShmParamStore> store = MakeStore();
+  ASSERT_TRUE(store);
+  const Snapshot initial = Take(*store);
+  std::unique_ptr<PsServer> server = Serve(store.get(), kToken, 4 << 20, dir.string(), /*start_closed=*/true);
+  ASSERT_TRUE(server);
+  PsClientOptions quick = ClientOptions(*server);
+  quick.max_attempts = 2;
+  quick.initial_backoff_s = 0.01;
+  std::unique_ptr<PsClient> client = Connect(quick);
+  ASSERT_TRUE(client);
+  ASSERT_TRUE(client->GetLayout().ok());  // the layout and version are always served
+  ASSERT_TRUE(client->Version().ok());
+  std::vector<float> out(5);
+  const absl::Status pull = client->PullDense(1, 0, 1, absl::MakeSpan(out));
+  EXPECT_EQ(pull.code(), absl::StatusCode::kUnavailable) << pull;
+  EXPECT_HAS(pull.message(), "ps:0: pull: this ps task (re)started and waits for the chief to reload its shards");
+  const std::vector<float> gb = Ramp(5, 1);
+  const RemoteDenseGrad g[] = {{1, gb}};
+  EXPECT_EQ(client->PushDense(g, 0.1f).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(client->PushRows(kStatic, std::vector<uint64_t>{1}, Ramp(4, 1), 0.1f).status().code(),
+            absl::StatusCode::kUnavailable);
+  std::vector<float> rows(kStaticDim);
+  EXPECT_EQ(client->PullRows(kStatic, std::vector<uint64_t>{1}, absl::MakeSpan(rows)).code(),
+            absl::StatusCode::kUnavailable);
+  const absl::StatusOr<std::string> save = client->SaveShard(1);
+  EXPECT_EQ(save.status().code(), absl::StatusCode::kFailedPrecondition) << save.status();
+  EXPECT_HAS(save.status().message(), "its shards were not reloaded yet");
+  EXPECT_EQ(Take(*store), initial);  // nothing was applied
+
+  // A patient client waits through the closed spell; as_is opens the store
+  // with what it holds.
+  PsClientOptions patient = ClientOptions(*server);
+  patient.max_attempts = 100;
+  patient.initial_backoff_s = 0.01;
+  patient.max_backoff_s = 0.05;
+  std::unique_ptr<PsClient> waiter = Connect(patient);
+  ASSERT_TRUE(waiter);
+  absl::Status waited;
+  std::thread t([&] { waited = waiter->PushDense(g, 0.1f).status(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(store->version(), 0u);
+  net::RestoreShardRequest bad;
+  bad.set_as_is(true);
+  bad.set_step(3);
+  PsService::Options closed;
+  closed.start_closed = true;
+  PsService direct(store.get(), closed);
+  net::RestoreShardResponse ignored;
+  EXPECT_EQ(direct.RestoreShard(bad, &ignored).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(direct.open());
+  ASSERT_TRUE(client->Open().ok());
+  t.join();
+  EXPECT_TRUE(waited.ok()) << waited;
+  EXPECT_EQ(store->version(), 1u);
+  ASSERT_TRUE(client->PullDense(1, 0, 1, absl::MakeSpan(out)).ok());
+  ASSERT_TRUE(client->Open().ok());  // a no-op once open
+
+  // A restarted server opens with a checkpoint's shards.
+  ASSERT_TRUE(client->SaveShard(7).ok());
+  const Snapshot saved = Take(*store);
+  ASSERT_TRUE(client->PushDense(g, 0.1f).ok());
+  server->Shutdown();
+  server = Serve(store.get(), kToken, 4 << 20, dir.string(), /*start_closed=*/true);
+  ASSERT_TRUE(server);
+  std::unique_ptr<PsClient> again = Connect(ClientOptions(*server));
+  ASSERT_TRUE(again);
+  quick.address = server->address();
+  std::unique_ptr<PsClient> quick_again = Connect(quick);
+  ASSERT_TRUE(quick_again);
+  EXPECT_EQ(quick_again->PushDense(g, 0.1f).status().code(), absl::StatusCode::kUnavailable);
+  absl::StatusOr<int64_t> step = again->RestoreShard(7);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(Take(*store), saved);
+  EXPECT_TRUE(again->PushDense(g, 0.1f).ok());
+  fs::remove_all(dir);
 }
 
 TEST(PsServerTest, RefusesNonLoopbackWithoutTokenAndPortsInUse) {
