@@ -5,7 +5,7 @@ set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config ninja-build g++ python3
       libdnnl-dev libhwy-dev libtbb-dev libhwloc-dev hwloc libeigen3-dev libabsl-dev
-      libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev zlib1g-dev
+      libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev zlib1g-dev libzstd-dev zstd
       libgtest-dev libgmock-dev googletest libbenchmark-dev nlohmann-json3-dev
       opencl-headers ocl-icd-opencl-dev dataset-fashion-mnist
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libcpp-httplib-dev
