@@ -39,7 +39,10 @@ absl::StatusOr<Dataset> LoadDataset(const Config& config, const std::string& pat
   ReadOptions ro = MakeReadOptions(config.data, LabelKindOf(config.model.head));
   ro.max_records = max_records;
   if (train != nullptr && !train->class_names.empty()) ro.class_names = &train->class_names;
-  return WithErrorKind(ReadDataset(path, ro), ErrorKind::kData);
+  const char* key = path == config.data.train ? "data.train" : path == config.data.test ? "data.test" : "input";
+  absl::StatusOr<std::vector<std::string>> files = ExpandDataFiles(path, key);
+  if (!files.ok()) return WithErrorKind(files.status(), ErrorKind::kData);
+  return WithErrorKind(ReadDatasetFiles(*files, ro), ErrorKind::kData);
 }
 
 namespace {

@@ -73,11 +73,15 @@ json ShardsJson(Job& job) {
 
 // store.huge_pages of the train summary; an unknown value is null.
 // Rows the readers left out, by reason: {"train": {...}, "test": {...}, "total": N}.
+// Data read from several files adds {"train_files": {file: N}, ...} for the
+// files that had skipped rows.
 json SkippedJson(const SkippedRows& train, const Dataset* test) {
   json j = {{"train", train.by_reason}, {"total", train.total()}};
+  if (!train.by_file.empty()) j["train_files"] = train.by_file;
   if (test != nullptr) {
     j["test"] = test->skipped.by_reason;
     j["total"] = train.total() + test->skipped.total();
+    if (!test->skipped.by_file.empty()) j["test_files"] = test->skipped.by_file;
   }
   return j;
 }

@@ -42,7 +42,7 @@ void Run(const uint8_t* data, size_t size) {
   if (!got.ok()) {
     const absl::StatusCode code = got.status().code();
     Check(code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kResourceExhausted);
-    Check(std::string_view(got.status().message()).substr(0, 9) == "fuzz.in: ");
+    Check(got.status().message().substr(0, 9) == "fuzz.in: ");
   } else {
     Check(got->size() <= kLimit);
   }

@@ -495,8 +495,21 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
     return absl::OkStatus();
   };
   data.custom["csv"] = [csv](const std::string& k, const YAML::Node& n, const Locator& l) { return csv.Parse(k, n, l); };
-  data.leaves["train"] = String(&c->data.train);
-  data.leaves["test"] = String(&c->data.test);
+  // A path, a glob, or a list of them (kept joined by commas, as
+  // ExpandDataFiles reads them; a name with a comma can't be listed).
+  for (auto [key, out] : {std::pair{"train", &c->data.train}, std::pair{"test", &c->data.test}}) {
+    data.leaves[key] = [out](const std::string& k, const YAML::Node& n, const Locator& l) -> absl::Status {
+      std::vector<std::string> files;
+      SW_RETURN_IF_ERROR(ParseStrings(k, n, l, &files));
+      for (size_t i = 0; i < files.size(); ++i) {
+        if (n.IsSequence() && files[i].find(',') != std::string::npos) {
+          return l.Error(absl::StrCat(k, "[", i, "]"), n[i], "expected a file name without a comma");
+        }
+      }
+      *out = absl::StrJoin(files, ",");
+      return absl::OkStatus();
+    };
+  }
   data.leaves["max_train_records"] = Int64(&c->data.max_train_records);
   data.leaves["max_test_records"] = Int64(&c->data.max_test_records);
   data.leaves["records_per_task"] = Int64(&c->data.records_per_task);

@@ -32,6 +32,9 @@ struct SparseField {
 // count", "non-numeric value", "bad hex", "index 0", "unsorted indices", ...).
 struct SkippedRows {
   std::map<std::string, int64_t> by_reason;
+  // Rows skipped in each file, for data read from several files (only files
+  // with skipped rows appear; empty for one file).
+  std::map<std::string, int64_t> by_file;
   int64_t total() const {
     int64_t n = 0;
     for (const auto& [reason, k] : by_reason) n += k;
@@ -39,6 +42,7 @@ struct SkippedRows {
   }
   void Add(const SkippedRows& o) {
     for (const auto& [reason, k] : o.by_reason) by_reason[reason] += k;
+    for (const auto& [file, k] : o.by_file) by_file[file] += k;
   }
 };
 

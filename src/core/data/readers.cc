@@ -1,6 +1,7 @@
 #include "core/data/readers.h"
 
 #include <fcntl.h>
+#include <glob.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <new>
@@ -31,6 +33,7 @@
 #include "core/io/crc32c.h"
 #include "core/base/status.h"
 #include "core/io/atomic_file.h"
+#include "core/io/compressed.h"
 #include "core/io/writable_file.h"
 
 namespace shardwild {
@@ -1192,8 +1195,21 @@ absl::StatusOr<Dataset> ReadDataset(const std::string& path, const ReadOptions& 
   ::close(fd);
   const int threads = options.threads > 0 ? options.threads
                                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  absl::StatusOr<Dataset> d =
-      ParseParallel(std::string_view(static_cast<const char*>(map), size), path, 1, options, threads, &st.chunks);
+  std::string_view bytes(static_cast<const char*>(map), size);
+  const Compression compression = DetectCompression(bytes.substr(0, 4));
+  st.compression = CompressionName(compression);
+  std::string text;
+  if (compression != Compression::kNone) {
+    DecompressOptions dopts;
+    dopts.threads = threads;
+    absl::StatusOr<std::string> decompressed = Decompress(bytes, compression, path, dopts);
+    if (map != nullptr) ::munmap(map, size);
+    map = nullptr;
+    if (!decompressed.ok()) return decompressed.status();
+    text = *std::move(decompressed);
+    bytes = text;
+  }
+  absl::StatusOr<Dataset> d = ParseParallel(bytes, path, 1, options, threads, &st.chunks);
   if (map != nullptr) ::munmap(map, size);
   if (!d.ok()) return d.status();
   if (options.cache) {
@@ -1205,6 +1221,153 @@ absl::StatusOr<Dataset> ReadDataset(const std::string& path, const ReadOptions& 
     }
   }
   return d;
+}
+
+absl::StatusOr<std::vector<std::string>> ExpandDataFiles(const std::string& spec, std::string_view key) {
+  std::vector<std::string> files;
+  size_t start = 0;
+  while (start <= spec.size()) {
+    size_t end = spec.find(',', start);
+    if (end == std::string::npos) end = spec.size();
+    std::string entry = spec.substr(start, end - start);
+    const size_t first = entry.find_first_not_of(" \t");
+    entry = first == std::string::npos ? "" : entry.substr(first, entry.find_last_not_of(" \t") - first + 1);
+    if (entry.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(AV(key), ": an empty file name in '", spec, "'"));
+    }
+    if (entry.find_first_of("*?[") == std::string::npos) {
+      files.push_back(entry);
+    } else {
+      glob_t g{};
+      const int r = ::glob(entry.c_str(), GLOB_ERR, nullptr, &g);
+      if (r == GLOB_NOMATCH) {
+        ::globfree(&g);
+        return absl::InvalidArgumentError(absl::StrCat(AV(key), ": '", entry, "' matches no file"));
+      }
+      if (r != 0) {
+        ::globfree(&g);
+        return absl::InvalidArgumentError(absl::StrCat(AV(key), ": '", entry, "': cannot list its directory"));
+      }
+      std::vector<std::string> matched(g.gl_pathv, g.gl_pathv + g.gl_pathc);
+      ::globfree(&g);
+      std::sort(matched.begin(), matched.end());
+      for (std::string& m : matched) {
+        std::error_code ec;
+        if (fs::is_regular_file(m, ec)) files.push_back(std::move(m));
+      }
+      if (matched.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(AV(key), ": '", entry, "' matches no file"));
+      }
+    }
+    start = end + 1;
+  }
+  return files;
+}
+
+namespace {
+
+// Appends `from` (read from `file`) to `into`; both from the same options.
+absl::Status AppendDataset(Dataset* into, Dataset from, const std::string& file, bool merge_names) {
+  if (from.dense_dim != into->dense_dim || from.fields.size() != into->fields.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": ", from.dense_dim, " dense features and ", from.fields.size(),
+                                                   " sparse fields, the files before it have ", into->dense_dim,
+                                                   " and ", into->fields.size()));
+  }
+  for (size_t f = 0; f < from.fields.size(); ++f) {
+    if (from.fields[f].name != into->fields[f].name) {
+      return absl::InvalidArgumentError(absl::StrCat(file, ": sparse field ", f, " is '", from.fields[f].name,
+                                                     "', in the files before it '", into->fields[f].name, "'"));
+    }
+  }
+  if (merge_names && from.class_names != into->class_names) {
+    // Both lists are sorted: their union, and each side's labels mapped onto it.
+    std::vector<std::string> names;
+    std::set_union(into->class_names.begin(), into->class_names.end(), from.class_names.begin(),
+                   from.class_names.end(), std::back_inserter(names));
+    auto remap = [&](Dataset* d) {
+      std::vector<int32_t> to(d->class_names.size());
+      for (size_t i = 0; i < to.size(); ++i) {
+        to[i] = static_cast<int32_t>(std::lower_bound(names.begin(), names.end(), d->class_names[i]) - names.begin());
+      }
+      for (int32_t& l : d->labels) l = to[static_cast<size_t>(l)];
+      for (int32_t& l : d->label_sets) l = to[static_cast<size_t>(l)];
+      d->class_names = names;
+      d->num_classes = static_cast<int32_t>(names.size());
+    };
+    remap(into);
+    remap(&from);
+  }
+  into->num_classes = std::max(into->num_classes, from.num_classes);
+  // Multi-label in either: both become multi-label (one label each where a file had one).
+  if (into->multi_label() != from.multi_label()) {
+    for (Dataset* d : {into, &from}) {
+      if (d->multi_label()) continue;
+      d->label_offsets.resize(static_cast<size_t>(d->count) + 1);
+      for (int64_t r = 0; r <= d->count; ++r) d->label_offsets[static_cast<size_t>(r)] = r;
+      d->label_sets = d->labels;
+    }
+  }
+  if (from.multi_label()) {
+    const int64_t base = into->label_sets.size();
+    if (into->label_offsets.empty()) into->label_offsets.push_back(0);
+    for (size_t r = 1; r < from.label_offsets.size(); ++r) into->label_offsets.push_back(base + from.label_offsets[r]);
+    into->label_sets.insert(into->label_sets.end(), from.label_sets.begin(), from.label_sets.end());
+  }
+  into->dense.insert(into->dense.end(), from.dense.begin(), from.dense.end());
+  into->labels.insert(into->labels.end(), from.labels.begin(), from.labels.end());
+  into->targets.insert(into->targets.end(), from.targets.begin(), from.targets.end());
+  for (size_t f = 0; f < from.fields.size(); ++f) {
+    SparseField& a = into->fields[f];
+    SparseField& b = from.fields[f];
+    if (a.weights.empty() != b.weights.empty()) {
+      if (a.weights.empty()) a.weights.assign(a.ids.size(), 1.0f);
+      if (b.weights.empty()) b.weights.assign(b.ids.size(), 1.0f);
+    }
+    const int64_t base = static_cast<int64_t>(a.ids.size());
+    for (size_t r = 1; r < b.offsets.size(); ++r) a.offsets.push_back(base + b.offsets[r]);
+    a.ids.insert(a.ids.end(), b.ids.begin(), b.ids.end());
+    a.weights.insert(a.weights.end(), b.weights.begin(), b.weights.end());
+  }
+  into->count += from.count;
+  into->tokens += from.tokens;
+  into->skipped.Add(from.skipped);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Dataset> ReadDatasetFiles(const std::vector<std::string>& files, const ReadOptions& options,
+                                         ReadStats* stats) {
+  if (files.empty()) return absl::InvalidArgumentError("read: no data files");
+  if (files.size() == 1) {
+    absl::StatusOr<Dataset> d = ReadDataset(files[0], options, stats);
+    if (stats) stats->files = 1;
+    return d;
+  }
+  Dataset all;
+  bool every_from_cache = true;
+  ReadStats st;
+  for (size_t i = 0; i < files.size(); ++i) {
+    ReadOptions o = options;
+    if (options.max_records > 0) {
+      if (all.count >= options.max_records) break;
+      o.max_records = options.max_records - all.count;
+    }
+    SW_ASSIGN_OR_RETURN(Dataset d, ReadDataset(files[i], o, &st));
+    every_from_cache = every_from_cache && st.from_cache;
+    if (d.skipped.total() > 0) d.skipped.by_file[files[i]] = d.skipped.total();
+    if (i == 0) {
+      all = std::move(d);
+    } else {
+      SW_RETURN_IF_ERROR(AppendDataset(&all, std::move(d), files[i], options.class_names == nullptr));
+    }
+  }
+  if (stats) {
+    *stats = st;
+    stats->files = static_cast<int>(files.size());
+    stats->from_cache = every_from_cache;
+  }
+  return all;
 }
 
 float ApplyDenseTransform(double x, DenseTransform t) { return Transform(x, t); }

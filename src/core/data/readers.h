@@ -47,6 +47,11 @@
 // expected>, got '<text>'" for the first bad row in file order; kSkip leaves
 // the row out and counts it in Dataset::skipped under that reason.
 //
+// A file compressed with gzip or zstd (told by its first bytes, whatever its
+// name) is decompressed first (core/io/compressed.h: in parallel where its
+// members or frames can be found up front), then parsed the same way; its
+// messages name the compressed file and the line in its decompressed text.
+//
 // Thread safety: every function is thread-safe; none keeps state.
 #pragma once
 
@@ -91,7 +96,17 @@ struct ReadStats {
   bool cache_written = false;   // a cache file was (re)written
   std::string cache_path;       // the cache file used or written ("" without cache)
   int chunks = 0;               // chunks parsed in parallel (0 from cache)
+  std::string compression;      // "gzip" / "zstd" for a compressed file, else "none"
+  int files = 0;                // files read (ReadDatasetFiles)
 };
+
+// The files a data.train / data.test value names: entries separated by
+// commas (a YAML list is joined so), each a path, or a glob pattern (with
+// `*`, `?` or `[`) standing for the files it matches in sorted order.
+// InvalidArgument naming `key` for an empty entry or a pattern that matches
+// no file; a plain path is returned as given (reading it says whether it
+// exists).
+absl::StatusOr<std::vector<std::string>> ExpandDataFiles(const std::string& spec, std::string_view key);
 
 // Reads the file at `path`: from its cache when `cache` is set and a valid
 // one exists, else parsed in parallel (options.threads plain std::threads,
@@ -103,6 +118,18 @@ struct ReadStats {
 // warning on stderr, not an error. `stats` (may be null) gets what the read
 // did. Blocks until done.
 absl::StatusOr<Dataset> ReadDataset(const std::string& path, const ReadOptions& options, ReadStats* stats = nullptr);
+
+// Reads every file of `files` (ExpandDataFiles) as ReadDataset does, each
+// with its own cache, and joins them in order into one data set: record
+// counts add up, max_records counts over all of them, skipped rows add up
+// (and are also counted per file in skipped.by_file), and text class names
+// collected from the files merge into one sorted list with the labels
+// mapped onto it. The files must agree in shape (dense features, sparse
+// fields; InvalidArgument naming the file that differs). `stats` gets the
+// last file's read with `files` set, and from_cache only when every file
+// came from its cache.
+absl::StatusOr<Dataset> ReadDatasetFiles(const std::vector<std::string>& files, const ReadOptions& options,
+                                         ReadStats* stats = nullptr);
 
 // Parses `bytes` on the calling thread (ReadDataset's parser, and the
 // fuzzers'). `bytes` is whole lines of a file, starting at its line

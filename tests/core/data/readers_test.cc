@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/data/dataset.h"
+#include "core/io/compressed.h"
 #include "core/config/options.h"
 #include "gtest/gtest.h"
 #include "tests/workers/test_config.h"
@@ -814,6 +815,163 @@ TEST(LibsvmReaderTest, CommentAndBlankLinesAreEmptyLines) {
   d = ParseBuffer("# c\n \n1 0:1\n", "a.svm", 1, o);
   ASSERT_FALSE(d.ok());
   EXPECT_EQ(d.status().message(), "a.svm:3:3: feature indices start at 1, got '0:1'");
+}
+
+}  // namespace
+}  // namespace shardwild
+
+// ---------------------------------------------------------------------------
+// Compressed files and several files.
+
+namespace shardwild {
+namespace {
+
+std::string Compressed(const std::string& text, Compression c) {
+  absl::StatusOr<std::string> b = CompressBlock(text, c);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? *b : "";
+}
+
+// A gzip or zstd file reads as its text does (told by its bytes, not its
+// name), from the cache too; a bad row names the compressed file and the line
+// in its text.
+TEST(CompressedReaderTest, GzipAndZstdReadAsTheirText) {
+  TempDir dir;
+  const std::string text = CriteoFile(900);
+  ReadOptions o = Opts(DataFormat::kCriteo, LabelKind::kBinary);
+  o.threads = 3;
+  const absl::StatusOr<Dataset> plain = ReadDataset(Write(dir, "plain.tsv", text), o);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  for (Compression c : {Compression::kGzip, Compression::kZstd}) {
+    // Three blocks (members / frames), and a misleading name.
+    const std::string bytes = Compressed(text.substr(0, 30000), c) + Compressed(text.substr(30000, 40000), c) +
+                              Compressed(text.substr(70000), c);
+    const std::string path = Write(dir, std::string("data_") + CompressionName(c) + ".tsv", bytes);
+    ReadOptions co = o;
+    co.cache = true;
+    ReadStats st;
+    absl::StatusOr<Dataset> d = ReadDataset(path, co, &st);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ(st.compression, CompressionName(c));
+    EXPECT_FALSE(st.from_cache);
+    ExpectSameDataset(*d, *plain);
+    d = ReadDataset(path, co, &st);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_TRUE(st.from_cache);
+    ExpectSameDataset(*d, *plain);
+
+    const std::string bad = CriteoFile(900, {700});
+    const std::string bad_path = Write(dir, std::string("bad") + CompressionSuffix(c), Compressed(bad, c));
+    d = ReadDataset(bad_path, o);
+    ASSERT_FALSE(d.ok());
+    EXPECT_NE(d.status().message().find(absl::StrCat(bad_path, ":", CriteoFileLine(700), ":")), std::string::npos)
+        << d.status();
+    const std::string cut = Write(dir, std::string("cut") + CompressionSuffix(c), bytes.substr(0, bytes.size() - 50));
+    d = ReadDataset(cut, o);
+    ASSERT_FALSE(d.ok());
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(d.status().message().find(cut + ": " + CompressionName(c) + ": "), std::string::npos) << d.status();
+  }
+}
+
+// Several files (a list, or globs) read as their concatenation does;
+// max_records counts over all of them; skipped rows are also counted per
+// file.
+TEST(MultiFileReaderTest, FilesJoinAsTheirConcatenation) {
+  TempDir dir;
+  std::vector<std::string> lines;
+  {
+    const std::string text = CriteoFile(1000, {10, 510, 720});
+    size_t at = 0;
+    while (at < text.size()) {
+      size_t nl = text.find('\n', at);
+      if (nl == std::string::npos) nl = text.size() - 1;
+      lines.push_back(text.substr(at, nl + 1 - at));
+      at = nl + 1;
+    }
+  }
+  auto part = [&](size_t b, size_t e) {
+    std::string s;
+    for (size_t i = b; i < e; ++i) s += lines[i];
+    if (s.back() != '\n') s += '\n';
+    return s;
+  };
+  const size_t n = lines.size(), a = n / 3, b = 2 * n / 3;
+  const std::string whole = part(0, n);
+  Write(dir, "day_1.tsv", part(0, a));
+  Write(dir, "day_2.tsv.gz", Compressed(part(a, b), Compression::kGzip));
+  Write(dir, "day_3.tsv.zst", Compressed(part(b, n), Compression::kZstd));
+  const std::string all_path = Write(dir, "all.tsv", whole);
+  ReadOptions o = Opts(DataFormat::kCriteo, LabelKind::kBinary, OnBadRow::kSkip);
+  const absl::StatusOr<Dataset> one = ReadDataset(all_path, o);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->skipped.total(), 3);
+
+  const std::string spec = dir.path() + "/day_1.tsv, " + dir.path() + "/day_[23].*";
+  absl::StatusOr<std::vector<std::string>> files = ExpandDataFiles(spec, "data.train");
+  ASSERT_TRUE(files.ok()) << files.status();
+  ASSERT_EQ(files->size(), 3u);
+  EXPECT_EQ((*files)[2], dir.path() + "/day_3.tsv.zst");
+  ReadStats st;
+  absl::StatusOr<Dataset> d = ReadDatasetFiles(*files, o, &st);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(st.files, 3);
+  ExpectSameDataset(*d, *one);
+  EXPECT_EQ(d->skipped.by_file, (std::map<std::string, int64_t>{{(*files)[0], 1}, {(*files)[1], 1}, {(*files)[2], 1}}));
+
+  o.max_records = 500;
+  d = ReadDatasetFiles(*files, o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  absl::StatusOr<Dataset> first = ReadDataset(all_path, o);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(d->count, 500);
+  // (Files past the cap are not read, so their bad rows are not counted.)
+  d->skipped = first->skipped = SkippedRows();
+  ExpectSameDataset(*d, *first);
+
+  // Under fail, the first bad row names its file and its line there.
+  o.on_error = OnBadRow::kFail;
+  o.max_records = 0;
+  d = ReadDatasetFiles(std::vector<std::string>(files->begin() + 1, files->end()), o);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find((*files)[1] + ":"), std::string::npos) << d.status();
+
+  EXPECT_NE(ExpandDataFiles(dir.path() + "/nothing_*.tsv", "data.train").status().message().find(
+                "data.train: '" + dir.path() + "/nothing_*.tsv' matches no file"),
+            std::string::npos);
+  EXPECT_NE(ExpandDataFiles("a.tsv,,b.tsv", "data.test").status().message().find("data.test: an empty file name"),
+            std::string::npos);
+}
+
+// Text labels: each file's class names merge into one sorted list, the
+// labels mapped onto it, as if the files were one.
+TEST(MultiFileReaderTest, TextClassNamesMergeAcrossFiles) {
+  TempDir dir;
+  const std::string a = "__label__zeta x y\n__label__alpha y\n__label__zeta __label__mid z\n";
+  const std::string b = "__label__beta x\n__label__alpha q\n";
+  const std::vector<std::string> files = {Write(dir, "a.txt", a), Write(dir, "b.txt", b)};
+  const std::string whole = Write(dir, "ab.txt", a + b);
+  const ReadOptions o = Opts(DataFormat::kText, LabelKind::kMultiClass);
+  const absl::StatusOr<Dataset> one = ReadDataset(whole, o);
+  ASSERT_TRUE(one.ok()) << one.status();
+  const absl::StatusOr<Dataset> two = ReadDatasetFiles(files, o);
+  ASSERT_TRUE(two.ok()) << two.status();
+  ExpectSameDataset(*two, *one);
+  EXPECT_EQ(two->class_names, (std::vector<std::string>{"alpha", "beta", "mid", "zeta"}));
+}
+
+TEST(MultiFileReaderTest, FilesOfAnotherShapeAreOneError) {
+  TempDir dir;
+  ReadOptions o = Opts(DataFormat::kCsv, LabelKind::kBinary);
+  o.csv.label = "y";
+  o.csv.dense = {"a"};
+  const std::vector<std::string> files = {Write(dir, "1.csv", "y,a\n1,2\n"), Write(dir, "2.csv", "y,a\n0,3\n")};
+  ASSERT_TRUE(ReadDatasetFiles(files, o).ok());
+  o.csv.categorical = {"c"};
+  const std::vector<std::string> mixed = {Write(dir, "3.csv", "y,a,c\n1,2,x\n"), Write(dir, "4.csv", "y,a\n0,3\n")};
+  const absl::StatusOr<Dataset> d = ReadDatasetFiles(mixed, o);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find(mixed[1]), std::string::npos) << d.status();
 }
 
 }  // namespace
