@@ -640,12 +640,20 @@ int GenerateDataCommand(const DataGenOptions& options, bool as_json) {
   } else {
     absl::StrAppendFormat(&model, ", %d classes", r->num_classes);
   }
-  std::printf("wrote %lld rows to %s (%s); planted model: %s\n", static_cast<long long>(r->rows), options.out.c_str(),
+  const std::string where = r->files.size() == 1
+                                ? r->files[0].path
+                                : absl::StrCat(r->files.size(), " files, ", r->files.front().path, " .. ",
+                                               r->files.back().path);
+  std::printf("wrote %lld rows to %s (%s); planted model: %s\n", static_cast<long long>(r->rows), where.c_str(),
               options.kind.c_str(), model.c_str());
   if (as_json) {
+    json files = json::array();
+    for (const DataGenResult::File& f : r->files) files.push_back({{"path", f.path}, {"rows", f.rows}, {"bytes", f.bytes}});
     json j = {{"kind", options.kind},
               {"rows", r->rows},
-              {"out", options.out},
+              {"out", r->files.size() == 1 ? r->files[0].path : options.out},
+              {"files", files},
+              {"compress", options.compress},
               {"seed", options.seed},
               {"model_seed", options.model_seed},
               {"bytes", r->bytes},
@@ -992,6 +1000,12 @@ int main(int argc, char** argv) {
                        "Seed of the planted model (keep it the same for the files of one task)")
       ->capture_default_str();
   data_gen->add_option("--classes", data_gen_options.text_classes, "text: classes")->capture_default_str();
+  data_gen->add_option("--files", data_gen_options.files,
+                       "Split the rows into this many files, named --out with -00000, -00001, ... before its first '.'")
+      ->capture_default_str();
+  data_gen->add_option("--compress", data_gen_options.compress,
+                       "Compress each file: gz or zst (independent blocks, read in parallel), or none")
+      ->capture_default_str();
   data_gen->add_flag("--json", as_json, "End with one line of JSON");
 
   add_cluster_flags(train);

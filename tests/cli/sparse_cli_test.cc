@@ -3,6 +3,8 @@
 // head metrics, `eval --checkpoint`, `predict` on a Criteo file, bad rows
 // under data.on_error, and a checkpoint refused for a config that reads the
 // data differently.
+#include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -157,6 +159,57 @@ TEST_F(SparseCliTest, BadRowsFailWithFileLineColumnOrAreSkippedAndCounted) {
   EXPECT_EQ(s["rows_skipped"]["total"], 1);
   EXPECT_EQ(s["rows_skipped"]["train"]["bad hex"], 1);
   EXPECT_EQ(s["records_seen"], 3999);
+}
+
+// `data gen --files --compress` writes the rows of one file into several
+// compressed ones; training on their glob sees exactly the one file's data
+// (same records; with ps.update sync, the same metrics), and a bad row in a
+// compressed file is named by that file and its line, and counted per file
+// under skip.
+TEST_F(SparseCliTest, GlobOfCompressedFilesTrainsAsTheOneFile) {
+  for (const std::string compress : {"gz", "zst"}) {
+    const Result g = RunCli({"data", "gen", "--kind", "criteo", "--rows", "4000", "--out", Path("day.tsv"), "--seed",
+                             "1", "--files", "3", "--compress", compress, "--json"});
+    ASSERT_EQ(g.code(), 0) << g.err;
+    const json gj = LastLineJson(g.out);
+    ASSERT_EQ(gj["files"].size(), 3u) << g.out;
+    EXPECT_EQ(gj["files"][2]["path"], Path("day-00002.tsv." + compress));
+    const std::vector<std::string> sync = {"--set", "ps.update=sync", "--set", "train.epochs=1"};
+    const Result one = RunCli(Cmd({"train", kDlrm, "--json"}, sync));
+    std::vector<std::string> glob = sync;
+    glob.insert(glob.end(), {"--set", "data.train=" + Path("day-*.tsv." + compress)});
+    const Result many = RunCli(Cmd({"train", kDlrm, "--json"}, glob));
+    ASSERT_EQ(one.code(), 0) << one.err;
+    ASSERT_EQ(many.code(), 0) << many.err;
+    const json a = LastLineJson(one.out), b = LastLineJson(many.out);
+    ASSERT_TRUE(a.is_object() && b.is_object()) << one.out << many.out;
+    EXPECT_EQ(b["records_seen"], 4000);
+    EXPECT_EQ(b["test_auc"], a["test_auc"]) << compress;
+    EXPECT_EQ(b["train_loss"], a["train_loss"]) << compress;
+  }
+  // A bad row in the second (compressed) file.
+  std::string text = ReadFile(Path("train.tsv"));
+  size_t at = 0;
+  for (int i = 0; i < 1500; ++i) at = text.find('\n', at) + 1;  // line 1501 of the file = line 1 of part 2
+  const std::string first = text.substr(0, at);
+  std::string second = text.substr(at);
+  second.replace(second.find('\t'), 0, "x");  // "0x\t..." : a bad label
+  for (const auto& [name, part] : {std::pair{"p-1.tsv", first}, std::pair{"p-2.tsv", second}}) {
+    std::ofstream f(Path(name), std::ios::binary);
+    f << part;
+  }
+  ASSERT_EQ(std::system(("gzip -f " + Path("p-2.tsv")).c_str()), 0);
+  const Result fail = RunCli(Cmd({"train", kDlrm}, {"--set", "data.train=" + Path("p-*.tsv*")}));
+  ExpectOneErrorLine(fail, {Path("p-2.tsv.gz") + ":1:1:", "label"});
+  const Result skip = RunCli(Cmd({"train", kDlrm, "--json"}, {"--set", "data.train=" + Path("p-1.tsv") + "," +
+                                                                          Path("p-2.tsv.gz"),
+                                                              "--set", "data.on_error=skip", "--set", "train.epochs=1"}));
+  ASSERT_EQ(skip.code(), 0) << skip.err;
+  const json s = LastLineJson(skip.out);
+  EXPECT_EQ(s["records_seen"], 3999);
+  EXPECT_EQ(s["rows_skipped"]["train_files"][Path("p-2.tsv.gz")], 1) << skip.out;
+  ExpectOneErrorLine(RunCli(Cmd({"train", kDlrm}, {"--set", "data.train=" + Path("none-*.tsv")})),
+                     {"data.train: '" + Path("none-*.tsv") + "' matches no file"});
 }
 
 // Worker processes attach to the store's tables and read the data themselves.

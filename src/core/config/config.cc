@@ -497,8 +497,10 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
   data.custom["csv"] = [csv](const std::string& k, const YAML::Node& n, const Locator& l) { return csv.Parse(k, n, l); };
   // A path, a glob, or a list of them (kept joined by commas, as
   // ExpandDataFiles reads them; a name with a comma can't be listed).
-  for (auto [key, out] : {std::pair{"train", &c->data.train}, std::pair{"test", &c->data.test}}) {
-    data.leaves[key] = [out](const std::string& k, const YAML::Node& n, const Locator& l) -> absl::Status {
+  for (const std::pair<const char*, std::string*>& file_key :
+       {std::pair<const char*, std::string*>{"train", &c->data.train}, {"test", &c->data.test}}) {
+    std::string* out = file_key.second;  // (not a structured binding: older clang can't capture those)
+    data.leaves[file_key.first] = [out](const std::string& k, const YAML::Node& n, const Locator& l) -> absl::Status {
       std::vector<std::string> files;
       SW_RETURN_IF_ERROR(ParseStrings(k, n, l, &files));
       for (size_t i = 0; i < files.size(); ++i) {

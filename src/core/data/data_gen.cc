@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -19,6 +21,7 @@
 #include "core/base/random.h"
 #include "core/base/status.h"
 #include "core/io/atomic_file.h"
+#include "core/io/compressed.h"
 #include "core/io/writable_file.h"
 
 namespace shardwild {
@@ -134,22 +137,38 @@ void AppendInt(std::string* s, int64_t v) {
 }
 
 // Gathers the labels and true logits of the rows written, for the result.
-struct BinaryTally {
+// What a range of rows tells about the planted model: binary kinds keep
+// every row's true logit and label (for ExactAuc), text counts the rows
+// whose arg-max class is the label. Ranges of one data set merge in order.
+struct Tally {
   std::vector<float> logits;
   std::vector<int8_t> labels;
   int64_t positives = 0;
+  int64_t correct = 0;
+  int64_t rows = 0;
   void Add(double logit, bool label) {
     logits.push_back(static_cast<float>(logit));
     labels.push_back(label ? 1 : 0);
     positives += label;
+    ++rows;
   }
-  void Finish(DataGenResult* r) const {
+  void Merge(const Tally& o) {
+    logits.insert(logits.end(), o.logits.begin(), o.logits.end());
+    labels.insert(labels.end(), o.labels.begin(), o.labels.end());
+    positives += o.positives;
+    correct += o.correct;
+    rows += o.rows;
+  }
+  void FinishBinary(DataGenResult* r) const {
     r->metric_name = "bayes_auc";
     r->bayes_metric = ExactAuc(std::span<const float>(logits), std::span<const int8_t>(labels));
     r->positive_rate = labels.empty() ? 0 : static_cast<double>(positives) / static_cast<double>(labels.size());
     r->num_classes = 2;
   }
 };
+
+// Where the generated lines go.
+using LineSink = CompressedFileWriter;
 
 // ---- criteo ------------------------------------------------------------------
 
@@ -254,23 +273,21 @@ class CriteoModel {
   double bias_ = 0;
 };
 
-absl::Status GenerateCriteo(const DataGenOptions& o, WritableFile* file, DataGenResult* result) {
+absl::Status GenerateCriteo(const DataGenOptions& o, int64_t first, int64_t end, LineSink* file, Tally* tally) {
   const CriteoModel model(o.model_seed);
-  BinaryTally tally;
   std::string line, features;
-  for (int64_t r = 0; r < o.rows; ++r) {
+  for (int64_t r = first; r < end; ++r) {
     Rng rng(Mix({o.seed, kTagRow, static_cast<uint64_t>(r)}));
     features.clear();
     const double logit = model.bias() + model.DrawRow(rng, &features);
     const bool label = rng.Uniform() < Sigmoid(logit);
-    tally.Add(logit, label);
+    tally->Add(logit, label);
     line.clear();
     line.push_back(label ? '1' : '0');
     line.append(features);
     line.push_back('\n');
     SW_RETURN_IF_ERROR(file->Append(line));
   }
-  tally.Finish(result);
   return absl::OkStatus();
 }
 
@@ -338,16 +355,15 @@ class LibsvmModel {
   double bias_ = 0;
 };
 
-absl::Status GenerateLibsvm(const DataGenOptions& o, WritableFile* file, DataGenResult* result) {
+absl::Status GenerateLibsvm(const DataGenOptions& o, int64_t first, int64_t end, LineSink* file, Tally* tally) {
   const LibsvmModel model(o.model_seed, o.libsvm_features);
-  BinaryTally tally;
   std::string line;
   std::vector<LibsvmEntry> row;
-  for (int64_t r = 0; r < o.rows; ++r) {
+  for (int64_t r = first; r < end; ++r) {
     Rng rng(Mix({o.seed, kTagRow, static_cast<uint64_t>(r)}));
     const double logit = model.bias() + model.DrawRow(rng, &row);
     const bool label = rng.Uniform() < Sigmoid(logit);
-    tally.Add(logit, label);
+    tally->Add(logit, label);
     line.clear();
     line.push_back(label ? '1' : '0');
     for (const auto& [index, rank, value] : row) {
@@ -364,7 +380,6 @@ absl::Status GenerateLibsvm(const DataGenOptions& o, WritableFile* file, DataGen
     line.push_back('\n');
     SW_RETURN_IF_ERROR(file->Append(line));
   }
-  tally.Finish(result);
   return absl::OkStatus();
 }
 
@@ -438,14 +453,14 @@ class TextModel {
   std::vector<double> prior_;   // cumulative
 };
 
-absl::Status GenerateText(const DataGenOptions& o, WritableFile* file, DataGenResult* result) {
+absl::Status GenerateText(const DataGenOptions& o, int64_t first, int64_t end, LineSink* file, Tally* tally) {
   const TextModel model(o.model_seed, o.text_classes, o.text_vocab);
   const int k = o.text_classes;
   std::string line;
   std::vector<int64_t> slots;
   std::vector<double> logits, cumulative(k);
   int64_t correct = 0;
-  for (int64_t r = 0; r < o.rows; ++r) {
+  for (int64_t r = first; r < end; ++r) {
     Rng rng(Mix({o.seed, kTagRow, static_cast<uint64_t>(r)}));
     model.DrawDoc(rng, &slots, &logits);
     const double m = *std::max_element(logits.begin(), logits.end());
@@ -466,10 +481,8 @@ absl::Status GenerateText(const DataGenOptions& o, WritableFile* file, DataGenRe
     line.push_back('\n');
     SW_RETURN_IF_ERROR(file->Append(line));
   }
-  result->metric_name = "bayes_accuracy";
-  result->bayes_metric = static_cast<double>(correct) / static_cast<double>(o.rows);
-  result->positive_rate = 0;
-  result->num_classes = k;
+  tally->correct += correct;
+  tally->rows += end - first;
   return absl::OkStatus();
 }
 
@@ -490,6 +503,12 @@ absl::Status DataGenOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("data gen: text_vocab must be in [64 * text_classes = ",
                                                    64 * text_classes, ", 2^31], got ", text_vocab));
   }
+  if (files < 1 || files > 100000 || files > rows) {
+    return absl::InvalidArgumentError(absl::StrCat("data gen: files must be in [1, min(rows, 100000)], got ", files));
+  }
+  if (const absl::StatusOr<Compression> c = ParseCompression(compress); !c.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("data gen: ", c.status().message()));
+  }
   if (libsvm_features < 1000 || libsvm_features > (int64_t{1} << 31)) {
     return absl::InvalidArgumentError(
         absl::StrCat("data gen: libsvm_features must be in [1000, 2^31], got ", libsvm_features));
@@ -497,21 +516,88 @@ absl::Status DataGenOptions::Validate() const {
   return absl::OkStatus();
 }
 
+std::vector<std::string> DataGenOptions::Paths() const {
+  const Compression c = ParseCompression(compress).value_or(Compression::kNone);
+  const std::string suffix = CompressionSuffix(c);
+  auto with_suffix = [&](const std::string& p) {
+    return suffix.empty() || (p.size() >= suffix.size() && p.compare(p.size() - suffix.size(), suffix.size(), suffix) == 0)
+               ? p
+               : p + suffix;
+  };
+  if (files <= 1) return {with_suffix(out)};
+  const size_t slash = out.rfind('/');
+  const size_t name_at = slash == std::string::npos ? 0 : slash + 1;
+  size_t dot = out.find('.', name_at);
+  if (dot == std::string::npos || dot == name_at) dot = out.size();
+  std::vector<std::string> paths;
+  for (int i = 0; i < files; ++i) {
+    char index[16];
+    std::snprintf(index, sizeof index, "-%05d", i);
+    paths.push_back(with_suffix(out.substr(0, dot) + index + out.substr(dot)));
+  }
+  return paths;
+}
+
 absl::StatusOr<DataGenResult> GenerateData(const DataGenOptions& options) {
   SW_RETURN_IF_ERROR(options.Validate());
-  SW_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFile> out, AtomicFile::Open(options.out, /*sync=*/true));
-  WritableFile* file = &out->file();
+  SW_ASSIGN_OR_RETURN(const Compression compression, ParseCompression(options.compress));
+  const std::vector<std::string> paths = options.Paths();
+  const int n = static_cast<int>(paths.size());
+  const int hw = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int parallel = std::min(n, options.threads > 0 ? options.threads : hw);
+  // File i holds rows [i * rows / n, (i + 1) * rows / n): row r is drawn from
+  // its own stream, so the files together are the one file of `rows` rows.
+  std::vector<Tally> tallies(static_cast<size_t>(n));
+  std::vector<uint64_t> bytes(static_cast<size_t>(n));
+  std::vector<std::unique_ptr<LineSink>> sinks(static_cast<size_t>(n));
+  std::vector<absl::Status> status(static_cast<size_t>(n));
+  std::atomic<int> next{0};
+  auto run = [&] {
+    for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
+      const int64_t first = options.rows * i / n, end = options.rows * (i + 1) / n;
+      status[i] = [&]() -> absl::Status {
+        CompressedWriterOptions wo;
+        wo.compression = compression;
+        wo.threads = std::max(1, hw / parallel);
+        SW_ASSIGN_OR_RETURN(sinks[i], CompressedFileWriter::Open(paths[i], wo));
+        LineSink* sink = sinks[i].get();
+        if (options.kind == "criteo") {
+          SW_RETURN_IF_ERROR(GenerateCriteo(options, first, end, sink, &tallies[i]));
+        } else if (options.kind == "libsvm") {
+          SW_RETURN_IF_ERROR(GenerateLibsvm(options, first, end, sink, &tallies[i]));
+        } else {
+          SW_RETURN_IF_ERROR(GenerateText(options, first, end, sink, &tallies[i]));
+        }
+        return absl::OkStatus();
+      }();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < parallel; ++t) pool.emplace_back(run);
+  run();
+  for (std::thread& t : pool) t.join();
+  for (const absl::Status& st : status) SW_RETURN_IF_ERROR(st);
+  // Every file written, then every one committed: an error leaves none.
+  for (int i = 0; i < n; ++i) {
+    SW_RETURN_IF_ERROR(sinks[i]->Commit());
+    bytes[i] = sinks[i]->bytes_out();
+  }
+  Tally all;
+  for (const Tally& t : tallies) all.Merge(t);
   DataGenResult result;
   result.rows = options.rows;
-  if (options.kind == "criteo") {
-    SW_RETURN_IF_ERROR(GenerateCriteo(options, file, &result));
-  } else if (options.kind == "libsvm") {
-    SW_RETURN_IF_ERROR(GenerateLibsvm(options, file, &result));
+  if (options.kind == "text") {
+    result.metric_name = "bayes_accuracy";
+    result.bayes_metric = static_cast<double>(all.correct) / static_cast<double>(options.rows);
+    result.positive_rate = 0;
+    result.num_classes = options.text_classes;
   } else {
-    SW_RETURN_IF_ERROR(GenerateText(options, file, &result));
+    all.FinishBinary(&result);
   }
-  result.bytes = static_cast<int64_t>(file->bytes_appended());
-  SW_RETURN_IF_ERROR(out->Commit());
+  for (int i = 0; i < n; ++i) {
+    result.bytes += static_cast<int64_t>(bytes[i]);
+    result.files.push_back({paths[i], options.rows * (i + 1) / n - options.rows * i / n, static_cast<int64_t>(bytes[i])});
+  }
   return result;
 }
 

@@ -53,6 +53,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -71,6 +72,18 @@ struct DataGenOptions {
   int text_classes = 8;               // text: classes, in [2, 1000]
   int64_t text_vocab = 20000;         // text: tokens, >= 64 * text_classes
   int64_t libsvm_features = 100000;   // libsvm: feature indices 1..N, N >= 1000
+  // Files to split the rows into, in order (Paths() names them); the rows
+  // are the same as in one file of `rows` rows. In [1, min(rows, 100000)].
+  int files = 1;
+  // "none", "gz" or "zst": each file compressed in independent blocks
+  // (core/io/compressed.h), its name ending in .gz / .zst.
+  std::string compress = "none";
+  // Files written at once; 0 = one per hardware thread.
+  int threads = 0;
+  // The files written: `out` (with the compression's suffix added when it
+  // lacks it), or for several files `out` with "-00000", "-00001", ...
+  // before its first '.' in the file name ("day.tsv" -> "day-00000.tsv.gz").
+  std::vector<std::string> Paths() const;
 
   // OK, or InvalidArgument naming the first bad field.
   absl::Status Validate() const;
@@ -78,7 +91,13 @@ struct DataGenOptions {
 
 struct DataGenResult {
   int64_t rows = 0;
-  int64_t bytes = 0;          // size of the file written
+  int64_t bytes = 0;          // size of the files written
+  struct File {
+    std::string path;
+    int64_t rows = 0;
+    int64_t bytes = 0;
+  };
+  std::vector<File> files;    // in row order
   // "bayes_auc" (criteo, libsvm) or "bayes_accuracy" (text): the metric of
   // the planted model's true probabilities against the labels written (AUC:
   // ExactAuc; accuracy: arg-max, the lowest class among equal maxima).
@@ -88,9 +107,10 @@ struct DataGenResult {
   int num_classes = 0;        // 2 for criteo and libsvm; text_classes for text
 };
 
-// Writes options.rows records of options.kind to options.out: to a temporary
-// file next to it (out + ".tmp.<pid>"), synced, then renamed over `out`, so
-// that `out` is either absent/unchanged or complete. Blocks until done.
+// Writes options.rows records of options.kind to options.Paths(), several
+// files in parallel: each to a temporary file next to it, synced, and
+// renamed over its path once every file is written, so that each path is
+// either absent/unchanged or complete. Blocks until done.
 // Errors: InvalidArgument for bad options; an I/O error naming the path (the
 // temporary file is then removed).
 absl::StatusOr<DataGenResult> GenerateData(const DataGenOptions& options);

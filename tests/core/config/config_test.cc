@@ -1242,3 +1242,28 @@ TEST(ConfigMetricsTest, PortAndBind) {
 
 }  // namespace
 }  // namespace shardwild
+
+namespace shardwild {
+namespace {
+
+// data.train and data.test: a path, a glob, or a list of them (kept joined
+// by commas, which ExpandDataFiles splits again), from the file or --set.
+TEST(ConfigStringTest, DataFilesTakeAListOrAGlob) {
+  const std::string head = "model:\n  layers:\n    - {units: 10}\n";
+  absl::StatusOr<Config> c = LoadConfigFromString(
+      head + "data:\n  format: criteo\n  train: [/d/day_1.tsv.gz, '/d/day_[2-9].tsv.gz']\n  test: /d/t*.zst\n", "l.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->data.train, "/d/day_1.tsv.gz,/d/day_[2-9].tsv.gz");
+  EXPECT_EQ(c->data.test, "/d/t*.zst");
+  c = LoadConfigFromString(head + "data:\n  format: criteo\n  train: [a.tsv, 'b,c.tsv']\n", "l.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("l.yaml:6"), std::string::npos) << c.status();
+  EXPECT_NE(c.status().message().find("data.train[1]"), std::string::npos) << c.status();
+  EXPECT_NE(c.status().message().find("expected a file name without a comma"), std::string::npos) << c.status();
+  c = LoadConfigFromString(head + "data:\n  format: criteo\n  train: {a: 1}\n", "l.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("data.train"), std::string::npos) << c.status();
+}
+
+}  // namespace
+}  // namespace shardwild

@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/io/compressed.h"
 #include "gtest/gtest.h"
 
 namespace shardwild {
@@ -354,6 +355,67 @@ TEST(DataGenTest, SeedsSampleRowsModelSeedFixesTheModel) {
   std::printf("criteo C6 values on the same side of the mean rate: same model %.2f, other model %.2f\n", same, other);
   EXPECT_GE(same, 0.75);
   EXPECT_LE(other, 0.65);
+}
+
+}  // namespace
+}  // namespace shardwild
+
+namespace shardwild {
+namespace {
+
+// Several files, compressed or not, hold exactly the rows of the one file
+// (so a test of the files against the file compares the same data), named
+// in order, with the same planted-model report.
+TEST(DataGenTest, FilesSplitTheRowsOfOneFileAndCompress) {
+  TempDir dir;
+  for (const std::string kind : {"criteo", "text"}) {
+    const absl::StatusOr<DataGenResult> one = GenerateData(Options(kind, 1003, dir.File(kind + "_all.tsv")));
+    ASSERT_TRUE(one.ok()) << one.status();
+    const std::string whole = ReadFile(dir.File(kind + "_all.tsv"));
+    for (const std::string compress : {"none", "gz", "zst"}) {
+      DataGenOptions o = Options(kind, 1003, dir.File(kind + "_day.tsv"));
+      o.files = 4;
+      o.compress = compress;
+      o.threads = 2;
+      const absl::StatusOr<DataGenResult> r = GenerateData(o);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->bayes_metric, one->bayes_metric);
+      EXPECT_EQ(r->positive_rate, one->positive_rate);
+      ASSERT_EQ(r->files.size(), 4u);
+      const std::string suffix = compress == "none" ? "" : compress == "gz" ? ".gz" : ".zst";
+      EXPECT_EQ(r->files[0].path, dir.File(kind + "_day-00000.tsv" + suffix));
+      EXPECT_EQ(r->files[3].path, dir.File(kind + "_day-00003.tsv" + suffix));
+      std::string joined;
+      int64_t rows = 0, bytes = 0;
+      for (const DataGenResult::File& f : r->files) {
+        const std::string raw = ReadFile(f.path);
+        EXPECT_EQ(static_cast<int64_t>(raw.size()), f.bytes);
+        EXPECT_EQ(DetectCompression(raw), *ParseCompression(compress)) << f.path;
+        absl::StatusOr<std::string> text = Decompress(raw, DetectCompression(raw), f.path);
+        ASSERT_TRUE(text.ok()) << text.status();
+        EXPECT_EQ(static_cast<int64_t>(Lines(*text).size()), f.rows);
+        joined += *text;
+        rows += f.rows;
+        bytes += f.bytes;
+      }
+      EXPECT_EQ(rows, 1003);
+      EXPECT_EQ(bytes, r->bytes);
+      EXPECT_TRUE(joined == whole) << kind << " " << compress;
+    }
+  }
+  DataGenOptions o = Options("criteo", 10, dir.File("x.tsv"));
+  o.compress = "gz";
+  EXPECT_EQ(o.Paths(), std::vector<std::string>{dir.File("x.tsv.gz")});
+  o.out = dir.File("x.tsv.gz");
+  EXPECT_EQ(o.Paths(), std::vector<std::string>{dir.File("x.tsv.gz")});
+  o.files = 11;
+  absl::StatusOr<DataGenResult> bad = GenerateData(o);
+  EXPECT_NE(bad.status().message().find("files must be in [1, min(rows, 100000)], got 11"), std::string::npos);
+  o.files = 2;
+  o.compress = "bz2";
+  bad = GenerateData(o);
+  EXPECT_NE(bad.status().message().find("data gen: compression: expected gz, zst or none, got 'bz2'"), std::string::npos)
+      << bad.status();
 }
 
 }  // namespace
