@@ -85,6 +85,7 @@ std::optional<GzipHeader> ParseGzipHeader(std::string_view data) {
   const auto* p = reinterpret_cast<const unsigned char*>(data.data());
   if (data.size() < 10 || p[0] != kGzipMagic[0] || p[1] != kGzipMagic[1] || p[2] != 8) return std::nullopt;
   const unsigned char flags = p[3];
+  if (flags & 0xe0) return std::nullopt;  // reserved bits (zlib refuses them)
   GzipHeader h;
   size_t at = 10;
   if (flags & kFlagExtra) {
@@ -107,7 +108,11 @@ std::optional<GzipHeader> ParseGzipHeader(std::string_view data) {
       at = end + 1;
     }
   }
-  if (flags & kFlagHcrc) at += 2;
+  if (flags & kFlagHcrc) {
+    // The low 16 bits of the header's CRC-32, checked as zlib does.
+    if (data.size() < at + 2 || (crc32(0L, p, static_cast<uInt>(at)) & 0xffff) != Le16(p + at)) return std::nullopt;
+    at += 2;
+  }
   if (at > data.size()) return std::nullopt;
   h.length = at;
   return h;
@@ -415,6 +420,7 @@ absl::StatusOr<std::string> Decompress(std::string_view data, Compression c, std
     if (data.size() > options.max_output_bytes) return TooBig(name, options.max_output_bytes);
     return std::string(data);
   }
+  if (data.empty()) return std::string();  // no member or frame: nothing
   std::optional<std::vector<Piece>> pieces;
   if (!options.sequential) {
     SW_ASSIGN_OR_RETURN(pieces, c == Compression::kGzip ? SplitGzip(data, name) : SplitZstd(data, name));
