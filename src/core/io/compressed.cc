@@ -2,6 +2,10 @@
 
 #include <zlib.h>
 #include <zstd.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <atomic>
@@ -432,6 +436,165 @@ absl::StatusOr<std::string> Decompress(std::string_view data, Compression c, std
   }
   return c == Compression::kGzip ? InflateSequential(data, name, options.max_output_bytes, &st.pieces)
                                  : ZstdSequential(data, name, options.max_output_bytes, &st.pieces);
+}
+
+absl::StatusOr<std::unique_ptr<DecompressingReader>> DecompressingReader::Open(const std::string& path, Compression c,
+                                                                              int64_t begin, int64_t end) {
+  std::unique_ptr<DecompressingReader> r(new DecompressingReader());
+  r->path_ = path;
+  r->c_ = c;
+  r->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (r->fd_ < 0) {
+    const int e = errno;
+    if (e == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": cannot open: ", std::strerror(e)));
+  }
+  if (end < 0) {
+    const off_t size = ::lseek(r->fd_, 0, SEEK_END);
+    if (size < 0) return absl::InvalidArgumentError(absl::StrCat(path, ": cannot seek: ", std::strerror(errno)));
+    end = size;
+  }
+  r->pos_ = r->in_offset_ = r->member_at_ = begin;
+  r->end_ = end;
+  if (c == Compression::kGzip) {
+    auto* z = new z_stream{};
+    if (inflateInit2(z, 16 + MAX_WBITS) != Z_OK) {
+      delete z;
+      return absl::ResourceExhaustedError(absl::StrCat(path, ": zlib: no memory"));
+    }
+    r->z_ = z;
+  } else if (c == Compression::kZstd) {
+    r->zstd_ = ZSTD_createDCtx();
+    if (r->zstd_ == nullptr) return absl::ResourceExhaustedError(absl::StrCat(path, ": zstd: no memory"));
+  }
+  return r;
+}
+
+DecompressingReader::~DecompressingReader() {
+  if (z_ != nullptr) {
+    inflateEnd(static_cast<z_stream*>(z_));
+    delete static_cast<z_stream*>(z_);
+  }
+  if (zstd_ != nullptr) ZSTD_freeDCtx(static_cast<ZSTD_DCtx*>(zstd_));
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::Status DecompressingReader::Fill() {
+  if (in_at_ > 0) {
+    in_.erase(0, in_at_);
+    in_offset_ += static_cast<int64_t>(in_at_);
+    in_at_ = 0;
+  }
+  const size_t want = static_cast<size_t>(std::min<int64_t>(int64_t{1} << 20, end_ - pos_));
+  if (want == 0) return absl::OkStatus();
+  const size_t had = in_.size();
+  in_.resize(had + want);
+  size_t got = 0;
+  while (got < want) {
+    const ssize_t n = ::pread(fd_, in_.data() + had + got, want - got, static_cast<off_t>(pos_ + static_cast<int64_t>(got)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::InvalidArgumentError(absl::StrCat(path_, ": read: ", std::strerror(errno)));
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  in_.resize(had + got);
+  pos_ += static_cast<int64_t>(got);
+  if (got < want) end_ = pos_;  // the file is shorter than it was
+  return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> DecompressingReader::Read(std::string* out, size_t max) {
+  const size_t start = out->size();
+  while (out->size() - start < max) {
+    if (in_at_ == in_.size()) {
+      SW_RETURN_IF_ERROR(Fill());
+      if (in_at_ == in_.size()) {  // the range is read
+        if (member_open_) {
+          return absl::InvalidArgumentError(absl::StrCat(path_, ": ", CompressionName(c_), ": the ",
+                                                         c_ == Compression::kZstd ? "frame" : "member", " at byte ",
+                                                         member_at_, " is truncated"));
+        }
+        break;
+      }
+    }
+    const size_t room = max - (out->size() - start);
+    const char* in = in_.data() + in_at_;
+    const size_t avail = in_.size() - in_at_;
+    if (c_ == Compression::kNone) {
+      const size_t n = std::min(room, avail);
+      out->append(in, n);
+      in_at_ += n;
+      continue;
+    }
+    const size_t had = out->size();
+    out->resize(had + room);
+    if (c_ == Compression::kGzip) {
+      auto* z = static_cast<z_stream*>(z_);
+      if (!member_open_) {
+        if (avail < 2 || static_cast<unsigned char>(in[0]) != kGzipMagic[0] ||
+            static_cast<unsigned char>(in[1]) != kGzipMagic[1]) {
+          if (avail < 2 && pos_ < end_) {  // a header split by the buffer
+            out->resize(had);
+            SW_RETURN_IF_ERROR(Fill());
+            continue;
+          }
+          out->resize(had);
+          return absl::InvalidArgumentError(absl::StrCat(path_, ": gzip: ", end_ - in_offset_ - static_cast<int64_t>(in_at_),
+                                                         " bytes at byte ", in_offset_ + static_cast<int64_t>(in_at_),
+                                                         " are not a gzip member"));
+        }
+        member_at_ = in_offset_ + static_cast<int64_t>(in_at_);
+        member_open_ = true;
+        inflateReset(z);
+      }
+      z->next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in));
+      z->avail_in = static_cast<uInt>(std::min<size_t>(avail, size_t{1} << 30));
+      z->next_out = reinterpret_cast<Bytef*>(out->data() + had);
+      z->avail_out = static_cast<uInt>(std::min<size_t>(room, size_t{1} << 30));
+      const uInt before_in = z->avail_in, before_out = z->avail_out;
+      const int r = inflate(z, Z_NO_FLUSH);
+      in_at_ += before_in - z->avail_in;
+      out->resize(had + (before_out - z->avail_out));
+      if (r == Z_STREAM_END) {
+        member_open_ = false;
+      } else if (r == Z_DATA_ERROR || r == Z_NEED_DICT || r == Z_MEM_ERROR) {
+        return absl::InvalidArgumentError(absl::StrCat(path_, ": gzip: the member at byte ", member_at_, " is corrupt (",
+                                                       z->msg ? z->msg : "bad data", ")"));
+      } else if (r == Z_BUF_ERROR && before_in == z->avail_in && before_out == z->avail_out) {
+        // It needs more input than is buffered.
+        if (pos_ >= end_) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(path_, ": gzip: the member at byte ", member_at_, " is truncated"));
+        }
+        SW_RETURN_IF_ERROR(Fill());
+      }
+    } else {
+      auto* ctx = static_cast<ZSTD_DCtx*>(zstd_);
+      if (!member_open_) {
+        member_at_ = in_offset_ + static_cast<int64_t>(in_at_);
+        member_open_ = true;
+      }
+      ZSTD_inBuffer ib{in, avail, 0};
+      ZSTD_outBuffer ob{out->data() + had, room, 0};
+      const size_t hint = ZSTD_decompressStream(ctx, &ob, &ib);
+      in_at_ += ib.pos;
+      out->resize(had + ob.pos);
+      if (ZSTD_isError(hint)) {
+        return absl::InvalidArgumentError(absl::StrCat(path_, ": zstd: the frame at byte ", member_at_, " is corrupt (",
+                                                       ZstdError(hint), ")"));
+      }
+      if (hint == 0) {
+        member_open_ = false;
+      } else if (ib.pos == 0 && ob.pos == 0) {  // it needs more input than is buffered
+        if (pos_ >= end_) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(path_, ": zstd: the frame at byte ", member_at_, " is truncated"));
+        }
+        SW_RETURN_IF_ERROR(Fill());
+      }
+    }
+  }
+  return out->size() - start;
 }
 
 absl::StatusOr<std::string> CompressBlock(std::string_view bytes, Compression c, int level) {

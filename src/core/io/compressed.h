@@ -77,6 +77,39 @@ struct DecompressStats {
 absl::StatusOr<std::string> Decompress(std::string_view data, Compression c, std::string_view name,
                                        const DecompressOptions& options = {}, DecompressStats* stats = nullptr);
 
+// Reads bytes [begin, end) of a file (a run of whole gzip members or zstd
+// frames, or any range of a plain file) decompressed, piece by piece, in
+// bounded memory: the input goes through a 1 MiB buffer (pread), the output
+// to the caller. Errors as Decompress's, with offsets in the file.
+class DecompressingReader {
+ public:
+  // end < 0: to the end of the file.
+  static absl::StatusOr<std::unique_ptr<DecompressingReader>> Open(const std::string& path, Compression c,
+                                                                   int64_t begin = 0, int64_t end = -1);
+  ~DecompressingReader();
+  DecompressingReader(const DecompressingReader&) = delete;
+  DecompressingReader& operator=(const DecompressingReader&) = delete;
+  // Appends up to `max` (> 0) decompressed bytes to *out; returns how many,
+  // 0 only at the end of the range.
+  absl::StatusOr<size_t> Read(std::string* out, size_t max);
+
+ private:
+  DecompressingReader() = default;
+  absl::Status Fill();  // more input into in_, if any is left
+
+  std::string path_;
+  Compression c_ = Compression::kNone;
+  int fd_ = -1;
+  int64_t pos_ = 0, end_ = 0;    // next input byte to read, end of the range
+  std::string in_;               // input read, not yet consumed: in_[in_at_..)
+  size_t in_at_ = 0;
+  int64_t in_offset_ = 0;        // file offset of in_[0]
+  int64_t member_at_ = 0;        // file offset of the member or frame being read
+  bool member_open_ = false;     // inside a member / frame
+  void* z_ = nullptr;            // z_stream (gzip)
+  void* zstd_ = nullptr;         // ZSTD_DCtx
+};
+
 struct CompressedWriterOptions {
   Compression compression = Compression::kGzip;
   // zlib 1..9 (6 as gzip's default) or zstd 1..19 (3 as zstd's); 0 = that default.

@@ -1,0 +1,694 @@
+#include "core/data/column_cache.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "core/base/status.h"
+#include "core/io/atomic_file.h"
+#include "core/io/compressed.h"
+#include "core/io/writable_file.h"
+#include "nlohmann/json.hpp"
+
+namespace shardwild {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr int kFormatVersion = 1;
+
+int64_t MtimeNs(const struct stat& sb) {
+  return static_cast<int64_t>(sb.st_mtim.tv_sec) * 1000000000 + sb.st_mtim.tv_nsec;
+}
+
+// The parse options that change the parsed records (ReadDataset's cache key
+// covers the same).
+std::string OptionsKey(const ReadOptions& o) {
+  std::string s = absl::StrCat("f", static_cast<int>(o.format), "l", static_cast<int>(o.labels), "e",
+                               static_cast<int>(o.on_error), "t", static_cast<int>(o.dense_transform), "c|", o.csv.label,
+                               "|", std::string(1, o.csv.delimiter), "|");
+  for (const std::string& x : o.csv.dense) absl::StrAppend(&s, x, ",");
+  absl::StrAppend(&s, "|");
+  for (const std::string& x : o.csv.categorical) absl::StrAppend(&s, x, ",");
+  return s;
+}
+
+// One part of a source file to build. Positions in the file's text (the
+// decompressed bytes) decide which lines it owns: those starting in
+// [text_begin, text_end). Reading starts at file offset read_from, whose
+// first decompressed byte is text offset read_text (for a run of gzip
+// members, the member before the run, so that the byte before text_begin
+// is seen), and goes on past text_end until the last owned line ends.
+struct PartPlan {
+  int64_t read_from = 0, read_text = 0;
+  int64_t text_begin = 0, text_end = INT64_MAX;
+};
+
+absl::StatusOr<std::vector<PartPlan>> PlanParts(const std::string& path, Compression c, int64_t size, bool csv,
+                                                int64_t part_bytes) {
+  std::vector<PartPlan> parts;
+  if (c == Compression::kNone && !csv) {
+    const int64_t n = std::max<int64_t>(1, (size + part_bytes - 1) / part_bytes);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t b = size * i / n;
+      parts.push_back({std::max<int64_t>(0, b - 1), std::max<int64_t>(0, b - 1), b, size * (i + 1) / n});
+    }
+    return parts;
+  }
+  if (c == Compression::kGzip && !csv) {
+    // Members that carry their size ("SW"): runs of them, found by their
+    // headers and trailers alone.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return absl::InvalidArgumentError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+    struct Member {
+      int64_t offset, text;
+    };
+    std::vector<Member> members;
+    int64_t at = 0, text = 0;
+    bool splittable = true;
+    while (at < size) {
+      unsigned char h[20];
+      if (::pread(fd, h, sizeof h, at) != static_cast<ssize_t>(sizeof h) || h[0] != 0x1f || h[1] != 0x8b ||
+          h[2] != 8 || h[3] != 4 || h[10] != 8 || h[11] != 0 || h[12] != 'S' || h[13] != 'W' || h[14] != 4 ||
+          h[15] != 0) {
+        splittable = false;
+        break;
+      }
+      const int64_t member = static_cast<int64_t>(h[16]) | static_cast<int64_t>(h[17]) << 8 |
+                             static_cast<int64_t>(h[18]) << 16 | static_cast<int64_t>(h[19]) << 24;
+      unsigned char isize[4];
+      if (member < 28 || at + member > size || ::pread(fd, isize, 4, at + member - 4) != 4) {
+        splittable = false;
+        break;
+      }
+      members.push_back({at, text});
+      text += static_cast<int64_t>(isize[0]) | static_cast<int64_t>(isize[1]) << 8 |
+              static_cast<int64_t>(isize[2]) << 16 | static_cast<int64_t>(isize[3]) << 24;
+      at += member;
+    }
+    ::close(fd);
+    if (splittable && !members.empty()) {
+      size_t first = 0;
+      for (size_t m = 1; m <= members.size(); ++m) {
+        const int64_t end_text = m < members.size() ? members[m].text : INT64_MAX;
+        if (m == members.size() || end_text - members[first].text >= part_bytes) {
+          const size_t from = first > 0 ? first - 1 : 0;
+          parts.push_back({members[from].offset, members[from].text, members[first].text, end_text});
+          first = m;
+        }
+      }
+      return parts;
+    }
+  }
+  parts.push_back({0, 0, 0, INT64_MAX});
+  return parts;
+}
+
+// A column being written: a buffered file.
+class ColumnWriter {
+ public:
+  static absl::StatusOr<ColumnWriter> Open(const std::string& path) {
+    WritableFileOptions o;
+    o.buffer_bytes = 64 << 10;
+    ColumnWriter w;
+    SW_ASSIGN_OR_RETURN(w.file_, WritableFile::Open(path, o));
+    return w;
+  }
+  template <typename T>
+  absl::Status Append(const T* data, size_t n) {
+    if (n == 0) return absl::OkStatus();
+    return file_->Append(absl::string_view(reinterpret_cast<const char*>(data), n * sizeof(T)));
+  }
+  absl::Status Close() { return file_->Close(); }
+  uint64_t bytes() const { return file_->bytes_appended(); }
+
+ private:
+  std::unique_ptr<WritableFile> file_;
+};
+
+// What building one part found.
+struct PartBuilt {
+  int64_t records = 0;
+  int64_t lines = 0;          // '\n's in the part's text
+  Dataset shape;              // count 0
+  SkippedRows skipped;
+  int64_t bytes = 0;
+  // kFail: the first bad row's piece (re-parsed once the part's first line
+  // is known, for the exact message) and its first line within the part.
+  bool bad = false;
+  std::string bad_piece;
+  int64_t bad_piece_line = 0;
+  absl::Status error;         // any other failure
+};
+
+std::string ColumnName(int field, const char* kind) { return absl::StrCat("f", field, ".", kind); }
+
+// Builds part `plan` of `path` into `dir` (created here).
+PartBuilt BuildPart(const std::string& path, Compression c, const PartPlan& plan, const std::string& csv_header,
+                    const ReadOptions& read, int64_t piece_bytes, const std::string& dir) {
+  PartBuilt out;
+  auto fail = [&](absl::Status s) {
+    out.error = std::move(s);
+    return out;
+  };
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return fail(absl::InvalidArgumentError(absl::StrCat(dir, ": cannot create: ", ec.message())));
+  absl::StatusOr<std::unique_ptr<DecompressingReader>> reader = DecompressingReader::Open(path, c, plan.read_from);
+  if (!reader.ok()) return fail(reader.status());
+  ReadOptions o = read;
+  o.max_records = 0;
+  std::string text;
+  // Up to the byte before text_begin (whose being a '\n' or not says whether
+  // a line starts at text_begin): read and dropped.
+  int64_t consumed = plan.read_text;  // text offset of text[0]
+  const int64_t keep_from = plan.text_begin > 0 ? plan.text_begin - 1 : 0;
+  while (consumed < keep_from) {
+    text.clear();
+    absl::StatusOr<size_t> got = (*reader)->Read(&text, static_cast<size_t>(std::min<int64_t>(keep_from - consumed, piece_bytes)));
+    if (!got.ok()) return fail(got.status());
+    if (*got == 0) return out;  // the file ended before the part: nothing here
+    consumed += static_cast<int64_t>(*got);
+  }
+  text.clear();
+  bool skipping_partial = plan.text_begin > 0;
+  bool done = false, header_seen = csv_header.empty();
+  std::vector<ColumnWriter> columns;
+  std::vector<int64_t> field_base;
+  while (!done) {
+    absl::StatusOr<size_t> got = (*reader)->Read(&text, static_cast<size_t>(piece_bytes));
+    if (!got.ok()) return fail(got.status());
+    const bool end_of_input = *got == 0;
+    if (skipping_partial) {
+      const size_t nl = text.find('\n');
+      if (nl == std::string::npos) {
+        if (end_of_input) break;
+        consumed += static_cast<int64_t>(text.size());
+        text.clear();
+        continue;
+      }
+      consumed += static_cast<int64_t>(nl + 1);
+      text.erase(0, nl + 1);
+      skipping_partial = false;
+    }
+    if (!header_seen) {  // a CSV file's own header: the one given is used for every piece
+      const size_t nl = text.find('\n');
+      if (nl == std::string::npos && !end_of_input) continue;
+      const size_t cut = nl == std::string::npos ? text.size() : nl + 1;
+      text.erase(0, cut);
+      out.lines += 1;
+      header_seen = true;
+    }
+    // The piece: whole lines, those that start before text_end.
+    size_t cut = text.size();
+    if (!end_of_input) {
+      const size_t nl = text.rfind('\n');
+      if (nl == std::string::npos) continue;  // no whole line yet
+      cut = nl + 1;
+    }
+    {
+      // Lines starting at offsets >= text_end belong to the next part.
+      if (plan.text_end != INT64_MAX && consumed + static_cast<int64_t>(cut) > plan.text_end) {
+        const int64_t limit = plan.text_end - consumed;  // lines must start before this index
+        size_t at = 0, keep = 0;
+        while (at < cut && static_cast<int64_t>(at) < limit) {
+          const size_t nl = text.find('\n', at);
+          at = nl == std::string::npos ? cut : nl + 1;
+          keep = at;
+        }
+        cut = keep;
+        done = true;
+      }
+    }
+    if (end_of_input) done = true;
+    const std::string_view piece(text.data(), cut);
+    if (!piece.empty()) {
+      const int64_t piece_line = out.lines + 1;
+      out.lines += static_cast<int64_t>(std::count(piece.begin(), piece.end(), '\n'));
+      const std::string with_header = csv_header.empty() ? std::string() : csv_header + std::string(piece);
+      absl::StatusOr<Dataset> d = ParseBuffer(csv_header.empty() ? piece : std::string_view(with_header), path,
+                                              csv_header.empty() ? piece_line : piece_line - 1, o);
+      if (!d.ok()) {
+        if (d.status().code() != absl::StatusCode::kInvalidArgument) return fail(d.status());
+        out.bad = true;
+        out.bad_piece = std::string(piece);
+        out.bad_piece_line = piece_line;
+        return out;
+      }
+      if (columns.empty()) {
+        // The columns, from the first piece's layout.
+        std::vector<std::string> names = {"dense.f32", d->labels.empty() && !d->targets.empty() ? "targets.f32"
+                                                                                                 : "labels.i32"};
+        for (size_t f = 0; f < d->fields.size(); ++f) {
+          names.push_back(ColumnName(static_cast<int>(f), "off"));
+          names.push_back(ColumnName(static_cast<int>(f), "ids"));
+          names.push_back(ColumnName(static_cast<int>(f), "w"));
+        }
+        for (const std::string& n : names) {
+          absl::StatusOr<ColumnWriter> w = ColumnWriter::Open(dir + "/" + n);
+          if (!w.ok()) return fail(w.status());
+          columns.push_back(std::move(*w));
+        }
+        out.shape = *d;
+        out.shape.count = 0;
+        out.shape.dense.clear();
+        out.shape.labels.clear();
+        out.shape.targets.clear();
+        for (SparseField& f : out.shape.fields) {
+          f.offsets = {0};
+          f.ids.clear();
+          f.weights.clear();
+        }
+        field_base.assign(d->fields.size(), 0);
+        const int64_t zero = 0;
+        for (size_t f = 0; f < d->fields.size(); ++f) {
+          absl::Status s = columns[2 + 3 * f].Append(&zero, 1);
+          if (!s.ok()) return fail(s);
+        }
+      }
+      if (d->dense_dim != out.shape.dense_dim || d->fields.size() != out.shape.fields.size()) {
+        return fail(absl::InternalError(absl::StrCat(path, ": pieces parsed to different shapes")));
+      }
+      absl::Status s = columns[0].Append(d->dense.data(), d->dense.size());
+      if (s.ok()) {
+        s = d->labels.empty() && !d->targets.empty() ? columns[1].Append(d->targets.data(), d->targets.size())
+                                                     : columns[1].Append(d->labels.data(), d->labels.size());
+      }
+      for (size_t f = 0; f < d->fields.size() && s.ok(); ++f) {
+        const SparseField& sf = d->fields[f];
+        std::vector<int64_t> offsets(sf.offsets.begin() + 1, sf.offsets.end());
+        for (int64_t& x : offsets) x += field_base[f];
+        field_base[f] += static_cast<int64_t>(sf.ids.size());
+        s = columns[2 + 3 * f].Append(offsets.data(), offsets.size());
+        if (s.ok()) s = columns[3 + 3 * f].Append(sf.ids.data(), sf.ids.size());
+        if (s.ok()) s = columns[4 + 3 * f].Append(sf.weights.data(), sf.weights.size());
+        if (!sf.weights.empty()) out.shape.fields[f].weights = {1.0f};  // marks a weighted field
+      }
+      if (!s.ok()) return fail(s);
+      out.shape.num_classes = std::max(out.shape.num_classes, d->num_classes);
+      out.records += d->count;
+      out.skipped.Add(d->skipped);
+    }
+    consumed += static_cast<int64_t>(cut);
+    text.erase(0, cut);
+  }
+  for (ColumnWriter& w : columns) {
+    absl::Status s = w.Close();
+    if (!s.ok()) return fail(s);
+    out.bytes += static_cast<int64_t>(w.bytes());
+  }
+  return out;
+}
+
+json ShapeJson(const Dataset& d) {
+  json fields = json::array();
+  for (const SparseField& f : d.fields) fields.push_back({{"name", f.name}, {"weighted", !f.weights.empty()}});
+  return {{"dense_dim", d.dense_dim},   {"dense_names", d.dense_names},         {"num_classes", d.num_classes},
+          {"fields", fields},           {"regression", d.labels.empty() && d.num_classes == 0}};
+}
+
+}  // namespace
+
+// One open column file.
+struct ColumnCache::Column {
+  int fd = -1;
+  std::string path;
+  int64_t bytes = 0;
+  ~Column() {
+    if (fd >= 0) ::close(fd);
+  }
+  template <typename T>
+  absl::Status ReadInto(int64_t first, int64_t n, T* out) const {
+    const int64_t off = first * static_cast<int64_t>(sizeof(T));
+    const int64_t len = n * static_cast<int64_t>(sizeof(T));
+    if (off < 0 || off + len > bytes) {
+      return absl::DataLossError(absl::StrCat(path, ": the cache column is shorter than its index says"));
+    }
+    char* dst = reinterpret_cast<char*>(out);
+    for (int64_t done = 0; done < len;) {
+      const ssize_t r = ::pread(fd, dst + done, static_cast<size_t>(len - done), static_cast<off_t>(off + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) return absl::DataLossError(absl::StrCat(path, ": read: ", r < 0 ? std::strerror(errno) : "end of file"));
+      done += r;
+    }
+    return absl::OkStatus();
+  }
+};
+
+struct ColumnCache::Part {
+  int64_t records = 0;
+  bool regression = false;
+  std::unique_ptr<Column> dense, labels;
+  std::vector<std::unique_ptr<Column>> off, ids, w;  // per field; w null when unweighted
+};
+
+ColumnCache::ColumnCache() = default;
+ColumnCache::~ColumnCache() = default;
+
+absl::StatusOr<std::unique_ptr<ColumnCache>> ColumnCache::Open(const std::vector<std::string>& files,
+                                                               const ReadOptions& read,
+                                                               const ColumnCacheOptions& options,
+                                                               ColumnCacheStats* stats) {
+  ColumnCacheStats local;
+  ColumnCacheStats& st = stats ? *stats : local;
+  st = ColumnCacheStats();
+  if (read.format == DataFormat::kText) {
+    return absl::InvalidArgumentError(
+        "data.stream: the text format's class list needs every file read first; train text without data.stream");
+  }
+  if (read.format == DataFormat::kIdx) return absl::InvalidArgumentError("data.stream: idx files are loaded whole");
+  if (files.empty()) return absl::InvalidArgumentError("data.stream: no data files");
+  if (options.part_bytes < 1 || options.piece_bytes < 4096) {
+    return absl::InvalidArgumentError("column cache: part_bytes must be >= 1 and piece_bytes >= 4096");
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string key = OptionsKey(read);
+  std::unique_ptr<ColumnCache> cache(new ColumnCache());
+
+  // Each file: its cache directory, valid or rebuilt.
+  struct FileJob {
+    std::string path, dir;
+    Compression c = Compression::kNone;
+    int64_t size = 0, mtime = 0;
+    std::string csv_header;
+    std::vector<PartPlan> plans;
+    std::vector<PartBuilt> built;
+    std::string tmp;
+    json index;  // the valid index (read or written)
+  };
+  std::vector<FileJob> jobs(files.size());
+  struct Work {
+    size_t file, part;
+  };
+  std::vector<Work> work;
+  for (size_t i = 0; i < files.size(); ++i) {
+    FileJob& j = jobs[i];
+    j.path = files[i];
+    struct stat sb;
+    if (::stat(j.path.c_str(), &sb) != 0) {
+      if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(j.path, ": no such file"));
+      return absl::InvalidArgumentError(absl::StrCat(j.path, ": cannot stat: ", std::strerror(errno)));
+    }
+    if (!S_ISREG(sb.st_mode)) return absl::InvalidArgumentError(absl::StrCat(j.path, ": not a regular file"));
+    j.size = sb.st_size;
+    j.mtime = MtimeNs(sb);
+    const fs::path p(j.path);
+    j.dir = ((read.cache_dir.empty() ? p.parent_path() : fs::path(read.cache_dir)) / (p.filename().string() + ".swcols"))
+                .string();
+    {
+      std::ifstream in(j.dir + "/index.json");
+      std::stringstream ss;
+      ss << in.rdbuf();
+      json index = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+      if (index.is_object() && index.value("version", 0) == kFormatVersion && index.value("source_size", int64_t{-1}) == j.size &&
+          index.value("source_mtime_ns", int64_t{-1}) == j.mtime && index.value("options", "") == key &&
+          index.contains("parts") && index["parts"].is_array()) {
+        j.index = std::move(index);
+        ++st.files_cached;
+        continue;
+      }
+    }
+    // To build.
+    char head[4] = {0, 0, 0, 0};
+    {
+      std::ifstream in(j.path, std::ios::binary);
+      in.read(head, 4);
+    }
+    j.c = DetectCompression(std::string_view(head, 4));
+    if (read.format == DataFormat::kCsv) {
+      SW_ASSIGN_OR_RETURN(std::unique_ptr<DecompressingReader> r, DecompressingReader::Open(j.path, j.c));
+      std::string text;
+      while (text.find('\n') == std::string::npos) {
+        SW_ASSIGN_OR_RETURN(const size_t n, r->Read(&text, 64 << 10));
+        if (n == 0) break;
+      }
+      const size_t nl = text.find('\n');
+      j.csv_header = nl == std::string::npos ? text + "\n" : text.substr(0, nl + 1);
+    }
+    SW_ASSIGN_OR_RETURN(j.plans, PlanParts(j.path, j.c, j.size, read.format == DataFormat::kCsv, options.part_bytes));
+    j.built.resize(j.plans.size());
+    j.tmp = absl::StrCat(j.dir, ".tmp.", getpid());
+    std::error_code ec;
+    fs::remove_all(j.tmp, ec);
+    for (size_t k = 0; k < j.plans.size(); ++k) work.push_back({i, k});
+  }
+
+  // Build every part of every stale file, several at once.
+  if (!work.empty()) {
+    const int threads = read.threads > 0 ? read.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    std::atomic<size_t> next{0};
+    auto run = [&] {
+      for (size_t w; (w = next.fetch_add(1, std::memory_order_relaxed)) < work.size();) {
+        FileJob& j = jobs[work[w].file];
+        const size_t k = work[w].part;
+        char name[32];
+        std::snprintf(name, sizeof name, "/part-%05zu", k);
+        j.built[k] = BuildPart(j.path, j.c, j.plans[k], j.csv_header, read, options.piece_bytes, j.tmp + name);
+      }
+    };
+    std::vector<std::thread> pool;
+    for (int t = 1; t < std::min<int>(threads, static_cast<int>(work.size())); ++t) pool.emplace_back(run);
+    run();
+    for (std::thread& t : pool) t.join();
+    // Errors in file order, then part order (so the first bad row of the
+    // first file with one), each bad row located by the lines before it.
+    for (FileJob& j : jobs) {
+      if (j.built.empty()) continue;
+      int64_t lines = 0;
+      absl::Status error;
+      for (PartBuilt& b : j.built) {
+        if (!b.error.ok()) {
+          error = b.error;
+          break;
+        }
+        if (b.bad) {
+          ReadOptions o = read;
+          o.max_records = 0;
+          const std::string with_header = j.csv_header + b.bad_piece;
+          absl::StatusOr<Dataset> again =
+              ParseBuffer(j.csv_header.empty() ? std::string_view(b.bad_piece) : std::string_view(with_header), j.path,
+                          lines + b.bad_piece_line - (j.csv_header.empty() ? 0 : 1), o);
+          error = again.ok() ? absl::InternalError(absl::StrCat(j.path, ": a bad row parsed on a second read"))
+                             : again.status();
+          break;
+        }
+        lines += b.lines;
+      }
+      if (!error.ok()) {
+        std::error_code ec;
+        fs::remove_all(j.tmp, ec);
+        for (FileJob& other : jobs) {
+          if (!other.tmp.empty()) fs::remove_all(other.tmp, ec);
+        }
+        return error;
+      }
+      // The index, then the directory into place.
+      json parts = json::array();
+      for (const PartBuilt& b : j.built) {
+        parts.push_back({{"records", b.records},
+                         {"lines", b.lines},
+                         {"bytes", b.bytes},
+                         {"shape", ShapeJson(b.shape)},
+                         {"skipped", b.skipped.by_reason}});
+      }
+      json index = {{"version", kFormatVersion}, {"source", j.path},       {"source_size", j.size},
+                    {"source_mtime_ns", j.mtime}, {"options", key},        {"parts", parts}};
+      SW_RETURN_IF_ERROR(WriteFileAtomically(j.tmp + "/index.json", index.dump()));
+      std::error_code ec;
+      fs::remove_all(j.dir, ec);
+      fs::rename(j.tmp, j.dir, ec);
+      if (ec) {
+        // Another process may have put its cache there first: use it if it is
+        // valid (read below), else this is the error.
+        fs::remove_all(j.tmp, ec);
+      }
+      std::ifstream in(j.dir + "/index.json");
+      std::stringstream ss;
+      ss << in.rdbuf();
+      j.index = json::parse(ss.str(), nullptr, false);
+      if (!j.index.is_object() || j.index.value("options", "") != key) {
+        return absl::InvalidArgumentError(absl::StrCat(j.dir, ": the cache could not be put in place"));
+      }
+      ++st.files_built;
+    }
+  }
+
+  // Open every part's columns.
+  int64_t total = 0, total_bytes = 0;
+  bool first_part = true;
+  for (FileJob& j : jobs) {
+    cache->dirs_.push_back(j.dir);
+    const json& parts = j.index["parts"];
+    int64_t skipped_here = 0;
+    for (size_t k = 0; k < parts.size(); ++k) {
+      const json& pj = parts[k];
+      const int64_t records = pj.value("records", int64_t{-1});
+      if (records < 0) return absl::DataLossError(absl::StrCat(j.dir, "/index.json: a part without its record count"));
+      const json& shape = pj["shape"];
+      SkippedRows skipped;
+      if (pj.contains("skipped") && pj["skipped"].is_object()) {
+        for (auto it = pj["skipped"].begin(); it != pj["skipped"].end(); ++it) {
+          skipped.by_reason[it.key()] = it.value().get<int64_t>();
+        }
+      }
+      skipped_here += skipped.total();
+      cache->shape_.skipped.Add(skipped);
+      if (records == 0) continue;  // nothing to read (no columns were written)
+      // The first part with records sets the shape; the others must match it.
+      const int dense_dim = shape.value("dense_dim", -1);
+      const json& fields = shape["fields"];
+      if (first_part) {
+        cache->shape_.dense_dim = dense_dim;
+        cache->shape_.dense_names = shape.value("dense_names", std::vector<std::string>{});
+        for (const json& f : fields) {
+          SparseField sf;
+          sf.name = f.value("name", "");
+          sf.offsets = {0};
+          cache->shape_.fields.push_back(std::move(sf));
+        }
+        first_part = false;
+      } else if (dense_dim != cache->shape_.dense_dim || fields.size() != cache->shape_.fields.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(j.path, ": ", dense_dim, " dense features and ", fields.size(),
+                                                       " sparse fields, the files before it have ",
+                                                       cache->shape_.dense_dim, " and ", cache->shape_.fields.size()));
+      }
+      cache->shape_.num_classes = std::max(cache->shape_.num_classes, shape.value("num_classes", 0));
+      auto part = std::make_unique<Part>();
+      part->records = records;
+      part->regression = shape.value("regression", false);
+      char name[32];
+      std::snprintf(name, sizeof name, "/part-%05zu/", k);
+      const std::string dir = j.dir + name;
+      auto open = [&](const std::string& file) -> absl::StatusOr<std::unique_ptr<Column>> {
+        auto c = std::make_unique<Column>();
+        c->path = dir + file;
+        c->fd = ::open(c->path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (c->fd < 0) return absl::DataLossError(absl::StrCat(c->path, ": cannot open: ", std::strerror(errno)));
+        struct stat sb;
+        if (::fstat(c->fd, &sb) != 0) return absl::DataLossError(absl::StrCat(c->path, ": cannot stat"));
+        c->bytes = sb.st_size;
+        total_bytes += c->bytes;
+        return c;
+      };
+      SW_ASSIGN_OR_RETURN(part->dense, open("dense.f32"));
+      SW_ASSIGN_OR_RETURN(part->labels, open(part->regression ? "targets.f32" : "labels.i32"));
+      if (part->dense->bytes != records * dense_dim * 4 || part->labels->bytes != records * 4) {
+        return absl::DataLossError(absl::StrCat(dir, ": column sizes do not match the index (a damaged cache: remove ",
+                                                j.dir, ")"));
+      }
+      for (size_t f = 0; f < fields.size(); ++f) {
+        SW_ASSIGN_OR_RETURN(std::unique_ptr<Column> off, open(ColumnName(static_cast<int>(f), "off")));
+        SW_ASSIGN_OR_RETURN(std::unique_ptr<Column> ids, open(ColumnName(static_cast<int>(f), "ids")));
+        SW_ASSIGN_OR_RETURN(std::unique_ptr<Column> w, open(ColumnName(static_cast<int>(f), "w")));
+        int64_t last = -1;
+        if (off->bytes == (records + 1) * 8 && !off->ReadInto(records, 1, &last).ok()) last = -1;
+        if (off->bytes != (records + 1) * 8 || last < 0 || ids->bytes != last * 8 ||
+            (w->bytes != 0 && w->bytes * 2 != ids->bytes)) {
+          return absl::DataLossError(absl::StrCat(dir, ": column sizes do not match the index (a damaged cache: remove ",
+                                                  j.dir, ")"));
+        }
+        part->off.push_back(std::move(off));
+        part->ids.push_back(std::move(ids));
+        part->w.push_back(w->bytes > 0 ? std::move(w) : nullptr);
+      }
+      cache->part_first_.push_back(total);
+      total += records;
+      cache->parts_.push_back(std::move(part));
+    }
+    if (skipped_here > 0) cache->shape_.skipped.by_file[j.path] = skipped_here;
+  }
+  if (first_part) {
+    // No records anywhere: the shape of an empty parse.
+    ReadOptions o = read;
+    SW_ASSIGN_OR_RETURN(Dataset empty, ParseBuffer("", files[0], 1, o));
+    SkippedRows skipped = cache->shape_.skipped;
+    cache->shape_ = std::move(empty);
+    cache->shape_.skipped = std::move(skipped);
+  }
+  if (files.size() == 1) cache->shape_.skipped.by_file.clear();
+  cache->records_ = read.max_records > 0 ? std::min(total, read.max_records) : total;
+  cache->part_first_.push_back(total);
+  cache->bytes_per_record_ = total > 0 ? static_cast<double>(total_bytes) / static_cast<double>(total) : 0;
+  st.parts = static_cast<int>(cache->parts_.size());
+  st.bytes = total_bytes;
+  st.build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return cache;
+}
+
+absl::Status ColumnCache::Read(int64_t first, int64_t count, Dataset* out) const {
+  if (first < 0 || count < 0 || first + count > records_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("column cache: records [", first, ", ", first + count, ") outside [0, ", records_, ")"));
+  }
+  Dataset& d = *out;
+  d.count = count;
+  d.dense_dim = shape_.dense_dim;
+  d.num_classes = shape_.num_classes;
+  d.dense.resize(static_cast<size_t>(count * shape_.dense_dim));
+  const bool regression = !parts_.empty() && parts_[0]->regression;
+  d.labels.resize(regression ? 0 : static_cast<size_t>(count));
+  d.targets.resize(regression ? static_cast<size_t>(count) : 0);
+  d.fields.resize(shape_.fields.size());
+  for (size_t f = 0; f < d.fields.size(); ++f) {
+    d.fields[f].name = shape_.fields[f].name;
+    d.fields[f].offsets.assign(1, 0);
+    d.fields[f].offsets.reserve(static_cast<size_t>(count) + 1);
+    d.fields[f].ids.clear();
+    d.fields[f].weights.clear();
+  }
+  size_t p = static_cast<size_t>(std::upper_bound(part_first_.begin(), part_first_.end(), first) - part_first_.begin()) - 1;
+  int64_t at = 0;  // records of *out filled
+  std::vector<int64_t> offsets;
+  while (at < count) {
+    const Part& part = *parts_[p];
+    const int64_t local = first + at - part_first_[p];
+    const int64_t n = std::min(count - at, part.records - local);
+    SW_RETURN_IF_ERROR(part.dense->ReadInto(local * shape_.dense_dim, n * shape_.dense_dim,
+                                            d.dense.data() + at * shape_.dense_dim));
+    if (regression) {
+      SW_RETURN_IF_ERROR(part.labels->ReadInto(local, n, d.targets.data() + at));
+    } else {
+      SW_RETURN_IF_ERROR(part.labels->ReadInto(local, n, d.labels.data() + at));
+    }
+    for (size_t f = 0; f < d.fields.size(); ++f) {
+      SparseField& sf = d.fields[f];
+      offsets.resize(static_cast<size_t>(n) + 1);
+      SW_RETURN_IF_ERROR(part.off[f]->ReadInto(local, n + 1, offsets.data()));
+      const int64_t ids = offsets[static_cast<size_t>(n)] - offsets[0];
+      if (ids < 0) return absl::DataLossError(absl::StrCat(part.off[f]->path, ": offsets go down"));
+      const int64_t base = static_cast<int64_t>(sf.ids.size());
+      sf.ids.resize(static_cast<size_t>(base + ids));
+      SW_RETURN_IF_ERROR(part.ids[f]->ReadInto(offsets[0], ids, sf.ids.data() + base));
+      if (part.w[f]) {
+        sf.weights.resize(static_cast<size_t>(base + ids));
+        SW_RETURN_IF_ERROR(part.w[f]->ReadInto(offsets[0], ids, sf.weights.data() + base));
+      }
+      for (int64_t r = 1; r <= n; ++r) {
+        const int64_t o = offsets[static_cast<size_t>(r)] - offsets[0];
+        if (o < sf.offsets.back() - base || o > ids) {
+          return absl::DataLossError(absl::StrCat(part.off[f]->path, ": offsets go down"));
+        }
+        sf.offsets.push_back(base + o);
+      }
+    }
+    at += n;
+    ++p;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardwild

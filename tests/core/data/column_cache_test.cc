@@ -1,0 +1,247 @@
+// The columnar cache of streamed training: built in parts (byte ranges of a
+// plain file, runs of gzip members, whole other files) and read back by
+// record range, it holds exactly what ReadDatasetFiles reads, bad rows are
+// reported as ReadDataset reports them, and it is reused while valid.
+#include "core/data/column_cache.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/data/data_gen.h"
+#include "core/data/readers.h"
+#include "core/io/compressed.h"
+#include "gtest/gtest.h"
+#include "tests/workers/test_config.h"
+
+namespace shardwild {
+namespace {
+
+namespace fs = std::filesystem;
+using testdata::TempDir;
+
+std::string Write(const TempDir& dir, const std::string& name, const std::string& bytes) {
+  const std::string path = dir.path() + "/" + name;
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Records [a, b) of d.
+Dataset Slice(const Dataset& d, int64_t a, int64_t b) {
+  Dataset s;
+  s.count = b - a;
+  s.dense_dim = d.dense_dim;
+  s.num_classes = d.num_classes;
+  s.dense.assign(d.dense.begin() + a * d.dense_dim, d.dense.begin() + b * d.dense_dim);
+  if (!d.labels.empty()) s.labels.assign(d.labels.begin() + a, d.labels.begin() + b);
+  if (!d.targets.empty()) s.targets.assign(d.targets.begin() + a, d.targets.begin() + b);
+  for (const SparseField& f : d.fields) {
+    SparseField g;
+    g.name = f.name;
+    for (int64_t r = a; r <= b; ++r) g.offsets.push_back(f.offsets[r] - f.offsets[a]);
+    g.ids.assign(f.ids.begin() + f.offsets[a], f.ids.begin() + f.offsets[b]);
+    if (!f.weights.empty()) g.weights.assign(f.weights.begin() + f.offsets[a], f.weights.begin() + f.offsets[b]);
+    s.fields.push_back(std::move(g));
+  }
+  return s;
+}
+
+void ExpectSameRecords(const Dataset& a, const Dataset& b) {
+  ASSERT_EQ(a.count, b.count);
+  EXPECT_EQ(a.dense_dim, b.dense_dim);
+  EXPECT_EQ(a.dense, b.dense);
+  EXPECT_EQ(a.labels, b.labels);
+  EXPECT_EQ(a.targets, b.targets);
+  ASSERT_EQ(a.fields.size(), b.fields.size());
+  for (size_t f = 0; f < a.fields.size(); ++f) {
+    EXPECT_EQ(a.fields[f].name, b.fields[f].name);
+    EXPECT_EQ(a.fields[f].offsets, b.fields[f].offsets) << f;
+    EXPECT_EQ(a.fields[f].ids, b.fields[f].ids) << f;
+    EXPECT_EQ(a.fields[f].weights, b.fields[f].weights) << f;
+  }
+}
+
+ReadOptions Opts(DataFormat format, const std::string& cache_dir, OnBadRow on_error = OnBadRow::kFail) {
+  ReadOptions o;
+  o.format = format;
+  o.labels = LabelKind::kBinary;
+  o.on_error = on_error;
+  o.threads = 3;
+  o.cache_dir = cache_dir;
+  return o;
+}
+
+// Criteo rows from the generator: `rows` rows, `files` files, compressed or not.
+std::vector<std::string> Generate(const TempDir& dir, const std::string& kind, int64_t rows, int files,
+                                  const std::string& compress) {
+  DataGenOptions g;
+  g.kind = kind;
+  g.rows = rows;
+  g.out = dir.path() + "/" + kind + "_" + compress + ".txt";
+  g.files = files;
+  g.compress = compress;
+  absl::StatusOr<DataGenResult> r = GenerateData(g);
+  EXPECT_TRUE(r.ok()) << r.status();
+  std::vector<std::string> paths;
+  if (r.ok()) {
+    for (const DataGenResult::File& f : r->files) paths.push_back(f.path);
+  }
+  return paths;
+}
+
+// Every kind of file, cut into many small parts and pieces, reads back as
+// ReadDatasetFiles reads it, whole and by ranges that cross parts; a second
+// open reuses the cache.
+TEST(ColumnCacheTest, PartsReadBackAsTheFilesDo) {
+  TempDir dir;
+  ColumnCacheOptions co;
+  co.part_bytes = 20000;
+  co.piece_bytes = 4096;
+  struct Case {
+    std::string kind, compress;
+    int files;
+  };
+  for (const Case& c : {Case{"criteo", "none", 1}, Case{"criteo", "gz", 2}, Case{"criteo", "zst", 3},
+                        Case{"libsvm", "none", 2}}) {
+    SCOPED_TRACE(c.kind + " " + c.compress);
+    std::vector<std::string> files = Generate(dir, c.kind, 3001, c.files, c.compress);
+    if (c.compress == "gz") {
+      // One file of small SW members (splittable), one plain gzip stream (one part).
+      std::string text = Decompress(Slurp(files[0]), Compression::kGzip, files[0]).value();
+      std::string members;
+      for (size_t at = 0; at < text.size(); at += 9000) members += CompressBlock(text.substr(at, 9000), Compression::kGzip).value();
+      files[0] = Write(dir, "members.gz", members);
+      ASSERT_EQ(std::system(("gzip -dc " + files[1] + " | gzip -c > " + dir.path() + "/plain.gz").c_str()), 0);
+      files[1] = dir.path() + "/plain.gz";
+    }
+    const ReadOptions o = Opts(c.kind == "criteo" ? DataFormat::kCriteo : DataFormat::kLibsvm, dir.path() + "/cache");
+    fs::create_directories(dir.path() + "/cache");
+    const absl::StatusOr<Dataset> whole = ReadDatasetFiles(files, o);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    ColumnCacheStats st;
+    absl::StatusOr<std::unique_ptr<ColumnCache>> cache = ColumnCache::Open(files, o, co, &st);
+    ASSERT_TRUE(cache.ok()) << cache.status();
+    EXPECT_EQ(st.files_built, c.files);
+    EXPECT_EQ((*cache)->records(), whole->count);
+    if (c.compress != "zst") EXPECT_GT(st.parts, c.files) << "the splittable files were not split";
+    EXPECT_EQ((*cache)->shape().dense_dim, whole->dense_dim);
+    EXPECT_EQ((*cache)->shape().num_classes, whole->num_classes);
+    Dataset got;
+    ASSERT_TRUE((*cache)->Read(0, whole->count, &got).ok());
+    ExpectSameRecords(got, *whole);
+    for (const auto& [a, b] : {std::pair<int64_t, int64_t>{0, 1}, {17, 1500}, {999, 3001}, {3000, 3001}, {5, 5}}) {
+      ASSERT_TRUE((*cache)->Read(a, b - a, &got).ok());
+      ExpectSameRecords(got, Slice(*whole, a, b));
+    }
+    EXPECT_EQ((*cache)->Read(3000, 2, &got).code(), absl::StatusCode::kInvalidArgument);
+    // Again: from the cache.
+    cache = ColumnCache::Open(files, o, co, &st);
+    ASSERT_TRUE(cache.ok()) << cache.status();
+    EXPECT_EQ(st.files_built, 0);
+    EXPECT_EQ(st.files_cached, c.files);
+    ASSERT_TRUE((*cache)->Read(100, 2000, &got).ok());
+    ExpectSameRecords(got, Slice(*whole, 100, 2100));
+    fs::remove_all(dir.path() + "/cache");
+  }
+}
+
+// A bad row deep in a part is reported exactly as ReadDataset reports it
+// (its file line counts every part before it); under skip the counts are
+// ReadDatasetFiles', per file too.
+TEST(ColumnCacheTest, BadRowsAsReadDatasetReportsThem) {
+  TempDir dir;
+  std::vector<std::string> files = Generate(dir, "criteo", 2000, 2, "none");
+  std::string text = Slurp(files[1]);
+  size_t at = 0;
+  for (int i = 0; i < 777; ++i) at = text.find('\n', at) + 1;
+  text.insert(text.find('\t', at) + 1, "x");  // line 778: a non-numeric I1
+  files[1] = Write(dir, "bad.tsv", text);
+  ColumnCacheOptions co;
+  co.part_bytes = 15000;
+  co.piece_bytes = 4096;
+  ReadOptions o = Opts(DataFormat::kCriteo, "");
+  const absl::StatusOr<Dataset> want = ReadDatasetFiles(files, o);
+  ASSERT_FALSE(want.ok());
+  absl::StatusOr<std::unique_ptr<ColumnCache>> cache = ColumnCache::Open(files, o, co);
+  ASSERT_FALSE(cache.ok());
+  EXPECT_EQ(cache.status(), want.status());
+  EXPECT_NE(cache.status().message().find(files[1] + ":778:"), std::string::npos) << cache.status();
+  EXPECT_FALSE(fs::exists(files[1] + ".swcols"));
+
+  o.on_error = OnBadRow::kSkip;
+  const absl::StatusOr<Dataset> skipped = ReadDatasetFiles(files, o);
+  ASSERT_TRUE(skipped.ok());
+  cache = ColumnCache::Open(files, o, co);
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  EXPECT_EQ((*cache)->records(), 1999);
+  EXPECT_EQ((*cache)->shape().skipped.by_reason, skipped->skipped.by_reason);
+  EXPECT_EQ((*cache)->shape().skipped.by_file, skipped->skipped.by_file);
+}
+
+// A changed source or other options rebuild the cache; max_records keeps
+// the first records; a damaged column is one DataLoss naming the directory;
+// text is refused.
+TEST(ColumnCacheTest, StaleRebuiltDamagedRefused) {
+  TempDir dir;
+  const std::vector<std::string> files = Generate(dir, "criteo", 500, 1, "none");
+  ReadOptions o = Opts(DataFormat::kCriteo, "");
+  ColumnCacheStats st;
+  ASSERT_TRUE(ColumnCache::Open(files, o, {}, &st).ok());
+  EXPECT_EQ(st.files_built, 1);
+  o.dense_transform = DenseTransform::kNone;
+  ASSERT_TRUE(ColumnCache::Open(files, o, {}, &st).ok());
+  EXPECT_EQ(st.files_built, 1);
+  const std::string text = Slurp(files[0]);
+  Write(dir, fs::path(files[0]).filename().string(), text + text.substr(0, text.find('\n') + 1));
+  absl::StatusOr<std::unique_ptr<ColumnCache>> c = ColumnCache::Open(files, o, {}, &st);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(st.files_built, 1);
+  EXPECT_EQ((*c)->records(), 501);
+  o.max_records = 100;
+  c = ColumnCache::Open(files, o, {}, &st);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(st.files_built, 0);
+  EXPECT_EQ((*c)->records(), 100);
+  o.max_records = 0;
+  fs::resize_file(files[0] + ".swcols/part-00000/f3.ids", 8);
+  c = ColumnCache::Open(files, o, {}, &st);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(c.status().message().find("remove " + files[0] + ".swcols"), std::string::npos) << c.status();
+  o.format = DataFormat::kText;
+  o.labels = LabelKind::kMultiClass;
+  EXPECT_NE(ColumnCache::Open(files, o).status().message().find("data.stream: the text format"), std::string::npos);
+}
+
+TEST(ColumnCacheTest, CsvFilesKeepTheirHeaderForEveryPiece) {
+  TempDir dir;
+  std::string csv = "y,a,c\n";
+  for (int i = 0; i < 3000; ++i) absl::StrAppend(&csv, i % 2, ",", i, ",v", i % 17, "\n");
+  const std::vector<std::string> files = {Write(dir, "d.csv", csv), Write(dir, "d2.csv.gz", CompressBlock(csv, Compression::kGzip).value())};
+  ReadOptions o = Opts(DataFormat::kCsv, "");
+  o.csv.label = "y";
+  o.csv.dense = {"a"};
+  o.csv.categorical = {"c"};
+  ColumnCacheOptions co;
+  co.piece_bytes = 4096;
+  const absl::StatusOr<Dataset> whole = ReadDatasetFiles(files, o);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  absl::StatusOr<std::unique_ptr<ColumnCache>> c = ColumnCache::Open(files, o, co);
+  ASSERT_TRUE(c.ok()) << c.status();
+  Dataset got;
+  ASSERT_TRUE((*c)->Read(0, (*c)->records(), &got).ok());
+  ExpectSameRecords(got, *whole);
+}
+
+}  // namespace
+}  // namespace shardwild
