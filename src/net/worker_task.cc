@@ -28,8 +28,13 @@ absl::Status ServeSlot(const Config& config, const PsClientOptions& chief, grpc:
                        const TaskLog& log) {
   const Dataset* test = InlineEvaluation(config) ? job.test() : nullptr;
   TaskRunner runner(config, job.worker(thread), job.train(), test, [&store] { return store.Flush(); });
+  if (job.stream() != nullptr) {
+    SW_ASSIGN_OR_RETURN(const StreamFeedOptions feed,
+                        StreamFeedOptionsFor(config, job.stream()->bytes_per_record(), job.num_workers()));
+    runner.set_stream(job.stream(), feed);
+  }
   const std::string hello = absl::StrCat("hello ", task, " ", thread, " ", job.num_workers());
-  const std::string ready = absl::StrCat("ready ", getpid(), " ", job.train().count, " ", test ? test->count : 0);
+  const std::string ready = absl::StrCat("ready ", getpid(), " ", job.train_records(), " ", test ? test->count : 0);
   const double patience = config.train.task_timeout_s;
   Clock::time_point contact = Clock::now();
   double backoff = chief.initial_backoff_s;
@@ -112,7 +117,7 @@ absl::Status RunWorkerTask(const Config& config, const ClusterSpec& spec, int in
   std::unique_ptr<net::Chief::Stub> stub = net::Chief::NewStub(channel);
   int local = 0;
   for (int p = 0; p < store->num_ps(); ++p) local += store->is_local(p) ? 1 : 0;
-  log(absl::StrCat(task.ToString(), ": ", job->num_workers(), " worker threads, ", job->train().count,
+  log(absl::StrCat(task.ToString(), ": ", job->num_workers(), " worker threads, ", job->train_records(),
                    " training records; ", local, " of ", store->num_ps(), " ps tasks through shared memory"));
   if (metrics_server) log(absl::StrCat(task.ToString(), ": metrics at http://", metrics_server->address(), "/metrics"));
   FunctionRegistry builtins;

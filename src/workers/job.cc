@@ -45,6 +45,14 @@ absl::StatusOr<Dataset> LoadDataset(const Config& config, const std::string& pat
   return WithErrorKind(ReadDatasetFiles(*files, ro), ErrorKind::kData);
 }
 
+absl::StatusOr<std::unique_ptr<ColumnCache>> OpenTrainStream(const Config& config, ColumnCacheStats* stats) {
+  ReadOptions ro = MakeReadOptions(config.data, LabelKindOf(config.model.head));
+  ro.max_records = config.data.max_train_records;
+  absl::StatusOr<std::vector<std::string>> files = ExpandDataFiles(config.data.train, "data.train");
+  if (!files.ok()) return WithErrorKind(files.status(), ErrorKind::kData);
+  return WithErrorKind(ColumnCache::Open(*files, ro, ColumnCacheOptions(), stats), ErrorKind::kData);
+}
+
 namespace {
 absl::Status CheckTestDataImpl(const Dataset& train, const Dataset& test) {
   if (test.dense_dim != train.dense_dim) {
@@ -141,7 +149,17 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
   if (!config.data.test.empty() && !named_classes) {
     test_loader = std::thread([&] { test = LoadDataset(config, config.data.test, config.data.max_test_records, nullptr); });
   }
-  train = LoadDataset(config, config.data.train, config.data.max_train_records, nullptr);
+  if (config.data.stream) {
+    absl::StatusOr<std::unique_ptr<ColumnCache>> stream = OpenTrainStream(config, &job->stream_stats_);
+    if (stream.ok()) {
+      job->stream_ = *std::move(stream);
+      train = job->stream_->shape();
+    } else {
+      train = stream.status();
+    }
+  } else {
+    train = LoadDataset(config, config.data.train, config.data.max_train_records, nullptr);
+  }
   if (test_loader.joinable()) test_loader.join();
   if (!train.ok()) return train.status();
   job->train_ = *std::move(train);
@@ -234,7 +252,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
   for (auto& w : job->workers_) w->set_update_options(update);
   // The training set packed once for every worker's loads (PackedRecords): a
   // record's ids in one block, not one list per field; IDX pixels as bytes.
-  if (!job->workers_.empty()) {
+  if (!job->workers_.empty() && !job->stream_) {
     job->packed_train_ = job->workers_[0]->model().PackRecords(job->train_);
     if (job->packed_train_) {
       for (auto& w : job->workers_) w->set_packed_records(&*job->packed_train_);

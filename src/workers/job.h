@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/data/column_cache.h"
 #include "core/data/dataset.h"
 #include "core/model/model.h"
 #include "core/config/options.h"
@@ -34,6 +35,11 @@ absl::StatusOr<Dataset> LoadDataset(const Config& config, const std::string& pat
 // InvalidArgument (naming data.test) when a test set doesn't fit the
 // training set: dense width, classes, sparse fields.
 absl::Status CheckTestData(const Dataset& train, const Dataset& test);
+
+// data.stream: the columnar cache of data.train (built where missing or
+// stale, with data.reader_threads threads), its records capped at
+// data.max_train_records.
+absl::StatusOr<std::unique_ptr<ColumnCache>> OpenTrainStream(const Config& config, ColumnCacheStats* stats = nullptr);
 
 // The store's table for one a model declares (initial rows uniform in
 // +-init_scale, zeros where it is 0: the wide tables).
@@ -82,7 +88,14 @@ class Job {
   WorkerPool& pool() { return *pool_; }
   Worker& worker(int i) { return *workers_[i]; }
   int num_workers() const { return static_cast<int>(workers_.size()); }
+  // The training data; with data.stream only its shape (no records: they
+  // are read from stream()).
   const Dataset& train() const { return train_; }
+  // Training records, streamed or not.
+  int64_t train_records() const { return stream_ ? stream_->records() : train_.count; }
+  // data.stream: the columnar cache the workers read; null otherwise.
+  const ColumnCache* stream() const { return stream_.get(); }
+  const ColumnCacheStats& stream_stats() const { return stream_stats_; }
   const Dataset* test() const { return test_ ? &*test_ : nullptr; }
   // Seconds spent reading and parsing the data sets in Create.
   double data_load_seconds() const { return data_load_seconds_; }
@@ -99,6 +112,8 @@ class Job {
   std::unique_ptr<Topology> topology_;
   Placement placement_;
   Dataset train_;
+  std::unique_ptr<ColumnCache> stream_;
+  ColumnCacheStats stream_stats_;
   std::optional<PackedRecords> packed_train_;  // train_'s ids for the workers' model (Model::PackRecords)
   std::optional<Dataset> test_;
   double data_load_seconds_ = 0;

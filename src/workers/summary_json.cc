@@ -145,6 +145,19 @@ json TrainSummaryJson(const TrainSummary& s, Job& job) {
   }
   j["history"] = hist;
   for (const auto& [name, value] : s.test_metrics) j[name] = value;
+  // How the training data was read: loaded whole, or streamed from its
+  // columnar cache (data.stream) with the readers' waits and peak bytes.
+  j["data_wait_s"] = s.data_wait_s;
+  json data = {{"stream", job.stream() != nullptr}, {"load_s", job.data_load_seconds()}};
+  if (const ColumnCache* c = job.stream()) {
+    const ColumnCacheStats& st = job.stream_stats();
+    data["records"] = c->records();
+    data["reader_peak_bytes"] = s.reader_peak_bytes;
+    data["memory_budget_bytes"] = job.config().data.memory_budget_mb << 20;
+    data["cache"] = {{"dirs", c->dirs()},           {"bytes", st.bytes},          {"parts", st.parts},
+                     {"files_built", st.files_built}, {"files_cached", st.files_cached}, {"build_s", st.build_s}};
+  }
+  j["data"] = data;
   const Dataset& train = job.train();
   j["rows_skipped"] = SkippedJson(train.skipped, job.test());
   if (train.tokens > 0 && train.count > 0 && s.workers > 0) {

@@ -131,7 +131,16 @@ absl::Status ServeTasks(const Config& config, const WorkerProcessArgs& args, Lin
   omp_set_num_threads(threads);
   if (config.train.pin_threads) SW_RETURN_IF_ERROR(topo->PinCurrentThread(placement.workers[args.index].cores));
 
-  SW_ASSIGN_OR_RETURN(Dataset train, LoadDataset(config, config.data.train, config.data.max_train_records, nullptr));
+  // Streamed: the columnar cache the main process built (valid, so opened
+  // as it is); `train` is then the data set's shape.
+  std::unique_ptr<ColumnCache> stream;
+  Dataset train;
+  if (config.data.stream) {
+    SW_ASSIGN_OR_RETURN(stream, OpenTrainStream(config));
+    train = stream->shape();
+  } else {
+    SW_ASSIGN_OR_RETURN(train, LoadDataset(config, config.data.train, config.data.max_train_records, nullptr));
+  }
   std::optional<Dataset> test;
   if (InlineEvaluation(config)) {
     SW_ASSIGN_OR_RETURN(test, LoadDataset(config, config.data.test, config.data.max_test_records, &train));
@@ -149,11 +158,16 @@ absl::Status ServeTasks(const Config& config, const WorkerProcessArgs& args, Lin
   if (config.sparse_optimizer) update.sparse_optimizer = &*config.sparse_optimizer;
   worker->set_update_options(update);
   const LiveMetrics::Attachment live_worker = live.AttachWorkers({&worker->counters()});
-  if (!channel.Send(absl::StrCat("ready ", getpid(), " ", train.count, " ", test ? test->count : 0))) {
+  TaskRunner runner(config, *worker, train, test ? &*test : nullptr);
+  if (stream) {
+    SW_ASSIGN_OR_RETURN(const StreamFeedOptions feed, StreamFeedOptionsFor(config, stream->bytes_per_record(), workers));
+    runner.set_stream(stream.get(), feed);
+  }
+  if (!channel.Send(absl::StrCat("ready ", getpid(), " ", stream ? stream->records() : train.count, " ",
+                                 test ? test->count : 0))) {
     return absl::OkStatus();  // parent gone
   }
 
-  TaskRunner runner(config, *worker, train, test ? &*test : nullptr);
   int eval_tasks = 0;
   while (std::optional<std::string> line = channel.ReadLine()) {
     if (*line == "exit") break;
@@ -338,12 +352,17 @@ class InProcessWorkers final : public TaskWorkers {
     std::unique_ptr<InProcessWorkers> w(new InProcessWorkers(job.num_workers()));
     const Dataset* test = InlineEvaluation(job.config()) ? job.test() : nullptr;
     std::vector<std::unique_ptr<WorkerExecutor>> executors;
+    std::optional<StreamFeedOptions> feed;
+    if (job.stream() != nullptr) {
+      SW_ASSIGN_OR_RETURN(feed, StreamFeedOptionsFor(job.config(), job.stream()->bytes_per_record(), job.num_workers()));
+    }
     for (int i = 0; i < job.num_workers(); ++i) {
       w->runners_.push_back(std::make_unique<TaskRunner>(job.config(), job.worker(i), job.train(), test));
+      if (feed) w->runners_.back()->set_stream(job.stream(), *feed);
       executors.push_back(std::make_unique<PoolThreadExecutor>(&job.pool(), i));
     }
     SW_ASSIGN_OR_RETURN(w->coordinator_, Coordinator::Create(std::move(executors)));
-    w->ready_line_ = absl::StrCat("ready ", getpid(), " ", job.train().count, " ", test ? test->count : 0);
+    w->ready_line_ = absl::StrCat("ready ", getpid(), " ", job.train_records(), " ", test ? test->count : 0);
     return w;
   }
   ~InProcessWorkers() override { ExitAll(0); }
@@ -426,7 +445,7 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
         "per_machine"));
   }
   const int workers = ext != nullptr ? ext->workers : job.num_workers();
-  const int64_t n = job.train().count;
+  const int64_t n = job.train_records();
   const int64_t batch = cfg.train.batch_size;
   const int epochs = cfg.train.epochs;
   const CheckpointOptions& ck = cfg.checkpoint;
@@ -563,6 +582,8 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
   const auto run_start = Clock::now();
   double train_seconds = 0;
   int64_t run_records = 0;
+  double data_wait_s = 0;                                    // streamed: waits of every task reported
+  std::vector<int64_t> reader_peak(static_cast<size_t>(workers), 0);  // streamed: each slot's peak
   // Resumed from the final checkpoint: nothing to train; the workers start
   // only to evaluate the final model.
   const bool already_complete = first_epoch > epochs;
@@ -635,7 +656,7 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
     // One message from `slot`.
     auto handle = [&](Slot& slot, const std::string& line) -> absl::Status {
       slot.contact = Clock::now();
-      const std::vector<std::string> f = absl::StrSplit(line, absl::MaxSplits(' ', 5));
+      const std::vector<std::string> f = absl::StrSplit(line, absl::MaxSplits(' ', 7));
       if (f[0] == "hb") {
         dispatcher->Heartbeat(slot.id);
       } else if (f[0] == "ready" && f.size() >= 4) {
@@ -670,13 +691,21 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
           }
           eval_parts[index] = *std::move(r);
         }
-      } else if (f[0] == "done" && f.size() == 6 && slot.busy) {
+      } else if (f[0] == "done" && (f.size() == 6 || f.size() == 8) && slot.busy) {
         EpochTotals t;
         uint64_t lease = 0;
+        double wait_s = 0;
+        int64_t peak = 0;
         if (!absl::SimpleAtoi(f[1], &lease) || !absl::SimpleAtoi(f[2], &t.records) ||
             !absl::SimpleAtoi(f[3], &t.steps) || !absl::SimpleAtod(f[4], &t.loss) ||
-            !absl::SimpleAtoi(f[5], &t.correct)) {
+            !absl::SimpleAtoi(f[5], &t.correct) ||
+            (f.size() == 8 && (!absl::SimpleAtod(f[6], &wait_s) || !absl::SimpleAtoi(f[7], &peak)))) {
           return absl::InternalError(absl::StrCat("worker ", slot.index, ": malformed reply '", line, "'"));
+        }
+        // (Streamed data.) Waits count whether or not the report is stale.
+        data_wait_s += wait_s;
+        if (static_cast<size_t>(slot.index) < reader_peak.size()) {
+          reader_peak[static_cast<size_t>(slot.index)] = std::max(reader_peak[static_cast<size_t>(slot.index)], peak);
         }
         slot.busy = false;
         if (dispatcher->ReportDone(slot.id, lease) == ReportResult::kAccepted) {
@@ -966,6 +995,8 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
   }
   summary.steps = base_steps + run_steps;
   summary.records_seen = first_epoch <= epochs ? dc.records_seen : restored_records;
+  summary.data_wait_s = workers > 0 ? data_wait_s / workers : 0;
+  for (int64_t p : reader_peak) summary.reader_peak_bytes += p;
   summary.tasks_requeued = dc.tasks_requeued;
   summary.worker_failures = dc.worker_failures;
   summary.samples_per_s = train_seconds > 0 ? run_records / train_seconds : 0;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <numeric>
 #include <cerrno>
 #include <cstring>
 #include <exception>
@@ -125,9 +126,10 @@ std::optional<std::string> TaskRunner::Train(const std::vector<std::string>& f, 
   if (f.size() != 7 || !absl::SimpleAtoi(f[1], &lease) || !absl::SimpleAtoi(f[2], &epoch) ||
       !absl::SimpleAtoi(f[3], &first) || !absl::SimpleAtoi(f[4], &count) ||
       !absl::SimpleAtod(f[5], &progress_begin) || !absl::SimpleAtod(f[6], &per_step) || epoch < 1 || first < 0 ||
-      count < 0 || first + count > train_.count) {
+      count < 0 || first + count > (feed_ ? stream_records_ : train_.count)) {
     return absl::StrCat("fail ", lease, " malformed task: ", OneLine(line));
   }
+  if (feed_) return TrainStreamed(lease, epoch, first, count, progress_begin, per_step, heartbeat);
   if (epoch != order_epoch_) {
     order_ = EpochOrder(train_.count, config_.train.seed, epoch);
     order_epoch_ = epoch;
@@ -157,6 +159,64 @@ std::optional<std::string> TaskRunner::Train(const std::vector<std::string>& f, 
                       c.steps.load(std::memory_order_relaxed) - steps0, " ",
                       Real(c.loss_sum.load(std::memory_order_relaxed) - loss0), " ",
                       c.correct.load(std::memory_order_relaxed) - correct0);
+}
+
+void TaskRunner::set_stream(const ColumnCache* cache, const StreamFeedOptions& options) {
+  feed_ = std::make_unique<StreamFeed>(*cache, options);
+  stream_records_ = cache->records();
+}
+
+std::optional<std::string> TaskRunner::TrainStreamed(uint64_t lease, int epoch, int64_t first, int64_t count,
+                                                     double progress_begin, double per_step,
+                                                     const std::function<bool()>& heartbeat) {
+  const int64_t batch = config_.train.batch_size;
+  WorkerCounters& c = worker_.counters();
+  const int64_t steps0 = c.steps.load(std::memory_order_relaxed);
+  const int64_t samples0 = c.samples.load(std::memory_order_relaxed);
+  const int64_t correct0 = c.correct.load(std::memory_order_relaxed);
+  const double loss0 = c.loss_sum.load(std::memory_order_relaxed);
+  const double wait0 = feed_->wait_s();
+  absl::Status trained;
+  feed_->Start(epoch, first, count);
+  int64_t done = 0;  // records of the task trained
+  while (trained.ok()) {
+    absl::StatusOr<const Dataset*> item = feed_->Next();
+    if (!item.ok()) {
+      trained = item.status();
+      break;
+    }
+    if (*item == nullptr) break;
+    const Dataset& data = **item;
+    if (static_cast<int64_t>(order_.size()) < data.count) {
+      order_.resize(static_cast<size_t>(data.count));
+      std::iota(order_.begin(), order_.end(), 0);
+    }
+    order_epoch_ = -1;  // order_ is no epoch's order now
+    worker_.set_train_data(&data);
+    trained = worker_.TrainRange(order_.data(), data.count, config_.optimizer, progress_begin, per_step, done / batch,
+                                 nullptr);
+    done += data.count;
+    if (SecondsSince(last_sent_) >= 1.0 && done < count) {
+      if (!heartbeat()) {
+        feed_->Finish();
+        worker_.set_train_data(&train_);
+        return std::nullopt;
+      }
+      last_sent_ = Clock::now();
+    }
+  }
+  feed_->Finish();
+  worker_.set_train_data(&train_);
+  if (trained.ok() && done != count) {
+    trained = absl::InternalError(absl::StrCat("streamed task: ", done, " records fed of ", count));
+  }
+  if (trained.ok() && flush_) trained = flush_();
+  if (!trained.ok()) return absl::StrCat("fail ", lease, " ", OneLine(trained.message()));
+  return absl::StrCat("done ", lease, " ", c.samples.load(std::memory_order_relaxed) - samples0, " ",
+                      c.steps.load(std::memory_order_relaxed) - steps0, " ",
+                      Real(c.loss_sum.load(std::memory_order_relaxed) - loss0), " ",
+                      c.correct.load(std::memory_order_relaxed) - correct0, " ", Real(feed_->wait_s() - wait0), " ",
+                      feed_->peak_bytes());
 }
 
 std::string TaskRunner::Evaluate(const std::vector<std::string>& f, const std::string& line) {

@@ -28,6 +28,7 @@
 #include "core/config/options.h"
 #include "workers/dispatcher.h"
 #include "workers/evaluator.h"
+#include "workers/stream_feed.h"
 #include "workers/worker.h"
 
 namespace shardwild {
@@ -213,6 +214,13 @@ class TaskRunner {
   // has passed since the last message this runner knows of.
   std::optional<std::string> Run(const std::string& line, const std::function<bool()>& heartbeat);
 
+  // Streamed training (data.stream): training tasks are record ranges of
+  // `cache` in storage order, fed to the worker by a StreamFeed of
+  // `options`; `train` (given to the constructor) is then only the data
+  // set's shape. The `done` reply gains the seconds this task waited on data
+  // and the feed's peak bytes so far. Call before the first Run.
+  void set_stream(const ColumnCache* cache, const StreamFeedOptions& options);
+
  private:
   std::optional<std::string> Train(const std::vector<std::string>& f, const std::string& line,
                                    const std::function<bool()>& heartbeat);
@@ -223,7 +231,13 @@ class TaskRunner {
   const Dataset& train_;
   const Dataset* const test_;
   const std::function<absl::Status()> flush_;
-  std::vector<int32_t> order_;  // EpochOrder of order_epoch_
+  // Streamed training: one window at a time.
+  std::optional<std::string> TrainStreamed(uint64_t lease, int epoch, int64_t first, int64_t count,
+                                           double progress_begin, double per_step,
+                                           const std::function<bool()>& heartbeat);
+  std::unique_ptr<StreamFeed> feed_;
+  int64_t stream_records_ = 0;  // the cache's records
+  std::vector<int32_t> order_;  // EpochOrder of order_epoch_ (streamed: 0, 1, ...)
   int order_epoch_ = -1;
   std::chrono::steady_clock::time_point last_sent_ = std::chrono::steady_clock::now();
 };

@@ -67,6 +67,11 @@ struct TrainSummary {
   int64_t eval_records_seen = 0;       // test records evaluated, over all evaluations
   int64_t tasks_requeued = 0;
   int64_t worker_failures = 0;
+  // Streamed data (data.stream): the mean over the workers of the seconds
+  // their steps waited for data, and the most bytes the workers' readers
+  // held (each worker's peak, summed); zero otherwise.
+  double data_wait_s = 0;
+  int64_t reader_peak_bytes = 0;
 };
 
 // How RunTraining starts.

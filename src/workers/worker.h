@@ -203,6 +203,15 @@ class Worker {
   // the data set's fields. Call as set_update_options.
   void set_packed_records(const PackedRecords* packed) { packed_ = packed; }
 
+  // The records training steps load from from now on, instead of the data
+  // given to Create (streamed training hands each window of records here);
+  // same shape, not owned, must outlive the training calls; clears the
+  // packed records. Call as set_update_options.
+  void set_train_data(const Dataset* data) {
+    train_ = data;
+    packed_ = nullptr;
+  }
+
  private:
   Worker() = default;
   absl::Status PullAll();

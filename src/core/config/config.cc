@@ -515,6 +515,10 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
   data.leaves["max_train_records"] = Int64(&c->data.max_train_records);
   data.leaves["max_test_records"] = Int64(&c->data.max_test_records);
   data.leaves["records_per_task"] = Int64(&c->data.records_per_task);
+  data.leaves["stream"] = Bool(&c->data.stream);
+  data.leaves["shuffle_buffer"] = Int64(&c->data.shuffle_buffer);
+  data.leaves["prefetch_batches"] = Int(&c->data.prefetch_batches);
+  data.leaves["memory_budget_mb"] = Int64(&c->data.memory_budget_mb);
 
   Section train;
   train.leaves["workers"] = IntOrAuto(&c->train.workers);

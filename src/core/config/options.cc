@@ -180,6 +180,16 @@ absl::Status DataOptions::Validate() const {
   if (max_test_records < 0) return Bad("data.max_test_records", "must be >= 0");
   if (records_per_task < 1) return Bad("data.records_per_task", absl::StrCat("must be >= 1, got ", records_per_task));
   if (reader_threads < 0) return Bad("data.reader_threads", absl::StrCat("must be >= 0 (0 = auto), got ", reader_threads));
+  if (shuffle_buffer < 0) return Bad("data.shuffle_buffer", absl::StrCat("must be >= 0 (0 = auto), got ", shuffle_buffer));
+  if (prefetch_batches < 1 || prefetch_batches > 4096) {
+    return Bad("data.prefetch_batches", absl::StrCat("must be 1..4096, got ", prefetch_batches));
+  }
+  if (memory_budget_mb < 1 || memory_budget_mb > (int64_t{1} << 30)) {
+    return Bad("data.memory_budget_mb", absl::StrCat("must be >= 1, got ", memory_budget_mb));
+  }
+  if (stream && (format == DataFormat::kText || format == DataFormat::kIdx)) {
+    return Bad("data.stream", "streams criteo, libsvm and csv data; text and idx are loaded whole");
+  }
   if (text.word_ngrams != 1 && text.word_ngrams != 2) {
     return Bad("data.text.word_ngrams", absl::StrCat("must be 1 or 2, got ", text.word_ngrams));
   }
@@ -447,6 +457,11 @@ absl::Status Config::Validate() const {
                          ps.Validate(), bench.Validate(), topology.Validate(), checkpoint.Validate(),
                          early_stopping.Validate(), eval.Validate(), cluster.Validate(), metrics.Validate()}) {
     if (!s.ok()) return s;
+  }
+  if (data.stream && ps.update == UpdateMode::kSync) {
+    return Bad("data.stream",
+               "streamed data trains in dispatcher tasks, and ps.update sync trains in lock-step rounds over the "
+               "whole data set; use ps.update hogwild or row_lock, or load the data whole");
   }
   if (train.worker_processes && ps.update == UpdateMode::kSync) {
     return Bad("train.worker_processes",

@@ -200,6 +200,20 @@ struct DataOptions {
   std::string cache_dir;
   // Parser threads; 0 = one per hardware thread.
   int reader_threads = 0;
+  // Streamed training (core/data/column_cache.h): data.train is parsed once
+  // into a columnar cache on disk ("<file>.swcols", in cache_dir or next to
+  // the file) and each worker reads its tasks' records from it while it
+  // trains, instead of the whole set being held in memory. Needs
+  // ps.update hogwild or row_lock; not the text or idx formats.
+  bool stream = false;
+  // Streaming: records of a task read, shuffled and trained together (a
+  // window of the task); 0 = as many as the memory budget allows.
+  int64_t shuffle_buffer = 0;
+  // Streaming: batches a worker's reader prepares ahead of its step; >= 1.
+  int prefetch_batches = 8;
+  // Streaming: what every worker's reader may hold at once (windows and
+  // prepared batches), in MiB, shared among the workers; >= 1.
+  int64_t memory_budget_mb = 256;
   TextOptions text;
   CsvOptions csv;
   absl::Status Validate() const;

@@ -691,4 +691,48 @@ absl::Status ColumnCache::Read(int64_t first, int64_t count, Dataset* out) const
   return absl::OkStatus();
 }
 
+void GatherRecords(const Dataset& from, const int32_t* rows, int64_t n, Dataset* out) {
+  Dataset& d = *out;
+  const int64_t dd = from.dense_dim;
+  d.count = n;
+  d.dense_dim = dd;
+  d.num_classes = from.num_classes;
+  d.dense.resize(static_cast<size_t>(n * dd));
+  d.labels.resize(from.labels.empty() ? 0 : static_cast<size_t>(n));
+  d.targets.resize(from.targets.empty() ? 0 : static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = rows[i];
+    std::copy_n(from.dense.data() + r * dd, dd, d.dense.data() + i * dd);
+    if (!from.labels.empty()) d.labels[static_cast<size_t>(i)] = from.labels[static_cast<size_t>(r)];
+    if (!from.targets.empty()) d.targets[static_cast<size_t>(i)] = from.targets[static_cast<size_t>(r)];
+  }
+  d.fields.resize(from.fields.size());
+  for (size_t f = 0; f < from.fields.size(); ++f) {
+    const SparseField& a = from.fields[f];
+    SparseField& b = d.fields[f];
+    b.name = a.name;
+    b.offsets.resize(static_cast<size_t>(n) + 1);
+    b.offsets[0] = 0;
+    b.ids.clear();
+    b.weights.clear();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t r = rows[i];
+      const int64_t lo = a.offsets[static_cast<size_t>(r)], hi = a.offsets[static_cast<size_t>(r) + 1];
+      b.ids.insert(b.ids.end(), a.ids.begin() + lo, a.ids.begin() + hi);
+      if (!a.weights.empty()) b.weights.insert(b.weights.end(), a.weights.begin() + lo, a.weights.begin() + hi);
+      b.offsets[static_cast<size_t>(i) + 1] = static_cast<int64_t>(b.ids.size());
+    }
+  }
+}
+
+int64_t DatasetBytes(const Dataset& d) {
+  int64_t b = static_cast<int64_t>(d.dense.capacity() * sizeof(float) + d.labels.capacity() * sizeof(int32_t) +
+                                   d.targets.capacity() * sizeof(float));
+  for (const SparseField& f : d.fields) {
+    b += static_cast<int64_t>(f.offsets.capacity() * sizeof(int64_t) + f.ids.capacity() * sizeof(uint64_t) +
+                              f.weights.capacity() * sizeof(float));
+  }
+  return b;
+}
+
 }  // namespace shardwild

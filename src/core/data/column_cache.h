@@ -117,4 +117,12 @@ class ColumnCache {
   std::vector<std::string> dirs_;
 };
 
+// Records rows[0..n) of `from` (indices into it) into *out, in that order
+// (replaced; its vectors keep their capacity): the batches streamed
+// training assembles from a shuffled window.
+void GatherRecords(const Dataset& from, const int32_t* rows, int64_t n, Dataset* out);
+
+// Bytes a data set's vectors hold (their capacity), for memory accounting.
+int64_t DatasetBytes(const Dataset& d);
+
 }  // namespace shardwild

@@ -1,0 +1,154 @@
+#include "workers/stream_feed.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/base/random.h"
+
+namespace shardwild {
+
+absl::StatusOr<StreamFeedOptions> StreamFeedOptionsFor(const Config& config, double bytes_per_record, int readers) {
+  const DataOptions& d = config.data;
+  StreamFeedOptions o;
+  o.seed = config.train.seed;
+  o.item_records = config.train.batch_size * config.train.pull_every;
+  o.depth = std::max(1, (d.prefetch_batches + config.train.pull_every - 1) / config.train.pull_every);
+  const double budget = static_cast<double>(d.memory_budget_mb) * (1 << 20) / std::max(readers, 1);
+  const double bpr = std::max(bytes_per_record, 1.0);
+  const double items_bytes = static_cast<double>(o.depth + 1) * static_cast<double>(o.item_records) * bpr;
+  auto describe = [&](int64_t window) {
+    return absl::StrFormat(
+        "data.memory_budget_mb %d shared by %d reader%s is %.1f MiB each, and a window of %d records of about %.0f "
+        "bytes plus %d prepared items of %d records (data.prefetch_batches, train.batch_size x train.pull_every) "
+        "need %.1f MiB",
+        d.memory_budget_mb, readers, readers == 1 ? "" : "s", budget / (1 << 20), window, bpr, o.depth + 1,
+        o.item_records, (static_cast<double>(window) * bpr + items_bytes) / (1 << 20));
+  };
+  const int64_t task = std::max<int64_t>(d.records_per_task, 1);
+  const int64_t task_items = (task + o.item_records - 1) / o.item_records;
+  if (d.shuffle_buffer > 0) {
+    const int64_t items = std::min((d.shuffle_buffer + o.item_records - 1) / o.item_records, task_items);
+    o.window = items * o.item_records;
+    if (static_cast<double>(o.window) * bpr + items_bytes > budget) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(config.source, ": data.shuffle_buffer: ", describe(o.window),
+                       "; lower data.shuffle_buffer or data.prefetch_batches, or raise data.memory_budget_mb"));
+    }
+    return o;
+  }
+  const int64_t fit = static_cast<int64_t>(std::floor((budget - items_bytes) / (bpr * static_cast<double>(o.item_records))));
+  if (fit < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(config.source, ": data.memory_budget_mb: ", describe(o.item_records),
+                                                   "; raise data.memory_budget_mb or lower data.prefetch_batches"));
+  }
+  o.window = std::min(fit, task_items) * o.item_records;
+  return o;
+}
+
+StreamFeed::StreamFeed(const ColumnCache& cache, const StreamFeedOptions& options)
+    : cache_(cache), options_(options), items_(static_cast<size_t>(options.depth) + 1) {}
+
+StreamFeed::~StreamFeed() { Finish(); }
+
+void StreamFeed::Start(int epoch, int64_t first, int64_t count) {
+  Finish();
+  {
+    MutexLock lock(&mu_);
+    ready_.clear();
+    free_.clear();
+    for (int i = 0; i <= options_.depth; ++i) free_.push_back(i);
+    held_ = -1;
+    end_ = false;
+    stop_ = false;
+    error_ = absl::OkStatus();
+  }
+  reader_ = std::thread([this, epoch, first, count] { Read(epoch, first, count); });
+}
+
+void StreamFeed::Finish() {
+  if (!reader_.joinable()) return;
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  changed_.SignalAll();
+  reader_.join();
+}
+
+absl::StatusOr<const Dataset*> StreamFeed::Next() {
+  const auto start = std::chrono::steady_clock::now();
+  MutexLock lock(&mu_);
+  if (held_ >= 0) {
+    free_.push_back(held_);
+    held_ = -1;
+    changed_.SignalAll();
+  }
+  changed_.Wait(&mu_, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !ready_.empty() || end_ || !error_.ok(); });
+  wait_ns_.fetch_add(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count(),
+      std::memory_order_relaxed);
+  if (!error_.ok()) return error_;
+  if (ready_.empty()) return nullptr;  // end_
+  held_ = ready_.front();
+  ready_.pop_front();
+  return &items_[static_cast<size_t>(held_)];
+}
+
+void StreamFeed::NoteBytes() {
+  int64_t bytes = window_bytes_;
+  for (const Dataset& d : items_) bytes += DatasetBytes(d);
+  if (bytes > peak_bytes_.load(std::memory_order_relaxed)) peak_bytes_.store(bytes, std::memory_order_relaxed);
+}
+
+void StreamFeed::Read(int epoch, int64_t first, int64_t count) {
+  const int64_t w = std::max<int64_t>(options_.window, 1);
+  for (int64_t at = 0, k = 0; at < count; at += w, ++k) {
+    const int64_t n = std::min(w, count - at);
+    absl::Status read = cache_.Read(first + at, n, &window_);
+    {
+      MutexLock lock(&mu_);
+      window_bytes_ = DatasetBytes(window_);
+      if (!read.ok()) {
+        error_ = read;
+        changed_.SignalAll();
+        return;
+      }
+      if (stop_) return;
+    }
+    // Fisher-Yates from SplitMix64, seeded by the task and window alone.
+    order_.resize(static_cast<size_t>(n));
+    std::iota(order_.begin(), order_.end(), 0);
+    uint64_t state = SplitMix64Mix(options_.seed ^ SplitMix64Mix(static_cast<uint64_t>(epoch) * 0x9e3779b97f4a7c15ULL ^
+                                                                 SplitMix64Mix(static_cast<uint64_t>(first + at))));
+    for (int64_t i = n - 1; i > 0; --i) {
+      const int64_t j = static_cast<int64_t>(SplitMix64(state) % static_cast<uint64_t>(i + 1));
+      std::swap(order_[static_cast<size_t>(i)], order_[static_cast<size_t>(j)]);
+    }
+    for (int64_t off = 0; off < n; off += options_.item_records) {
+      int slot = -1;
+      {
+        MutexLock lock(&mu_);
+        changed_.Wait(&mu_, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !free_.empty() || stop_; });
+        if (stop_) return;
+        slot = free_.back();
+        free_.pop_back();
+      }
+      // The slot is the reader's alone until it is put in ready_.
+      GatherRecords(window_, order_.data() + off, std::min(options_.item_records, n - off),
+                    &items_[static_cast<size_t>(slot)]);
+      MutexLock lock(&mu_);
+      ready_.push_back(slot);
+      NoteBytes();
+      changed_.SignalAll();
+    }
+  }
+  MutexLock lock(&mu_);
+  end_ = true;
+  changed_.SignalAll();
+}
+
+}  // namespace shardwild
