@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <new>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -105,6 +106,17 @@ void StreamFeed::NoteBytes() {
 }
 
 void StreamFeed::Read(int epoch, int64_t first, int64_t count) {
+  try {
+    ReadTask(epoch, first, count);
+  } catch (const std::bad_alloc&) {
+    MutexLock lock(&mu_);
+    error_ = absl::ResourceExhaustedError(
+        "streamed data: out of memory while reading a window (lower data.shuffle_buffer or data.prefetch_batches)");
+    changed_.SignalAll();
+  }
+}
+
+void StreamFeed::ReadTask(int epoch, int64_t first, int64_t count) {
   const int64_t w = std::max<int64_t>(options_.window, 1);
   for (int64_t at = 0, k = 0; at < count; at += w, ++k) {
     const int64_t n = std::min(w, count - at);

@@ -78,7 +78,8 @@ class StreamFeed {
   const StreamFeedOptions& options() const { return options_; }
 
  private:
-  void Read(int epoch, int64_t first, int64_t count);  // the reader thread
+  void Read(int epoch, int64_t first, int64_t count);  // the reader thread: ReadTask, out of memory an error
+  void ReadTask(int epoch, int64_t first, int64_t count);
   void NoteBytes() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ColumnCache& cache_;

@@ -4,6 +4,7 @@
 // under data.on_error, and a checkpoint refused for a config that reads the
 // data differently.
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -210,6 +211,101 @@ TEST_F(SparseCliTest, GlobOfCompressedFilesTrainsAsTheOneFile) {
   EXPECT_EQ(s["rows_skipped"]["train_files"][Path("p-2.tsv.gz")], 1) << skip.out;
   ExpectOneErrorLine(RunCli(Cmd({"train", kDlrm}, {"--set", "data.train=" + Path("none-*.tsv")})),
                      {"data.train: '" + Path("none-*.tsv") + "' matches no file"});
+}
+
+// data.stream: the records come from the columnar cache while training
+// runs, every one exactly once per epoch; one worker trains the same model
+// twice (the windows' shuffles are seeded), and about as well as from the
+// data loaded whole; a second run reads the cache it left.
+TEST_F(SparseCliTest, StreamedTrainingIsExactReproducibleAndReusesItsCache) {
+  const std::vector<std::string> sets = {"--set", "train.workers=1", "--set", "train.epochs=2", "--set",
+                                         "data.records_per_task=700"};
+  std::vector<std::string> streamed = sets;
+  streamed.insert(streamed.end(), {"--set", "data.stream=true", "--set", "data.shuffle_buffer=300"});
+  const Result a = RunCli(Cmd({"train", kDlrm, "--json"}, streamed));
+  const Result b = RunCli(Cmd({"train", kDlrm, "--json"}, streamed));
+  const Result whole = RunCli(Cmd({"train", kDlrm, "--json"}, sets));
+  for (const Result* r : {&a, &b, &whole}) ASSERT_EQ(r->code(), 0) << r->err;
+  const json ja = LastLineJson(a.out), jb = LastLineJson(b.out), jw = LastLineJson(whole.out);
+  ASSERT_TRUE(ja.is_object() && jb.is_object() && jw.is_object()) << a.out << b.out << whole.out;
+  EXPECT_EQ(ja["records_seen"], 2 * 4000);
+  for (const json& e : ja["history"]) EXPECT_EQ(e["records"], 4000);
+  EXPECT_EQ(ja["train_loss"], jb["train_loss"]);
+  EXPECT_EQ(ja["test_auc"], jb["test_auc"]);
+  EXPECT_NEAR(ja["test_auc"].get<double>(), jw["test_auc"].get<double>(), 0.03) << ja.dump() << jw.dump();
+  EXPECT_EQ(ja["data"]["stream"], true);
+  EXPECT_EQ(ja["data"]["cache"]["files_built"], 1);
+  EXPECT_EQ(jb["data"]["cache"]["files_built"], 0);
+  EXPECT_EQ(jb["data"]["cache"]["files_cached"], 1);
+  EXPECT_EQ(ja["data"]["records"], 4000);
+  EXPECT_TRUE(ja["data_wait_s"].is_number());
+  // A window of 300 records rounds up to 3 items of 128; 8 prefetched batches.
+  EXPECT_GT(ja["data"]["reader_peak_bytes"].get<int64_t>(), 0);
+  EXPECT_LE(ja["data"]["reader_peak_bytes"].get<int64_t>(), ja["data"]["memory_budget_bytes"].get<int64_t>());
+  EXPECT_EQ(jw["data"]["stream"], false);
+  EXPECT_TRUE(std::filesystem::exists(Path("train.tsv.swcols/index.json")));
+}
+
+// What streaming can't do, and a bad row in streamed data: one error line each.
+TEST_F(SparseCliTest, StreamedDataErrors) {
+  ExpectOneErrorLine(RunCli(Cmd({"train", kDlrm}, {"--set", "data.stream=true", "--set", "data.shuffle_buffer=100000",
+                                                  "--set", "data.records_per_task=100000", "--set",
+                                                  "data.memory_budget_mb=8"})),
+                     {"data.shuffle_buffer", "data.memory_budget_mb 8 shared by 2 readers is 4.0 MiB each",
+                      "lower data.shuffle_buffer"});
+  ExpectOneErrorLine(RunCli(Cmd({"train", kDlrm}, {"--set", "data.stream=true", "--set", "ps.update=sync"})),
+                     {"data.stream", "use ps.update hogwild or row_lock"});
+  std::string text = ReadFile(Path("train.tsv"));
+  size_t at = 0;
+  for (int i = 0; i < 2999; ++i) at = text.find('\n', at) + 1;
+  text.insert(text.find('\t', at) + 1, "q");
+  {
+    std::ofstream f(Path("bad.tsv"), std::ios::binary);
+    f << text;
+  }
+  ExpectOneErrorLine(RunCli(Cmd({"train", kDlrm}, {"--set", "data.stream=true", "--set", "data.train=" + Path("bad.tsv")})),
+                     {Path("bad.tsv") + ":3000:", "'q"});
+}
+
+// A cache larger than the memory the process may have (RLIMIT_DATA, set by
+// prlimit, 256 MiB; the cache of 600k rows is about 270 MiB): the data set
+// loaded whole does not fit, streamed it trains with exact counts (the page
+// cache holds the data, not the process).
+TEST_F(SparseCliTest, StreamedFromACacheLargerThanTheProcessMemoryLimit) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "sanitizer runtimes reserve more address space than the limit this test sets";
+#endif
+  if (!std::filesystem::exists("/usr/bin/prlimit")) GTEST_SKIP() << "prlimit (util-linux) is not installed";
+  const Result g = RunCli({"data", "gen", "--kind", "criteo", "--rows", "600000", "--out", Path("big.tsv"), "--files",
+                           "3", "--compress", "gz"});
+  ASSERT_EQ(g.code(), 0) << g.err;
+  const std::vector<std::string> sets = {
+      "--set", "data.train=" + Path("big-*.tsv.gz"), "--set", "train.epochs=1", "--set", "data.records_per_task=20000",
+      "--set", "model.sparse.0.rows=1000", "--set", "model.bottom.0.units=16", "--set", "model.bottom.1.units=16",
+      "--set", "model.layers.0.units=16", "--set", "model.layers.1.units=16", "--set", "train.batch_size=512"};
+  // (The process itself, its libraries, threads and model, takes about 100 MiB of it.)
+  constexpr int64_t kLimit = int64_t{256} << 20;
+  const std::vector<std::string> limit = {"/usr/bin/prlimit", "--data=" + std::to_string(kLimit), "--"};
+  std::vector<std::string> stream_args = {"train", kDlrm, "--json", "--set", "data.stream=true", "--set",
+                                          "data.memory_budget_mb=16"};
+  for (const std::string& s : Sets()) stream_args.push_back(s);
+  stream_args.insert(stream_args.end(), sets.begin(), sets.end());
+  Child streamed(stream_args, limit);
+  ASSERT_TRUE(streamed.started());
+  const int status = streamed.Wait();
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << streamed.out() << streamed.err();
+  const json j = LastLineJson(streamed.out());
+  ASSERT_TRUE(j.is_object()) << streamed.out();
+  EXPECT_EQ(j["records_seen"], 600000);
+  EXPECT_GT(j["data"]["cache"]["bytes"].get<int64_t>(), kLimit) << "the cache must be larger than the limit";
+  // The same data loaded whole does not fit under the limit.
+  std::vector<std::string> whole_args = {"train", kDlrm};
+  for (const std::string& s : Sets()) whole_args.push_back(s);
+  whole_args.insert(whole_args.end(), sets.begin(), sets.end());
+  Child whole(whole_args, limit);
+  ASSERT_TRUE(whole.started());
+  const int whole_status = whole.Wait();
+  EXPECT_FALSE(WIFEXITED(whole_status) && WEXITSTATUS(whole_status) == 0) << "loaded whole, it fit after all";
 }
 
 // Worker processes attach to the store's tables and read the data themselves.

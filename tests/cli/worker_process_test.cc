@@ -180,6 +180,50 @@ TEST(WorkerProcessTest, SigkilledWorkerIsReplacedAndRecordsAreExact) {
   EXPECT_EQ(ShmEntriesContaining(job_name + "-"), std::vector<std::string>{});
 }
 
+// Streamed data (data.stream) on worker processes: each process reads its
+// tasks from the columnar cache the main process built; one SIGKILLed in
+// the middle of a task has that task read again from its start by another,
+// and every record is still counted exactly once.
+TEST(WorkerProcessTest, StreamedTaskOfAKilledWorkerIsReadAgainAndRecordsAreExact) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string train = (dir.path() / "day.tsv").string(), test = (dir.path() / "test.tsv").string();
+  ASSERT_EQ(RunCli({"data", "gen", "--kind", "criteo", "--rows", "24000", "--out", train, "--files", "3", "--compress",
+                    "gz"}).code(), 0);
+  ASSERT_EQ(RunCli({"data", "gen", "--kind", "criteo", "--rows", "2000", "--seed", "2", "--out", test}).code(), 0);
+  const std::string job_name = "wptest" + std::to_string(getpid()) + "s";
+  constexpr int kEpochs = 3;
+  Child child({"train", SHARDWILD_SOURCE_DIR "/configs/ctr_dlrm.yaml", "--json",
+               "--set", "data.train=" + (dir.path() / "day-*.tsv.gz").string(), "--set", "data.test=" + test,
+               "--set", "data.stream=true", "--set", "data.records_per_task=500", "--set", "data.shuffle_buffer=200",
+               "--set", "train.worker_processes=true", "--set", "train.workers=2", "--set", "train.intra_op_threads=1",
+               "--set", "train.batch_size=32", "--set", "train.epochs=" + std::to_string(kEpochs),
+               "--set", "train.log_every_s=0.01", "--set", "train.pin_threads=false",
+               "--set", "model.sparse.0.rows=1000", "--set", "model.bottom.0.units=32",
+               "--set", "model.layers.0.units=32", "--set", "ps.job_name=" + job_name});
+  ASSERT_TRUE(child.started());
+  ASSERT_TRUE(WaitForTraining(child, 2, std::chrono::seconds(60))) << "stdout:\n" << child.out() << "\nstderr:\n"
+                                                                   << child.err();
+  const std::map<int, pid_t> pids = WorkerPids(child.out());
+  ASSERT_EQ(pids.size(), 2u);
+  KillInTheMiddleOfATask(pids.at(0));
+  const int status = child.Wait();
+  const std::string out = child.out();
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status << "\nstdout:\n" << out
+                                                             << "\nstderr:\n" << child.err();
+  const json j = LastLineJson(out);
+  ASSERT_TRUE(j.is_object()) << out;
+  EXPECT_EQ(j["records_seen"], kEpochs * 24000) << j.dump();
+  for (const json& e : j["history"]) EXPECT_EQ(e["records"], 24000) << j.dump();
+  EXPECT_GE(j["worker_failures"].get<int64_t>(), 1) << j.dump();
+  EXPECT_GE(j["tasks_requeued"].get<int64_t>(), 1) << j.dump();
+  EXPECT_EQ(j["data"]["stream"], true);
+  EXPECT_EQ(j["data"]["cache"]["files_built"], 3);
+  EXPECT_EQ(j["eval_records_seen"], kEpochs * 2000);
+  EXPECT_GT(j["test_auc"].get<double>(), 0.6) << j.dump();
+  EXPECT_EQ(ShmEntriesContaining(job_name + "-"), std::vector<std::string>{});
+}
+
 // train.restart_workers false: the job goes on with the worker left; with
 // none left it stops with one clear error line.
 TEST(WorkerProcessTest, WithoutRestartsTheJobGoesOnWithFewerWorkers) {

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <sstream>
 #include <thread>
 
@@ -457,7 +458,13 @@ absl::StatusOr<std::unique_ptr<ColumnCache>> ColumnCache::Open(const std::vector
         const size_t k = work[w].part;
         char name[32];
         std::snprintf(name, sizeof name, "/part-%05zu", k);
-        j.built[k] = BuildPart(j.path, j.c, j.plans[k], j.csv_header, read, options.piece_bytes, j.tmp + name);
+        try {
+          j.built[k] = BuildPart(j.path, j.c, j.plans[k], j.csv_header, read, options.piece_bytes, j.tmp + name);
+        } catch (const std::bad_alloc&) {
+          j.built[k] = PartBuilt();
+          j.built[k].error = absl::ResourceExhaustedError(
+              absl::StrCat(j.path, ": out of memory while building its column cache (lower data.reader_threads)"));
+        }
       }
     };
     std::vector<std::thread> pool;
