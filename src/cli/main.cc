@@ -51,6 +51,7 @@
 #include "core/model/hogwild_kernels.h"
 #include "core/base/status.h"
 #include "core/config/config.h"
+#include "core/data/column_cache.h"
 #include "core/data/data_gen.h"
 #include "core/io/atomic_file.h"
 #include "core/base/mutex.h"
@@ -630,6 +631,69 @@ int ShowTopology(const std::string& synthetic, const std::string& xml, int worke
   return 0;
 }
 
+// `data cache`: builds (or checks) the columnar cache of data.train that
+// data.stream trains from, then reads every record of it back once on one
+// thread, and reports both rates: the build's per thread (parse,
+// decompression included) and the read's.
+int DataCacheCommand(const std::string& config_path, const std::vector<std::string>& sets, bool rebuild,
+                     bool as_json) {
+  absl::StatusOr<Config> config = LoadWithOverrides(config_path, sets);
+  if (!config.ok()) return Fail(config.status());
+  if (rebuild) {
+    absl::StatusOr<std::vector<std::string>> files = ExpandDataFiles(config->data.train, "data.train");
+    if (!files.ok()) return Fail(files.status());
+    for (const std::string& f : *files) {
+      const std::filesystem::path p(f);
+      const std::filesystem::path dir = config->data.cache_dir.empty() ? p.parent_path()
+                                                                       : std::filesystem::path(config->data.cache_dir);
+      std::error_code ec;
+      std::filesystem::remove_all(dir / (p.filename().string() + ".swcols"), ec);
+    }
+  }
+  ColumnCacheStats st;
+  absl::StatusOr<std::unique_ptr<ColumnCache>> cache = OpenTrainStream(*config, &st);
+  if (!cache.ok()) return Fail(cache.status());
+  const ColumnCache& c = **cache;
+  // Every record once, in windows of 64k records, on this thread.
+  const auto t0 = std::chrono::steady_clock::now();
+  Dataset window;
+  for (int64_t at = 0; at < c.records(); at += 65536) {
+    if (absl::Status s = c.Read(at, std::min<int64_t>(65536, c.records() - at), &window); !s.ok()) return Fail(s);
+  }
+  const double read_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double mb = 1 << 20;
+  const double build_thread_s = st.build_s * std::max(st.build_threads, 1);
+  std::printf("%lld records in %d parts, %.1f MiB of columns; ", static_cast<long long>(c.records()), st.parts,
+              st.bytes / mb);
+  if (st.files_built > 0) {
+    std::printf("built %d file(s) in %.2f s on %d thread(s): %.1f MiB/s of text per thread (%.1f MiB/s as stored); ",
+                st.files_built, st.build_s, st.build_threads, st.text_bytes / mb / build_thread_s,
+                st.source_bytes / mb / build_thread_s);
+  } else {
+    std::printf("the cache was valid; ");
+  }
+  std::printf("read back in %.2f s on one thread: %.1f MiB/s, %.0f records/s\n", read_s, st.bytes / mb / read_s,
+              c.records() / read_s);
+  if (as_json) {
+    json j = {{"records", c.records()},
+              {"parts", st.parts},
+              {"cache_bytes", st.bytes},
+              {"dirs", c.dirs()},
+              {"files_built", st.files_built},
+              {"files_cached", st.files_cached},
+              {"build_s", st.build_s},
+              {"build_threads", st.build_threads},
+              {"text_bytes", st.text_bytes},
+              {"source_bytes", st.source_bytes},
+              {"build_text_mib_per_s_per_thread", st.files_built > 0 ? json(st.text_bytes / mb / build_thread_s) : json(nullptr)},
+              {"read_s", read_s},
+              {"read_mib_per_s", st.bytes / mb / read_s},
+              {"read_records_per_s", c.records() / read_s}};
+    std::printf("%s\n", j.dump().c_str());
+  }
+  return 0;
+}
+
 // `data gen`: writes a planted-model data set and reports its Bayes metric.
 int GenerateDataCommand(const DataGenOptions& options, bool as_json) {
   absl::StatusOr<DataGenResult> r = GenerateData(options);
@@ -1007,6 +1071,13 @@ int main(int argc, char** argv) {
                        "Compress each file: gz or zst (independent blocks, read in parallel), or none")
       ->capture_default_str();
   data_gen->add_flag("--json", as_json, "End with one line of JSON");
+  bool rebuild = false;
+  CLI::App* data_cache = data->add_subcommand(
+      "cache", "Build (or check) the columnar cache of data.train that data.stream reads, and time reading it back");
+  data_cache->add_option("config", config_path, "YAML config file")->required();
+  data_cache->add_option("--set", sets, "Override a config key by its dotted path");
+  data_cache->add_flag("--rebuild", rebuild, "Remove the cache first, so that it is built from the files");
+  data_cache->add_flag("--json", as_json, "End with one line of JSON");
 
   add_cluster_flags(train);
   CLI::App* cluster_info = app.add_subcommand(
@@ -1086,6 +1157,7 @@ int main(int argc, char** argv) {
   }
   if (topo->parsed()) return ShowTopology(synthetic, xml, workers, shards, threads, as_json);
   if (data_gen->parsed()) return GenerateDataCommand(data_gen_options, as_json);
+  if (data_cache->parsed()) return DataCacheCommand(config_path, sets, rebuild, as_json);
   if (cluster_info->parsed()) return ClusterInfo(config_path, sets, cluster_sources, as_json);
 
   return 1;

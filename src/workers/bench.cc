@@ -132,6 +132,12 @@ absl::StatusOr<MatmulPeak> MeasureBf16MatmulPeak(WorkerPool& pool, int omp_threa
 
 absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& wire_bytes) {
   const Config& cfg = job.config();
+  if (job.stream() != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        cfg.source, ": data.stream: `shardwild bench` times steps over records held in memory; run it with "
+                    "data.stream false (and data.max_train_records to bound them), or time streamed training with "
+                    "`shardwild train --json` (samples_per_s, data_wait_s)"));
+  }
   BenchReport r;
   r.workers = job.num_workers();
   r.intra_op_threads = job.placement().threads_per_worker;

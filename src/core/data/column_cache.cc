@@ -144,6 +144,7 @@ class ColumnWriter {
 // What building one part found.
 struct PartBuilt {
   int64_t records = 0;
+  int64_t text_bytes = 0;     // text parsed
   int64_t lines = 0;          // '\n's in the part's text
   Dataset shape;              // count 0
   SkippedRows skipped;
@@ -240,6 +241,7 @@ PartBuilt BuildPart(const std::string& path, Compression c, const PartPlan& plan
     if (!piece.empty()) {
       const int64_t piece_line = out.lines + 1;
       out.lines += static_cast<int64_t>(std::count(piece.begin(), piece.end(), '\n'));
+      out.text_bytes += static_cast<int64_t>(piece.size());
       const std::string with_header = csv_header.empty() ? std::string() : csv_header + std::string(piece);
       absl::StatusOr<Dataset> d = ParseBuffer(csv_header.empty() ? piece : std::string_view(with_header), path,
                                               csv_header.empty() ? piece_line : piece_line - 1, o);
@@ -468,7 +470,8 @@ absl::StatusOr<std::unique_ptr<ColumnCache>> ColumnCache::Open(const std::vector
       }
     };
     std::vector<std::thread> pool;
-    for (int t = 1; t < std::min<int>(threads, static_cast<int>(work.size())); ++t) pool.emplace_back(run);
+    st.build_threads = std::min<int>(threads, static_cast<int>(work.size()));
+    for (int t = 1; t < st.build_threads; ++t) pool.emplace_back(run);
     run();
     for (std::thread& t : pool) t.join();
     // Errors in file order, then part order (so the first bad row of the
@@ -477,7 +480,9 @@ absl::StatusOr<std::unique_ptr<ColumnCache>> ColumnCache::Open(const std::vector
       if (j.built.empty()) continue;
       int64_t lines = 0;
       absl::Status error;
+      st.source_bytes += j.size;
       for (PartBuilt& b : j.built) {
+        st.text_bytes += b.text_bytes;
         if (!b.error.ok()) {
           error = b.error;
           break;

@@ -69,6 +69,9 @@ struct ColumnCacheStats {
   int files_cached = 0;     // files whose cache was valid
   int parts = 0;            // parts over all files
   int64_t bytes = 0;        // bytes of every column file
+  int64_t text_bytes = 0;   // text parsed by the builds (decompressed)
+  int64_t source_bytes = 0; // bytes of the files built (as stored, compressed or not)
+  int build_threads = 0;    // parts built at once
   double build_s = 0;       // seconds spent building
 };
 
