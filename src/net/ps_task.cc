@@ -22,7 +22,15 @@ absl::Status RunPsTask(const Config& config, const ClusterSpec& spec, int index,
                       ServeLiveMetrics(config.metrics, MetricsProcess::PsTask(index), live));
   SW_ASSIGN_OR_RETURN(const int shards, ClusterShards(config, spec));
   SW_ASSIGN_OR_RETURN(const ShardMap map, ShardMap::Make(shards, spec.num_tasks(Role::kPs)));
-  SW_ASSIGN_OR_RETURN(Dataset train, LoadDataset(config, config.data.train, config.data.max_train_records, nullptr));
+  // Only the data's shape is needed: streamed data gives it from its
+  // columnar cache, without holding the records.
+  Dataset train;
+  if (config.data.stream) {
+    SW_ASSIGN_OR_RETURN(std::unique_ptr<ColumnCache> stream, OpenTrainStream(config));
+    train = stream->shape();
+  } else {
+    SW_ASSIGN_OR_RETURN(train, LoadDataset(config, config.data.train, config.data.max_train_records, nullptr));
+  }
   SW_ASSIGN_OR_RETURN(ModelLayout model, DescribeModel(config, train));
   train = Dataset();  // only its shape was needed
 

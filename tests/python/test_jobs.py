@@ -222,6 +222,23 @@ def test_train_from_a_dict_on_worker_processes(tmp_path):
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "shardwild-config-*.yaml"))) == before
 
 
+def test_streamed_training_from_python(tmp_path):
+    # data.stream through the Python API: the records come from the columnar
+    # cache of compressed files, every one once, and the summary says how.
+    train = str(tmp_path / "day.tsv")
+    cli("data", "gen", "--kind", "criteo", "--rows", "3000", "--out", train, "--files", "2", "--compress", "zst")
+    cfg = shardwild.load_config(os.path.join(SOURCE, "configs", "ctr_dlrm.yaml"), overrides={
+        "data.train": str(tmp_path / "day-*.tsv.zst"), "data.test": "", "data.stream": True,
+        "model.sparse.0.rows": 1000, "model.bottom.0.units": 32, "model.layers.0.units": 32,
+        "train.epochs": 2, "train.pin_threads": False, "data.records_per_task": 500})
+    s = shardwild.train(cfg, verbose=False)
+    assert s["records_seen"] == 6000
+    assert s["data"]["stream"] is True and s["data"]["records"] == 3000
+    assert s["data"]["cache"]["files_built"] == 2
+    assert 0 <= s["data_wait_s"] < s["wall_s"]
+    assert 0 < s["data"]["reader_peak_bytes"] <= s["data"]["memory_budget_bytes"]
+
+
 INTERRUPTED = textwrap.dedent("""
     import glob, sys, shardwild
     config, job, update, processes = sys.argv[1:5]
