@@ -8,10 +8,16 @@
 //    sizes the headers claim);
 //  - the thread count changes nothing, status included;
 //  - an error is InvalidArgument or ResourceExhausted and names the file;
-//  - what decompressed, compressed again as one block, comes back equal.
+//  - what decompressed, compressed again as one block, comes back equal;
+//  - DecompressingReader, reading the same bytes from a file in small
+//    pieces, ends (no endless loop) and agrees with the one-thread read:
+//    the same bytes when that succeeds, an error when it fails.
 // Build with -DSHARDWILD_FUZZ=ON (clang), then e.g.
 //   build-fuzz/tests/fuzz/compressed_fuzz CORPUS_COPY -max_total_time=60
 // from a copy of tests/fuzz/corpus/compressed.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -55,6 +61,33 @@ void Run(const uint8_t* data, size_t size) {
     o.sequential = true;
     const absl::StatusOr<std::string> seq = Decompress(file, c, "fuzz.in", o);
     Check(seq.ok() && *seq == *got);
+  }
+  // The streaming reader, on the bytes as a file.
+  const int fd = memfd_create("compressed_fuzz", 0);
+  if (fd >= 0) {
+    if (write(fd, file.data(), file.size()) == static_cast<ssize_t>(file.size())) {
+      absl::StatusOr<std::unique_ptr<DecompressingReader>> r =
+          DecompressingReader::Open("/proc/self/fd/" + std::to_string(fd), c);
+      Check(r.ok());
+      std::string out;
+      absl::Status status;
+      for (int calls = 0;; ++calls) {
+        Check(calls < (1 << 20));  // it ends
+        absl::StatusOr<size_t> n = (*r)->Read(&out, 777);
+        if (!n.ok()) {
+          status = n.status();
+          break;
+        }
+        if (*n == 0 || out.size() > kLimit) break;
+      }
+      o.sequential = true;
+      const absl::StatusOr<std::string> seq = Decompress(file, c, "fuzz.in", o);
+      if (seq.ok() && out.size() <= kLimit) Check(status.ok() && out == *seq);
+      if (!seq.ok() && seq.status().code() == absl::StatusCode::kInvalidArgument && out.size() <= kLimit) {
+        Check(!status.ok());
+      }
+    }
+    close(fd);
   }
   if (got.ok() && got->size() <= (1u << 16)) {
     const absl::StatusOr<std::string> block = CompressBlock(*got, c, 1);

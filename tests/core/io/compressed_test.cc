@@ -234,6 +234,77 @@ TEST(CompressedTest, OutputLimitIsResourceExhausted) {
   }
 }
 
+// DecompressingReader: any file read piece by piece, or a run of whole
+// members, equals the decompressed bytes; a cut file is an error naming the
+// member's offset, never a short read.
+TEST(CompressedTest, ReaderReadsRangesPieceByPiece) {
+  const std::string a = Text(70000, 8), b = Text(50000, 9), c = Text(30000, 10);
+  struct Case {
+    std::string name;
+    Compression comp;
+    std::string bytes;
+  };
+  const std::string ga = *CompressBlock(a, Compression::kGzip), gb = *CompressBlock(b, Compression::kGzip);
+  const std::vector<Case> cases = {
+      {"ours.gz", Compression::kGzip, ga + gb + *CompressBlock(c, Compression::kGzip)},
+      {"plain.gz", Compression::kGzip, PlainGzip(a) + PlainGzip(b) + PlainGzip(c)},
+      {"frames.zst", Compression::kZstd, *CompressBlock(a, Compression::kZstd) + StreamedZstd(b) + *CompressBlock(c, Compression::kZstd)},
+      {"plain.txt", Compression::kNone, a + b + c},
+  };
+  for (const Case& k : cases) {
+    const std::string path = TempPath(k.name);
+    std::ofstream(path, std::ios::binary) << k.bytes;
+    for (size_t piece : {size_t{1000}, size_t{1} << 20}) {
+      absl::StatusOr<std::unique_ptr<DecompressingReader>> r = DecompressingReader::Open(path, k.comp);
+      ASSERT_TRUE(r.ok()) << r.status();
+      std::string out;
+      while (true) {
+        absl::StatusOr<size_t> n = (*r)->Read(&out, piece);
+        ASSERT_TRUE(n.ok()) << k.name << ": " << n.status();
+        ASSERT_LE(*n, piece);
+        if (*n == 0) break;
+      }
+      EXPECT_TRUE(out == a + b + c) << k.name;
+    }
+    // Cut inside its last member or frame.
+    const std::string cut_path = TempPath("cut_" + k.name);
+    std::ofstream(cut_path, std::ios::binary) << k.bytes.substr(0, k.bytes.size() - 20);
+    absl::StatusOr<std::unique_ptr<DecompressingReader>> r = DecompressingReader::Open(cut_path, k.comp);
+    ASSERT_TRUE(r.ok());
+    std::string out;
+    absl::Status status;
+    while (true) {
+      absl::StatusOr<size_t> n = (*r)->Read(&out, 4096);
+      if (!n.ok()) {
+        status = n.status();
+        break;
+      }
+      if (*n == 0) break;
+    }
+    if (k.comp == Compression::kNone) {
+      EXPECT_TRUE(status.ok());
+    } else {
+      EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << k.name;
+      EXPECT_HAS(status.message(), cut_path + ": " + CompressionName(k.comp) + ": the ");
+      EXPECT_HAS(status.message(), " is truncated");
+    }
+    fs::remove(path);
+    fs::remove(cut_path);
+  }
+  // A range of whole members: the second one alone.
+  const std::string path = TempPath("range.gz");
+  std::ofstream(path, std::ios::binary) << ga + gb;
+  absl::StatusOr<std::unique_ptr<DecompressingReader>> r =
+      DecompressingReader::Open(path, Compression::kGzip, static_cast<int64_t>(ga.size()), static_cast<int64_t>(ga.size() + gb.size()));
+  ASSERT_TRUE(r.ok());
+  std::string out;
+  while (*(*r)->Read(&out, 5000) > 0) {
+  }
+  EXPECT_TRUE(out == b);
+  fs::remove(path);
+  EXPECT_EQ(DecompressingReader::Open(TempPath("none"), Compression::kGzip).status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST(CompressedTest, BadWriterOptions) {
   CompressedWriterOptions o;
   o.block_bytes = 100;
