@@ -36,18 +36,6 @@ int64_t MtimeNs(const struct stat& sb) {
   return static_cast<int64_t>(sb.st_mtim.tv_sec) * 1000000000 + sb.st_mtim.tv_nsec;
 }
 
-// The parse options that change the parsed records (ReadDataset's cache key
-// covers the same).
-std::string OptionsKey(const ReadOptions& o) {
-  std::string s = absl::StrCat("f", static_cast<int>(o.format), "l", static_cast<int>(o.labels), "e",
-                               static_cast<int>(o.on_error), "t", static_cast<int>(o.dense_transform), "c|", o.csv.label,
-                               "|", std::string(1, o.csv.delimiter), "|");
-  for (const std::string& x : o.csv.dense) absl::StrAppend(&s, x, ",");
-  absl::StrAppend(&s, "|");
-  for (const std::string& x : o.csv.categorical) absl::StrAppend(&s, x, ",");
-  return s;
-}
-
 // One part of a source file to build. Positions in the file's text (the
 // decompressed bytes) decide which lines it owns: those starting in
 // [text_begin, text_end). Reading starts at file offset read_from, whose
@@ -379,7 +367,7 @@ absl::StatusOr<std::unique_ptr<ColumnCache>> ColumnCache::Open(const std::vector
     return absl::InvalidArgumentError("column cache: part_bytes must be >= 1 and piece_bytes >= 4096");
   }
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string key = OptionsKey(read);
+  const std::string key = ParseOptionsKey(read);
   std::unique_ptr<ColumnCache> cache(new ColumnCache());
 
   // Each file: its cache directory, valid or rebuilt.

@@ -925,14 +925,7 @@ struct CacheHeader {
 };
 
 uint64_t OptionsHash(const ReadOptions& o) {
-  std::string s = absl::StrCat("f", static_cast<int>(o.format), "l", static_cast<int>(o.labels), "e",
-                               static_cast<int>(o.on_error), "t", static_cast<int>(o.dense_transform), "n",
-                               o.text.word_ngrams, o.text.ngrams_field ? "F" : "f", "m", o.max_records, "c|", o.csv.label,
-                               "|", std::string(1, o.csv.delimiter), "|");
-  for (const std::string& x : o.csv.dense) absl::StrAppend(&s, x, ",");
-  absl::StrAppend(&s, "|");
-  for (const std::string& x : o.csv.categorical) absl::StrAppend(&s, x, ",");
-  absl::StrAppend(&s, "|");
+  std::string s = absl::StrCat(ParseOptionsKey(o), "m", o.max_records, "|");
   if (o.class_names) {
     for (const std::string& x : *o.class_names) absl::StrAppend(&s, x.size(), ":", x);
   } else {
@@ -1122,6 +1115,18 @@ absl::Status WriteCache(const std::string& cache, CacheHeader h, const Dataset& 
 }
 
 }  // namespace
+
+std::string ParseOptionsKey(const ReadOptions& o) {
+  std::string s = absl::StrCat("f", static_cast<int>(o.format), "l", static_cast<int>(o.labels), "e",
+                               static_cast<int>(o.on_error), "t", static_cast<int>(o.dense_transform), "n",
+                               o.text.word_ngrams, o.text.ngrams_field ? "F" : "f", "c|", o.csv.label, "|",
+                               std::string(1, o.csv.delimiter), "|");
+  for (const std::string& x : o.csv.dense) absl::StrAppend(&s, x, ",");
+  absl::StrAppend(&s, "|");
+  for (const std::string& x : o.csv.categorical) absl::StrAppend(&s, x, ",");
+  absl::StrAppend(&s, "|");
+  return s;
+}
 
 uint64_t Fnv1a64(std::string_view bytes) {
   uint64_t h = 0xcbf29ce484222325ULL;

@@ -139,6 +139,11 @@ absl::StatusOr<Dataset> ReadDatasetFiles(const std::vector<std::string>& files, 
 absl::StatusOr<Dataset> ParseBuffer(std::string_view bytes, std::string_view file_name, int64_t first_line_number,
                                     const ReadOptions& options);
 
+// The read options that change what the rows parse to (format, labels,
+// on_error, dense transform, text and csv options) as a string: the key of
+// the caches (with max_records and the class names for the binary cache).
+std::string ParseOptionsKey(const ReadOptions& options);
+
 // 64-bit FNV-1a, the hash of text tokens and CSV categorical values: h =
 // 0xcbf29ce484222325, then for each byte b: h = (h ^ b) * 0x100000001b3
 // (mod 2^64).
