@@ -149,13 +149,37 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
   if (!config.data.test.empty() && !named_classes) {
     test_loader = std::thread([&] { test = LoadDataset(config, config.data.test, config.data.max_test_records, nullptr); });
   }
+  // Streamed: when the first lines give the data's shape (not multiclass),
+  // the columnar cache is built on its own thread while the store is
+  // created below, and joined before the workers are built.
+  absl::StatusOr<std::unique_ptr<ColumnCache>> stream;
+  std::thread stream_builder;
+  struct Joiner {
+    std::thread* t;
+    ~Joiner() {
+      if (t->joinable()) t->join();
+    }
+  } join_builder{&stream_builder};
   if (config.data.stream) {
-    absl::StatusOr<std::unique_ptr<ColumnCache>> stream = OpenTrainStream(config, &job->stream_stats_);
-    if (stream.ok()) {
-      job->stream_ = *std::move(stream);
-      train = job->stream_->shape();
+    std::optional<Dataset> shape;
+    if (options.workers && options.store == nullptr) {
+      ReadOptions ro = MakeReadOptions(config.data, LabelKindOf(config.model.head));
+      absl::StatusOr<std::vector<std::string>> files = ExpandDataFiles(config.data.train, "data.train");
+      if (files.ok()) {
+        absl::StatusOr<std::optional<Dataset>> peeked = PeekShape(*files, ro);
+        if (peeked.ok()) shape = *std::move(peeked);
+      }
+    }
+    if (shape) {
+      train = *std::move(shape);
+      stream_builder = std::thread([&stream, &config, j = job.get()] { stream = OpenTrainStream(config, &j->stream_stats_); });
     } else {
-      train = stream.status();
+      stream = OpenTrainStream(config, &job->stream_stats_);
+      if (stream.ok()) {
+        train = (*stream)->shape();
+      } else {
+        train = stream.status();
+      }
     }
   } else {
     train = LoadDataset(config, config.data.train, config.data.max_train_records, nullptr);
@@ -175,9 +199,31 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
     }
     job->test_ = *std::move(test);
   }
-  job->data_load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  // Streamed with the cache still being built: join it now.
+  auto finish_stream = [&]() -> absl::Status {
+    if (!config.data.stream) return absl::OkStatus();
+    if (stream_builder.joinable()) stream_builder.join();
+    SW_RETURN_IF_ERROR(stream.status());
+    job->stream_ = *std::move(stream);
+    const Dataset& built = job->stream_->shape();
+    bool same = built.dense_dim == job->train_.dense_dim && built.fields.size() == job->train_.fields.size() &&
+                built.num_classes == job->train_.num_classes;
+    for (size_t f = 0; same && f < built.fields.size(); ++f) same = built.fields[f].name == job->train_.fields[f].name;
+    if (!same) {
+      return absl::InternalError(
+          absl::StrCat(config.data.train, ": the data's first lines and its whole cache disagree on its shape"));
+    }
+    job->train_ = built;  // with the skipped rows
+    return absl::OkStatus();
+  };
+  if (!stream_builder.joinable()) {
+    job->data_load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  }
 
-  if (!options.workers) return job;  // a chief: data only
+  if (!options.workers) {  // a chief: data only
+    SW_RETURN_IF_ERROR(finish_stream());
+    return job;
+  }
 
   // Store.
   SW_ASSIGN_OR_RETURN(ModelSpec spec, Model::Describe(config.model, DataShape::Of(job->train_)));
@@ -209,6 +255,13 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
                    "ps.stale_segments is 'report'): {}",
                    left.size(), config.ps.job_name, DescribeStaleSegments(left));
     }
+  }
+
+  if (stream_builder.joinable()) {
+    SW_RETURN_IF_ERROR(finish_stream());
+    job->data_load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  } else {
+    SW_RETURN_IF_ERROR(finish_stream());
   }
 
   // Workers: each thread pins itself and fixes its OpenMP thread count (an

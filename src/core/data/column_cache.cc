@@ -691,6 +691,42 @@ absl::Status ColumnCache::Read(int64_t first, int64_t count, Dataset* out) const
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::optional<Dataset>> PeekShape(const std::vector<std::string>& files, const ReadOptions& read) {
+  if (read.labels == LabelKind::kMultiClass || files.empty()) return std::optional<Dataset>();
+  char head[4] = {0, 0, 0, 0};
+  {
+    std::ifstream in(files[0], std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat(files[0], ": no such file"));
+    in.read(head, 4);
+  }
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<DecompressingReader> r,
+                      DecompressingReader::Open(files[0], DetectCompression(std::string_view(head, 4))));
+  std::string text;
+  while (text.size() < (64 << 10)) {
+    SW_ASSIGN_OR_RETURN(const size_t n, r->Read(&text, (64 << 10) - text.size()));
+    if (n == 0) break;
+  }
+  // Whole lines only (all of it at the end of the file), parsed leniently:
+  // a bad row here is the build's to report.
+  const size_t nl = text.rfind('\n');
+  if (nl != std::string::npos && text.size() == (64 << 10)) text.resize(nl + 1);
+  ReadOptions o = read;
+  o.on_error = OnBadRow::kSkip;
+  o.max_records = 0;
+  SW_ASSIGN_OR_RETURN(Dataset d, ParseBuffer(text, files[0], 1, o));
+  Dataset shape;
+  shape.dense_dim = d.dense_dim;
+  shape.dense_names = d.dense_names;
+  shape.num_classes = d.num_classes;
+  for (const SparseField& f : d.fields) {
+    SparseField g;
+    g.name = f.name;
+    g.offsets = {0};
+    shape.fields.push_back(std::move(g));
+  }
+  return std::optional<Dataset>(std::move(shape));
+}
+
 void GatherRecords(const Dataset& from, const int32_t* rows, int64_t n, Dataset* out) {
   Dataset& d = *out;
   const int64_t dd = from.dense_dim;

@@ -46,6 +46,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -119,6 +120,13 @@ class ColumnCache {
   double bytes_per_record_ = 0;
   std::vector<std::string> dirs_;
 };
+
+// The shape ColumnCache::Open will give `files` (dense features and names,
+// sparse fields, num_classes; no records), from the first lines of the
+// first file alone (up to 64 KiB of its text), so that work that needs
+// only the shape (creating the store) can run while the cache is built.
+// nullopt for multiclass labels, whose class count needs every record.
+absl::StatusOr<std::optional<Dataset>> PeekShape(const std::vector<std::string>& files, const ReadOptions& read);
 
 // Records rows[0..n) of `from` (indices into it) into *out, in that order
 // (replaced; its vectors keep their capacity): the batches streamed

@@ -223,6 +223,40 @@ TEST(ColumnCacheTest, StaleRebuiltDamagedRefused) {
   EXPECT_NE(ColumnCache::Open(files, o).status().message().find("data.stream: the text format"), std::string::npos);
 }
 
+// PeekShape: the first lines give the shape the whole cache will have
+// (what lets the store be created while the cache is built), except for
+// multiclass labels.
+TEST(ColumnCacheTest, PeekShapeIsTheCachesShape) {
+  TempDir dir;
+  for (const std::string kind : {"criteo", "libsvm"}) {
+    const std::vector<std::string> files = Generate(dir, kind, 2000, 2, "gz");
+    ReadOptions o = Opts(kind == "criteo" ? DataFormat::kCriteo : DataFormat::kLibsvm, "");
+    absl::StatusOr<std::optional<Dataset>> peek = PeekShape(files, o);
+    ASSERT_TRUE(peek.ok()) << peek.status();
+    ASSERT_TRUE(peek->has_value());
+    absl::StatusOr<std::unique_ptr<ColumnCache>> c = ColumnCache::Open(files, o);
+    ASSERT_TRUE(c.ok());
+    const Dataset& want = (*c)->shape();
+    EXPECT_EQ((*peek)->dense_dim, want.dense_dim);
+    EXPECT_EQ((*peek)->num_classes, want.num_classes);
+    ASSERT_EQ((*peek)->fields.size(), want.fields.size());
+    for (size_t f = 0; f < want.fields.size(); ++f) EXPECT_EQ((*peek)->fields[f].name, want.fields[f].name);
+    o.labels = LabelKind::kMultiClass;
+    peek = PeekShape(files, o);
+    ASSERT_TRUE(peek.ok());
+    EXPECT_FALSE(peek->has_value());
+  }
+  ReadOptions o = Opts(DataFormat::kCsv, "");
+  o.csv.label = "y";
+  o.csv.categorical = {"c", "d"};
+  const std::string csv = Write(dir, "p.csv", "y,c,d\n1,a,b\n");
+  absl::StatusOr<std::optional<Dataset>> peek = PeekShape({csv}, o);
+  ASSERT_TRUE(peek.ok() && peek->has_value());
+  ASSERT_EQ((*peek)->fields.size(), 2u);
+  EXPECT_EQ((*peek)->fields[1].name, "d");
+  EXPECT_EQ(PeekShape({dir.path() + "/none.csv"}, o).status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST(ColumnCacheTest, CsvFilesKeepTheirHeaderForEveryPiece) {
   TempDir dir;
   std::string csv = "y,a,c\n";
