@@ -14,6 +14,7 @@
 #include "core/model/hogwild_kernels.h"
 #include "core/model/optimizer.h"
 #include "core/base/random.h"
+#include "core/base/parallel_for.h"
 #include "core/base/status.h"
 #include "ps_shm/memory_placer.h"
 #include "ps_shm/row_seqlock.h"
@@ -92,22 +93,6 @@ uint64_t LoadRelaxed(uint64_t* p) { return std::atomic_ref<uint64_t>(*p).load(st
 
 // Bytes of the row sequence words of a part holding `rows` rows (shard_format.h).
 uint64_t SeqBytes(int64_t rows) { return AlignUp(static_cast<uint64_t>(rows) * sizeof(uint32_t), 64); }
-
-// Runs fn(i) once for every i in [0, n) on `threads` threads (the calling
-// one and threads it starts, which inherit its CPU and memory binding).
-// Items are handed out in order from a shared counter.
-void ParallelFor(int threads, int64_t n, const std::function<void(int64_t)>& fn) {
-  std::atomic<int64_t> next{0};
-  auto run = [&] {
-    for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) fn(i);
-  };
-  const int helpers = static_cast<int>(std::min<int64_t>(std::max(threads, 1), n)) - 1;
-  std::vector<std::thread> pool;
-  pool.reserve(std::max(helpers, 0));
-  for (int k = 0; k < helpers; ++k) pool.emplace_back(run);
-  run();
-  for (std::thread& t : pool) t.join();
-}
 
 }  // namespace
 

@@ -257,11 +257,10 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
     }
   }
 
-  if (stream_builder.joinable()) {
-    SW_RETURN_IF_ERROR(finish_stream());
+  const bool overlapped = stream_builder.joinable();
+  SW_RETURN_IF_ERROR(finish_stream());
+  if (overlapped) {  // the data's time runs until the cache is ready
     job->data_load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
-  } else {
-    SW_RETURN_IF_ERROR(finish_stream());
   }
 
   // Workers: each thread pins itself and fixes its OpenMP thread count (an

@@ -117,6 +117,35 @@ std::optional<std::string> TaskRunner::Run(const std::string& line, const std::f
   return reply;
 }
 
+namespace {
+
+// A worker's counters when a training task starts; Done is the task's reply
+// with what they gained since (plus `extra` fields, when given).
+class TaskCounts {
+ public:
+  explicit TaskCounts(WorkerCounters& c)
+      : c_(c),
+        steps_(c.steps.load(std::memory_order_relaxed)),
+        samples_(c.samples.load(std::memory_order_relaxed)),
+        correct_(c.correct.load(std::memory_order_relaxed)),
+        loss_(c.loss_sum.load(std::memory_order_relaxed)) {}
+  std::string Done(uint64_t lease, const std::string& extra = "") const {
+    std::string line = absl::StrCat("done ", lease, " ", c_.samples.load(std::memory_order_relaxed) - samples_, " ",
+                                    c_.steps.load(std::memory_order_relaxed) - steps_, " ",
+                                    Real(c_.loss_sum.load(std::memory_order_relaxed) - loss_), " ",
+                                    c_.correct.load(std::memory_order_relaxed) - correct_);
+    if (!extra.empty()) absl::StrAppend(&line, " ", extra);
+    return line;
+  }
+
+ private:
+  WorkerCounters& c_;
+  const int64_t steps_, samples_, correct_;
+  const double loss_;
+};
+
+}  // namespace
+
 std::optional<std::string> TaskRunner::Train(const std::vector<std::string>& f, const std::string& line,
                                  const std::function<bool()>& heartbeat) {
   uint64_t lease = 0;
@@ -136,11 +165,7 @@ std::optional<std::string> TaskRunner::Train(const std::vector<std::string>& f, 
   }
   const int64_t batch = config_.train.batch_size;
   const int64_t piece = batch * config_.train.pull_every;  // records per TrainRange call
-  WorkerCounters& c = worker_.counters();
-  const int64_t steps0 = c.steps.load(std::memory_order_relaxed);
-  const int64_t samples0 = c.samples.load(std::memory_order_relaxed);
-  const int64_t correct0 = c.correct.load(std::memory_order_relaxed);
-  const double loss0 = c.loss_sum.load(std::memory_order_relaxed);
+  const TaskCounts counts(worker_.counters());
   absl::Status trained;
   // In pieces of pull_every steps (Worker::TrainRange pulls at the start of
   // each call and every pull_every steps, so the pieces compute exactly
@@ -155,10 +180,7 @@ std::optional<std::string> TaskRunner::Train(const std::vector<std::string>& f, 
   }
   if (trained.ok() && flush_) trained = flush_();
   if (!trained.ok()) return absl::StrCat("fail ", lease, " ", OneLine(trained.message()));
-  return absl::StrCat("done ", lease, " ", c.samples.load(std::memory_order_relaxed) - samples0, " ",
-                      c.steps.load(std::memory_order_relaxed) - steps0, " ",
-                      Real(c.loss_sum.load(std::memory_order_relaxed) - loss0), " ",
-                      c.correct.load(std::memory_order_relaxed) - correct0);
+  return counts.Done(lease);
 }
 
 void TaskRunner::set_stream(const ColumnCache* cache, const StreamFeedOptions& options) {
@@ -170,11 +192,7 @@ std::optional<std::string> TaskRunner::TrainStreamed(uint64_t lease, int epoch, 
                                                      double progress_begin, double per_step,
                                                      const std::function<bool()>& heartbeat) {
   const int64_t batch = config_.train.batch_size;
-  WorkerCounters& c = worker_.counters();
-  const int64_t steps0 = c.steps.load(std::memory_order_relaxed);
-  const int64_t samples0 = c.samples.load(std::memory_order_relaxed);
-  const int64_t correct0 = c.correct.load(std::memory_order_relaxed);
-  const double loss0 = c.loss_sum.load(std::memory_order_relaxed);
+  const TaskCounts counts(worker_.counters());
   const double wait0 = feed_->wait_s();
   absl::Status trained;
   feed_->Start(epoch, first, count);
@@ -212,11 +230,7 @@ std::optional<std::string> TaskRunner::TrainStreamed(uint64_t lease, int epoch, 
   }
   if (trained.ok() && flush_) trained = flush_();
   if (!trained.ok()) return absl::StrCat("fail ", lease, " ", OneLine(trained.message()));
-  return absl::StrCat("done ", lease, " ", c.samples.load(std::memory_order_relaxed) - samples0, " ",
-                      c.steps.load(std::memory_order_relaxed) - steps0, " ",
-                      Real(c.loss_sum.load(std::memory_order_relaxed) - loss0), " ",
-                      c.correct.load(std::memory_order_relaxed) - correct0, " ", Real(feed_->wait_s() - wait0), " ",
-                      feed_->peak_bytes());
+  return counts.Done(lease, absl::StrCat(Real(feed_->wait_s() - wait0), " ", feed_->peak_bytes()));
 }
 
 std::string TaskRunner::Evaluate(const std::vector<std::string>& f, const std::string& line) {

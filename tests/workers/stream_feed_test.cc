@@ -95,8 +95,9 @@ TEST(StreamFeedTest, ItemsHoldEveryRecordOfTheTaskOnceWindowByWindow) {
   std::vector<int64_t> ignored;
   EXPECT_EQ(Feed(feed, 3, first, count, &ignored), got);
   EXPECT_NE(Feed(feed, 4, first, count, &ignored), got);
-  EXPECT_GT(feed.peak_bytes(), 0);
-  EXPECT_GE(feed.wait_s(), 0);
+  // The peak: the one window of 300 records and at most depth + 1 items of 100.
+  EXPECT_GE(feed.peak_bytes(), DatasetBytes(all) * 300 / 2000);
+  EXPECT_LE(feed.peak_bytes(), 2 * DatasetBytes(all) * (300 + 3 * 100) / 2000);
 }
 
 // A task given up in the middle (the worker's job stopped): Finish stops the

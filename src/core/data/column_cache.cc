@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/parallel_for.h"
 #include "core/base/status.h"
 #include "core/io/atomic_file.h"
 #include "core/io/compressed.h"
@@ -61,42 +62,20 @@ absl::StatusOr<std::vector<PartPlan>> PlanParts(const std::string& path, Compres
   if (c == Compression::kGzip && !csv) {
     // Members that carry their size ("SW"): runs of them, found by their
     // headers and trailers alone.
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return absl::InvalidArgumentError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
-    struct Member {
-      int64_t offset, text;
-    };
-    std::vector<Member> members;
-    int64_t at = 0, text = 0;
-    bool splittable = true;
-    while (at < size) {
-      unsigned char h[20];
-      if (::pread(fd, h, sizeof h, at) != static_cast<ssize_t>(sizeof h) || h[0] != 0x1f || h[1] != 0x8b ||
-          h[2] != 8 || h[3] != 4 || h[10] != 8 || h[11] != 0 || h[12] != 'S' || h[13] != 'W' || h[14] != 4 ||
-          h[15] != 0) {
-        splittable = false;
-        break;
+    SW_ASSIGN_OR_RETURN(const std::optional<std::vector<SizedGzipMember>> members, ListSizedGzipMembers(path));
+    if (members && !members->empty()) {
+      std::vector<int64_t> text_at;  // each member's first text offset
+      int64_t text = 0;
+      for (const SizedGzipMember& m : *members) {
+        text_at.push_back(text);
+        text += m.text_bytes;
       }
-      const int64_t member = static_cast<int64_t>(h[16]) | static_cast<int64_t>(h[17]) << 8 |
-                             static_cast<int64_t>(h[18]) << 16 | static_cast<int64_t>(h[19]) << 24;
-      unsigned char isize[4];
-      if (member < 28 || at + member > size || ::pread(fd, isize, 4, at + member - 4) != 4) {
-        splittable = false;
-        break;
-      }
-      members.push_back({at, text});
-      text += static_cast<int64_t>(isize[0]) | static_cast<int64_t>(isize[1]) << 8 |
-              static_cast<int64_t>(isize[2]) << 16 | static_cast<int64_t>(isize[3]) << 24;
-      at += member;
-    }
-    ::close(fd);
-    if (splittable && !members.empty()) {
       size_t first = 0;
-      for (size_t m = 1; m <= members.size(); ++m) {
-        const int64_t end_text = m < members.size() ? members[m].text : INT64_MAX;
-        if (m == members.size() || end_text - members[first].text >= part_bytes) {
+      for (size_t m = 1; m <= members->size(); ++m) {
+        const int64_t end_text = m < members->size() ? text_at[m] : INT64_MAX;
+        if (m == members->size() || end_text - text_at[first] >= part_bytes) {
           const size_t from = first > 0 ? first - 1 : 0;
-          parts.push_back({members[from].offset, members[from].text, members[first].text, end_text});
+          parts.push_back({(*members)[from].offset, text_at[from], text_at[first], end_text});
           first = m;
         }
       }
@@ -305,6 +284,21 @@ PartBuilt BuildPart(const std::string& path, Compression c, const PartPlan& plan
   return out;
 }
 
+// The index.json of the cache in `dir` when it matches the source (size,
+// mtime), the parse options' `key` and the format; null otherwise.
+json ValidIndex(const std::string& dir, int64_t size, int64_t mtime, const std::string& key) {
+  std::ifstream in(dir + "/index.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json index = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (index.is_object() && index.value("version", 0) == kFormatVersion &&
+      index.value("source_size", int64_t{-1}) == size && index.value("source_mtime_ns", int64_t{-1}) == mtime &&
+      index.value("options", "") == key && index.contains("parts") && index["parts"].is_array()) {
+    return index;
+  }
+  return nullptr;
+}
+
 json ShapeJson(const Dataset& d) {
   json fields = json::array();
   for (const SparseField& f : d.fields) fields.push_back({{"name", f.name}, {"weighted", !f.weights.empty()}});
@@ -400,18 +394,10 @@ absl::StatusOr<std::unique_ptr<ColumnCache>> ColumnCache::Open(const std::vector
     const fs::path p(j.path);
     j.dir = ((read.cache_dir.empty() ? p.parent_path() : fs::path(read.cache_dir)) / (p.filename().string() + ".swcols"))
                 .string();
-    {
-      std::ifstream in(j.dir + "/index.json");
-      std::stringstream ss;
-      ss << in.rdbuf();
-      json index = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-      if (index.is_object() && index.value("version", 0) == kFormatVersion && index.value("source_size", int64_t{-1}) == j.size &&
-          index.value("source_mtime_ns", int64_t{-1}) == j.mtime && index.value("options", "") == key &&
-          index.contains("parts") && index["parts"].is_array()) {
-        j.index = std::move(index);
-        ++st.files_cached;
-        continue;
-      }
+    j.index = ValidIndex(j.dir, j.size, j.mtime, key);
+    if (!j.index.is_null()) {
+      ++st.files_cached;
+      continue;
     }
     // To build.
     char head[4] = {0, 0, 0, 0};
@@ -441,27 +427,20 @@ absl::StatusOr<std::unique_ptr<ColumnCache>> ColumnCache::Open(const std::vector
   // Build every part of every stale file, several at once.
   if (!work.empty()) {
     const int threads = read.threads > 0 ? read.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-    std::atomic<size_t> next{0};
-    auto run = [&] {
-      for (size_t w; (w = next.fetch_add(1, std::memory_order_relaxed)) < work.size();) {
-        FileJob& j = jobs[work[w].file];
-        const size_t k = work[w].part;
-        char name[32];
-        std::snprintf(name, sizeof name, "/part-%05zu", k);
-        try {
-          j.built[k] = BuildPart(j.path, j.c, j.plans[k], j.csv_header, read, options.piece_bytes, j.tmp + name);
-        } catch (const std::bad_alloc&) {
-          j.built[k] = PartBuilt();
-          j.built[k].error = absl::ResourceExhaustedError(
-              absl::StrCat(j.path, ": out of memory while building its column cache (lower data.reader_threads)"));
-        }
-      }
-    };
-    std::vector<std::thread> pool;
     st.build_threads = std::min<int>(threads, static_cast<int>(work.size()));
-    for (int t = 1; t < st.build_threads; ++t) pool.emplace_back(run);
-    run();
-    for (std::thread& t : pool) t.join();
+    ParallelFor(threads, static_cast<int64_t>(work.size()), [&](int64_t w) {
+      FileJob& j = jobs[work[static_cast<size_t>(w)].file];
+      const size_t k = work[static_cast<size_t>(w)].part;
+      char name[32];
+      std::snprintf(name, sizeof name, "/part-%05zu", k);
+      try {
+        j.built[k] = BuildPart(j.path, j.c, j.plans[k], j.csv_header, read, options.piece_bytes, j.tmp + name);
+      } catch (const std::bad_alloc&) {
+        j.built[k] = PartBuilt();
+        j.built[k].error = absl::ResourceExhaustedError(
+            absl::StrCat(j.path, ": out of memory while building its column cache (lower data.reader_threads)"));
+      }
+    });
     // Errors in file order, then part order (so the first bad row of the
     // first file with one), each bad row located by the lines before it.
     for (FileJob& j : jobs) {
@@ -516,11 +495,8 @@ absl::StatusOr<std::unique_ptr<ColumnCache>> ColumnCache::Open(const std::vector
         // valid (read below), else this is the error.
         fs::remove_all(j.tmp, ec);
       }
-      std::ifstream in(j.dir + "/index.json");
-      std::stringstream ss;
-      ss << in.rdbuf();
-      j.index = json::parse(ss.str(), nullptr, false);
-      if (!j.index.is_object() || j.index.value("options", "") != key) {
+      j.index = ValidIndex(j.dir, j.size, j.mtime, key);
+      if (j.index.is_null()) {
         return absl::InvalidArgumentError(absl::StrCat(j.dir, ": the cache could not be put in place"));
       }
       ++st.files_built;

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/metrics/metrics.h"
 #include "core/base/random.h"
+#include "core/base/parallel_for.h"
 #include "core/base/status.h"
 #include "core/io/atomic_file.h"
 #include "core/io/compressed.h"
@@ -550,33 +551,17 @@ absl::StatusOr<DataGenResult> GenerateData(const DataGenOptions& options) {
   std::vector<Tally> tallies(static_cast<size_t>(n));
   std::vector<uint64_t> bytes(static_cast<size_t>(n));
   std::vector<std::unique_ptr<LineSink>> sinks(static_cast<size_t>(n));
-  std::vector<absl::Status> status(static_cast<size_t>(n));
-  std::atomic<int> next{0};
-  auto run = [&] {
-    for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
-      const int64_t first = options.rows * i / n, end = options.rows * (i + 1) / n;
-      status[i] = [&]() -> absl::Status {
-        CompressedWriterOptions wo;
-        wo.compression = compression;
-        wo.threads = std::max(1, hw / parallel);
-        SW_ASSIGN_OR_RETURN(sinks[i], CompressedFileWriter::Open(paths[i], wo));
-        LineSink* sink = sinks[i].get();
-        if (options.kind == "criteo") {
-          SW_RETURN_IF_ERROR(GenerateCriteo(options, first, end, sink, &tallies[i]));
-        } else if (options.kind == "libsvm") {
-          SW_RETURN_IF_ERROR(GenerateLibsvm(options, first, end, sink, &tallies[i]));
-        } else {
-          SW_RETURN_IF_ERROR(GenerateText(options, first, end, sink, &tallies[i]));
-        }
-        return absl::OkStatus();
-      }();
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < parallel; ++t) pool.emplace_back(run);
-  run();
-  for (std::thread& t : pool) t.join();
-  for (const absl::Status& st : status) SW_RETURN_IF_ERROR(st);
+  SW_RETURN_IF_ERROR(ParallelForStatus(parallel, n, [&](int64_t i) -> absl::Status {
+    const int64_t first = options.rows * i / n, end = options.rows * (i + 1) / n;
+    CompressedWriterOptions wo;
+    wo.compression = compression;
+    wo.threads = std::max(1, hw / parallel);
+    SW_ASSIGN_OR_RETURN(sinks[i], CompressedFileWriter::Open(paths[i], wo));
+    LineSink* sink = sinks[i].get();
+    if (options.kind == "criteo") return GenerateCriteo(options, first, end, sink, &tallies[i]);
+    if (options.kind == "libsvm") return GenerateLibsvm(options, first, end, sink, &tallies[i]);
+    return GenerateText(options, first, end, sink, &tallies[i]);
+  }));
   // Every file written, then every one committed: an error leaves none.
   for (int i = 0; i < n; ++i) {
     SW_RETURN_IF_ERROR(sinks[i]->Commit());

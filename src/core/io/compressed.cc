@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/parallel_for.h"
 #include "core/base/status.h"
 #include "core/io/atomic_file.h"
 
@@ -52,29 +53,6 @@ absl::Status Damaged(std::string_view name, const char* format, uint64_t at, con
 absl::Status TooBig(std::string_view name, uint64_t limit) {
   return absl::ResourceExhaustedError(
       absl::StrCat(AV(name), ": decompresses to more than ", limit, " bytes (the limit of this read)"));
-}
-
-// Runs work(i) for i in [0, n) on up to `threads` threads (this one among
-// them); returns the error of the lowest i that failed.
-absl::Status ParallelFor(size_t n, int threads, const std::function<absl::Status(size_t)>& work) {
-  std::vector<absl::Status> status(n);
-  std::atomic<size_t> next{0};
-  auto run = [&] {
-    for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) status[i] = work(i);
-  };
-  std::vector<std::thread> pool;
-  const size_t extra = std::min(n, static_cast<size_t>(std::max(threads, 1))) - (n > 0 ? 1 : 0);
-  for (size_t t = 0; t < extra; ++t) {
-    try {
-      pool.emplace_back(run);
-    } catch (const std::system_error&) {
-      break;  // this thread does the rest
-    }
-  }
-  run();
-  for (std::thread& t : pool) t.join();
-  for (absl::Status& s : status) SW_RETURN_IF_ERROR(s);
-  return absl::OkStatus();
 }
 
 // ---- gzip ----------------------------------------------------------------------
@@ -318,8 +296,8 @@ absl::StatusOr<std::string> DecompressPieces(std::string_view data, const std::v
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(absl::StrCat(AV(name), ": out of memory for ", total, " decompressed bytes"));
   }
-  SW_RETURN_IF_ERROR(ParallelFor(pieces.size(), Threads(options.threads), [&](size_t i) {
-    const Piece& p = pieces[i];
+  SW_RETURN_IF_ERROR(ParallelForStatus(options.threads, static_cast<int64_t>(pieces.size()), [&](int64_t i) {
+    const Piece& p = pieces[static_cast<size_t>(i)];
     const std::string_view piece = data.substr(p.offset, p.size);
     char* dst = out.data() + p.out_offset;
     return c == Compression::kGzip ? InflateMember(piece, p.header, dst, p.out_size, name, p.offset)
@@ -436,6 +414,35 @@ absl::StatusOr<std::string> Decompress(std::string_view data, Compression c, std
   }
   return c == Compression::kGzip ? InflateSequential(data, name, options.max_output_bytes, &st.pieces)
                                  : ZstdSequential(data, name, options.max_output_bytes, &st.pieces);
+}
+
+absl::StatusOr<std::optional<std::vector<SizedGzipMember>>> ListSizedGzipMembers(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int e = errno;
+    if (e == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": cannot open: ", std::strerror(e)));
+  }
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  std::vector<SizedGzipMember> members;
+  bool sized = size >= 0;
+  char head[512];
+  for (int64_t at = 0; sized && at < size;) {
+    const ssize_t n = ::pread(fd, head, sizeof head, at);
+    const std::optional<GzipHeader> h = n > 0 ? ParseGzipHeader(std::string_view(head, static_cast<size_t>(n)))
+                                              : std::nullopt;
+    unsigned char isize[4];
+    if (!h || h->member_bytes < h->length + kGzipTrailerBytes || at + h->member_bytes > size ||
+        ::pread(fd, isize, 4, at + h->member_bytes - 4) != 4) {
+      sized = false;
+      break;
+    }
+    members.push_back({at, h->member_bytes, Le32(isize)});
+    at += h->member_bytes;
+  }
+  ::close(fd);
+  if (!sized) return std::optional<std::vector<SizedGzipMember>>();
+  return std::optional<std::vector<SizedGzipMember>>(std::move(members));
 }
 
 absl::StatusOr<std::unique_ptr<DecompressingReader>> DecompressingReader::Open(const std::string& path, Compression c,
@@ -650,8 +657,9 @@ absl::Status CompressedFileWriter::Flush(bool all) {
   size_t n = blocks_.size();
   if (!all && n > 0 && blocks_.back().size() < options_.block_bytes) --n;
   std::vector<std::string> out(n);
-  SW_RETURN_IF_ERROR(ParallelFor(n, Threads(options_.threads), [&](size_t i) -> absl::Status {
-    SW_ASSIGN_OR_RETURN(out[i], CompressBlock(blocks_[i], options_.compression, options_.level));
+  SW_RETURN_IF_ERROR(ParallelForStatus(options_.threads, static_cast<int64_t>(n), [&](int64_t i) -> absl::Status {
+    SW_ASSIGN_OR_RETURN(out[static_cast<size_t>(i)],
+                        CompressBlock(blocks_[static_cast<size_t>(i)], options_.compression, options_.level));
     return absl::OkStatus();
   }));
   for (const std::string& o : out) {

@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -76,6 +77,18 @@ struct DecompressStats {
 // returns a copy). `name` names the file in messages.
 absl::StatusOr<std::string> Decompress(std::string_view data, Compression c, std::string_view name,
                                        const DecompressOptions& options = {}, DecompressStats* stats = nullptr);
+
+// A gzip member whose size is known without decompressing it.
+struct SizedGzipMember {
+  int64_t offset = 0;      // in the file
+  int64_t bytes = 0;       // of the member
+  int64_t text_bytes = 0;  // decompressed (its ISIZE)
+};
+// Every member of the gzip file at `path` when each carries the "SW" size
+// subfield (what CompressedFileWriter writes), found from their headers and
+// trailers alone (a few pread calls per member); nullopt when one does not,
+// or the chain does not end exactly at the end of the file.
+absl::StatusOr<std::optional<std::vector<SizedGzipMember>>> ListSizedGzipMembers(const std::string& path);
 
 // Reads bytes [begin, end) of a file (a run of whole gzip members or zstd
 // frames, or any range of a plain file) decompressed, piece by piece, in
