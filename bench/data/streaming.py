@@ -10,7 +10,10 @@ measured in the same run:
   2. `configs/ctr_dlrm.yaml` trained on N rows as 6 gzipped files with
      data.stream and data.memory_budget_mb 64, and on the same rows as one
      uncompressed file loaded whole: peak RSS (getrusage of the child)
-     against the store's bytes, data_wait_s against wall_s, and the AUCs.
+     against the store's bytes, data_wait_s against wall_s, and the AUCs;
+  3. the same streamed run cold (no cache yet): how long after the store was
+     ready the first task went out, how many records were readable then,
+     and data_wait_s while the cache is built alongside training.
 
 Usage: bench/data/streaming.py [--rows 3000000] [--dir /tmp/sw-stream] [--binary build/shardwild]
 """
@@ -101,6 +104,19 @@ def main():
               f"peak RSS {rss / 2**20:.0f} MiB = store {store / 2**20:.0f} MiB + {(rss - store) / 2**20:.0f} MiB")
     print(f"auc difference: {s['test_auc'] - w['test_auc']:+.4f}; reader peak bytes "
           f"{s['data']['reader_peak_bytes']}")
+
+    print("== the streamed run again, cold: its cache removed first, built while training runs")
+    for name in os.listdir(a.dir):
+        if name.endswith(".swcols"):
+            subprocess.run(["rm", "-rf", d(name)], check=True)
+    c, c_rss = train_with_rss(common + ["--set", "data.train=" + d("day-*.tsv.gz"), "--set", "data.stream=true",
+                                        "--set", "data.memory_budget_mb=64"])
+    cd = c["data"]
+    print(f"cold    : auc {c['test_auc']:.4f}, wall {c['wall_s']:.1f} s, store set-up {c['store']['setup_s']:.2f} s, "
+          f"first task {cd['first_task_after_ready_s']:.3f} s after the store and workers were ready, "
+          f"{cd['records_ready_at_first_task']} of {cd['records']} records readable then; cache built in "
+          f"{cd['cache']['build_s']:.1f} s ({cd['cache']['parts']} parts); data_wait_s {c['data_wait_s']:.2f} "
+          f"({100 * c['data_wait_s'] / c['wall_s']:.2f}% of wall); peak RSS {c_rss / 2**20:.0f} MiB")
 
 
 if __name__ == "__main__":

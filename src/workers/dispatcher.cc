@@ -83,6 +83,7 @@ std::string DataCursor::ToJson() const {
   j["num_tasks"] = num_tasks;
   j["records_per_task"] = records_per_task;
   j["done"] = done;
+  if (growing) j["growing"] = true;
   return j.dump();
 }
 
@@ -126,6 +127,11 @@ absl::StatusOr<DataCursor> DataCursor::FromJson(std::string_view text) {
     if (!id.is_number_integer()) return absl::InvalidArgumentError("data cursor: \"done\" holds a non-integer");
     c.done.push_back(id.get<int64_t>());
   }
+  const auto growing = j.find("growing");
+  if (growing != j.end()) {
+    if (!growing->is_boolean()) return absl::InvalidArgumentError("data cursor: \"growing\" is not a boolean");
+    c.growing = growing->get<bool>();
+  }
   return c;
 }
 
@@ -139,6 +145,10 @@ absl::StatusOr<std::unique_ptr<Dispatcher>> Dispatcher::Create(const DispatcherO
   SW_RETURN_IF_ERROR(CheckFiles(training, "training"));
   SW_RETURN_IF_ERROR(CheckFiles(evaluation, "evaluation"));
   SW_RETURN_IF_ERROR(CheckFiles(prediction, "prediction"));
+  if (options.growing && training.size() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dispatcher: growing training data is one file (got ", training.size(), ")"));
+  }
   if (!clock) clock = [] { return absl::Now(); };
   return std::unique_ptr<Dispatcher>(new Dispatcher(options, std::move(training), std::move(evaluation),
                                                     std::move(prediction), std::move(clock)));
@@ -153,8 +163,10 @@ Dispatcher::Dispatcher(const DispatcherOptions& options, std::vector<DataFile> t
       clock_(std::move(clock)) {
   const int64_t per = options_.records_per_task;
   int64_t predict_records = 0;
-  SplitFiles(train_files_, per, &train_records_,
-             [this](int32_t f, int64_t b, int64_t n) { train_specs_.push_back(TaskSpec{f, b, n}); });
+  if (!options_.growing) {
+    SplitFiles(train_files_, per, &train_records_,
+               [this](int32_t f, int64_t b, int64_t n) { train_specs_.push_back(TaskSpec{f, b, n}); });
+  }
   SplitFiles(eval_files_, per, &eval_records_,
              [this](int32_t f, int64_t b, int64_t n) { eval_specs_.push_back(TaskSpec{f, b, n}); });
   SplitFiles(predict_files_, per, &predict_records,
@@ -164,7 +176,17 @@ Dispatcher::Dispatcher(const DispatcherOptions& options, std::vector<DataFile> t
   rng_ = options_.seed;
   epoch_ = 1;
   counters_.epoch = 1;
-  if (options_.epochs == 0 || train_specs_.empty()) {
+  if (options_.growing) {
+    growing_ = true;
+    grow_rng_ = options_.seed ^ 0x6a09e667f3bcc909ULL;
+    epoch_rng_ = rng_;  // epoch 2 shuffles as an ungrown epoch 1 would have
+    if (options_.epochs == 0) {
+      training_done_ = true;
+      counters_.epochs_completed = 0;
+    }
+    readable_ = train_files_[0].records;
+    GrowLocked(readable_ / per * per);
+  } else if (options_.epochs == 0 || train_specs_.empty()) {
     // Nothing to train: every epoch (if any) is complete at once.
     training_done_ = true;
     epoch_ = std::max(1, options_.epochs);
@@ -256,8 +278,9 @@ void Dispatcher::AdvanceLocked() {
     changed = true;
   }
   // An epoch is complete when nothing of it is in todo or doing: every task
-  // of it was reported done (a task out of retries fails the job instead).
-  while (!training_done_ && train_todo_.empty() && train_doing_ == 0) {
+  // of it was reported done (a task out of retries fails the job instead),
+  // and its data has stopped growing.
+  while (!training_done_ && !growing_ && train_todo_.empty() && train_doing_ == 0) {
     ++counters_.epochs_completed;
     changed = true;
     if (epoch_ >= options_.epochs) {
@@ -504,9 +527,53 @@ bool Dispatcher::EvaluationDone(int round) const {
   return round >= 1 && (round < round_ || (round == round_ && !round_open_));
 }
 
+void Dispatcher::GrowLocked(int64_t end) {
+  const int64_t per = options_.records_per_task;
+  for (int64_t b = grown_; b < end; b += per) {
+    const int64_t id = static_cast<int64_t>(train_specs_.size());
+    train_specs_.push_back(TaskSpec{0, b, std::min(per, end - b)});
+    epoch_done_.push_back(0);
+    if (training_done_ || epoch_ != 1) continue;
+    Pending p;
+    p.type = TaskType::kTraining;
+    p.id = id;
+    p.epoch = 1;
+    train_todo_.push_back(std::move(p));
+    const size_t j = static_cast<size_t>(SplitMix64(grow_rng_) % train_todo_.size());
+    std::swap(train_todo_[j], train_todo_.back());
+  }
+  grown_ = std::max(grown_, end);
+  train_records_ = grown_;
+  train_files_[0].records = grown_;
+}
+
+absl::Status Dispatcher::GrowTraining(int64_t records, bool final) {
+  MutexLock lock(&mu_);
+  if (!growing_) return absl::FailedPreconditionError("dispatcher: the training data is not growing");
+  if (records < readable_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dispatcher: the training data shrank from ", readable_, " to ", records, " records"));
+  }
+  readable_ = records;
+  const int64_t per = options_.records_per_task;
+  GrowLocked(final ? records : records / per * per);
+  if (final) {
+    growing_ = false;
+    AdvanceLocked();
+  }
+  WakeAllLocked();
+  return absl::OkStatus();
+}
+
+bool Dispatcher::growing() const {
+  MutexLock lock(&mu_);
+  return growing_;
+}
+
 DataCursor Dispatcher::Cursor() const {
   MutexLock lock(&mu_);
   DataCursor c;
+  c.growing = growing_;
   c.epoch = epoch_;
   c.rng_state = epoch_rng_;
   c.num_tasks = static_cast<int64_t>(train_specs_.size());
@@ -518,8 +585,15 @@ DataCursor Dispatcher::Cursor() const {
 }
 
 absl::Status Dispatcher::Restore(const DataCursor& cursor) {
+  MutexLock lock(&mu_);
+  if (growing_) return absl::FailedPreconditionError("data cursor: Restore while the training data is growing");
   const int64_t n = static_cast<int64_t>(train_specs_.size());
-  if (cursor.num_tasks != n || cursor.records_per_task != options_.records_per_task) {
+  if (cursor.growing && cursor.epoch != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data cursor: taken while the data grew, but in epoch ", cursor.epoch, " (expected 1)"));
+  }
+  if ((cursor.growing ? cursor.num_tasks > n : cursor.num_tasks != n) ||
+      cursor.records_per_task != options_.records_per_task) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data cursor: it is for ", cursor.num_tasks, " tasks of up to ", cursor.records_per_task,
         " records (data.records_per_task); this dataset has ", n, " tasks of up to ", options_.records_per_task));
@@ -539,7 +613,6 @@ absl::Status Dispatcher::Restore(const DataCursor& cursor) {
     done[id] = 1;
     done_records += train_specs_[id].records;
   }
-  MutexLock lock(&mu_);
   if (handed_out_) return absl::FailedPreconditionError("data cursor: Restore after tasks were handed out");
   if (options_.epochs == 0 || n == 0) return absl::OkStatus();  // nothing to train
   epoch_ = cursor.epoch;

@@ -87,6 +87,12 @@ struct DispatcherOptions {
   int epochs = 1;
   // train.seed: seeds the per-epoch shuffle.
   uint64_t seed = 0;
+  // The training data is still being read (a streamed set whose cache is
+  // being built, ColumnCache::Begin): the one training file's record count
+  // given to Create is what is readable so far, GrowTraining adds records
+  // as they become readable, and epoch 1 ends only after GrowTraining's
+  // final call. Needs exactly one training file.
+  bool growing = false;
 
   // OK, or InvalidArgument naming the first bad key.
   absl::Status Validate() const;
@@ -159,8 +165,12 @@ struct DataCursor {
   int64_t num_tasks = 0;         // tasks per epoch, checked by Restore
   int64_t records_per_task = 0;  // checked by Restore
   std::vector<int64_t> done;     // task ids (Task::index) done this epoch, ascending
+  // Taken while the training data was still growing (epoch 1): num_tasks
+  // is the tasks known then, a prefix of the final list (ids are the same).
+  bool growing = false;
 
   // {"epoch":..,"rng_state":"<decimal>","num_tasks":..,"records_per_task":..,"done":[..]}
+  // (and "growing":true when it was)
   // (rng_state as a string: it is 64-bit unsigned, beyond JSON's doubles).
   std::string ToJson() const;
   // InvalidArgument for malformed JSON or missing / mistyped fields.
@@ -238,14 +248,32 @@ class Dispatcher {
   // Whether round `round` has been started and every one of its tasks is done.
   bool EvaluationDone(int round) const;
 
+  // Growing training data (DispatcherOptions::growing): the training file
+  // now has `records` readable records (never fewer than before). Tasks are
+  // cut from them exactly as Create would cut the final file (every task
+  // but the last holds records_per_task records, so task ids do not depend
+  // on how the data grew); the records past the last whole task wait for
+  // more, or for `final`. Each new task of epoch 1 goes to a uniformly
+  // random place in the todo queue (a running Fisher-Yates insertion from
+  // its own generator, seeded by options.seed), so epoch 1 is shuffled over
+  // the tasks known at each moment; later epochs shuffle the whole list as
+  // usual, starting from the generator state an ungrown epoch 1 would have
+  // used. `final`: `records` is the file's whole count; epoch 1 can end.
+  // FailedPrecondition when the dispatcher is not growing (or no longer).
+  absl::Status GrowTraining(int64_t records, bool final);
+  // Whether the training data is still growing.
+  bool growing() const;
+
   // The training cursor (see DataCursor).
   DataCursor Cursor() const;
   // Replaces the training state with `cursor`'s: the epoch's order is
   // regenerated and only its tasks not in cursor.done are handed out, then
-  // later epochs follow as in the original run. FailedPrecondition after any
-  // task has been handed out; InvalidArgument if the cursor does not fit this
-  // dataset (task count, records_per_task, epoch beyond options.epochs + 1,
-  // unknown or repeated task ids).
+  // later epochs follow as in the original run. A cursor taken while the
+  // data grew restores into the grown data's dispatcher (its tasks are a
+  // prefix). FailedPrecondition after any task has been handed out or while
+  // this dispatcher's data is growing; InvalidArgument if the cursor does
+  // not fit this dataset (task count, records_per_task, epoch beyond
+  // options.epochs + 1, unknown or repeated task ids).
   absl::Status Restore(const DataCursor& cursor);
 
   DispatcherCounters counters() const;
@@ -294,6 +322,9 @@ class Dispatcher {
   // Shuffles epoch_'s tasks from rng_ (epoch_rng_ keeps the start state)
   // into train_todo_, leaving out `done`.
   void StartEpochLocked(const std::vector<char>& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Cuts training records [grown_, end) into tasks (end: a multiple of
+  // records_per_task, or the final count) and queues them for epoch 1.
+  void GrowLocked(int64_t end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves on to the next epoch when the current one is complete; closes a
   // complete evaluation round.
   void AdvanceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -311,15 +342,16 @@ class Dispatcher {
   const std::string& FileOf(const Pending& task) const;
   void WakeAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Constant after construction.
+  // Constant after construction (the training file's record count and
+  // train_specs_ grow under mu_ while growing_).
   const DispatcherOptions options_;
-  const std::vector<DataFile> train_files_;
+  std::vector<DataFile> train_files_;
   const std::vector<DataFile> eval_files_;
   const std::vector<DataFile> predict_files_;
-  std::vector<TaskSpec> train_specs_;  // canonical order; ids index it
+  std::vector<TaskSpec> train_specs_;  // canonical order; ids index it (grows under mu_ while growing_)
   std::vector<TaskSpec> eval_specs_;
   std::vector<TaskSpec> predict_specs_;  // input order
-  int64_t train_records_ = 0;            // per epoch
+  int64_t train_records_ = 0;            // per epoch (grows under mu_ while growing_)
   int64_t eval_records_ = 0;             // per round
   const Clock clock_;
 
@@ -335,6 +367,10 @@ class Dispatcher {
   uint64_t epoch_rng_ ABSL_GUARDED_BY(mu_) = 0;  // rng_ before epoch_'s shuffle
   uint64_t rng_ ABSL_GUARDED_BY(mu_) = 0;        // after it
   bool training_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool growing_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t grown_ ABSL_GUARDED_BY(mu_) = 0;        // records cut into tasks
+  int64_t readable_ ABSL_GUARDED_BY(mu_) = 0;     // records said to be readable
+  uint64_t grow_rng_ ABSL_GUARDED_BY(mu_) = 0;    // epoch 1's insertions while growing
   std::vector<char> epoch_done_ ABSL_GUARDED_BY(mu_);  // [task id] of epoch_
   int64_t train_doing_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<Pending> train_todo_ ABSL_GUARDED_BY(mu_);

@@ -45,12 +45,53 @@ absl::StatusOr<Dataset> LoadDataset(const Config& config, const std::string& pat
   return WithErrorKind(ReadDatasetFiles(*files, ro), ErrorKind::kData);
 }
 
-absl::StatusOr<std::unique_ptr<ColumnCache>> OpenTrainStream(const Config& config, ColumnCacheStats* stats) {
-  ReadOptions ro = MakeReadOptions(config.data, LabelKindOf(config.model.head));
-  ro.max_records = config.data.max_train_records;
+namespace {
+absl::StatusOr<std::vector<std::string>> TrainFilesAndOptions(const Config& config, ReadOptions* ro) {
+  *ro = MakeReadOptions(config.data, LabelKindOf(config.model.head));
+  ro->max_records = config.data.max_train_records;
   absl::StatusOr<std::vector<std::string>> files = ExpandDataFiles(config.data.train, "data.train");
   if (!files.ok()) return WithErrorKind(files.status(), ErrorKind::kData);
-  return WithErrorKind(ColumnCache::Open(*files, ro, ColumnCacheOptions(), stats), ErrorKind::kData);
+  return files;
+}
+}  // namespace
+
+ColumnCacheOptions CacheOptionsOf(const Config& config) {
+  ColumnCacheOptions co;
+  co.part_bytes = config.data.cache_part_mb << 20;
+  return co;
+}
+
+absl::StatusOr<std::unique_ptr<ColumnCache>> OpenTrainStream(const Config& config, ColumnCacheStats* stats) {
+  ReadOptions ro;
+  SW_ASSIGN_OR_RETURN(const std::vector<std::string> files, TrainFilesAndOptions(config, &ro));
+  return WithErrorKind(ColumnCache::Open(files, ro, CacheOptionsOf(config), stats), ErrorKind::kData);
+}
+
+absl::StatusOr<std::unique_ptr<ColumnCache>> BeginTrainStream(const Config& config,
+                                                              const ColumnCacheExpectation& expected) {
+  ReadOptions ro;
+  SW_ASSIGN_OR_RETURN(const std::vector<std::string> files, TrainFilesAndOptions(config, &ro));
+  return WithErrorKind(ColumnCache::Begin(files, ro, CacheOptionsOf(config), expected), ErrorKind::kData);
+}
+
+absl::Status Job::TakeStreamShape() {
+  const Dataset& built = stream_->shape();
+  bool same = built.dense_dim == train_.dense_dim && built.fields.size() == train_.fields.size() &&
+              built.num_classes == train_.num_classes;
+  for (size_t f = 0; same && f < built.fields.size(); ++f) same = built.fields[f].name == train_.fields[f].name;
+  if (!same) {
+    return absl::InternalError(
+        absl::StrCat(config_.data.train, ": the data's first lines and its whole cache disagree on its shape"));
+  }
+  train_.skipped = built.skipped;  // the rest is the workers' (they hold train_'s shape)
+  return absl::OkStatus();
+}
+
+absl::Status Job::FinishStream() {
+  if (!stream_growing_) return absl::OkStatus();
+  SW_RETURN_IF_ERROR(WithErrorKind(stream_->Wait(&stream_stats_), ErrorKind::kData));
+  stream_growing_ = false;
+  return TakeStreamShape();
 }
 
 namespace {
@@ -162,15 +203,32 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
   } join_builder{&stream_builder};
   if (config.data.stream) {
     std::optional<Dataset> shape;
+    double bytes_per_record = 0;
     if (options.workers && options.store == nullptr) {
       ReadOptions ro = MakeReadOptions(config.data, LabelKindOf(config.model.head));
       absl::StatusOr<std::vector<std::string>> files = ExpandDataFiles(config.data.train, "data.train");
       if (files.ok()) {
-        absl::StatusOr<std::optional<Dataset>> peeked = PeekShape(*files, ro);
+        absl::StatusOr<std::optional<Dataset>> peeked = PeekShape(*files, ro, &bytes_per_record);
         if (peeked.ok()) shape = *std::move(peeked);
       }
     }
-    if (shape) {
+    if (shape && !config.train.worker_processes) {
+      // Training starts on the first parts while the rest is built (the
+      // trainer grows epoch 1's tasks as records become readable).
+      ColumnCacheExpectation expected;
+      expected.shape = *shape;
+      expected.bytes_per_record = bytes_per_record;
+      absl::StatusOr<std::unique_ptr<ColumnCache>> begun = BeginTrainStream(config, expected);
+      if (begun.ok()) {
+        job->stream_ = *std::move(begun);
+        job->stream_growing_ = true;
+        train = *std::move(shape);
+      } else {
+        train = begun.status();
+      }
+    } else if (shape) {
+      // Worker processes open the cache by its path: it is built (on its
+      // own thread, while the store is created) before they start.
       train = *std::move(shape);
       stream_builder = std::thread([&stream, &config, j = job.get()] { stream = OpenTrainStream(config, &j->stream_stats_); });
     } else {
@@ -201,20 +259,11 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
   }
   // Streamed with the cache still being built: join it now.
   auto finish_stream = [&]() -> absl::Status {
-    if (!config.data.stream) return absl::OkStatus();
+    if (!config.data.stream || job->stream_growing_) return absl::OkStatus();
     if (stream_builder.joinable()) stream_builder.join();
     SW_RETURN_IF_ERROR(stream.status());
     job->stream_ = *std::move(stream);
-    const Dataset& built = job->stream_->shape();
-    bool same = built.dense_dim == job->train_.dense_dim && built.fields.size() == job->train_.fields.size() &&
-                built.num_classes == job->train_.num_classes;
-    for (size_t f = 0; same && f < built.fields.size(); ++f) same = built.fields[f].name == job->train_.fields[f].name;
-    if (!same) {
-      return absl::InternalError(
-          absl::StrCat(config.data.train, ": the data's first lines and its whole cache disagree on its shape"));
-    }
-    job->train_ = built;  // with the skipped rows
-    return absl::OkStatus();
+    return job->TakeStreamShape();
   };
   if (!stream_builder.joinable()) {
     job->data_load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
@@ -310,6 +359,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
       for (auto& w : job->workers_) w->set_packed_records(&*job->packed_train_);
     }
   }
+  job->ready_at_ = std::chrono::steady_clock::now();
   return job;
 }
 

@@ -3,6 +3,7 @@
 // worker threads and the workers.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -37,9 +38,13 @@ absl::StatusOr<Dataset> LoadDataset(const Config& config, const std::string& pat
 absl::Status CheckTestData(const Dataset& train, const Dataset& test);
 
 // data.stream: the columnar cache of data.train (built where missing or
-// stale, with data.reader_threads threads), its records capped at
-// data.max_train_records.
+// stale, with data.reader_threads threads, in parts of data.cache_part_mb),
+// its records capped at data.max_train_records.
 absl::StatusOr<std::unique_ptr<ColumnCache>> OpenTrainStream(const Config& config, ColumnCacheStats* stats = nullptr);
+// As OpenTrainStream, but returns before the build, which runs on its own
+// thread with the layout `expected` (ColumnCache::Begin).
+absl::StatusOr<std::unique_ptr<ColumnCache>> BeginTrainStream(const Config& config,
+                                                              const ColumnCacheExpectation& expected);
 
 // The store's table for one a model declares (initial rows uniform in
 // +-init_scale, zeros where it is 0: the wide tables).
@@ -91,11 +96,23 @@ class Job {
   // The training data; with data.stream only its shape (no records: they
   // are read from stream()).
   const Dataset& train() const { return train_; }
-  // Training records, streamed or not.
+  // Training records, streamed or not (streamed and growing: those
+  // readable so far).
   int64_t train_records() const { return stream_ ? stream_->records() : train_.count; }
   // data.stream: the columnar cache the workers read; null otherwise.
   const ColumnCache* stream() const { return stream_.get(); }
+  // The cache's build stats (final once the stream no longer grows).
   const ColumnCacheStats& stream_stats() const { return stream_stats_; }
+  // Streamed, with in-process workers, when the first lines gave the data's
+  // shape (all but multiclass labels): Create returns while the cache is
+  // being built, and records become readable a part at a time
+  // (ColumnCache::Begin); the trainer grows epoch 1's tasks with them.
+  bool stream_growing() const { return stream_growing_; }
+  // Waits for a growing stream's build to end: its error (bad rows, I/O)
+  // or OK, after which train().skipped and stream_stats() are final.
+  absl::Status FinishStream();
+  // When Create returned: the store set up and the workers built.
+  std::chrono::steady_clock::time_point ready_at() const { return ready_at_; }
   const Dataset* test() const { return test_ ? &*test_ : nullptr; }
   // Seconds spent reading and parsing the data sets in Create.
   double data_load_seconds() const { return data_load_seconds_; }
@@ -107,6 +124,9 @@ class Job {
 
  private:
   Job() = default;
+  // Checks the built cache's shape against the first lines' and takes its
+  // skipped rows.
+  absl::Status TakeStreamShape();
 
   Config config_;
   std::unique_ptr<Topology> topology_;
@@ -114,6 +134,8 @@ class Job {
   Dataset train_;
   std::unique_ptr<ColumnCache> stream_;
   ColumnCacheStats stream_stats_;
+  bool stream_growing_ = false;
+  std::chrono::steady_clock::time_point ready_at_;
   std::optional<PackedRecords> packed_train_;  // train_'s ids for the workers' model (Model::PackRecords)
   std::optional<Dataset> test_;
   double data_load_seconds_ = 0;

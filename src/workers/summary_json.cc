@@ -149,6 +149,8 @@ json TrainSummaryJson(const TrainSummary& s, Job& job) {
   // columnar cache (data.stream) with the readers' waits and peak bytes.
   j["data_wait_s"] = s.data_wait_s;
   json data = {{"stream", job.stream() != nullptr}, {"load_s", job.data_load_seconds()}};
+  if (s.first_task_after_ready_s >= 0) data["first_task_after_ready_s"] = s.first_task_after_ready_s;
+  if (s.records_ready_at_first_task >= 0) data["records_ready_at_first_task"] = s.records_ready_at_first_task;
   if (const ColumnCache* c = job.stream()) {
     const ColumnCacheStats& st = job.stream_stats();
     data["records"] = c->records();

@@ -445,7 +445,13 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
         "per_machine"));
   }
   const int workers = ext != nullptr ? ext->workers : job.num_workers();
-  const int64_t n = job.train_records();
+  // Streamed with the cache still being built (Job::stream_growing): epoch
+  // 1's tasks grow as records become readable, and `n` is final once the
+  // build has published every record.
+  // (A cache already valid, or built by now, is all ready: its whole count
+  // is known and epoch 1 is shuffled as any other.)
+  bool growing = job.stream_growing() && !job.stream()->all_ready();
+  int64_t n = job.train_records();
   const int64_t batch = cfg.train.batch_size;
   const int epochs = cfg.train.epochs;
   const CheckpointOptions& ck = cfg.checkpoint;
@@ -474,8 +480,6 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
   const int64_t test_n = inline_eval ? job.test()->count : 0;
   std::vector<DataFile> eval_files;
   if (inline_eval) eval_files.push_back(DataFile{cfg.data.test, test_n});
-  SW_ASSIGN_OR_RETURN(std::unique_ptr<Dispatcher> dispatcher,
-                      Dispatcher::Create(dopts, {DataFile{cfg.data.train, n}}, std::move(eval_files)));
 
   // Resume: parameters from the newest checkpoint, the dispatcher from its
   // cursor (or the saved epoch from its beginning).
@@ -483,9 +487,20 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
   int64_t base_steps = 0;
   int64_t restored_records = 0;
   nlohmann::json restored_extra;
+  std::unique_ptr<Dispatcher> dispatcher;
   {
     SW_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> found,
                         ResumeJob(job, options.fresh, progress, &summary.skipped_checkpoints, ext));
+    if (found && growing) {
+      // A resumed job continues from a cursor over the whole data: its
+      // cache is built first.
+      progress.Line(absl::StrCat("resuming: building the columnar cache of ", cfg.data.train, " first"));
+      SW_RETURN_IF_ERROR(job.FinishStream());
+      growing = false;
+      n = job.train_records();
+    }
+    dopts.growing = growing;
+    SW_ASSIGN_OR_RETURN(dispatcher, Dispatcher::Create(dopts, {DataFile{cfg.data.train, n}}, std::move(eval_files)));
     if (found) {
       const nlohmann::json& cur = found->state.data_cursor;
       restored_extra = found->state.extra;
@@ -495,7 +510,10 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
       if (first_epoch <= epochs) {
         DataCursor dc = dispatcher->Cursor();  // the right task count; epoch 1, nothing done
         absl::Status restored = absl::UnknownError("no dispatcher cursor");
-        if (cur.contains("dispatcher") && cur.value("records", int64_t{0}) == n) {
+        // A cursor taken while the data grew (records -1) fits the grown data.
+        const int64_t saved_records = cur.value("records", int64_t{0});
+        if (cur.contains("dispatcher") &&
+            (saved_records == n || (saved_records < 0 && cur["dispatcher"].value("growing", false)))) {
           absl::StatusOr<DataCursor> saved = DataCursor::FromJson(cur["dispatcher"].dump());
           restored = saved.ok() ? dispatcher->Restore(*saved) : saved.status();
         }
@@ -564,7 +582,8 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
     state.epoch = next_epoch - 1;
     state.config_hash = config_hash;
     state.data_cursor = {{"epoch", next_epoch}, {"round", 0},          {"workers", workers},
-                         {"batch", batch},      {"records", n},        {"epoch_records", epoch_records},
+                         {"batch", batch},      {"records", growing ? int64_t{-1} : n},
+                         {"epoch_records", epoch_records},
                          {"seed", cfg.train.seed},
                          {"dispatcher", json::parse(dispatcher->Cursor().ToJson())}};
     state.rng = {{"shuffle_seed", cfg.train.seed}, {"epoch", next_epoch}};
@@ -575,9 +594,34 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
     return WriteTrainingCheckpoint(job, std::move(state), *callbacks, options, &summary);
   };
 
+  // Records per epoch: while the data grows, the cache's estimate (for the
+  // learning-rate schedule's progress and the progress line; counts stay
+  // exact through the dispatcher).
+  auto epoch_n = [&]() -> int64_t {
+    return growing ? std::max<int64_t>(job.stream()->estimated_records(), 1) : std::max<int64_t>(n, 1);
+  };
   // Steps in one epoch over all tasks (for the progress line).
   const int64_t per_task = cfg.data.records_per_task;
-  const int64_t steps_per_epoch = (n / per_task) * ((per_task + batch - 1) / batch) + ((n % per_task) + batch - 1) / batch;
+  auto steps_in_epoch = [&]() -> int64_t {
+    const int64_t m = epoch_n();
+    return (m / per_task) * ((per_task + batch - 1) / batch) + ((m % per_task) + batch - 1) / batch;
+  };
+  // Grows epoch 1's tasks with the records the cache has made readable; a
+  // build error (a bad row, I/O) stops the job.
+  std::optional<Clock::time_point> first_task_at;
+  auto grow = [&]() -> absl::Status {
+    if (!growing) return absl::OkStatus();
+    const ColumnCache& c = *job.stream();
+    SW_RETURN_IF_ERROR(WithErrorKind(c.build_error(), ErrorKind::kData));
+    const bool final = c.all_ready();  // before records(): final once this is seen
+    const int64_t ready = c.records();
+    SW_RETURN_IF_ERROR(dispatcher->GrowTraining(ready, final));
+    if (final) {
+      growing = false;
+      n = ready;
+    }
+    return absl::OkStatus();
+  };
 
   const auto run_start = Clock::now();
   double train_seconds = 0;
@@ -661,7 +705,8 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
         dispatcher->Heartbeat(slot.id);
       } else if (f[0] == "ready" && f.size() >= 4) {
         int64_t records = -1, test_records = -1;
-        if (!absl::SimpleAtoi(f[2], &records) || records != n || !absl::SimpleAtoi(f[3], &test_records) ||
+        if (!absl::SimpleAtoi(f[2], &records) || (!dopts.growing && records != n) ||
+            !absl::SimpleAtoi(f[3], &test_records) ||
             test_records != test_n) {
           return absl::FailedPreconditionError(absl::StrCat("worker process ", slot.index, " loaded ", f[2],
                                                             " training and ", f[3], " test records, this process ",
@@ -753,6 +798,7 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
     // evaluation round's tasks.
     auto pump = [&](bool evaluation) -> absl::Status {
       if (Interrupted(options)) return InterruptedError();
+      SW_RETURN_IF_ERROR(grow());
       int64_t out = steps_out();
       for (Slot& slot : procs.slots()) {
         if (slot.pid <= 0 || !slot.ready || slot.busy) continue;
@@ -776,11 +822,16 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
             epoch_started = true;
             epoch_start = Clock::now();
           }
+          if (!first_task_at) {
+            first_task_at = Clock::now();
+            if (job.stream() != nullptr) summary.records_ready_at_first_task = job.stream()->records();
+          }
+          const int64_t m = epoch_n();
           const int64_t done_in_epoch = dispatcher->counters().records_seen - static_cast<int64_t>(t.epoch - 1) * n;
           const double progress_begin =
-              (static_cast<double>(t.epoch - 1) + static_cast<double>(std::clamp<int64_t>(done_in_epoch, 0, n)) / n) /
+              (static_cast<double>(t.epoch - 1) + static_cast<double>(std::clamp<int64_t>(done_in_epoch, 0, m)) / m) /
               epochs;
-          const double per_step = static_cast<double>(batch) / (static_cast<double>(n) * epochs);
+          const double per_step = static_cast<double>(batch) / (static_cast<double>(m) * epochs);
           slot.task_steps = (t.records + batch - 1) / batch;
           out += slot.task_steps;
           message = absl::StrCat("task ", t.lease, " ", t.epoch, " ", t.first_record, " ", t.records, " ",
@@ -926,7 +977,7 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
       if (steps_now >= next_eval) {
         next_eval = NextMultiple(steps_now, eval_period);
         SW_ASSIGN_OR_RETURN(const RunCallbacks::Evaluation ev, evaluate());
-        SW_ASSIGN_OR_RETURN(const bool stop, callbacks->OnEvaluation(epoch, totals.steps, steps_per_epoch, steps_now,
+        SW_ASSIGN_OR_RETURN(const bool stop, callbacks->OnEvaluation(epoch, totals.steps, steps_in_epoch(), steps_now,
                                                                      ev.loss, ev.accuracy, ev.extra));
         if (stop) return end_epoch(/*stopped_before=*/true);
       }
@@ -966,11 +1017,11 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
         s.epoch = epoch;
         s.epochs = epochs;
         s.step = totals.steps;
-        s.steps = steps_per_epoch;
+        s.steps = steps_in_epoch();
         s.samples_per_s = elapsed > 0 ? totals.records / elapsed : 0;
         s.loss = totals.loss / totals.records;
         const double per_step = s.step > 0 ? elapsed / s.step : 0;
-        s.eta_s = per_step * ((steps_per_epoch - s.step) + steps_per_epoch * (epochs - epoch));
+        s.eta_s = per_step * ((s.steps - s.step) + s.steps * (epochs - epoch));
         progress.Update(s);
         if (live != nullptr) live->SetTrainLoss(s.loss);
         SW_RETURN_IF_ERROR(callbacks->OnProgress(epoch, base_steps + run_steps, s.loss, s.samples_per_s));
@@ -986,6 +1037,13 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
     }
     SW_RETURN_IF_ERROR(dispatcher->status());
     procs.ExitAll(/*grace_s=*/5);
+  }
+  // A streamed cache whose records were all readable before its build was
+  // over (data.max_train_records reached): the rest is built now, so the
+  // next run finds it whole and its bad rows are reported.
+  SW_RETURN_IF_ERROR(job.FinishStream());
+  if (first_task_at) {
+    summary.first_task_after_ready_s = std::chrono::duration<double>(*first_task_at - job.ready_at()).count();
   }
 
   const DispatcherCounters dc = dispatcher->counters();

@@ -155,7 +155,7 @@ std::optional<std::string> TaskRunner::Train(const std::vector<std::string>& f, 
   if (f.size() != 7 || !absl::SimpleAtoi(f[1], &lease) || !absl::SimpleAtoi(f[2], &epoch) ||
       !absl::SimpleAtoi(f[3], &first) || !absl::SimpleAtoi(f[4], &count) ||
       !absl::SimpleAtod(f[5], &progress_begin) || !absl::SimpleAtod(f[6], &per_step) || epoch < 1 || first < 0 ||
-      count < 0 || first + count > (feed_ ? stream_records_ : train_.count)) {
+      count < 0 || first + count > (feed_ ? stream_->records() : train_.count)) {
     return absl::StrCat("fail ", lease, " malformed task: ", OneLine(line));
   }
   if (feed_) return TrainStreamed(lease, epoch, first, count, progress_begin, per_step, heartbeat);
@@ -185,7 +185,7 @@ std::optional<std::string> TaskRunner::Train(const std::vector<std::string>& f, 
 
 void TaskRunner::set_stream(const ColumnCache* cache, const StreamFeedOptions& options) {
   feed_ = std::make_unique<StreamFeed>(*cache, options);
-  stream_records_ = cache->records();
+  stream_ = cache;
 }
 
 std::optional<std::string> TaskRunner::TrainStreamed(uint64_t lease, int epoch, int64_t first, int64_t count,

@@ -236,7 +236,7 @@ class TaskRunner {
                                            double progress_begin, double per_step,
                                            const std::function<bool()>& heartbeat);
   std::unique_ptr<StreamFeed> feed_;
-  int64_t stream_records_ = 0;  // the cache's records
+  const ColumnCache* stream_ = nullptr;  // the cache (its records grow while it is built)
   std::vector<int32_t> order_;  // EpochOrder of order_epoch_ (streamed: 0, 1, ...)
   int order_epoch_ = -1;
   std::chrono::steady_clock::time_point last_sent_ = std::chrono::steady_clock::now();

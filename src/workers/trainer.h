@@ -72,6 +72,13 @@ struct TrainSummary {
   // held (each worker's peak, summed); zero otherwise.
   double data_wait_s = 0;
   int64_t reader_peak_bytes = 0;
+  // Seconds from the end of the job's set-up (store created, workers built)
+  // to the first training task handed out; negative when none was.
+  double first_task_after_ready_s = -1;
+  // Streamed: the records readable when the first task went out (fewer
+  // than all of them when training started while the cache was built);
+  // -1 otherwise.
+  int64_t records_ready_at_first_task = -1;
 };
 
 // How RunTraining starts.

@@ -434,6 +434,110 @@ TEST(DispatcherTest, CursorRoundTripMidEpochHandsOutExactlyTheRest) {
   EXPECT_EQ(resumed->counters().epochs_completed, 3);
 }
 
+// ---- growing training data (a streamed cache still being built) ----------
+
+// Tasks appear as records become readable, cut exactly as the final file's
+// (whole tasks only until the end is known); epoch 1 does not end before
+// the final count; later epochs shuffle the whole list as an ungrown epoch
+// 1 would have; counts are exact.
+TEST(DispatcherTest, GrowingTrainingHandsOutReadableTasksAndEndsEpochOneAtTheFinalCount) {
+  DispatcherOptions o = Opts(10, 3, 5);
+  const auto want = DrainTraining(*Make(o, {{"t", 95}}), 0);  // 10 tasks, the last of 5 records
+  o.growing = true;
+  auto d = Make(o, {{"t", 14}});  // 14 readable: one whole task
+  ASSERT_TRUE(d->growing());
+  Task t = Take(*d, 0);
+  EXPECT_EQ(t.epoch, 1);
+  EXPECT_EQ(t.index, 0);
+  EXPECT_EQ(t.first_record, 0);
+  EXPECT_EQ(t.records, 10);
+  EXPECT_EQ(KindOf(*d, 1), Kind::kWait);  // records 10-13 wait for a whole task or the end
+  ASSERT_EQ(d->ReportDone(0, t.lease), ReportResult::kAccepted);
+  EXPECT_EQ(KindOf(*d, 0), Kind::kWait) << "epoch 1 ended before its data was complete";
+  EXPECT_EQ(d->counters().epochs_completed, 0);
+  // A cursor taken now says so, and holds the tasks known.
+  DataCursor mid = d->Cursor();
+  EXPECT_TRUE(mid.growing);
+  EXPECT_EQ(mid.num_tasks, 1);
+  EXPECT_EQ(mid.done, std::vector<int64_t>{0});
+  absl::StatusOr<DataCursor> parsed = DataCursor::FromJson(mid.ToJson());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->growing);
+  EXPECT_EQ(d->Restore(mid).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(d->GrowTraining(13, false).code(), absl::StatusCode::kInvalidArgument);  // shrank
+
+  ASSERT_TRUE(d->GrowTraining(62, false).ok());  // tasks 1-5
+  std::set<int64_t> seen = {0};
+  for (int i = 0; i < 5; ++i) {
+    t = Take(*d, 0);
+    EXPECT_EQ(t.records, 10);
+    EXPECT_EQ(t.first_record, t.index * 10);
+    EXPECT_TRUE(seen.insert(t.index).second);
+    ASSERT_EQ(d->ReportDone(0, t.lease), ReportResult::kAccepted);
+  }
+  EXPECT_EQ(KindOf(*d, 0), Kind::kWait);
+  ASSERT_TRUE(d->GrowTraining(95, true).ok());  // tasks 6-9, the last of 5 records
+  EXPECT_FALSE(d->growing());
+  EXPECT_EQ(d->GrowTraining(95, true).code(), absl::StatusCode::kFailedPrecondition);
+  const auto rest = DrainTraining(*d, 0);
+  ASSERT_EQ(rest.at(1).size(), 4u);
+  for (int64_t id : rest.at(1)) EXPECT_TRUE(seen.insert(id).second);
+  EXPECT_EQ(seen.size(), 10u);
+  EXPECT_EQ(rest.at(2), want.at(1)) << "epoch 2 shuffles as an ungrown epoch 1";
+  EXPECT_EQ(rest.at(3), want.at(2));
+  EXPECT_EQ(d->counters().records_seen, 3 * 95);
+  EXPECT_EQ(d->counters().epochs_completed, 3);
+
+  // The growing cursor restores into the grown data's dispatcher: its done
+  // tasks are left out of epoch 1, and the counts stay exact.
+  o.growing = false;
+  auto resumed = Make(o, {{"t", 95}});
+  ASSERT_TRUE(resumed->Restore(*parsed).ok());
+  EXPECT_EQ(resumed->counters().records_seen, 10);
+  const auto after = DrainTraining(*resumed, 0);
+  EXPECT_EQ(after.at(1).size(), 9u);
+  EXPECT_EQ(std::count(after.at(1).begin(), after.at(1).end(), 0), 0);
+  EXPECT_EQ(resumed->counters().records_seen, 3 * 95);
+  // Not onto another epoch, nor onto fewer tasks.
+  DataCursor wrong = mid;
+  wrong.epoch = 2;
+  EXPECT_EQ(Make(o, {{"t", 95}})->Restore(wrong).code(), absl::StatusCode::kInvalidArgument);
+  wrong = mid;
+  wrong.num_tasks = 11;
+  EXPECT_EQ(Make(o, {{"t", 95}})->Restore(wrong).code(), absl::StatusCode::kInvalidArgument);
+  // Not growing on a dispatcher that is not; more than one file is refused.
+  EXPECT_EQ(resumed->GrowTraining(100, true).code(), absl::StatusCode::kFailedPrecondition);
+  o.growing = true;
+  EXPECT_EQ(Dispatcher::Create(o, {{"a", 1}, {"b", 1}}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Growing with workers that die: a task that was out goes back and is done
+// once; a data set that turns out empty ends at once.
+TEST(DispatcherTest, GrowingTrainingStaysExactThroughDeathsAndEmptyData) {
+  DispatcherOptions o = Opts(4, 1, 9);
+  o.growing = true;
+  auto d = Make(o, {{"t", 0}});
+  EXPECT_EQ(KindOf(*d, 0), Kind::kWait);
+  ASSERT_TRUE(d->GrowTraining(8, false).ok());
+  const Task a = Take(*d, 0);
+  const Task b = Take(*d, 1);
+  d->WorkerDied(0);
+  ASSERT_TRUE(d->GrowTraining(10, true).ok());
+  ASSERT_EQ(d->ReportDone(1, b.lease), ReportResult::kAccepted);
+  EXPECT_EQ(d->ReportDone(0, a.lease), ReportResult::kStale);
+  const auto rest = DrainTraining(*d, 2);
+  ASSERT_EQ(rest.at(1).size(), 2u);  // a's task again, and the last (2 records)
+  EXPECT_EQ(d->counters().records_seen, 10);
+  EXPECT_EQ(d->counters().tasks_requeued, 1);
+  EXPECT_TRUE(d->finished());
+
+  auto empty = Make(o, {{"t", 0}});
+  EXPECT_EQ(KindOf(*empty, 0), Kind::kWait);
+  ASSERT_TRUE(empty->GrowTraining(0, true).ok());
+  EXPECT_EQ(KindOf(*empty, 0), Kind::kEnd);
+  EXPECT_EQ(empty->counters().epochs_completed, 1);
+}
+
 TEST(DispatcherTest, RestoreRejectsMismatchesAndLateCalls) {
   const DispatcherOptions o = Opts(10, 2);
   auto d = Make(o, {{"a", 30}});

@@ -519,6 +519,7 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
   data.leaves["shuffle_buffer"] = Int64(&c->data.shuffle_buffer);
   data.leaves["prefetch_batches"] = Int(&c->data.prefetch_batches);
   data.leaves["memory_budget_mb"] = Int64(&c->data.memory_budget_mb);
+  data.leaves["cache_part_mb"] = Int64(&c->data.cache_part_mb);
 
   Section train;
   train.leaves["workers"] = IntOrAuto(&c->train.workers);

@@ -187,6 +187,9 @@ absl::Status DataOptions::Validate() const {
   if (memory_budget_mb < 1 || memory_budget_mb > (int64_t{1} << 30)) {
     return Bad("data.memory_budget_mb", absl::StrCat("must be >= 1, got ", memory_budget_mb));
   }
+  if (cache_part_mb < 1 || cache_part_mb > (int64_t{1} << 20)) {
+    return Bad("data.cache_part_mb", absl::StrCat("must be 1..1048576, got ", cache_part_mb));
+  }
   if (stream && (format == DataFormat::kText || format == DataFormat::kIdx)) {
     return Bad("data.stream", "streams criteo, libsvm and csv data; text and idx are loaded whole");
   }

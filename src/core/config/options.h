@@ -214,6 +214,10 @@ struct DataOptions {
   // Streaming: what every worker's reader may hold at once (windows and
   // prepared batches), in MiB, shared among the workers; >= 1.
   int64_t memory_budget_mb = 256;
+  // Streaming: text MiB per part of the columnar cache (parts are built in
+  // parallel, and a first run trains on a part as soon as it and the
+  // parts before it are built); >= 1.
+  int64_t cache_part_mb = 64;
   TextOptions text;
   CsvOptions csv;
   absl::Status Validate() const;

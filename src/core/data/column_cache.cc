@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/mutex.h"
 #include "core/base/parallel_for.h"
 #include "core/base/status.h"
 #include "core/io/atomic_file.h"
@@ -341,16 +342,77 @@ struct ColumnCache::Part {
   std::vector<std::unique_ptr<Column>> off, ids, w;  // per field; w null when unweighted
 };
 
-ColumnCache::ColumnCache() = default;
-ColumnCache::~ColumnCache() = default;
+namespace {
 
-absl::StatusOr<std::unique_ptr<ColumnCache>> ColumnCache::Open(const std::vector<std::string>& files,
+// One source file of a cache: its directory, valid or to build.
+struct FileJob {
+  std::string path, dir;
+  Compression c = Compression::kNone;
+  int64_t size = 0, mtime = 0;
+  std::string csv_header;
+  std::vector<PartPlan> plans;  // to build: the parts
+  std::vector<PartBuilt> built;  // [part], written by the part's builder
+  std::string tmp;               // to build: where the parts go until the index is written
+  json index;                    // the valid index (read, or written once built)
+  json parts = json::array();    // to build: the index entries of the parts published
+  int64_t lines = 0;             // to build: lines of the parts published
+  int64_t skipped = 0;           // rows skipped over the parts published
+};
+
+json PartJson(const PartBuilt& b) {
+  return {{"records", b.records},
+          {"lines", b.lines},
+          {"bytes", b.bytes},
+          {"shape", ShapeJson(b.shape)},
+          {"skipped", b.skipped.by_reason}};
+}
+
+}  // namespace
+
+struct ColumnCache::Build {
+  ReadOptions read;
+  ColumnCacheOptions options;
+  std::string key;
+  std::vector<std::string> files;
+  std::vector<FileJob> jobs;
+  struct Slot {
+    size_t file = 0, part = 0;
+    bool build = false;  // built here (else read from a valid index)
+    double weight = 0;   // its share of the source bytes (for estimated_records)
+  };
+  std::vector<Slot> slots;  // every part of every file, in record order
+  std::vector<size_t> work;  // the slots to build, in order
+  int threads = 1;
+  std::chrono::steady_clock::time_point t0;
+  std::atomic<bool> cancel{false};
+  bool expected = false;  // the layout was given (Begin)
+
+  mutable Mutex mu;
+  std::vector<char> done ABSL_GUARDED_BY(mu);  // [slot]: built (or failed)
+  size_t next ABSL_GUARDED_BY(mu) = 0;         // slots published
+  absl::Status error ABSL_GUARDED_BY(mu);
+  bool layout_set ABSL_GUARDED_BY(mu) = false;
+  int64_t published ABSL_GUARDED_BY(mu) = 0;   // records of the slots published
+  double published_weight ABSL_GUARDED_BY(mu) = 0;
+  double total_weight = 0;
+  int64_t total_bytes ABSL_GUARDED_BY(mu) = 0;  // column bytes published
+  ColumnCacheStats stats ABSL_GUARDED_BY(mu);
+  bool waited ABSL_GUARDED_BY(mu) = false;
+};
+
+ColumnCache::ColumnCache() = default;
+
+ColumnCache::~ColumnCache() {
+  if (builder_.joinable()) {
+    build_->cancel.store(true, std::memory_order_relaxed);
+    builder_.join();
+  }
+}
+
+absl::StatusOr<std::unique_ptr<ColumnCache>> ColumnCache::Plan(const std::vector<std::string>& files,
                                                                const ReadOptions& read,
                                                                const ColumnCacheOptions& options,
-                                                               ColumnCacheStats* stats) {
-  ColumnCacheStats local;
-  ColumnCacheStats& st = stats ? *stats : local;
-  st = ColumnCacheStats();
+                                                               const ColumnCacheExpectation* expected) {
   if (read.format == DataFormat::kText) {
     return absl::InvalidArgumentError(
         "data.stream: the text format's class list needs every file read first; train text without data.stream");
@@ -360,28 +422,18 @@ absl::StatusOr<std::unique_ptr<ColumnCache>> ColumnCache::Open(const std::vector
   if (options.part_bytes < 1 || options.piece_bytes < 4096) {
     return absl::InvalidArgumentError("column cache: part_bytes must be >= 1 and piece_bytes >= 4096");
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::string key = ParseOptionsKey(read);
   std::unique_ptr<ColumnCache> cache(new ColumnCache());
-
-  // Each file: its cache directory, valid or rebuilt.
-  struct FileJob {
-    std::string path, dir;
-    Compression c = Compression::kNone;
-    int64_t size = 0, mtime = 0;
-    std::string csv_header;
-    std::vector<PartPlan> plans;
-    std::vector<PartBuilt> built;
-    std::string tmp;
-    json index;  // the valid index (read or written)
-  };
-  std::vector<FileJob> jobs(files.size());
-  struct Work {
-    size_t file, part;
-  };
-  std::vector<Work> work;
+  cache->build_ = std::make_unique<Build>();
+  Build& b = *cache->build_;
+  b.t0 = std::chrono::steady_clock::now();
+  b.read = read;
+  b.options = options;
+  b.key = ParseOptionsKey(read);
+  b.files = files;
+  b.jobs.resize(files.size());
+  MutexLock lock(&b.mu);
   for (size_t i = 0; i < files.size(); ++i) {
-    FileJob& j = jobs[i];
+    FileJob& j = b.jobs[i];
     j.path = files[i];
     struct stat sb;
     if (::stat(j.path.c_str(), &sb) != 0) {
@@ -394,248 +446,363 @@ absl::StatusOr<std::unique_ptr<ColumnCache>> ColumnCache::Open(const std::vector
     const fs::path p(j.path);
     j.dir = ((read.cache_dir.empty() ? p.parent_path() : fs::path(read.cache_dir)) / (p.filename().string() + ".swcols"))
                 .string();
-    j.index = ValidIndex(j.dir, j.size, j.mtime, key);
-    if (!j.index.is_null()) {
-      ++st.files_cached;
-      continue;
-    }
-    // To build.
-    char head[4] = {0, 0, 0, 0};
-    {
-      std::ifstream in(j.path, std::ios::binary);
-      in.read(head, 4);
-    }
-    j.c = DetectCompression(std::string_view(head, 4));
-    if (read.format == DataFormat::kCsv) {
-      SW_ASSIGN_OR_RETURN(std::unique_ptr<DecompressingReader> r, DecompressingReader::Open(j.path, j.c));
-      std::string text;
-      while (text.find('\n') == std::string::npos) {
-        SW_ASSIGN_OR_RETURN(const size_t n, r->Read(&text, 64 << 10));
-        if (n == 0) break;
-      }
-      const size_t nl = text.find('\n');
-      j.csv_header = nl == std::string::npos ? text + "\n" : text.substr(0, nl + 1);
-    }
-    SW_ASSIGN_OR_RETURN(j.plans, PlanParts(j.path, j.c, j.size, read.format == DataFormat::kCsv, options.part_bytes));
-    j.built.resize(j.plans.size());
-    j.tmp = absl::StrCat(j.dir, ".tmp.", getpid());
-    std::error_code ec;
-    fs::remove_all(j.tmp, ec);
-    for (size_t k = 0; k < j.plans.size(); ++k) work.push_back({i, k});
-  }
-
-  // Build every part of every stale file, several at once.
-  if (!work.empty()) {
-    const int threads = read.threads > 0 ? read.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-    st.build_threads = std::min<int>(threads, static_cast<int>(work.size()));
-    ParallelFor(threads, static_cast<int64_t>(work.size()), [&](int64_t w) {
-      FileJob& j = jobs[work[static_cast<size_t>(w)].file];
-      const size_t k = work[static_cast<size_t>(w)].part;
-      char name[32];
-      std::snprintf(name, sizeof name, "/part-%05zu", k);
-      try {
-        j.built[k] = BuildPart(j.path, j.c, j.plans[k], j.csv_header, read, options.piece_bytes, j.tmp + name);
-      } catch (const std::bad_alloc&) {
-        j.built[k] = PartBuilt();
-        j.built[k].error = absl::ResourceExhaustedError(
-            absl::StrCat(j.path, ": out of memory while building its column cache (lower data.reader_threads)"));
-      }
-    });
-    // Errors in file order, then part order (so the first bad row of the
-    // first file with one), each bad row located by the lines before it.
-    for (FileJob& j : jobs) {
-      if (j.built.empty()) continue;
-      int64_t lines = 0;
-      absl::Status error;
-      st.source_bytes += j.size;
-      for (PartBuilt& b : j.built) {
-        st.text_bytes += b.text_bytes;
-        if (!b.error.ok()) {
-          error = b.error;
-          break;
-        }
-        if (b.bad) {
-          ReadOptions o = read;
-          o.max_records = 0;
-          const std::string with_header = j.csv_header + b.bad_piece;
-          absl::StatusOr<Dataset> again =
-              ParseBuffer(j.csv_header.empty() ? std::string_view(b.bad_piece) : std::string_view(with_header), j.path,
-                          lines + b.bad_piece_line - (j.csv_header.empty() ? 0 : 1), o);
-          error = again.ok() ? absl::InternalError(absl::StrCat(j.path, ": a bad row parsed on a second read"))
-                             : again.status();
-          break;
-        }
-        lines += b.lines;
-      }
-      if (!error.ok()) {
-        std::error_code ec;
-        fs::remove_all(j.tmp, ec);
-        for (FileJob& other : jobs) {
-          if (!other.tmp.empty()) fs::remove_all(other.tmp, ec);
-        }
-        return error;
-      }
-      // The index, then the directory into place.
-      json parts = json::array();
-      for (const PartBuilt& b : j.built) {
-        parts.push_back({{"records", b.records},
-                         {"lines", b.lines},
-                         {"bytes", b.bytes},
-                         {"shape", ShapeJson(b.shape)},
-                         {"skipped", b.skipped.by_reason}});
-      }
-      json index = {{"version", kFormatVersion}, {"source", j.path},       {"source_size", j.size},
-                    {"source_mtime_ns", j.mtime}, {"options", key},        {"parts", parts}};
-      SW_RETURN_IF_ERROR(WriteFileAtomically(j.tmp + "/index.json", index.dump()));
-      std::error_code ec;
-      fs::remove_all(j.dir, ec);
-      fs::rename(j.tmp, j.dir, ec);
-      if (ec) {
-        // Another process may have put its cache there first: use it if it is
-        // valid (read below), else this is the error.
-        fs::remove_all(j.tmp, ec);
-      }
-      j.index = ValidIndex(j.dir, j.size, j.mtime, key);
-      if (j.index.is_null()) {
-        return absl::InvalidArgumentError(absl::StrCat(j.dir, ": the cache could not be put in place"));
-      }
-      ++st.files_built;
-    }
-  }
-
-  // Open every part's columns.
-  int64_t total = 0, total_bytes = 0;
-  bool first_part = true;
-  for (FileJob& j : jobs) {
     cache->dirs_.push_back(j.dir);
-    const json& parts = j.index["parts"];
-    int64_t skipped_here = 0;
-    for (size_t k = 0; k < parts.size(); ++k) {
-      const json& pj = parts[k];
-      const int64_t records = pj.value("records", int64_t{-1});
-      if (records < 0) return absl::DataLossError(absl::StrCat(j.dir, "/index.json: a part without its record count"));
-      const json& shape = pj["shape"];
-      SkippedRows skipped;
-      if (pj.contains("skipped") && pj["skipped"].is_object()) {
-        for (auto it = pj["skipped"].begin(); it != pj["skipped"].end(); ++it) {
-          skipped.by_reason[it.key()] = it.value().get<int64_t>();
+    j.index = ValidIndex(j.dir, j.size, j.mtime, b.key);
+    size_t parts = 0;
+    if (!j.index.is_null()) {
+      ++b.stats.files_cached;
+      parts = j.index["parts"].size();
+    } else {
+      char head[4] = {0, 0, 0, 0};
+      {
+        std::ifstream in(j.path, std::ios::binary);
+        in.read(head, 4);
+      }
+      j.c = DetectCompression(std::string_view(head, 4));
+      if (read.format == DataFormat::kCsv) {
+        SW_ASSIGN_OR_RETURN(std::unique_ptr<DecompressingReader> r, DecompressingReader::Open(j.path, j.c));
+        std::string text;
+        while (text.find('\n') == std::string::npos) {
+          SW_ASSIGN_OR_RETURN(const size_t n, r->Read(&text, 64 << 10));
+          if (n == 0) break;
         }
+        const size_t nl = text.find('\n');
+        j.csv_header = nl == std::string::npos ? text + "\n" : text.substr(0, nl + 1);
       }
-      skipped_here += skipped.total();
-      cache->shape_.skipped.Add(skipped);
-      if (records == 0) continue;  // nothing to read (no columns were written)
-      // The first part with records sets the shape; the others must match it.
-      const int dense_dim = shape.value("dense_dim", -1);
-      const json& fields = shape["fields"];
-      if (first_part) {
-        cache->shape_.dense_dim = dense_dim;
-        cache->shape_.dense_names = shape.value("dense_names", std::vector<std::string>{});
-        for (const json& f : fields) {
-          SparseField sf;
-          sf.name = f.value("name", "");
-          sf.offsets = {0};
-          cache->shape_.fields.push_back(std::move(sf));
-        }
-        first_part = false;
-      } else if (dense_dim != cache->shape_.dense_dim || fields.size() != cache->shape_.fields.size()) {
-        return absl::InvalidArgumentError(absl::StrCat(j.path, ": ", dense_dim, " dense features and ", fields.size(),
-                                                       " sparse fields, the files before it have ",
-                                                       cache->shape_.dense_dim, " and ", cache->shape_.fields.size()));
-      }
-      cache->shape_.num_classes = std::max(cache->shape_.num_classes, shape.value("num_classes", 0));
-      auto part = std::make_unique<Part>();
-      part->records = records;
-      part->regression = shape.value("regression", false);
-      char name[32];
-      std::snprintf(name, sizeof name, "/part-%05zu/", k);
-      const std::string dir = j.dir + name;
-      auto open = [&](const std::string& file) -> absl::StatusOr<std::unique_ptr<Column>> {
-        auto c = std::make_unique<Column>();
-        c->path = dir + file;
-        c->fd = ::open(c->path.c_str(), O_RDONLY | O_CLOEXEC);
-        if (c->fd < 0) return absl::DataLossError(absl::StrCat(c->path, ": cannot open: ", std::strerror(errno)));
-        struct stat sb;
-        if (::fstat(c->fd, &sb) != 0) return absl::DataLossError(absl::StrCat(c->path, ": cannot stat"));
-        c->bytes = sb.st_size;
-        total_bytes += c->bytes;
-        return c;
-      };
-      SW_ASSIGN_OR_RETURN(part->dense, open("dense.f32"));
-      SW_ASSIGN_OR_RETURN(part->labels, open(part->regression ? "targets.f32" : "labels.i32"));
-      if (part->dense->bytes != records * dense_dim * 4 || part->labels->bytes != records * 4) {
-        return absl::DataLossError(absl::StrCat(dir, ": column sizes do not match the index (a damaged cache: remove ",
-                                                j.dir, ")"));
-      }
-      for (size_t f = 0; f < fields.size(); ++f) {
-        SW_ASSIGN_OR_RETURN(std::unique_ptr<Column> off, open(ColumnName(static_cast<int>(f), "off")));
-        SW_ASSIGN_OR_RETURN(std::unique_ptr<Column> ids, open(ColumnName(static_cast<int>(f), "ids")));
-        SW_ASSIGN_OR_RETURN(std::unique_ptr<Column> w, open(ColumnName(static_cast<int>(f), "w")));
-        int64_t last = -1;
-        if (off->bytes == (records + 1) * 8 && !off->ReadInto(records, 1, &last).ok()) last = -1;
-        if (off->bytes != (records + 1) * 8 || last < 0 || ids->bytes != last * 8 ||
-            (w->bytes != 0 && w->bytes * 2 != ids->bytes)) {
-          return absl::DataLossError(absl::StrCat(dir, ": column sizes do not match the index (a damaged cache: remove ",
-                                                  j.dir, ")"));
-        }
-        part->off.push_back(std::move(off));
-        part->ids.push_back(std::move(ids));
-        part->w.push_back(w->bytes > 0 ? std::move(w) : nullptr);
-      }
-      cache->part_first_.push_back(total);
-      total += records;
-      cache->parts_.push_back(std::move(part));
+      SW_ASSIGN_OR_RETURN(j.plans, PlanParts(j.path, j.c, j.size, read.format == DataFormat::kCsv, options.part_bytes));
+      j.built.resize(j.plans.size());
+      j.tmp = absl::StrCat(j.dir, ".tmp.", getpid());
+      std::error_code ec;
+      fs::remove_all(j.tmp, ec);
+      parts = j.plans.size();
+      b.stats.source_bytes += j.size;
     }
-    if (skipped_here > 0) cache->shape_.skipped.by_file[j.path] = skipped_here;
+    for (size_t k = 0; k < parts; ++k) {
+      const double weight = static_cast<double>(std::max<int64_t>(j.size, 1)) / static_cast<double>(parts);
+      if (j.index.is_null()) b.work.push_back(b.slots.size());
+      b.slots.push_back({i, k, j.index.is_null(), weight});
+      b.total_weight += weight;
+    }
   }
-  if (first_part) {
-    // No records anywhere: the shape of an empty parse.
-    ReadOptions o = read;
-    SW_ASSIGN_OR_RETURN(Dataset empty, ParseBuffer("", files[0], 1, o));
-    SkippedRows skipped = cache->shape_.skipped;
-    cache->shape_ = std::move(empty);
-    cache->shape_.skipped = std::move(skipped);
+  b.done.assign(b.slots.size(), 0);
+  cache->parts_.resize(b.slots.size());
+  cache->part_first_.assign(b.slots.size() + 1, 0);
+  cache->regression_ = read.labels == LabelKind::kRegression;
+  if (expected != nullptr) {
+    b.expected = true;
+    b.layout_set = true;
+    cache->dense_dim_ = expected->shape.dense_dim;
+    cache->num_classes_ = expected->shape.num_classes;
+    for (const SparseField& f : expected->shape.fields) cache->field_names_.push_back(f.name);
+    cache->bytes_per_record_ = expected->bytes_per_record;
   }
-  if (files.size() == 1) cache->shape_.skipped.by_file.clear();
-  cache->records_ = read.max_records > 0 ? std::min(total, read.max_records) : total;
-  cache->part_first_.push_back(total);
-  cache->bytes_per_record_ = total > 0 ? static_cast<double>(total_bytes) / static_cast<double>(total) : 0;
-  st.parts = static_cast<int>(cache->parts_.size());
-  st.bytes = total_bytes;
-  st.build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!b.work.empty()) {
+    b.threads = read.threads > 0 ? read.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    b.stats.build_threads = std::min<int>(b.threads, static_cast<int>(b.work.size()));
+  }
+  cache->PublishLocked();  // what valid indexes hold, up to the first part to build
   return cache;
 }
 
+absl::StatusOr<std::unique_ptr<ColumnCache>> ColumnCache::Open(const std::vector<std::string>& files,
+                                                               const ReadOptions& read,
+                                                               const ColumnCacheOptions& options,
+                                                               ColumnCacheStats* stats) {
+  if (stats != nullptr) *stats = ColumnCacheStats();
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<ColumnCache> cache, Plan(files, read, options, nullptr));
+  cache->RunBuild();
+  SW_RETURN_IF_ERROR(cache->Wait(stats));
+  return cache;
+}
+
+absl::StatusOr<std::unique_ptr<ColumnCache>> ColumnCache::Begin(const std::vector<std::string>& files,
+                                                                const ReadOptions& read,
+                                                                const ColumnCacheOptions& options,
+                                                                const ColumnCacheExpectation& expected) {
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<ColumnCache> cache, Plan(files, read, options, &expected));
+  if (!cache->build_->work.empty()) {
+    ColumnCache* c = cache.get();
+    cache->builder_ = std::thread([c] { c->RunBuild(); });
+  }
+  return cache;
+}
+
+void ColumnCache::RunBuild() {
+  Build& b = *build_;
+  if (b.work.empty()) return;
+  ParallelFor(b.threads, static_cast<int64_t>(b.work.size()), [&](int64_t w) {
+    const size_t slot = b.work[static_cast<size_t>(w)];
+    const Build::Slot& s = b.slots[slot];
+    FileJob& j = b.jobs[s.file];
+    if (b.options.before_part && !b.cancel.load(std::memory_order_relaxed)) b.options.before_part(slot);
+    if (!b.cancel.load(std::memory_order_relaxed)) {
+      char name[32];
+      std::snprintf(name, sizeof name, "/part-%05zu", s.part);
+      try {
+        j.built[s.part] = BuildPart(j.path, j.c, j.plans[s.part], j.csv_header, b.read, b.options.piece_bytes, j.tmp + name);
+      } catch (const std::bad_alloc&) {
+        j.built[s.part] = PartBuilt();
+        j.built[s.part].error = absl::ResourceExhaustedError(
+            absl::StrCat(j.path, ": out of memory while building its column cache (lower data.reader_threads)"));
+      }
+    }
+    MutexLock lock(&b.mu);
+    b.done[slot] = 1;
+    if (!b.cancel.load(std::memory_order_relaxed)) PublishLocked();
+  });
+  MutexLock lock(&b.mu);
+  if (!b.error.ok() || b.next < b.slots.size()) {
+    // Failed or cancelled: no half-built directory stays behind.
+    std::error_code ec;
+    for (FileJob& j : b.jobs) {
+      if (!j.tmp.empty()) fs::remove_all(j.tmp, ec);
+    }
+  }
+}
+
+void ColumnCache::PublishLocked() {
+  Build& b = *build_;
+  while (b.error.ok() && b.next < b.slots.size() && (!b.slots[b.next].build || b.done[b.next])) {
+    absl::Status s = PublishSlotLocked(b.next);
+    if (!s.ok()) {
+      b.error = std::move(s);
+      b.cancel.store(true, std::memory_order_relaxed);
+      return;
+    }
+    ++b.next;
+    if (b.next == b.slots.size()) {
+      b.stats.build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - b.t0).count();
+    }
+  }
+}
+
+absl::Status ColumnCache::PublishSlotLocked(size_t slot) {
+  Build& b = *build_;
+  const Build::Slot& s = b.slots[slot];
+  FileJob& j = b.jobs[s.file];
+  if (!s.build) {
+    SW_RETURN_IF_ERROR(AddPartLocked(slot, j.dir));
+    return absl::OkStatus();
+  }
+  PartBuilt& pb = j.built[s.part];
+  b.stats.text_bytes += pb.text_bytes;
+  if (!pb.error.ok()) return pb.error;
+  if (pb.bad) {
+    // The exact message of the first bad row: its piece parsed again with
+    // its true first line (the lines of the parts before it are known now).
+    ReadOptions o = b.read;
+    o.max_records = 0;
+    const std::string with_header = j.csv_header + pb.bad_piece;
+    absl::StatusOr<Dataset> again =
+        ParseBuffer(j.csv_header.empty() ? std::string_view(pb.bad_piece) : std::string_view(with_header), j.path,
+                    j.lines + pb.bad_piece_line - (j.csv_header.empty() ? 0 : 1), o);
+    return again.ok() ? absl::InternalError(absl::StrCat(j.path, ": a bad row parsed on a second read")) : again.status();
+  }
+  j.lines += pb.lines;
+  j.parts.push_back(PartJson(pb));
+  SW_RETURN_IF_ERROR(AddPartLocked(slot, j.tmp));
+  if (s.part + 1 < j.plans.size()) return absl::OkStatus();
+  // The file's last part: its index, then the directory into place (the
+  // columns already open stay readable through their descriptors).
+  json index = {{"version", kFormatVersion}, {"source", j.path},   {"source_size", j.size},
+                {"source_mtime_ns", j.mtime}, {"options", b.key},  {"parts", j.parts}};
+  SW_RETURN_IF_ERROR(WriteFileAtomically(j.tmp + "/index.json", index.dump()));
+  std::error_code ec;
+  fs::remove_all(j.dir, ec);
+  fs::rename(j.tmp, j.dir, ec);
+  if (ec) {
+    // Another process may have put its cache there first: use it if it is
+    // valid, else this is the error.
+    fs::remove_all(j.tmp, ec);
+  }
+  j.tmp.clear();
+  j.index = ValidIndex(j.dir, j.size, j.mtime, b.key);
+  if (j.index.is_null()) return absl::InvalidArgumentError(absl::StrCat(j.dir, ": the cache could not be put in place"));
+  ++b.stats.files_built;
+  return absl::OkStatus();
+}
+
+absl::Status ColumnCache::AddPartLocked(size_t slot, const std::string& open_dir) {
+  Build& b = *build_;
+  const Build::Slot& s = b.slots[slot];
+  FileJob& j = b.jobs[s.file];
+  const json& pj = s.build ? j.parts.back() : j.index["parts"][s.part];
+  const int64_t records = pj.value("records", int64_t{-1});
+  if (records < 0) return absl::DataLossError(absl::StrCat(j.dir, "/index.json: a part without its record count"));
+  const json& shape = pj["shape"];
+  SkippedRows skipped;
+  if (pj.contains("skipped") && pj["skipped"].is_object()) {
+    for (auto it = pj["skipped"].begin(); it != pj["skipped"].end(); ++it) {
+      skipped.by_reason[it.key()] = it.value().get<int64_t>();
+    }
+  }
+  j.skipped += skipped.total();
+  shape_.skipped.Add(skipped);
+  auto part = std::make_unique<Part>();
+  part->records = records;
+  if (records > 0) {
+    // The first part with records sets the layout (unless it was given);
+    // the others must match it.
+    const int dense_dim = shape.value("dense_dim", -1);
+    const json& fields = shape["fields"];
+    if (!b.layout_set) {
+      dense_dim_ = dense_dim;
+      num_classes_ = shape.value("num_classes", 0);
+      for (const json& f : fields) field_names_.push_back(f.value("name", ""));
+      shape_.dense_names = shape.value("dense_names", std::vector<std::string>{});
+      b.layout_set = true;
+    } else if (dense_dim != dense_dim_ || fields.size() != field_names_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          j.path, ": ", dense_dim, " dense features and ", fields.size(), " sparse fields, ",
+          b.expected && b.published == 0 ? "the first lines of the data have " : "the records before it have ",
+          dense_dim_, " and ", field_names_.size()));
+    }
+    if (!b.expected) num_classes_ = std::max(num_classes_, shape.value("num_classes", 0));
+    shape_.num_classes = std::max(shape_.num_classes, shape.value("num_classes", 0));
+    if (shape_.dense_names.empty()) shape_.dense_names = shape.value("dense_names", std::vector<std::string>{});
+    part->regression = shape.value("regression", false);
+    char name[32];
+    std::snprintf(name, sizeof name, "/part-%05zu/", s.part);
+    const std::string dir = open_dir + name;
+    const std::string shown = j.dir + name;  // where it is once the build is over
+    auto open = [&](const std::string& file) -> absl::StatusOr<std::unique_ptr<Column>> {
+      auto c = std::make_unique<Column>();
+      c->fd = ::open((dir + file).c_str(), O_RDONLY | O_CLOEXEC);
+      c->path = shown + file;
+      if (c->fd < 0) return absl::DataLossError(absl::StrCat(c->path, ": cannot open: ", std::strerror(errno)));
+      struct stat sb;
+      if (::fstat(c->fd, &sb) != 0) return absl::DataLossError(absl::StrCat(c->path, ": cannot stat"));
+      c->bytes = sb.st_size;
+      b.total_bytes += c->bytes;
+      return c;
+    };
+    const std::string damaged =
+        absl::StrCat(shown, ": column sizes do not match the index (a damaged cache: remove ", j.dir, ")");
+    SW_ASSIGN_OR_RETURN(part->dense, open("dense.f32"));
+    SW_ASSIGN_OR_RETURN(part->labels, open(part->regression ? "targets.f32" : "labels.i32"));
+    if (part->dense->bytes != records * dense_dim * 4 || part->labels->bytes != records * 4) {
+      return absl::DataLossError(damaged);
+    }
+    for (size_t f = 0; f < fields.size(); ++f) {
+      SW_ASSIGN_OR_RETURN(std::unique_ptr<Column> off, open(ColumnName(static_cast<int>(f), "off")));
+      SW_ASSIGN_OR_RETURN(std::unique_ptr<Column> ids, open(ColumnName(static_cast<int>(f), "ids")));
+      SW_ASSIGN_OR_RETURN(std::unique_ptr<Column> w, open(ColumnName(static_cast<int>(f), "w")));
+      int64_t last = -1;
+      if (off->bytes == (records + 1) * 8 && !off->ReadInto(records, 1, &last).ok()) last = -1;
+      if (off->bytes != (records + 1) * 8 || last < 0 || ids->bytes != last * 8 ||
+          (w->bytes != 0 && w->bytes * 2 != ids->bytes)) {
+        return absl::DataLossError(damaged);
+      }
+      part->off.push_back(std::move(off));
+      part->ids.push_back(std::move(ids));
+      part->w.push_back(w->bytes > 0 ? std::move(w) : nullptr);
+    }
+  }
+  // Readable from here: the entries first, then the counts that admit them.
+  parts_[slot] = std::move(part);
+  b.published += records;
+  b.published_weight += s.weight;
+  part_first_[slot + 1] = b.published;
+  const int64_t cap = b.read.max_records;
+  const bool capped = cap > 0 && b.published >= cap;
+  ready_parts_.store(slot + 1, std::memory_order_release);
+  ready_records_.store(cap > 0 ? std::min(b.published, cap) : b.published, std::memory_order_release);
+  if (capped || slot + 1 == b.slots.size()) all_ready_.store(true, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+absl::Status ColumnCache::Wait(ColumnCacheStats* stats) {
+  if (builder_.joinable()) builder_.join();
+  Build& b = *build_;
+  MutexLock lock(&b.mu);
+  if (!b.error.ok()) return b.error;
+  if (b.next < b.slots.size()) return absl::CancelledError("column cache: the build was cancelled");
+  if (!b.waited) {
+    b.waited = true;
+    for (const FileJob& j : b.jobs) {
+      if (j.skipped > 0 && b.files.size() > 1) shape_.skipped.by_file[j.path] = j.skipped;
+    }
+    shape_.dense_dim = dense_dim_;
+    for (const std::string& name : field_names_) {
+      SparseField sf;
+      sf.name = name;
+      sf.offsets = {0};
+      shape_.fields.push_back(std::move(sf));
+    }
+    if (!b.layout_set) {
+      // No records anywhere: the shape of an empty parse.
+      ReadOptions o = b.read;
+      SW_ASSIGN_OR_RETURN(Dataset empty, ParseBuffer("", b.files[0], 1, o));
+      SkippedRows skipped = shape_.skipped;
+      shape_ = std::move(empty);
+      shape_.skipped = std::move(skipped);
+      dense_dim_ = shape_.dense_dim;
+      for (const SparseField& f : shape_.fields) field_names_.push_back(f.name);
+    }
+    if (!b.expected) num_classes_ = shape_.num_classes;
+    bytes_per_record_ =
+        b.published > 0 ? static_cast<double>(b.total_bytes) / static_cast<double>(b.published) : bytes_per_record_;
+    b.stats.parts = static_cast<int>(
+        std::count_if(parts_.begin(), parts_.end(), [](const std::unique_ptr<Part>& p) { return p && p->records > 0; }));
+    b.stats.bytes = b.total_bytes;
+  }
+  if (stats != nullptr) *stats = b.stats;
+  return absl::OkStatus();
+}
+
+absl::Status ColumnCache::build_error() const {
+  MutexLock lock(&build_->mu);
+  return build_->error;
+}
+
+int64_t ColumnCache::estimated_records() const {
+  if (all_ready()) return records();
+  MutexLock lock(&build_->mu);
+  const Build& b = *build_;
+  if (b.published == 0 || b.published_weight <= 0) return b.published;
+  const double total = static_cast<double>(b.published) * b.total_weight / b.published_weight;
+  const int64_t est = std::max(b.published, static_cast<int64_t>(std::llround(total)));
+  return b.read.max_records > 0 ? std::min(est, b.read.max_records) : est;
+}
+
 absl::Status ColumnCache::Read(int64_t first, int64_t count, Dataset* out) const {
-  if (first < 0 || count < 0 || first + count > records_) {
+  // The counts first (acquire): the parts they admit are set.
+  const int64_t ready = ready_records_.load(std::memory_order_acquire);
+  const size_t np = ready_parts_.load(std::memory_order_acquire);
+  if (first < 0 || count < 0 || first + count > ready) {
     return absl::InvalidArgumentError(
-        absl::StrCat("column cache: records [", first, ", ", first + count, ") outside [0, ", records_, ")"));
+        absl::StrCat("column cache: records [", first, ", ", first + count, ") outside [0, ", ready, ")"));
   }
   Dataset& d = *out;
   d.count = count;
-  d.dense_dim = shape_.dense_dim;
-  d.num_classes = shape_.num_classes;
-  d.dense.resize(static_cast<size_t>(count * shape_.dense_dim));
-  const bool regression = !parts_.empty() && parts_[0]->regression;
-  d.labels.resize(regression ? 0 : static_cast<size_t>(count));
-  d.targets.resize(regression ? static_cast<size_t>(count) : 0);
-  d.fields.resize(shape_.fields.size());
+  d.dense_dim = dense_dim_;
+  d.num_classes = num_classes_;
+  d.dense.resize(static_cast<size_t>(count * dense_dim_));
+  d.labels.resize(regression_ ? 0 : static_cast<size_t>(count));
+  d.targets.resize(regression_ ? static_cast<size_t>(count) : 0);
+  d.fields.resize(field_names_.size());
   for (size_t f = 0; f < d.fields.size(); ++f) {
-    d.fields[f].name = shape_.fields[f].name;
+    d.fields[f].name = field_names_[f];
     d.fields[f].offsets.assign(1, 0);
     d.fields[f].offsets.reserve(static_cast<size_t>(count) + 1);
     d.fields[f].ids.clear();
     d.fields[f].weights.clear();
   }
-  size_t p = static_cast<size_t>(std::upper_bound(part_first_.begin(), part_first_.end(), first) - part_first_.begin()) - 1;
+  if (count == 0) return absl::OkStatus();
+  size_t p = static_cast<size_t>(std::upper_bound(part_first_.begin(), part_first_.begin() + np + 1, first) -
+                                 part_first_.begin()) - 1;
   int64_t at = 0;  // records of *out filled
   std::vector<int64_t> offsets;
   while (at < count) {
     const Part& part = *parts_[p];
+    if (part.records == 0) {
+      ++p;
+      continue;
+    }
     const int64_t local = first + at - part_first_[p];
     const int64_t n = std::min(count - at, part.records - local);
-    SW_RETURN_IF_ERROR(part.dense->ReadInto(local * shape_.dense_dim, n * shape_.dense_dim,
-                                            d.dense.data() + at * shape_.dense_dim));
-    if (regression) {
+    SW_RETURN_IF_ERROR(part.dense->ReadInto(local * dense_dim_, n * dense_dim_, d.dense.data() + at * dense_dim_));
+    if (regression_) {
       SW_RETURN_IF_ERROR(part.labels->ReadInto(local, n, d.targets.data() + at));
     } else {
       SW_RETURN_IF_ERROR(part.labels->ReadInto(local, n, d.labels.data() + at));
@@ -667,7 +834,8 @@ absl::Status ColumnCache::Read(int64_t first, int64_t count, Dataset* out) const
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::optional<Dataset>> PeekShape(const std::vector<std::string>& files, const ReadOptions& read) {
+absl::StatusOr<std::optional<Dataset>> PeekShape(const std::vector<std::string>& files, const ReadOptions& read,
+                                                 double* bytes_per_record) {
   if (read.labels == LabelKind::kMultiClass || files.empty()) return std::optional<Dataset>();
   char head[4] = {0, 0, 0, 0};
   {
@@ -690,6 +858,11 @@ absl::StatusOr<std::optional<Dataset>> PeekShape(const std::vector<std::string>&
   o.on_error = OnBadRow::kSkip;
   o.max_records = 0;
   SW_ASSIGN_OR_RETURN(Dataset d, ParseBuffer(text, files[0], 1, o));
+  if (bytes_per_record != nullptr) {
+    int64_t bytes = static_cast<int64_t>((d.dense.size() + d.labels.size() + d.targets.size()) * 4);
+    for (const SparseField& f : d.fields) bytes += static_cast<int64_t>(f.offsets.size() * 8 + f.ids.size() * 8 + f.weights.size() * 4);
+    *bytes_per_record = d.count > 0 ? static_cast<double>(bytes) / static_cast<double>(d.count) : 0;
+  }
   Dataset shape;
   shape.dense_dim = d.dense_dim;
   shape.dense_names = d.dense_names;

@@ -40,14 +40,22 @@
 // Formats: criteo, libsvm and csv (text labels need every file read before
 // the class list is known; text is InvalidArgument here).
 //
-// Thread safety: Open builds with its own threads; a ColumnCache is
-// immutable once open and Read may be called from any number of threads.
+// Reading while building. Begin returns before the build and makes each part
+// readable as soon as it and every part before it are built, so Read sees a
+// growing prefix of the records (ready_records()); streamed training starts
+// on the first part while the rest is parsed (workers/task_trainer.cc).
+//
+// Thread safety: the build runs on its own threads; Read and the ready
+// accessors may be called from any number of threads at any time.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -62,6 +70,10 @@ struct ColumnCacheOptions {
   int64_t part_bytes = int64_t{64} << 20;
   // Text bytes parsed at a time while building a part.
   int64_t piece_bytes = int64_t{4} << 20;
+  // Called on a builder thread before each part is built, with the part's
+  // place over all files' parts (tests hold a build there to read what is
+  // ready). Not called for parts skipped because the build was cancelled.
+  std::function<void(size_t part)> before_part;
 };
 
 // What Open did.
@@ -76,6 +88,13 @@ struct ColumnCacheStats {
   double build_s = 0;       // seconds spent building
 };
 
+// What the first lines of the data say (PeekShape), so that a build can be
+// read while it runs (ColumnCache::Begin).
+struct ColumnCacheExpectation {
+  Dataset shape;                // no records
+  double bytes_per_record = 0;  // in memory, from the lines parsed
+};
+
 class ColumnCache {
  public:
   // The cache of `files` (ExpandDataFiles) read with `read` (format, labels,
@@ -87,17 +106,47 @@ class ColumnCache {
                                                            const ReadOptions& read,
                                                            const ColumnCacheOptions& options = {},
                                                            ColumnCacheStats* stats = nullptr);
+  // As Open, but returns as soon as the parts are planned and builds on a
+  // thread of its own: records become readable in order, a prefix at a
+  // time, as the parts before them are built (ready_records()), so training
+  // can start on the first part while the others are parsed. The layout
+  // Read gives is `expected`'s (PeekShape); a part of another shape stops
+  // the build with an error. Wait for the end (Wait) before records(),
+  // shape() and bytes_per_record() are final. Errors known before the build
+  // starts (no such file, bad options) are returned here; the build's own
+  // (bad rows, I/O) by build_error() and Wait().
+  static absl::StatusOr<std::unique_ptr<ColumnCache>> Begin(const std::vector<std::string>& files,
+                                                            const ReadOptions& read, const ColumnCacheOptions& options,
+                                                            const ColumnCacheExpectation& expected);
+  // Cancels a build still running (its partial directories are removed)
+  // and waits for it.
   ~ColumnCache();
   ColumnCache(const ColumnCache&) = delete;
   ColumnCache& operator=(const ColumnCache&) = delete;
 
-  // Records over all files (after max_records).
-  int64_t records() const { return records_; }
+  // Waits for the build (if any) to end. OK, or its error. Then records()
+  // is every record, and shape() and bytes_per_record() are final; `stats`
+  // says what was built.
+  absl::Status Wait(ColumnCacheStats* stats = nullptr);
+  // Records readable now (a prefix, after max_records); all of them once
+  // all_ready(). Any thread.
+  int64_t records() const { return ready_records_.load(std::memory_order_acquire); }
+  // Whether records() is final: every part is built, or max_records is
+  // reached. Any thread.
+  bool all_ready() const { return all_ready_.load(std::memory_order_acquire); }
+  // The error that stopped the build, once it is known (OK before and
+  // without one). Any thread.
+  absl::Status build_error() const;
+  // The records there will be, estimated while the build runs from the
+  // records of the parts built and their share of the files' bytes (exact
+  // once all_ready()). Any thread.
+  int64_t estimated_records() const;
   // The data set's shape with no records: dense_dim and names, num_classes
   // (the largest over the files), the sparse fields' names (no ids) with
-  // weights or not; skipped rows of every file.
+  // weights or not; skipped rows of every file. Final after Wait.
   const Dataset& shape() const { return shape_; }
-  // Bytes one record takes in memory on average (columns over records).
+  // Bytes one record takes in memory on average (columns over records;
+  // the expectation's while a Begin build runs).
   double bytes_per_record() const { return bytes_per_record_; }
   // The cache directories, one per file.
   const std::vector<std::string>& dirs() const { return dirs_; }
@@ -105,17 +154,39 @@ class ColumnCache {
   // Records [first, first + count) into *out (replaced; its vectors keep
   // their capacity): a Dataset of `count` records with shape()'s layout.
   // InvalidArgument outside [0, records()); the I/O error naming the file
-  // otherwise.
+  // otherwise. Any thread, also while the build runs.
   absl::Status Read(int64_t first, int64_t count, Dataset* out) const;
 
  private:
   struct Column;  // one open column file
   struct Part;
+  struct Build;   // the planned build and its progress
   ColumnCache();
+  static absl::StatusOr<std::unique_ptr<ColumnCache>> Plan(const std::vector<std::string>& files,
+                                                           const ReadOptions& read, const ColumnCacheOptions& options,
+                                                           const ColumnCacheExpectation* expected);
+  // Builds every part to build (on the builder thread, or the caller's).
+  void RunBuild();
+  // Makes the built parts readable, in order, as far as they go.
+  void PublishLocked();
+  absl::Status PublishSlotLocked(size_t slot);
+  absl::Status AddPartLocked(size_t slot, const std::string& open_dir);
 
-  std::vector<std::unique_ptr<Part>> parts_;  // over all files, in record order
-  std::vector<int64_t> part_first_;           // first global record of each part, then records_
-  int64_t records_ = 0;
+  std::unique_ptr<Build> build_;
+  std::thread builder_;
+  // One entry per planned part, over all files in record order (a part
+  // without records has no columns); entries below ready_parts_ are set
+  // and never change.
+  std::vector<std::unique_ptr<Part>> parts_;
+  std::vector<int64_t> part_first_;  // first global record of each part, then the total
+  std::atomic<size_t> ready_parts_{0};
+  std::atomic<int64_t> ready_records_{0};  // after max_records
+  std::atomic<bool> all_ready_{false};
+  // What Read lays records out as: set before the first part is readable.
+  int dense_dim_ = 0;
+  int num_classes_ = 0;
+  bool regression_ = false;
+  std::vector<std::string> field_names_;
   Dataset shape_;
   double bytes_per_record_ = 0;
   std::vector<std::string> dirs_;
@@ -126,7 +197,10 @@ class ColumnCache {
 // first file alone (up to 64 KiB of its text), so that work that needs
 // only the shape (creating the store) can run while the cache is built.
 // nullopt for multiclass labels, whose class count needs every record.
-absl::StatusOr<std::optional<Dataset>> PeekShape(const std::vector<std::string>& files, const ReadOptions& read);
+// `bytes_per_record`, when given, gets the lines' records' bytes in memory
+// on average (0 without records).
+absl::StatusOr<std::optional<Dataset>> PeekShape(const std::vector<std::string>& files, const ReadOptions& read,
+                                                 double* bytes_per_record = nullptr);
 
 // Records rows[0..n) of `from` (indices into it) into *out, in that order
 // (replaced; its vectors keep their capacity): the batches streamed

@@ -7,9 +7,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -221,6 +226,145 @@ TEST(ColumnCacheTest, StaleRebuiltDamagedRefused) {
   o.format = DataFormat::kText;
   o.labels = LabelKind::kMultiClass;
   EXPECT_NE(ColumnCache::Open(files, o).status().message().find("data.stream: the text format"), std::string::npos);
+}
+
+// A gate a test holds a build at: the builder waits before part `at` until
+// Open() is called.
+class Gate {
+ public:
+  explicit Gate(size_t at) : at_(at) {}
+  void Before(size_t part) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (part == at_) {
+      reached_ = true;
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return open_; });
+    }
+  }
+  void WaitReached() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return reached_; });
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  const size_t at_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool reached_ = false, open_ = false;
+};
+
+ColumnCacheExpectation Expect(const std::vector<std::string>& files, const ReadOptions& o) {
+  ColumnCacheExpectation e;
+  absl::StatusOr<std::optional<Dataset>> shape = PeekShape(files, o, &e.bytes_per_record);
+  EXPECT_TRUE(shape.ok() && shape->has_value()) << shape.status();
+  if (shape.ok() && shape->has_value()) e.shape = **shape;
+  return e;
+}
+
+// Begin: the parts built so far (a prefix, in order) are readable while the
+// rest is built; the records grow to exactly what Open gives; the cache is
+// in place only when the whole build is over.
+TEST(ColumnCacheTest, BeginReadsTheBuiltPartsWhileTheRestIsBuilt) {
+  TempDir dir;
+  std::vector<std::string> files = Generate(dir, "criteo", 3000, 2, "none");
+  ReadOptions o = Opts(DataFormat::kCriteo, "");
+  o.threads = 1;  // parts in order
+  ColumnCacheOptions co;
+  co.part_bytes = 30000;
+  co.piece_bytes = 4096;
+  const absl::StatusOr<Dataset> whole = ReadDatasetFiles(files, o);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  Gate gate(3);
+  co.before_part = [&gate](size_t part) { gate.Before(part); };
+  const ColumnCacheExpectation expected = Expect(files, o);
+  EXPECT_GT(expected.bytes_per_record, 50);
+  absl::StatusOr<std::unique_ptr<ColumnCache>> begun = ColumnCache::Begin(files, o, co, expected);
+  ASSERT_TRUE(begun.ok()) << begun.status();
+  ColumnCache& cache = **begun;
+  gate.WaitReached();
+  // Parts 0-2 are built; part 3 is held.
+  for (int i = 0; i < 1000 && cache.records() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const int64_t ready = cache.records();
+  EXPECT_GT(ready, 0);
+  EXPECT_LT(ready, whole->count);
+  EXPECT_FALSE(cache.all_ready());
+  EXPECT_TRUE(cache.build_error().ok());
+  EXPECT_GE(cache.estimated_records(), ready);
+  EXPECT_LT(std::abs(cache.estimated_records() - whole->count), whole->count / 5) << cache.estimated_records();
+  Dataset got;
+  ASSERT_TRUE(cache.Read(0, ready, &got).ok());
+  ExpectSameRecords(got, Slice(*whole, 0, ready));
+  EXPECT_EQ(cache.Read(ready - 1, 2, &got).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(fs::exists(files[0] + ".swcols")) << "in place before the build is over";
+  gate.Open();
+  ColumnCacheStats st;
+  ASSERT_TRUE(cache.Wait(&st).ok());
+  EXPECT_TRUE(cache.all_ready());
+  EXPECT_EQ(cache.records(), whole->count);
+  EXPECT_EQ(cache.estimated_records(), whole->count);
+  EXPECT_EQ(st.files_built, 2);
+  EXPECT_GT(st.parts, 4);
+  ASSERT_TRUE(cache.Read(0, whole->count, &got).ok());
+  ExpectSameRecords(got, *whole);
+  EXPECT_TRUE(fs::exists(files[0] + ".swcols/index.json"));
+  EXPECT_TRUE(fs::exists(files[1] + ".swcols/index.json"));
+  // A valid cache: everything readable at once, no build.
+  begun = ColumnCache::Begin(files, o, co, expected);
+  ASSERT_TRUE(begun.ok());
+  EXPECT_TRUE((*begun)->all_ready());
+  EXPECT_EQ((*begun)->records(), whole->count);
+  ASSERT_TRUE((*begun)->Wait(&st).ok());
+  EXPECT_EQ(st.files_cached, 2);
+}
+
+// Begin with a bad row: the records before the bad part stay readable, the
+// build stops with exactly Open's (ReadDataset's) error, and nothing is left
+// in place; a build cancelled by the cache's end leaves nothing behind.
+TEST(ColumnCacheTest, BeginStopsAtABadRowAndCancelsCleanly) {
+  TempDir dir;
+  std::vector<std::string> files = Generate(dir, "criteo", 2000, 1, "none");
+  std::string text = Slurp(files[0]);
+  size_t at = 0;
+  for (int i = 0; i < 1500; ++i) at = text.find('\n', at) + 1;
+  text.insert(text.find('\t', at) + 1, "x");  // line 1501
+  const std::string bad = Write(dir, "bad.tsv", text);
+  ReadOptions o = Opts(DataFormat::kCriteo, "");
+  o.threads = 2;
+  ColumnCacheOptions co;
+  co.part_bytes = 20000;
+  co.piece_bytes = 4096;
+  const absl::StatusOr<Dataset> want = ReadDatasetFiles({bad}, o);
+  ASSERT_FALSE(want.ok());
+  absl::StatusOr<std::unique_ptr<ColumnCache>> begun = ColumnCache::Begin({bad}, o, co, Expect({bad}, o));
+  ASSERT_TRUE(begun.ok()) << begun.status();
+  EXPECT_EQ((*begun)->Wait(), want.status());
+  EXPECT_EQ((*begun)->build_error(), want.status());
+  EXPECT_GT((*begun)->records(), 0);
+  EXPECT_LT((*begun)->records(), 1500);
+  EXPECT_FALSE((*begun)->all_ready());
+  begun->reset();
+  EXPECT_FALSE(fs::exists(bad + ".swcols"));
+  EXPECT_FALSE(fs::exists(absl::StrCat(bad, ".swcols.tmp.", getpid())));
+
+  // Cancelled: the cache is destroyed while part 2 is held.
+  Gate gate(2);
+  co.before_part = [&gate](size_t part) { gate.Before(part); };
+  begun = ColumnCache::Begin(files, o, co, Expect(files, o));
+  ASSERT_TRUE(begun.ok()) << begun.status();
+  gate.WaitReached();
+  std::thread opener([&gate] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    gate.Open();
+  });
+  begun->reset();  // cancels; waits for the held part
+  opener.join();
+  EXPECT_FALSE(fs::exists(files[0] + ".swcols"));
+  EXPECT_FALSE(fs::exists(absl::StrCat(files[0], ".swcols.tmp.", getpid())));
 }
 
 // PeekShape: the first lines give the shape the whole cache will have
