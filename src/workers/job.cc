@@ -68,10 +68,13 @@ absl::StatusOr<std::unique_ptr<ColumnCache>> OpenTrainStream(const Config& confi
 }
 
 absl::StatusOr<std::unique_ptr<ColumnCache>> BeginTrainStream(const Config& config,
-                                                              const ColumnCacheExpectation& expected) {
+                                                              const ColumnCacheExpectation& expected,
+                                                              std::function<void(size_t part)> before_part) {
   ReadOptions ro;
   SW_ASSIGN_OR_RETURN(const std::vector<std::string> files, TrainFilesAndOptions(config, &ro));
-  return WithErrorKind(ColumnCache::Begin(files, ro, CacheOptionsOf(config), expected), ErrorKind::kData);
+  ColumnCacheOptions co = CacheOptionsOf(config);
+  co.before_part = std::move(before_part);
+  return WithErrorKind(ColumnCache::Begin(files, ro, co, expected), ErrorKind::kData);
 }
 
 absl::Status Job::TakeStreamShape() {
@@ -218,7 +221,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
       ColumnCacheExpectation expected;
       expected.shape = *shape;
       expected.bytes_per_record = bytes_per_record;
-      absl::StatusOr<std::unique_ptr<ColumnCache>> begun = BeginTrainStream(config, expected);
+      absl::StatusOr<std::unique_ptr<ColumnCache>> begun = BeginTrainStream(config, expected, options.stream_before_part);
       if (begun.ok()) {
         job->stream_ = *std::move(begun);
         job->stream_growing_ = true;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -43,8 +44,9 @@ absl::Status CheckTestData(const Dataset& train, const Dataset& test);
 absl::StatusOr<std::unique_ptr<ColumnCache>> OpenTrainStream(const Config& config, ColumnCacheStats* stats = nullptr);
 // As OpenTrainStream, but returns before the build, which runs on its own
 // thread with the layout `expected` (ColumnCache::Begin).
-absl::StatusOr<std::unique_ptr<ColumnCache>> BeginTrainStream(const Config& config,
-                                                              const ColumnCacheExpectation& expected);
+absl::StatusOr<std::unique_ptr<ColumnCache>> BeginTrainStream(
+    const Config& config, const ColumnCacheExpectation& expected,
+    std::function<void(size_t part)> before_part = nullptr);
 
 // The store's table for one a model declares (initial rows uniform in
 // +-init_scale, zeros where it is 0: the wide tables).
@@ -66,6 +68,10 @@ struct JobOptions {
   // Start the worker threads and build the workers; false = data only (a
   // cluster's chief, whose workers are remote: it needs the record counts).
   bool workers = true;
+  // Streamed data whose cache is built while training runs: called on the
+  // builder thread before each part (ColumnCacheOptions::before_part), so
+  // that tests can hold the build at a part.
+  std::function<void(size_t part)> stream_before_part;
 };
 
 class Job {

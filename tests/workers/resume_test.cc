@@ -3,17 +3,23 @@
 // right after a checkpoint and started again ends bit-identical to an
 // uninterrupted run, with exact record counts; a damaged newest checkpoint
 // falls back to the one before; --fresh ignores them.
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "core/config/config.h"
+#include "core/data/data_gen.h"
 #include "nlohmann/json.hpp"
 #include "gtest/gtest.h"
 #include "tests/workers/test_config.h"
@@ -213,6 +219,95 @@ TEST(ResumeTest, TaskTrainingResumesMidEpochWithTheTasksNotDone) {
   EXPECT_EQ(lockstep.summary.records_seen, 3 * 3000) << "the restarted epoch's records count once";
   ASSERT_EQ(lockstep.summary.history.size(), 3u);
   EXPECT_EQ(lockstep.summary.history[0].records, 3000);
+}
+
+// A streamed first run checkpointed while its cache is still being built
+// (the build held before part 2, so epoch 1 has only the first parts' tasks)
+// and stopped: the checkpoint's cursor says the data was growing; the next
+// run builds the cache first, then goes on with exactly the tasks not done.
+TEST(ResumeTest, StreamedRunCheckpointedWhileItsCacheIsBuiltResumesExactly) {
+  TempDir dir, ckpt;
+  for (const auto& [name, rows, seed] : {std::tuple{"cold.tsv", 24000, 1}, std::tuple{"test.tsv", 2000, 2}}) {
+    DataGenOptions g;
+    g.kind = "criteo";
+    g.rows = rows;
+    g.seed = static_cast<uint64_t>(seed);
+    g.out = dir.path() + "/" + name;
+    ASSERT_TRUE(GenerateData(g).ok());
+  }
+  std::vector<ConfigOverride> overrides;
+  for (const std::string& s :
+       {"data.train=" + dir.path() + "/cold.tsv", "data.test=" + dir.path() + "/test.tsv",
+        std::string("model.sparse.0.rows=1000"), std::string("model.bottom.0.units=32"),
+        std::string("model.layers.0.units=32"), std::string("data.cache=false"), std::string("train.pin_threads=false"),
+        std::string("train.workers=2"), std::string("train.epochs=2"), std::string("ps.update=hogwild"),
+        std::string("data.stream=true"), std::string("data.cache_part_mb=1"), std::string("data.reader_threads=1"),
+        std::string("data.records_per_task=1000"), "checkpoint.dir=" + ckpt.path(),
+        std::string("checkpoint.every_steps=4")}) {
+    absl::StatusOr<ConfigOverride> o = ParseOverride(s);
+    ASSERT_TRUE(o.ok()) << o.status();
+    overrides.push_back(*o);
+  }
+  absl::StatusOr<Config> config = LoadConfig(SHARDWILD_SOURCE_DIR "/configs/ctr_dlrm.yaml", overrides);
+  ASSERT_TRUE(config.ok()) << config.status();
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool held = false, open = false;
+  JobOptions jo;
+  jo.stream_before_part = [&](size_t part) {
+    if (part != 2) return;
+    std::unique_lock<std::mutex> lock(mu);
+    held = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return open; });
+  };
+  absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(*config, jo);
+  ASSERT_TRUE(job.ok()) << job.status();
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return held; });
+  }
+  ProgressReporter silent = ProgressReporter::Silent();
+  TrainRunOptions stop;
+  stop.stop_after_checkpoints = 1;
+  EXPECT_EQ(RunTraining(**job, silent, stop).status().code(), absl::StatusCode::kAborted);
+  // The job ends with its build still held: the build is cancelled (the
+  // gate opens only once the cancel is in) and leaves nothing behind.
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::lock_guard<std::mutex> lock(mu);
+    open = true;
+    cv.notify_all();
+  });
+  job->reset();
+  opener.join();
+  EXPECT_FALSE(fs::exists(dir.path() + "/cold.tsv.swcols"));
+
+  absl::StatusOr<std::optional<CheckpointInfo>> found = FindLatestCheckpoint(ckpt.path(), nullptr);
+  ASSERT_TRUE(found.ok()) << found.status();
+  ASSERT_TRUE(found->has_value());
+  const nlohmann::json& cur = (*found)->state.data_cursor;
+  EXPECT_EQ(cur["epoch"], 1);
+  EXPECT_EQ(cur["records"], -1) << cur.dump();
+  ASSERT_TRUE(cur.contains("dispatcher")) << cur.dump();
+  EXPECT_EQ(cur["dispatcher"]["growing"], true) << cur.dump();
+  const int64_t done = (*found)->state.extra["records_seen"].get<int64_t>();
+  EXPECT_GT(done, 0);
+  EXPECT_LT(done, 24000);
+  EXPECT_EQ(done % 1000, 0) << "whole tasks of the parts built";
+
+  job = Job::Create(*config);
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<TrainSummary> rest = RunTraining(**job, silent);
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  ASSERT_TRUE(rest->resumed_from_step.has_value());
+  EXPECT_EQ(*rest->resumed_from_step, (*found)->step);
+  EXPECT_EQ(rest->records_seen, 2 * 24000);
+  ASSERT_EQ(rest->history.size(), 2u);
+  EXPECT_EQ(rest->history[0].records, 24000 - done) << "only the tasks not done are trained again";
+  EXPECT_EQ(rest->history[1].records, 24000);
+  EXPECT_TRUE(fs::exists(dir.path() + "/cold.tsv.swcols/index.json"));
 }
 
 }  // namespace
