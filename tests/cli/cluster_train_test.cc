@@ -99,11 +99,13 @@ class Cluster {
     worker_tasks_.resize(workers);
   }
   bool ok() const { return !spec_.empty(); }
+  // The config every task runs (Fashion-MNIST's MLP unless set).
+  void set_config(const std::string& path) { config_ = path; }
   const std::string& checkpoints() const { return checkpoints_; }
 
   std::vector<std::string> Args(const std::string& command, const std::string& type, int index,
                                 const std::vector<std::string>& extra = {}) const {
-    std::vector<std::string> a = {command, kConfig, "--cluster", spec_, "--task-type", type,
+    std::vector<std::string> a = {command, config_, "--cluster", spec_, "--task-type", type,
                                   "--task-index", std::to_string(index)};
     for (const std::string& s : sets_) a.insert(a.end(), {"--set", s});
     a.insert(a.end(), extra.begin(), extra.end());
@@ -166,6 +168,7 @@ class Cluster {
   std::vector<std::string> sets_;
   std::vector<std::vector<std::string>> prefixes_;
   std::string spec_, checkpoints_;
+  std::string config_ = kConfig;
   std::vector<std::unique_ptr<Child>> ps_tasks_, worker_tasks_;
   std::unique_ptr<Child> chief_, evaluator_;
 };
@@ -236,6 +239,52 @@ TEST(ClusterTrainTest, TwoPsTwoWorkersTrainLikeOneNode) {
   c.StopAll();
   for (int i = 0; i < 2; ++i) EXPECT_TRUE(WIFEXITED(c.ps(i).Wait())) << c.ps(i).err();
   EXPECT_TRUE(ShmEntriesContaining("cl-train").empty()) << "shared memory left behind";
+}
+
+// Streamed data (data.stream) on a cluster: the chief (for the record
+// counts), the ps task (for the shape) and both worker tasks (for the
+// records) open data.train's columnar cache. On one machine they build it at
+// the same time from the same files; the first valid cache put in place is
+// kept (never removed under a task reading it) and every task reads it.
+// Counts stay exact and the model learns.
+TEST(ClusterTrainTest, StreamedCriteoDataTrainsOnACluster) {
+  TempDir data;
+  for (const auto& [name, rows, seed] : {std::tuple{"train.tsv", "12000", "1"}, std::tuple{"test.tsv", "2000", "2"}}) {
+    const Result r = RunCli({"data", "gen", "--kind", "criteo", "--rows", rows, "--out", (data.path() / name).string(),
+                             "--seed", seed});
+    ASSERT_EQ(r.code(), 0) << r.err;
+  }
+  Cluster c(1, 2,
+            {"data.train=" + (data.path() / "train.tsv").string(), "data.test=" + (data.path() / "test.tsv").string(),
+             "data.stream=true",
+             "data.cache_part_mb=1", "model.sparse.0.rows=1000", "model.bottom.0.units=32", "model.layers.0.units=32",
+             "train.pin_threads=false", "train.workers=1", "train.intra_op_threads=1", "data.records_per_task=1000",
+             "train.epochs=2", "train.log_every_s=0.05", "ps.shards=2", "ps.job_name=cl-stream"});
+  c.set_config(SHARDWILD_SOURCE_DIR "/configs/ctr_dlrm.yaml");
+  ASSERT_TRUE(c.ok());
+  c.StartAll();
+  const int status = c.chief().Wait();
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << Describe(c, 1, 2);
+  const json j = LastLineJson(c.chief().out());
+  ASSERT_TRUE(j.is_object()) << c.chief().out();
+  EXPECT_EQ(j["records_seen"].get<int64_t>(), 2 * 12000);
+  EXPECT_EQ(j["eval_records_seen"].get<int64_t>(), 2 * 2000);
+  EXPECT_EQ(j["data"]["stream"], true);
+  EXPECT_EQ(j["data"]["records"], 12000);
+  EXPECT_GT(j["test_auc"].get<double>(), 0.6) << j.dump();
+  for (int i = 0; i < 2; ++i) {
+    const int ws = c.worker(i).Wait();
+    EXPECT_TRUE(WIFEXITED(ws) && WEXITSTATUS(ws) == 0) << c.worker(i).err();
+    EXPECT_TRUE(Has(c.worker(i).out(), "12000 training records")) << c.worker(i).out();
+  }
+  EXPECT_TRUE(fs::exists(data.path() / "train.tsv.swcols" / "index.json"));
+  for (const fs::directory_entry& e : fs::directory_iterator(data.path())) {
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path() << " left behind";
+    EXPECT_EQ(e.path().filename().string().find(".stale."), std::string::npos) << e.path() << " left behind";
+  }
+  c.StopAll();
+  EXPECT_TRUE(WIFEXITED(c.ps(0).Wait())) << c.ps(0).err();
+  EXPECT_TRUE(ShmEntriesContaining("cl-stream").empty()) << "shared memory left behind";
 }
 
 TEST(ClusterTrainTest, KilledWorkerTaskIsRequeuedAndCountsStayExact) {

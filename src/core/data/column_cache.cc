@@ -471,7 +471,10 @@ absl::StatusOr<std::unique_ptr<ColumnCache>> ColumnCache::Plan(const std::vector
       }
       SW_ASSIGN_OR_RETURN(j.plans, PlanParts(j.path, j.c, j.size, read.format == DataFormat::kCsv, options.part_bytes));
       j.built.resize(j.plans.size());
-      j.tmp = absl::StrCat(j.dir, ".tmp.", getpid());
+      // Unique per build (a process may build the same file's cache twice at
+      // once: two jobs of the Python API).
+      static std::atomic<uint64_t> builds{0};
+      j.tmp = absl::StrCat(j.dir, ".tmp.", getpid(), ".", builds.fetch_add(1, std::memory_order_relaxed));
       std::error_code ec;
       fs::remove_all(j.tmp, ec);
       parts = j.plans.size();
@@ -607,14 +610,22 @@ absl::Status ColumnCache::PublishSlotLocked(size_t slot) {
   json index = {{"version", kFormatVersion}, {"source", j.path},   {"source_size", j.size},
                 {"source_mtime_ns", j.mtime}, {"options", b.key},  {"parts", j.parts}};
   SW_RETURN_IF_ERROR(WriteFileAtomically(j.tmp + "/index.json", index.dump()));
+  // Into place without removing another process's valid cache: the rename
+  // fails while a directory is there; a valid one (another process built
+  // the same file first: readers may be opening it) is kept and ours
+  // dropped (the columns open here stay readable); a stale one is moved
+  // aside, then removed.
   std::error_code ec;
-  fs::remove_all(j.dir, ec);
-  fs::rename(j.tmp, j.dir, ec);
-  if (ec) {
-    // Another process may have put its cache there first: use it if it is
-    // valid, else this is the error.
-    fs::remove_all(j.tmp, ec);
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    fs::rename(j.tmp, j.dir, ec);
+    if (!ec || !ValidIndex(j.dir, j.size, j.mtime, b.key).is_null()) break;
+    const std::string aside = absl::StrCat(j.dir, ".stale.", getpid());
+    std::error_code ignored;
+    fs::remove_all(aside, ignored);
+    fs::rename(j.dir, aside, ignored);
+    fs::remove_all(aside, ignored);
   }
+  if (ec) fs::remove_all(j.tmp, ec);
   j.tmp.clear();
   j.index = ValidIndex(j.dir, j.size, j.mtime, b.key);
   if (j.index.is_null()) return absl::InvalidArgumentError(absl::StrCat(j.dir, ": the cache could not be put in place"));

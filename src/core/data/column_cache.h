@@ -32,7 +32,9 @@
 // another size than its index says) is DataLoss naming the directory to
 // remove. A build writes "<F's name>.swcols.tmp.<pid>" and
 // renames it into place, so a reader never sees half a cache; when another
-// process got there first, its cache is used.
+// process got there first (the machine's other tasks of a cluster build the
+// same files' caches at once), its valid cache is kept, never removed under
+// its readers; a stale one is moved aside and replaced.
 //
 // Bad rows: as ReadDataset (file:line:column under fail, the first bad row
 // in file order; counts by reason and by file under skip).

@@ -349,7 +349,6 @@ TEST(ColumnCacheTest, BeginStopsAtABadRowAndCancelsCleanly) {
   EXPECT_FALSE((*begun)->all_ready());
   begun->reset();
   EXPECT_FALSE(fs::exists(bad + ".swcols"));
-  EXPECT_FALSE(fs::exists(absl::StrCat(bad, ".swcols.tmp.", getpid())));
 
   // Cancelled: the cache is destroyed while part 2 is held.
   Gate gate(2);
@@ -363,8 +362,46 @@ TEST(ColumnCacheTest, BeginStopsAtABadRowAndCancelsCleanly) {
   });
   begun->reset();  // cancels; waits for the held part
   opener.join();
-  EXPECT_FALSE(fs::exists(files[0] + ".swcols"));
-  EXPECT_FALSE(fs::exists(absl::StrCat(files[0], ".swcols.tmp.", getpid())));
+  for (const fs::directory_entry& e : fs::directory_iterator(dir.path())) {
+    EXPECT_EQ(e.path().filename().string().find(".swcols"), std::string::npos) << e.path() << " left behind";
+  }
+}
+
+// Builds of the same file at once (the tasks of a cluster on one machine,
+// two jobs of one process): each reads what the file holds, the first cache
+// put in place is kept (not removed under its readers), and nothing else is
+// left behind; a stale cache in the way is replaced.
+TEST(ColumnCacheTest, ConcurrentBuildsOfOneFileKeepTheFirstValidCache) {
+  TempDir dir;
+  const std::vector<std::string> files = Generate(dir, "criteo", 3000, 1, "none");
+  ReadOptions o = Opts(DataFormat::kCriteo, "");
+  ColumnCacheOptions co;
+  co.part_bytes = 50000;
+  co.piece_bytes = 4096;
+  const absl::StatusOr<Dataset> whole = ReadDatasetFiles(files, o);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  // A stale cache (of other parse options) in the way.
+  ReadOptions other = o;
+  other.dense_transform = DenseTransform::kNone;
+  ASSERT_TRUE(ColumnCache::Open(files, other, co).ok());
+  std::vector<absl::StatusOr<std::unique_ptr<ColumnCache>>> caches(4);
+  {
+    std::vector<std::thread> threads;
+    for (auto& c : caches) threads.emplace_back([&] { c = ColumnCache::Open(files, o, co); });
+    for (std::thread& t : threads) t.join();
+  }
+  for (auto& c : caches) {
+    ASSERT_TRUE(c.ok()) << c.status();
+    Dataset got;
+    ASSERT_TRUE((*c)->Read(0, whole->count, &got).ok());
+    ExpectSameRecords(got, *whole);
+  }
+  ColumnCacheStats st;
+  ASSERT_TRUE(ColumnCache::Open(files, o, co, &st).ok());
+  EXPECT_EQ(st.files_cached, 1);
+  for (const fs::directory_entry& e : fs::directory_iterator(dir.path())) {
+    EXPECT_TRUE(e.path().extension() == ".txt" || e.path().extension() == ".swcols") << e.path() << " left behind";
+  }
 }
 
 // PeekShape: the first lines give the shape the whole cache will have
