@@ -377,6 +377,7 @@ int Bench(const std::string& path, const std::vector<std::string>& sets, bool as
   // others through gRPC), with the bytes on the wire.
   std::unique_ptr<ClusterStoreConnection> connection;
   std::string where;
+  if (absl::Status s = CheckBenchConfig(*config); !s.ok()) return Fail(s);
   JobOptions jo;
   if (IsCluster(cluster)) {
     absl::StatusOr<ClusterSpec> spec = ResolveClusterSpec(cluster);

@@ -130,14 +130,19 @@ absl::StatusOr<MatmulPeak> MeasureBf16MatmulPeak(WorkerPool& pool, int omp_threa
                         });
 }
 
+absl::Status CheckBenchConfig(const Config& config) {
+  if (config.data.stream) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.source, ": data.stream: `shardwild bench` times steps over records held in memory; run it with "
+                       "data.stream false (and data.max_train_records to bound them), or time streamed training with "
+                       "`shardwild train --json` (samples_per_s, data_wait_s)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& wire_bytes) {
   const Config& cfg = job.config();
-  if (job.stream() != nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        cfg.source, ": data.stream: `shardwild bench` times steps over records held in memory; run it with "
-                    "data.stream false (and data.max_train_records to bound them), or time streamed training with "
-                    "`shardwild train --json` (samples_per_s, data_wait_s)"));
-  }
+  SW_RETURN_IF_ERROR(CheckBenchConfig(cfg));
   BenchReport r;
   r.workers = job.num_workers();
   r.intra_op_threads = job.placement().threads_per_worker;

@@ -110,6 +110,10 @@ struct BenchReport {
 // Times the job's step. `wire_bytes`, if given, returns the bytes the
 // store has sent and received over the network so far (read before and
 // after the timed steps).
+// InvalidArgument (one line naming the key) for a config `shardwild bench`
+// cannot time: streamed data. Checked by RunBench; call it before creating
+// the Job to fail before the store and the data are set up.
+absl::Status CheckBenchConfig(const Config& config);
 absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& wire_bytes = nullptr);
 
 // A human-readable report.

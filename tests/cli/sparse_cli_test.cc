@@ -251,6 +251,10 @@ TEST_F(SparseCliTest, StreamedTrainingIsExactReproducibleAndReusesItsCache) {
 
 // What streaming can't do, and a bad row in streamed data: one error line each.
 TEST_F(SparseCliTest, StreamedDataErrors) {
+  // `bench` refuses streamed data before it sets anything up (no cache is built).
+  ExpectOneErrorLine(RunCli(Cmd({"bench", kDlrm}, {"--set", "data.stream=true"})),
+                     {"data.stream", "`shardwild bench` times steps over records held in memory"});
+  EXPECT_FALSE(std::filesystem::exists(Path("train.tsv.swcols")));
   ExpectOneErrorLine(RunCli(Cmd({"train", kDlrm}, {"--set", "data.stream=true", "--set", "data.shuffle_buffer=100000",
                                                   "--set", "data.records_per_task=100000", "--set",
                                                   "data.memory_budget_mb=8"})),
