@@ -30,7 +30,7 @@
 // Validity. A cache whose index does not match the source (size, mtime),
 // the options or the format is rebuilt. A damaged one (a column file of
 // another size than its index says) is DataLoss naming the directory to
-// remove. A build writes "<F's name>.swcols.tmp.<pid>" and
+// remove. A build writes "<F's name>.swcols.tmp.<pid>.<n>" and
 // renames it into place, so a reader never sees half a cache; when another
 // process got there first (the machine's other tasks of a cluster build the
 // same files' caches at once), its valid cache is kept, never removed under
@@ -44,7 +44,7 @@
 //
 // Reading while building. Begin returns before the build and makes each part
 // readable as soon as it and every part before it are built, so Read sees a
-// growing prefix of the records (ready_records()); streamed training starts
+// growing prefix of the records (records()); streamed training starts
 // on the first part while the rest is parsed (workers/task_trainer.cc).
 //
 // Thread safety: the build runs on its own threads; Read and the ready
