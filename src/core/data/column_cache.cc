@@ -1,6 +1,7 @@
 #include "core/data/column_cache.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -614,7 +615,14 @@ absl::Status ColumnCache::PublishSlotLocked(size_t slot) {
   // fails while a directory is there; a valid one (another process built
   // the same file first: readers may be opening it) is kept and ours
   // dropped (the columns open here stay readable); a stale one is moved
-  // aside, then removed.
+  // aside, then removed. Builds of the file do this one at a time (an
+  // exclusive flock on "<dir>.lock", which stays), so none judges a cache
+  // stale that another is putting in place.
+  const int lock_fd = ::open((j.dir + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd >= 0) {
+    while (::flock(lock_fd, LOCK_EX) != 0 && errno == EINTR) {
+    }
+  }
   std::error_code ec;
   for (int attempt = 0; attempt < 3; ++attempt) {
     fs::rename(j.tmp, j.dir, ec);
@@ -626,6 +634,7 @@ absl::Status ColumnCache::PublishSlotLocked(size_t slot) {
     fs::remove_all(aside, ignored);
   }
   if (ec) fs::remove_all(j.tmp, ec);
+  if (lock_fd >= 0) ::close(lock_fd);  // (releases the lock)
   j.tmp.clear();
   j.index = ValidIndex(j.dir, j.size, j.mtime, b.key);
   if (j.index.is_null()) return absl::InvalidArgumentError(absl::StrCat(j.dir, ": the cache could not be put in place"));

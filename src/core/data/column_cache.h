@@ -34,7 +34,9 @@
 // renames it into place, so a reader never sees half a cache; when another
 // process got there first (the machine's other tasks of a cluster build the
 // same files' caches at once), its valid cache is kept, never removed under
-// its readers; a stale one is moved aside and replaced.
+// its readers; a stale one is moved aside and replaced. Builds put their
+// directories in place one at a time, under an flock on "<F's name>.swcols.lock"
+// (a small file that stays next to the cache).
 //
 // Bad rows: as ReadDataset (file:line:column under fail, the first bad row
 // in file order; counts by reason and by file under skip).
