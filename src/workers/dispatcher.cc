@@ -19,15 +19,21 @@ namespace {
 // clock cannot wake a condition variable.
 constexpr std::chrono::milliseconds kWaitSlice{100};
 
-// Calls add(file, first_record, records) for each task of `files`, in file
-// order, records ascending; adds their records to *total.
+// Calls add(file, first_record, records) for the tasks of records
+// [from, end) of `file`, records ascending, each of per_task records but the
+// last (`from` on a task boundary). Every task list is cut by this one rule,
+// so a grown file's tasks are the whole file's.
+template <typename Add>
+void CutTasks(int32_t file, int64_t from, int64_t end, int64_t per_task, Add add) {
+  for (int64_t b = from; b < end; b += per_task) add(file, b, std::min(per_task, end - b));
+}
+
+// CutTasks for each of `files`, in file order; adds their records to *total.
 template <typename Add>
 void SplitFiles(const std::vector<DataFile>& files, int64_t per_task, int64_t* total, Add add) {
   for (size_t f = 0; f < files.size(); ++f) {
     *total += files[f].records;
-    for (int64_t b = 0; b < files[f].records; b += per_task) {
-      add(static_cast<int32_t>(f), b, std::min(per_task, files[f].records - b));
-    }
+    CutTasks(static_cast<int32_t>(f), 0, files[f].records, per_task, add);
   }
 }
 
@@ -528,12 +534,11 @@ bool Dispatcher::EvaluationDone(int round) const {
 }
 
 void Dispatcher::GrowLocked(int64_t end) {
-  const int64_t per = options_.records_per_task;
-  for (int64_t b = grown_; b < end; b += per) {
+  CutTasks(0, grown_, end, options_.records_per_task, [this](int32_t f, int64_t b, int64_t n) ABSL_NO_THREAD_SAFETY_ANALYSIS {  // (mu_ is held)
     const int64_t id = static_cast<int64_t>(train_specs_.size());
-    train_specs_.push_back(TaskSpec{0, b, std::min(per, end - b)});
+    train_specs_.push_back(TaskSpec{f, b, n});
     epoch_done_.push_back(0);
-    if (training_done_ || epoch_ != 1) continue;
+    if (training_done_ || epoch_ != 1) return;
     Pending p;
     p.type = TaskType::kTraining;
     p.id = id;
@@ -541,7 +546,7 @@ void Dispatcher::GrowLocked(int64_t end) {
     train_todo_.push_back(std::move(p));
     const size_t j = static_cast<size_t>(SplitMix64(grow_rng_) % train_todo_.size());
     std::swap(train_todo_[j], train_todo_.back());
-  }
+  });
   grown_ = std::max(grown_, end);
   train_records_ = grown_;
   train_files_[0].records = grown_;

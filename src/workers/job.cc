@@ -77,7 +77,12 @@ absl::StatusOr<std::unique_ptr<ColumnCache>> BeginTrainStream(const Config& conf
   return WithErrorKind(ColumnCache::Begin(files, ro, co, expected), ErrorKind::kData);
 }
 
-absl::Status Job::TakeStreamShape() {
+absl::Status Job::FinishStream() {
+  if (!stream_growing_) return absl::OkStatus();
+  SW_RETURN_IF_ERROR(WithErrorKind(stream_->Wait(&stream_stats_), ErrorKind::kData));
+  stream_growing_ = false;
+  // The whole cache's shape must be the first lines'; its skipped rows are
+  // the data's.
   const Dataset& built = stream_->shape();
   bool same = built.dense_dim == train_.dense_dim && built.fields.size() == train_.fields.size() &&
               built.num_classes == train_.num_classes;
@@ -88,13 +93,6 @@ absl::Status Job::TakeStreamShape() {
   }
   train_.skipped = built.skipped;  // the rest is the workers' (they hold train_'s shape)
   return absl::OkStatus();
-}
-
-absl::Status Job::FinishStream() {
-  if (!stream_growing_) return absl::OkStatus();
-  SW_RETURN_IF_ERROR(WithErrorKind(stream_->Wait(&stream_stats_), ErrorKind::kData));
-  stream_growing_ = false;
-  return TakeStreamShape();
 }
 
 namespace {
@@ -193,54 +191,39 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
   if (!config.data.test.empty() && !named_classes) {
     test_loader = std::thread([&] { test = LoadDataset(config, config.data.test, config.data.max_test_records, nullptr); });
   }
-  // Streamed: when the first lines give the data's shape (not multiclass),
-  // the columnar cache is built on its own thread while the store is
-  // created below, and joined before the workers are built.
-  absl::StatusOr<std::unique_ptr<ColumnCache>> stream;
-  std::thread stream_builder;
-  struct Joiner {
-    std::thread* t;
-    ~Joiner() {
-      if (t->joinable()) t->join();
-    }
-  } join_builder{&stream_builder};
+  // Streamed: when the first lines give the data's shape (all but
+  // multiclass labels), the columnar cache is built on its own thread
+  // (ColumnCache::Begin) while the store is created below: in-process
+  // workers then train on its first parts while the rest is built (the
+  // trainer grows epoch 1's tasks); worker processes, which open the
+  // finished cache by its path, wait for it once the store is ready.
+  // Otherwise (multiclass, a chief, a cluster's worker task) it is built
+  // here first.
   if (config.data.stream) {
     std::optional<Dataset> shape;
-    double bytes_per_record = 0;
+    ColumnCacheExpectation expected;
     if (options.workers && options.store == nullptr) {
       ReadOptions ro = MakeReadOptions(config.data, LabelKindOf(config.model.head));
       absl::StatusOr<std::vector<std::string>> files = ExpandDataFiles(config.data.train, "data.train");
       if (files.ok()) {
-        absl::StatusOr<std::optional<Dataset>> peeked = PeekShape(*files, ro, &bytes_per_record);
+        absl::StatusOr<std::optional<Dataset>> peeked = PeekShape(*files, ro, &expected.bytes_per_record);
         if (peeked.ok()) shape = *std::move(peeked);
       }
     }
-    if (shape && !config.train.worker_processes) {
-      // Training starts on the first parts while the rest is built (the
-      // trainer grows epoch 1's tasks as records become readable).
-      ColumnCacheExpectation expected;
+    absl::StatusOr<std::unique_ptr<ColumnCache>> cache;
+    if (shape) {
       expected.shape = *shape;
-      expected.bytes_per_record = bytes_per_record;
-      absl::StatusOr<std::unique_ptr<ColumnCache>> begun = BeginTrainStream(config, expected, options.stream_before_part);
-      if (begun.ok()) {
-        job->stream_ = *std::move(begun);
-        job->stream_growing_ = true;
-        train = *std::move(shape);
-      } else {
-        train = begun.status();
-      }
-    } else if (shape) {
-      // Worker processes open the cache by its path: it is built (on its
-      // own thread, while the store is created) before they start.
-      train = *std::move(shape);
-      stream_builder = std::thread([&stream, &config, j = job.get()] { stream = OpenTrainStream(config, &j->stream_stats_); });
+      cache = BeginTrainStream(config, expected, options.stream_before_part);
+      job->stream_growing_ = cache.ok();
     } else {
-      stream = OpenTrainStream(config, &job->stream_stats_);
-      if (stream.ok()) {
-        train = (*stream)->shape();
-      } else {
-        train = stream.status();
-      }
+      cache = OpenTrainStream(config, &job->stream_stats_);
+      if (cache.ok()) shape = (*cache)->shape();
+    }
+    if (cache.ok()) {
+      job->stream_ = *std::move(cache);
+      train = *std::move(shape);
+    } else {
+      train = cache.status();
     }
   } else {
     train = LoadDataset(config, config.data.train, config.data.max_train_records, nullptr);
@@ -260,22 +243,9 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
     }
     job->test_ = *std::move(test);
   }
-  // Streamed with the cache still being built: join it now.
-  auto finish_stream = [&]() -> absl::Status {
-    if (!config.data.stream || job->stream_growing_) return absl::OkStatus();
-    if (stream_builder.joinable()) stream_builder.join();
-    SW_RETURN_IF_ERROR(stream.status());
-    job->stream_ = *std::move(stream);
-    return job->TakeStreamShape();
-  };
-  if (!stream_builder.joinable()) {
-    job->data_load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
-  }
+  job->data_load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
 
-  if (!options.workers) {  // a chief: data only
-    SW_RETURN_IF_ERROR(finish_stream());
-    return job;
-  }
+  if (!options.workers) return job;  // a chief: data only
 
   // Store.
   SW_ASSIGN_OR_RETURN(ModelSpec spec, Model::Describe(config.model, DataShape::Of(job->train_)));
@@ -309,9 +279,9 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
     }
   }
 
-  const bool overlapped = stream_builder.joinable();
-  SW_RETURN_IF_ERROR(finish_stream());
-  if (overlapped) {  // the data's time runs until the cache is ready
+  if (job->stream_growing_ && config.train.worker_processes) {
+    SW_RETURN_IF_ERROR(job->FinishStream());
+    // The data's time runs until the cache is ready.
     job->data_load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   }
 

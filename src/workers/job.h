@@ -130,9 +130,6 @@ class Job {
 
  private:
   Job() = default;
-  // Checks the built cache's shape against the first lines' and takes its
-  // skipped rows.
-  absl::Status TakeStreamShape();
 
   Config config_;
   std::unique_ptr<Topology> topology_;

@@ -16,11 +16,17 @@
 
 namespace shardwild {
 
+// A thread-count option resolved: `requested` when > 0, else one per
+// hardware thread (at least 1).
+inline int ResolveThreads(int requested) {
+  return requested > 0 ? requested : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
 // Runs fn(i) once for every i in [0, n) on up to `threads` threads (0 = one
 // per hardware thread). A thread that cannot be started leaves its share to
 // the others.
 inline void ParallelFor(int threads, int64_t n, const std::function<void(int64_t)>& fn) {
-  if (threads <= 0) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  threads = ResolveThreads(threads);
   std::atomic<int64_t> next{0};
   auto run = [&] {
     for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) fn(i);

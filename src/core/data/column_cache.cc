@@ -128,6 +128,13 @@ struct PartBuilt {
 
 std::string ColumnName(int field, const char* kind) { return absl::StrCat("f", field, ".", kind); }
 
+// "/part-00003": part k's directory under a cache directory.
+std::string PartDir(size_t k) {
+  char name[32];
+  std::snprintf(name, sizeof name, "/part-%05zu", k);
+  return name;
+}
+
 // Builds part `plan` of `path` into `dir` (created here).
 PartBuilt BuildPart(const std::string& path, Compression c, const PartPlan& plan, const std::string& csv_header,
                     const ReadOptions& read, int64_t piece_bytes, const std::string& dir) {
@@ -301,6 +308,33 @@ json ValidIndex(const std::string& dir, int64_t size, int64_t mtime, const std::
   return nullptr;
 }
 
+// Renames the built cache `tmp` to `dir`, without removing another
+// process's valid cache (is_valid(dir)): the rename fails while a directory
+// is there; a valid one (another process built the same file first: readers
+// may be opening it) is kept and `tmp` dropped (columns already open from
+// it stay readable); a stale one is moved aside, then removed. Builds of the
+// file do this one at a time (an exclusive flock on "<dir>.lock", which
+// stays), so none judges a cache stale that another is putting in place.
+void PutInPlace(const std::string& tmp, const std::string& dir, const std::function<bool(const std::string&)>& is_valid) {
+  const int lock_fd = ::open((dir + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd >= 0) {
+    while (::flock(lock_fd, LOCK_EX) != 0 && errno == EINTR) {
+    }
+  }
+  std::error_code ec;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    fs::rename(tmp, dir, ec);
+    if (!ec || is_valid(dir)) break;
+    const std::string aside = absl::StrCat(dir, ".stale.", getpid());
+    std::error_code ignored;
+    fs::remove_all(aside, ignored);
+    fs::rename(dir, aside, ignored);
+    fs::remove_all(aside, ignored);
+  }
+  if (ec) fs::remove_all(tmp, ec);
+  if (lock_fd >= 0) ::close(lock_fd);  // (releases the lock)
+}
+
 json ShapeJson(const Dataset& d) {
   json fields = json::array();
   for (const SparseField& f : d.fields) fields.push_back({{"name", f.name}, {"weighted", !f.weights.empty()}});
@@ -338,8 +372,7 @@ struct ColumnCache::Column {
 
 struct ColumnCache::Part {
   int64_t records = 0;
-  bool regression = false;
-  std::unique_ptr<Column> dense, labels;
+  std::unique_ptr<Column> dense, labels;  // labels: targets.f32 for regression labels
   std::vector<std::unique_ptr<Column>> off, ids, w;  // per field; w null when unweighted
 };
 
@@ -501,7 +534,7 @@ absl::StatusOr<std::unique_ptr<ColumnCache>> ColumnCache::Plan(const std::vector
     cache->bytes_per_record_ = expected->bytes_per_record;
   }
   if (!b.work.empty()) {
-    b.threads = read.threads > 0 ? read.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    b.threads = ResolveThreads(read.threads);
     b.stats.build_threads = std::min<int>(b.threads, static_cast<int>(b.work.size()));
   }
   cache->PublishLocked();  // what valid indexes hold, up to the first part to build
@@ -540,10 +573,9 @@ void ColumnCache::RunBuild() {
     FileJob& j = b.jobs[s.file];
     if (b.options.before_part && !b.cancel.load(std::memory_order_relaxed)) b.options.before_part(slot);
     if (!b.cancel.load(std::memory_order_relaxed)) {
-      char name[32];
-      std::snprintf(name, sizeof name, "/part-%05zu", s.part);
       try {
-        j.built[s.part] = BuildPart(j.path, j.c, j.plans[s.part], j.csv_header, b.read, b.options.piece_bytes, j.tmp + name);
+        j.built[s.part] =
+            BuildPart(j.path, j.c, j.plans[s.part], j.csv_header, b.read, b.options.piece_bytes, j.tmp + PartDir(s.part));
       } catch (const std::bad_alloc&) {
         j.built[s.part] = PartBuilt();
         j.built[s.part].error = absl::ResourceExhaustedError(
@@ -611,30 +643,7 @@ absl::Status ColumnCache::PublishSlotLocked(size_t slot) {
   json index = {{"version", kFormatVersion}, {"source", j.path},   {"source_size", j.size},
                 {"source_mtime_ns", j.mtime}, {"options", b.key},  {"parts", j.parts}};
   SW_RETURN_IF_ERROR(WriteFileAtomically(j.tmp + "/index.json", index.dump()));
-  // Into place without removing another process's valid cache: the rename
-  // fails while a directory is there; a valid one (another process built
-  // the same file first: readers may be opening it) is kept and ours
-  // dropped (the columns open here stay readable); a stale one is moved
-  // aside, then removed. Builds of the file do this one at a time (an
-  // exclusive flock on "<dir>.lock", which stays), so none judges a cache
-  // stale that another is putting in place.
-  const int lock_fd = ::open((j.dir + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock_fd >= 0) {
-    while (::flock(lock_fd, LOCK_EX) != 0 && errno == EINTR) {
-    }
-  }
-  std::error_code ec;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    fs::rename(j.tmp, j.dir, ec);
-    if (!ec || !ValidIndex(j.dir, j.size, j.mtime, b.key).is_null()) break;
-    const std::string aside = absl::StrCat(j.dir, ".stale.", getpid());
-    std::error_code ignored;
-    fs::remove_all(aside, ignored);
-    fs::rename(j.dir, aside, ignored);
-    fs::remove_all(aside, ignored);
-  }
-  if (ec) fs::remove_all(j.tmp, ec);
-  if (lock_fd >= 0) ::close(lock_fd);  // (releases the lock)
+  PutInPlace(j.tmp, j.dir, [&](const std::string& d) { return !ValidIndex(d, j.size, j.mtime, b.key).is_null(); });
   j.tmp.clear();
   j.index = ValidIndex(j.dir, j.size, j.mtime, b.key);
   if (j.index.is_null()) return absl::InvalidArgumentError(absl::StrCat(j.dir, ": the cache could not be put in place"));
@@ -680,11 +689,8 @@ absl::Status ColumnCache::AddPartLocked(size_t slot, const std::string& open_dir
     if (!b.expected) num_classes_ = std::max(num_classes_, shape.value("num_classes", 0));
     shape_.num_classes = std::max(shape_.num_classes, shape.value("num_classes", 0));
     if (shape_.dense_names.empty()) shape_.dense_names = shape.value("dense_names", std::vector<std::string>{});
-    part->regression = shape.value("regression", false);
-    char name[32];
-    std::snprintf(name, sizeof name, "/part-%05zu/", s.part);
-    const std::string dir = open_dir + name;
-    const std::string shown = j.dir + name;  // where it is once the build is over
+    const std::string dir = open_dir + PartDir(s.part) + "/";
+    const std::string shown = j.dir + PartDir(s.part) + "/";  // where it is once the build is over
     auto open = [&](const std::string& file) -> absl::StatusOr<std::unique_ptr<Column>> {
       auto c = std::make_unique<Column>();
       c->fd = ::open((dir + file).c_str(), O_RDONLY | O_CLOEXEC);
@@ -699,7 +705,7 @@ absl::Status ColumnCache::AddPartLocked(size_t slot, const std::string& open_dir
     const std::string damaged =
         absl::StrCat(shown, ": column sizes do not match the index (a damaged cache: remove ", j.dir, ")");
     SW_ASSIGN_OR_RETURN(part->dense, open("dense.f32"));
-    SW_ASSIGN_OR_RETURN(part->labels, open(part->regression ? "targets.f32" : "labels.i32"));
+    SW_ASSIGN_OR_RETURN(part->labels, open(regression_ ? "targets.f32" : "labels.i32"));
     if (part->dense->bytes != records * dense_dim * 4 || part->labels->bytes != records * 4) {
       return absl::DataLossError(damaged);
     }

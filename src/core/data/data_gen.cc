@@ -544,8 +544,8 @@ absl::StatusOr<DataGenResult> GenerateData(const DataGenOptions& options) {
   SW_ASSIGN_OR_RETURN(const Compression compression, ParseCompression(options.compress));
   const std::vector<std::string> paths = options.Paths();
   const int n = static_cast<int>(paths.size());
-  const int hw = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  const int parallel = std::min(n, options.threads > 0 ? options.threads : hw);
+  const int hw = ResolveThreads(0);
+  const int parallel = std::min(n, ResolveThreads(options.threads));
   // File i holds rows [i * rows / n, (i + 1) * rows / n): row r is drawn from
   // its own stream, so the files together are the one file of `rows` rows.
   std::vector<Tally> tallies(static_cast<size_t>(n));

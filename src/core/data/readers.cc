@@ -31,6 +31,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/io/crc32c.h"
+#include "core/base/parallel_for.h"
 #include "core/base/status.h"
 #include "core/io/atomic_file.h"
 #include "core/io/compressed.h"
@@ -1198,8 +1199,7 @@ absl::StatusOr<Dataset> ReadDataset(const std::string& path, const ReadOptions& 
     ::madvise(map, size, MADV_SEQUENTIAL);
   }
   ::close(fd);
-  const int threads = options.threads > 0 ? options.threads
-                                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int threads = ResolveThreads(options.threads);
   std::string_view bytes(static_cast<const char*>(map), size);
   const Compression compression = DetectCompression(bytes.substr(0, 4));
   st.compression = CompressionName(compression);

@@ -41,10 +41,6 @@ void PutLe32(unsigned char* p, uint32_t v) {
 
 absl::string_view AV(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
-int Threads(int requested) {
-  return requested > 0 ? requested : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-}
-
 absl::Status Damaged(std::string_view name, const char* format, uint64_t at, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(AV(name), ": ", format, ": the ", std::string_view(format) == "zstd" ? "frame" : "member",
                                                  " at byte ", at, " ", what));
@@ -641,7 +637,7 @@ absl::Status CompressedFileWriter::Append(std::string_view bytes) {
   }
   while (!bytes.empty()) {
     if (blocks_.empty() || blocks_.back().size() == options_.block_bytes) {
-      if (blocks_.size() == static_cast<size_t>(Threads(options_.threads))) SW_RETURN_IF_ERROR(Flush(false));
+      if (blocks_.size() == static_cast<size_t>(ResolveThreads(options_.threads))) SW_RETURN_IF_ERROR(Flush(false));
       blocks_.emplace_back();
       blocks_.back().reserve(options_.block_bytes);
     }

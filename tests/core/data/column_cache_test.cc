@@ -41,6 +41,15 @@ std::string Slurp(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// Criteo text with line `line` (1-based) made bad: an 'x' before its I1,
+// a non-numeric integer field.
+std::string WithBadI1(std::string text, int line) {
+  size_t at = 0;
+  for (int i = 1; i < line; ++i) at = text.find('\n', at) + 1;
+  text.insert(text.find('\t', at) + 1, "x");
+  return text;
+}
+
 // Records [a, b) of d.
 Dataset Slice(const Dataset& d, int64_t a, int64_t b) {
   Dataset s;
@@ -166,11 +175,7 @@ TEST(ColumnCacheTest, PartsReadBackAsTheFilesDo) {
 TEST(ColumnCacheTest, BadRowsAsReadDatasetReportsThem) {
   TempDir dir;
   std::vector<std::string> files = Generate(dir, "criteo", 2000, 2, "none");
-  std::string text = Slurp(files[1]);
-  size_t at = 0;
-  for (int i = 0; i < 777; ++i) at = text.find('\n', at) + 1;
-  text.insert(text.find('\t', at) + 1, "x");  // line 778: a non-numeric I1
-  files[1] = Write(dir, "bad.tsv", text);
+  files[1] = Write(dir, "bad.tsv", WithBadI1(Slurp(files[1]), 778));
   ColumnCacheOptions co;
   co.part_bytes = 15000;
   co.piece_bytes = 4096;
@@ -328,11 +333,7 @@ TEST(ColumnCacheTest, BeginReadsTheBuiltPartsWhileTheRestIsBuilt) {
 TEST(ColumnCacheTest, BeginStopsAtABadRowAndCancelsCleanly) {
   TempDir dir;
   std::vector<std::string> files = Generate(dir, "criteo", 2000, 1, "none");
-  std::string text = Slurp(files[0]);
-  size_t at = 0;
-  for (int i = 0; i < 1500; ++i) at = text.find('\n', at) + 1;
-  text.insert(text.find('\t', at) + 1, "x");  // line 1501
-  const std::string bad = Write(dir, "bad.tsv", text);
+  const std::string bad = Write(dir, "bad.tsv", WithBadI1(Slurp(files[0]), 1501));
   ReadOptions o = Opts(DataFormat::kCriteo, "");
   o.threads = 2;
   ColumnCacheOptions co;
