@@ -450,7 +450,7 @@ template <typename T>
 HWY_INLINE void EmbeddingBagForwardRows(const T* const* rows, int64_t dim, const int64_t* offsets,
                                         const float* weights, int64_t batch, Pooling pooling, float* out,
                                         int64_t out_stride) {
-  constexpr int64_t kAhead = 8;
+  constexpr int64_t kAhead = 16;
   const int64_t total = offsets[batch];
   const int64_t bytes = dim * static_cast<int64_t>(sizeof(T));
   for (int64_t b = 0; b < batch; ++b) {
@@ -472,7 +472,7 @@ template <typename T>
 HWY_INLINE void EmbeddingBagSgdRows(T* const* rows, int64_t dim, const int64_t* offsets, const float* weights,
                                     int64_t valid, Pooling pooling, const float* dout, int64_t out_stride,
                                     float scale, float lr, uint64_t seed) {
-  constexpr int64_t kAhead = 8;
+  constexpr int64_t kAhead = 16;
   const int64_t total = offsets[valid];
   const int64_t bytes = dim * static_cast<int64_t>(sizeof(T));
   for (int64_t b = 0; b < valid; ++b) {

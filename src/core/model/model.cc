@@ -729,6 +729,11 @@ bool Model::UseRowAddresses(int l, bool use) {
   return true;
 }
 
+void Model::PrefetchRowsInPlace(int l) const {
+  const LookupState& st = lookups_[l];
+  for (size_t i = 0; i < st.count; ++i) __builtin_prefetch(st.addresses[i], 1, 3);
+}
+
 void Model::ApplyRowSgd(int l, float lr) {
   const Lookup& lk = spec_.lookups[l];
   LookupState& st = lookups_[l];

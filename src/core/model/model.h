@@ -171,6 +171,12 @@ class Model {
   float** row_addresses(int l) { return lookups_[l].addresses.data(); }
   bool UseRowAddresses(int l, bool use);
   bool uses_row_addresses(int l) const { return lookups_[l].in_place; }
+  // For a lookup using row addresses: asks for the first line of each of its
+  // rows, with intent to write, all at once after the addresses are known,
+  // so that their misses overlap each other (and the bottom tower's forward)
+  // instead of landing one by one in the pooling, whose own prefetch covers
+  // the rest of a longer row. A hint only: no effect on any value.
+  void PrefetchRowsInPlace(int l) const;
   // After Backward(valid, ...), for a lookup using row addresses: rows -=
   // lr * the gradient of each of its ids (HogwildEmbeddingBagSgd), with
   // Backward's reduction.
