@@ -108,11 +108,11 @@ absl::Status Worker::PrepareRows(bool in_place_allowed) {
       if (!in_place) in_place_possible_[l] = 0;
     }
     model_->UseRowAddresses(l, in_place);
-    if (!in_place) row_pulls_.push_back(RowPull{lk.table, model_->ids(l), model_->rows(l)});
-  }
-  // The rows read in place: their lines asked for now, before the forward.
-  for (int l = 0; l < lookups; ++l) {
-    if (model_->uses_row_addresses(l)) model_->PrefetchRowsInPlace(l);
+    if (in_place) {
+      model_->PrefetchRowsInPlace(l);  // their lines asked for now, before the forward
+    } else {
+      row_pulls_.push_back(RowPull{lk.table, model_->ids(l), model_->rows(l)});
+    }
   }
   if (row_pulls_.empty()) return absl::OkStatus();
   return store_->PullRowsBatch(row_pulls_, PullMode::kInsert, &row_scratch_);

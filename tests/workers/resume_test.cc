@@ -33,6 +33,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testdata::HaveFashionMnist;
+using testdata::LoadConfigWithSets;
 using testdata::LoadDefaultConfig;
 
 using testdata::TempDir;
@@ -235,20 +236,13 @@ TEST(ResumeTest, StreamedRunCheckpointedWhileItsCacheIsBuiltResumesExactly) {
     g.out = dir.path() + "/" + name;
     ASSERT_TRUE(GenerateData(g).ok());
   }
-  std::vector<ConfigOverride> overrides;
-  for (const std::string& s :
-       {"data.train=" + dir.path() + "/cold.tsv", "data.test=" + dir.path() + "/test.tsv",
-        std::string("model.sparse.0.rows=1000"), std::string("model.bottom.0.units=32"),
-        std::string("model.layers.0.units=32"), std::string("data.cache=false"), std::string("train.pin_threads=false"),
-        std::string("train.workers=2"), std::string("train.epochs=2"), std::string("ps.update=hogwild"),
-        std::string("data.stream=true"), std::string("data.cache_part_mb=1"), std::string("data.reader_threads=1"),
-        std::string("data.records_per_task=1000"), "checkpoint.dir=" + ckpt.path(),
-        std::string("checkpoint.every_steps=4")}) {
-    absl::StatusOr<ConfigOverride> o = ParseOverride(s);
-    ASSERT_TRUE(o.ok()) << o.status();
-    overrides.push_back(*o);
-  }
-  absl::StatusOr<Config> config = LoadConfig(SHARDWILD_SOURCE_DIR "/configs/ctr_dlrm.yaml", overrides);
+  const absl::StatusOr<Config> config = LoadConfigWithSets(
+      SHARDWILD_SOURCE_DIR "/configs/ctr_dlrm.yaml",
+      {"data.train=" + dir.path() + "/cold.tsv", "data.test=" + dir.path() + "/test.tsv", "model.sparse.0.rows=1000",
+       "model.bottom.0.units=32", "model.layers.0.units=32", "data.cache=false", "train.pin_threads=false",
+       "train.workers=2", "train.epochs=2", "ps.update=hogwild", "data.stream=true", "data.cache_part_mb=1",
+       "data.reader_threads=1", "data.records_per_task=1000", "checkpoint.dir=" + ckpt.path(),
+       "checkpoint.every_steps=4"});
   ASSERT_TRUE(config.ok()) << config.status();
 
   std::mutex mu;

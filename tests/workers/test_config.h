@@ -30,15 +30,20 @@ inline bool HaveFashionMnist() {
   return true;
 }
 
-// Loads the default config with `--set`-style overrides ("key=value").
-inline absl::StatusOr<Config> LoadDefaultConfig(const std::vector<std::string>& sets) {
+// Loads the config at `path` with `--set`-style overrides ("key=value").
+inline absl::StatusOr<Config> LoadConfigWithSets(const std::string& path, const std::vector<std::string>& sets) {
   std::vector<ConfigOverride> overrides;
   for (const std::string& s : sets) {
     absl::StatusOr<ConfigOverride> o = ParseOverride(s);
     if (!o.ok()) return o.status();
     overrides.push_back(*o);
   }
-  return LoadConfig(kDefaultConfig, overrides);
+  return LoadConfig(path, overrides);
+}
+
+// The default config with `--set`-style overrides.
+inline absl::StatusOr<Config> LoadDefaultConfig(const std::vector<std::string>& sets) {
+  return LoadConfigWithSets(kDefaultConfig, sets);
 }
 
 // A scratch directory under /tmp, removed with everything in it.

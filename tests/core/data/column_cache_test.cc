@@ -147,7 +147,9 @@ TEST(ColumnCacheTest, PartsReadBackAsTheFilesDo) {
     ASSERT_TRUE(cache.ok()) << cache.status();
     EXPECT_EQ(st.files_built, c.files);
     EXPECT_EQ((*cache)->records(), whole->count);
-    if (c.compress != "zst") EXPECT_GT(st.parts, c.files) << "the splittable files were not split";
+    if (c.compress != "zst") {
+      EXPECT_GT(st.parts, c.files) << "the splittable files were not split";
+    }
     EXPECT_EQ((*cache)->shape().dense_dim, whole->dense_dim);
     EXPECT_EQ((*cache)->shape().num_classes, whole->num_classes);
     Dataset got;
