@@ -46,6 +46,13 @@ absl::Status SyncAggregator::Contribute(int worker, absl::Span<const DenseGrad> 
     }
     std::memcpy(slot + var_offset_[g.var], g.grad, var_size_[g.var] * sizeof(float));
   }
+  if (!rows.empty()) {
+    MutexLock lock(&mu_);
+    if (reducer_ != nullptr) {
+      return absl::InvalidArgumentError(
+          "sync: embedding rows cannot be summed across processes (train.strategy allreduce trains dense models)");
+    }
+  }
   for (const RowGrad& r : rows) {
     if (r.table < 0 || r.table >= static_cast<int>(table_dim_.size()) || (r.grads == nullptr && !r.ids.empty())) {
       return absl::InvalidArgumentError(
@@ -100,6 +107,28 @@ absl::Status SyncAggregator::Leave(int worker) {
   return status;
 }
 
+void SyncAggregator::set_reducer(GradientReducer* reducer) {
+  MutexLock lock(&mu_);
+  reducer_ = reducer;
+  // Room for the contribution count and the learning rates after the sum.
+  sum_.assign(slot_size_ + (reducer != nullptr ? 2 : 0), 0.0f);
+  sum_grads_.clear();
+  for (size_t v = 0; v < var_offset_.size(); ++v) {
+    sum_grads_.push_back(DenseGrad{static_cast<int>(v), sum_.data() + var_offset_[v]});
+  }
+}
+
+absl::Status SyncAggregator::PadRounds(int64_t rounds) {
+  MutexLock lock(&mu_);
+  if (reducer_ == nullptr) return absl::FailedPreconditionError("sync: PadRounds needs a reducer (allreduce)");
+  if (arrived_ != 0) return absl::FailedPreconditionError("sync: PadRounds while a round is under way");
+  for (int64_t r = 0; r < rounds; ++r) {
+    CompleteRound();
+    if (!round_status_.ok()) return round_status_;
+  }
+  return absl::OkStatus();
+}
+
 uint64_t SyncAggregator::rounds() const {
   MutexLock lock(&mu_);
   return generation_;
@@ -124,9 +153,30 @@ void SyncAggregator::CompleteRound() {
     }
     ++count;
   }
-  const float n = static_cast<float>(count);
-  for (int64_t i = 0; i < slot_size_; ++i) sum_[i] /= n;
-  round_status_ = store_->Push(sum_grads_, lr);
+  float n = static_cast<float>(count);
+  if (reducer_ != nullptr) {
+    // Across processes: the sum of every process's sum, the number of
+    // contributions and the sum of their learning rates, in one call.
+    if (count == 0 && slot_size_ > 0) std::memset(sum_.data(), 0, slot_size_ * sizeof(float));
+    sum_[slot_size_] = n;
+    sum_[slot_size_ + 1] = lr * n;
+    round_status_ = reducer_->AllreduceSum(sum_.data(), sum_.size());
+    if (!round_status_.ok()) {
+      contributed_.assign(num_workers_, 0);
+      arrived_ = 0;
+      ++generation_;
+      round_done_.SignalAll();
+      return;
+    }
+    n = sum_[slot_size_];
+    lr = n > 0 ? sum_[slot_size_ + 1] / n : 0.0f;
+  }
+  if (n == 0) {
+    round_status_ = absl::OkStatus();  // no process contributed: nothing to apply
+  } else {
+    for (int64_t i = 0; i < slot_size_; ++i) sum_[i] /= n;
+    round_status_ = store_->Push(sum_grads_, lr);
+  }
   // Each table's rows: every contributor's, in worker order, divided by the
   // number of contributors, pushed as one batch.
   for (size_t t = 0; t < table_dim_.size(); ++t) {

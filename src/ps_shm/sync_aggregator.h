@@ -49,6 +49,15 @@
 
 namespace shardwild {
 
+// Sums a buffer over the processes of a job (train.strategy allreduce:
+// net/allreduce.h, over Gloo). Every process calls it the same number of
+// times with the same sizes; each call returns the same sum on every one.
+class GradientReducer {
+ public:
+  virtual ~GradientReducer() = default;
+  virtual absl::Status AllreduceSum(float* data, size_t n) = 0;
+};
+
 class SyncAggregator {
  public:
   // Sizes the buffers from store->layout(): one slot of every variable's
@@ -85,6 +94,21 @@ class SyncAggregator {
   // Rounds completed so far (pushes made), over the aggregator's life.
   uint64_t rounds() const;
 
+  // Across processes (train.strategy allreduce): every round's sum of this
+  // process's contributions is summed with every other process's through
+  // `reducer` (not owned; set before any round), with the number of
+  // contributions and their learning rates, and the mean over all of them
+  // is pushed, so every process applies the same update. A process with
+  // nothing to contribute to a round still takes part: PadRounds. Embedding
+  // rows cannot take part (InvalidArgument from Contribute).
+  void set_reducer(GradientReducer* reducer);
+  // Takes part in `rounds` rounds with no contribution of this process (its
+  // workers' parts of the epoch ran out before the other processes'): each
+  // sums zeros with the others and pushes the mean when any process
+  // contributed. Call with every worker out of the group (between RunAll
+  // calls). The first error.
+  absl::Status PadRounds(int64_t rounds);
+
  private:
   // Sums the contributions of this round in worker order, pushes the mean,
   // and starts the next round, waking the contributors.
@@ -120,6 +144,7 @@ class SyncAggregator {
   std::vector<uint64_t> merged_ids_ ABSL_GUARDED_BY(mu_);
   std::vector<float> merged_grads_ ABSL_GUARDED_BY(mu_);
   RowScratch row_scratch_ ABSL_GUARDED_BY(mu_);
+  GradientReducer* reducer_ ABSL_GUARDED_BY(mu_) = nullptr;
   int active_ ABSL_GUARDED_BY(mu_) = 0;                 // workers in the group
   int arrived_ ABSL_GUARDED_BY(mu_) = 0;                // contributions this round
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;        // rounds completed

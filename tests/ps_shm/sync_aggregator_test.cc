@@ -407,5 +407,167 @@ TEST(SyncAggregatorTest, BadRowGradientsAreErrors) {
   EXPECT_TRUE(agg.Leave(0).ok());
 }
 
+// Processes of an allreduce job, simulated: `parties` reducers meet on one
+// barrier; each call copies its buffer in, the last to arrive sums them in
+// party order, and everyone copies the sum out. A set `fail` makes every
+// call fail (a lost peer).
+class ThreadWorld {
+ public:
+  explicit ThreadWorld(int parties) : parties_(parties), in_(parties) {}
+
+  class Reducer final : public GradientReducer {
+   public:
+    Reducer(ThreadWorld* world, int party) : world_(world), party_(party) {}
+    absl::Status AllreduceSum(float* data, size_t n) override { return world_->Sum(party_, data, n); }
+    int calls = 0;
+
+   private:
+    ThreadWorld* world_;
+    int party_;
+  };
+
+  absl::Status Sum(int party, float* data, size_t n) {
+    MutexLock lock(&mu_);
+    if (fail_) return absl::UnavailableError("peer lost");
+    in_[party].assign(data, data + n);
+    const uint64_t gen = generation_;
+    if (++arrived_ == parties_) {
+      sum_ = in_[0];
+      for (int p = 1; p < parties_; ++p) {
+        for (size_t i = 0; i < n; ++i) sum_[i] += in_[p][i];
+      }
+      arrived_ = 0;
+      ++generation_;
+      done_.SignalAll();
+    } else {
+      done_.Wait(&mu_, [this, gen]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return generation_ != gen; });
+    }
+    std::copy(sum_.begin(), sum_.end(), data);
+    return absl::OkStatus();
+  }
+  void set_fail() {
+    MutexLock lock(&mu_);
+    fail_ = true;
+  }
+
+ private:
+  const int parties_;
+  Mutex mu_;
+  CondVar done_;
+  std::vector<std::vector<float>> in_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> sum_ ABSL_GUARDED_BY(mu_);
+  int arrived_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  bool fail_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Two processes of two workers each: every round, both stores receive the
+// mean over all four contributions, with the same learning rate; a process
+// whose parts ran out pads its rounds, and the other's contributions alone
+// make the mean.
+TEST(SyncAggregatorAcrossProcesses, EveryProcessPushesTheMeanOfAll) {
+  ThreadWorld world(2);
+  ThreadWorld::Reducer ra(&world, 0), rb(&world, 1);
+  RecordingStore sa, sb;
+  SyncAggregator a(&sa, 2), b(&sb, 2);
+  a.set_reducer(&ra);
+  b.set_reducer(&rb);
+  const StoreLayout& layout = sa.layout();
+  // 3 rounds in process a (workers 0 and 1 of the job), 5 and 2 in b
+  // (workers 2 and 3, brought as b's 0 and 1 with round_offset 0): a pads
+  // rounds 4 and 5.
+  std::vector<absl::Status> sa_status, sb_status;
+  std::thread pa([&] {
+    sa_status = RunWorkers(a, layout, {3, 3});
+    const absl::Status s = a.PadRounds(2);
+    if (!s.ok()) sa_status.push_back(s);
+  });
+  std::thread pb([&] { sb_status = RunWorkers(b, layout, {5, 2}); });
+  pa.join();
+  pb.join();
+  for (const absl::Status& s : sa_status) EXPECT_TRUE(s.ok()) << s;
+  for (const absl::Status& s : sb_status) EXPECT_TRUE(s.ok()) << s;
+  const std::vector<RecordingStore::Record> ra_rec = sa.records(), rb_rec = sb.records();
+  ASSERT_EQ(ra_rec.size(), 5u);
+  ASSERT_EQ(rb_rec.size(), 5u);
+  for (size_t r = 0; r < 5; ++r) {
+    // Bit-identical in both processes.
+    EXPECT_EQ(ra_rec[r].lr, rb_rec[r].lr) << r;
+    for (size_t v = 0; v < layout.variables.size(); ++v) {
+      ASSERT_EQ(ra_rec[r].grads[v].size(), rb_rec[r].grads[v].size());
+      EXPECT_EQ(0, std::memcmp(ra_rec[r].grads[v].data(), rb_rec[r].grads[v].data(),
+                               ra_rec[r].grads[v].size() * sizeof(float)))
+          << "round " << r << " variable " << v;
+    }
+  }
+  // Rounds 0-1: four contributions (a's workers 0, 1 and b's 0, 1); mean of
+  // the per-process sums. Round 2: three (b's worker 1 is out). Rounds 3-4:
+  // b's worker 0 alone.
+  auto contributions = [](int r) -> std::vector<std::pair<int, int>> {  // (process, worker)
+    if (r < 2) return {{0, 0}, {0, 1}, {1, 0}, {1, 1}};
+    if (r == 2) return {{0, 0}, {0, 1}, {1, 0}};
+    return {{1, 0}};
+  };
+  for (int r = 0; r < 5; ++r) {
+    const auto who = contributions(r);
+    float lr_sum = 0;
+    for (int v = 0; v < static_cast<int>(layout.variables.size()); ++v) {
+      const int64_t n = layout.variables[v].size();
+      std::vector<float> pa_sum(n, 0.0f), pb_sum(n, 0.0f);
+      bool any_a = false, any_b = false;
+      for (const auto& [p, w] : who) {
+        const std::vector<float> g = Gradient(w, r, v, n);
+        std::vector<float>& sum = p == 0 ? pa_sum : pb_sum;
+        bool& any = p == 0 ? any_a : any_b;
+        for (int64_t i = 0; i < n; ++i) sum[i] = any ? sum[i] + g[i] : g[i];
+        any = true;
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        const float expect = (pa_sum[i] + pb_sum[i]) / static_cast<float>(who.size());
+        EXPECT_EQ(ra_rec[r].grads[v][i], expect) << "round " << r << " variable " << v << " index " << i;
+      }
+    }
+    // Each process brings lr * (its contributions), with the lowest worker's
+    // lr (0.1 for worker 0; b's worker 1 alone in no round).
+    int in_a = 0, in_b = 0;
+    for (const auto& [p, w] : who) (p == 0 ? in_a : in_b) += 1;
+    lr_sum = 0.1f * static_cast<float>(in_a) + 0.1f * static_cast<float>(in_b);
+    EXPECT_FLOAT_EQ(ra_rec[r].lr, lr_sum / static_cast<float>(who.size())) << r;
+  }
+}
+
+TEST(SyncAggregatorAcrossProcesses, NobodyContributingPushesNothingAndErrorsReachEveryone) {
+  ThreadWorld world(2);
+  ThreadWorld::Reducer ra(&world, 0), rb(&world, 1);
+  RecordingStore sa, sb;
+  SyncAggregator a(&sa, 1), b(&sb, 1);
+  a.set_reducer(&ra);
+  b.set_reducer(&rb);
+  absl::Status sa_pad, sb_pad;
+  std::thread t([&] { sa_pad = a.PadRounds(3); });
+  sb_pad = b.PadRounds(3);
+  t.join();
+  EXPECT_TRUE(sa_pad.ok()) << sa_pad;
+  EXPECT_TRUE(sb_pad.ok()) << sb_pad;
+  EXPECT_TRUE(sa.records().empty());
+  EXPECT_TRUE(sb.records().empty());
+  EXPECT_EQ(a.rounds(), 3u);
+  // Rows cannot be summed across processes.
+  std::vector<float> g0(6), g1(5);
+  const DenseGrad grads[2] = {{0, g0.data()}, {1, g1.data()}};
+  const std::vector<uint64_t> ids = {1};
+  const RowGrad rows[1] = {{0, ids, g0.data()}};
+  EXPECT_EQ(a.Contribute(0, grads, 0.1f, rows, 0.1f).code(), absl::StatusCode::kInvalidArgument);
+  // A lost peer: the round fails for its contributor, and pads fail too.
+  world.set_fail();
+  EXPECT_EQ(a.Contribute(0, grads, 0.1f).code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(a.Leave(0).ok());
+  EXPECT_EQ(b.PadRounds(1).code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(sa.records().empty());
+  // Without a reducer there is nothing to pad with.
+  SyncAggregator c(&sa, 1);
+  EXPECT_EQ(c.PadRounds(1).code(), absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace shardwild
