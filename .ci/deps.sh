@@ -3,13 +3,13 @@
 # Usage: .ci/deps.sh [--sanitizers]
 set -euo pipefail
 
-pkgs=(build-essential cmake pkg-config ninja-build g++ python3
+pkgs=(build-essential cmake pkg-config ninja-build g++ python3 libgloo-dev openmpi-bin
       libdnnl-dev libhwy-dev libtbb-dev libhwloc-dev hwloc libeigen3-dev libabsl-dev
       libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev zlib1g-dev libzstd-dev zstd
       libgtest-dev libgmock-dev googletest libbenchmark-dev nlohmann-json3-dev
       opencl-headers ocl-icd-opencl-dev dataset-fashion-mnist
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libcpp-httplib-dev
-      python3-matplotlib python3-numpy chromium
+      python3-matplotlib python3-numpy python3-yaml chromium
       python3-dev pybind11-dev python3-pytest python3-torch libopenblas0-pthread)
 # (python3-matplotlib draws `bench sweep`'s report; its tests render the page in headless chromium.)
 # (pybind11-dev and python3-dev build the Python package; python3-pytest runs its

@@ -14,9 +14,11 @@
 //   shardwild cluster-info CONFIG [--cluster FILE] [--task-type T] [--task-index N] [--set key=value]... [--json]
 //   shardwild serve CONFIG [--cluster FILE] [--task-type T] [--task-index N] [--set key=value]...
 //
-// `train` with a cluster spec (TF_CONFIG, --cluster FILE, or the task flags)
-// runs the chief of a cluster; `serve` runs its ps, worker and evaluator
-// tasks (README, "Clusters").
+// `train` with a cluster spec (TF_CONFIG, --cluster FILE, the task flags,
+// or the variables of srun and mpirun: net/launch_env.h) runs this
+// process's task: the chief trains and the other roles serve, or with
+// train.strategy allreduce every rank trains (net/allreduce_task.h);
+// `serve` runs a ps, worker or evaluator task (README, "Clusters").
 //   shardwild --version
 //
 // Every error is one line on stderr ("shardwild: error: ...") and a non-zero
@@ -56,6 +58,7 @@
 #include "core/io/atomic_file.h"
 #include "core/base/mutex.h"
 #include "net/chief_task.h"
+#include "net/allreduce_task.h"
 #include "net/cluster_setup.h"
 #include "net/cluster_spec.h"
 #include "net/grpc_util.h"
@@ -111,7 +114,7 @@ absl::StatusOr<Config> LoadWithOverrides(const std::string& path, const std::vec
 }
 
 // The end of `train`: the result line and, with --json, the summary.
-void PrintTrainSummary(const TrainSummary& s, Job& job, bool as_json) {
+void PrintTrainSummary(const TrainSummary& s, Job& job, bool as_json, const json* extra_json = nullptr) {
   std::string extra;  // ", auc 0.7712, ..." for the metrics the head adds
   for (const auto& [name, value] : s.test_metrics) absl::StrAppendFormat(&extra, ", %s %.4f", name.substr(5), value);
   if (s.already_complete && s.test_accuracy) {
@@ -128,15 +131,25 @@ void PrintTrainSummary(const TrainSummary& s, Job& job, bool as_json) {
     std::printf("done: %d epochs, train loss %.4f, %.0f samples/s, %.1f s\n", s.epochs, s.train_loss,
                 s.samples_per_s, s.wall_s);
   }
-  if (as_json) std::printf("%s\n", TrainSummaryJson(s, job).dump().c_str());
+  if (as_json) {
+    json j = TrainSummaryJson(s, job);
+    if (extra_json != nullptr) j.update(*extra_json);
+    std::printf("%s\n", j.dump().c_str());
+  }
+}
+
+// The cluster sources of a command, completed with what the config says
+// about launchers (train.strategy, cluster.launcher and the keys it uses).
+ClusterSpecSources WithConfig(ClusterSpecSources sources, const Config& config) {
+  sources.strategy = config.train.strategy;
+  sources.options = config.cluster;
+  return sources;
 }
 
 // Whether the command runs as a task of a cluster: a spec from TF_CONFIG,
-// --cluster FILE or the task flags.
-bool IsCluster(const ClusterSpecSources& sources) {
-  return !sources.cluster_file.empty() || sources.tf_config.has_value() || sources.task_type.has_value() ||
-         sources.task_index.has_value();
-}
+// --cluster FILE, the task flags, or a Slurm or Open MPI world of several
+// ranks (net/launch_env.h).
+absl::StatusOr<bool> IsCluster(const ClusterSpecSources& sources) { return HasClusterSource(sources); }
 
 // The live metrics of `train` (metrics.port; workers/live_metrics.h), the
 // chief's: listening before the data loads, so that a port in use is an
@@ -149,9 +162,8 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> ServeChiefMetrics(const Config& c
 }
 
 // `train` on a cluster: this process is its chief (net/chief_task.h).
-int TrainChief(const Config& config, const ClusterSpecSources& sources, bool as_json, bool fresh) {
-  absl::StatusOr<ClusterSpec> spec = ResolveClusterSpec(sources);
-  if (!spec.ok()) return Fail(spec.status());
+int TrainChief(const Config& config, const ClusterSpec& spec_in, bool as_json, bool fresh) {
+  const ClusterSpec* const spec = &spec_in;
   if (!spec->task) {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat(spec->source, ": task: no task given; `shardwild train` on a cluster runs task chief:0")));
@@ -177,11 +189,73 @@ int TrainChief(const Config& config, const ClusterSpecSources& sources, bool as_
   return 0;
 }
 
+int ServeTask(const std::string& path, const std::vector<std::string>& sets, const Config& config,
+              const ClusterSpec& spec);
+
+// `train` as a rank of a train.strategy allreduce job (net/allreduce_task.h).
+int TrainAllreduce(const Config& config, const ClusterSpec& spec, bool as_json, bool fresh) {
+  LiveMetrics live(MetricsRole::kChief);
+  std::unique_ptr<MetricsServer> metrics_server;
+  const std::optional<int> rank = spec.task ? AllreduceRankOf(spec, *spec.task) : std::nullopt;
+  if (rank == 0) {  // one rank serves the live metrics (the others would want the same port)
+    absl::StatusOr<std::unique_ptr<MetricsServer>> m = ServeChiefMetrics(config, live);
+    if (!m.ok()) return Fail(m.status());
+    metrics_server = *std::move(m);
+  }
+  absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(config);
+  if (!job.ok()) return Fail(job.status());
+  const Placement& p = (*job)->placement();
+  std::printf("shardwild %s: training %s with train.strategy allreduce, %d workers x %d threads on this rank\n",
+              SHARDWILD_VERSION, config.source.c_str(), p.num_workers, p.threads_per_worker);
+  std::fflush(stdout);
+  ProgressReporter progress = ProgressReporter::ForStream(stdout);
+  TrainRunOptions run;
+  run.fresh = fresh;
+  if (rank == 0) run.live_metrics = &live;
+  AllreduceStats stats;
+  absl::StatusOr<TrainSummary> s = RunAllreduceRank(**job, spec, progress, run, &stats);
+  if (!s.ok()) return Fail(s.status());
+  const double bytes_per_s = stats.collective_s > 0 ? stats.payload_bytes / stats.collective_s : 0;
+  std::printf("allreduce: rank %d of %d trained %ld of the job's %ld records; %lu collectives summed %.1f MiB in "
+              "%.2f s (%.1f MB/s); parameters identical on every rank (fingerprint %016lx)\n",
+              stats.rank, stats.world, static_cast<long>(stats.local_records), static_cast<long>(s->records_seen),
+              static_cast<unsigned long>(stats.collectives), stats.payload_bytes / 1048576.0, stats.collective_s,
+              bytes_per_s / 1e6, static_cast<unsigned long>(stats.params_fingerprint));
+  const json extra = {{"allreduce",
+                       {{"rank", stats.rank},
+                        {"world", stats.world},
+                        {"source", spec.source},
+                        {"rendezvous", spec.rendezvous ? spec.rendezvous->ToString() : std::string()},
+                        {"local_records", stats.local_records},
+                        {"collectives", stats.collectives},
+                        {"payload_bytes", stats.payload_bytes},
+                        {"collective_s", stats.collective_s},
+                        {"payload_bytes_per_s", bytes_per_s},
+                        {"params_fingerprint", absl::StrFormat("%016x", stats.params_fingerprint)}}}};
+  PrintTrainSummary(*s, **job, as_json, &extra);
+  return 0;
+}
+
+// `train` as a task of a cluster. Started by a launcher, every rank runs
+// `train`: the chief trains, the other roles serve (as `serve` would), and
+// with train.strategy allreduce every rank trains (net/allreduce_task.h).
+int TrainInCluster(const std::string& path, const std::vector<std::string>& sets, const Config& config,
+                   const ClusterSpecSources& sources, bool as_json, bool fresh) {
+  absl::StatusOr<ClusterSpec> spec = ResolveClusterSpec(sources);
+  if (!spec.ok()) return Fail(spec.status());
+  if (config.train.strategy == TrainStrategy::kAllreduce) return TrainAllreduce(config, *spec, as_json, fresh);
+  if (spec->task && spec->task->type != Role::kChief) return ServeTask(path, sets, config, *spec);
+  return TrainChief(config, *spec, as_json, fresh);
+}
+
 int Train(const std::string& path, const std::vector<std::string>& sets, bool as_json, bool fresh,
           const std::vector<std::string>& worker_args, const ClusterSpecSources& cluster) {
   absl::StatusOr<Config> config = LoadWithOverrides(path, sets);
   if (!config.ok()) return Fail(config.status());
-  if (IsCluster(cluster)) return TrainChief(*config, cluster, as_json, fresh);
+  const ClusterSpecSources sources = WithConfig(cluster, *config);
+  absl::StatusOr<bool> in_cluster = IsCluster(sources);
+  if (!in_cluster.ok()) return Fail(in_cluster.status());
+  if (*in_cluster) return TrainInCluster(path, sets, *config, sources, as_json, fresh);
   LiveMetrics live(MetricsRole::kChief);
   absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server = ServeChiefMetrics(*config, live);
   if (!metrics_server.ok()) return Fail(metrics_server.status());
@@ -368,6 +442,43 @@ json MachineJson(const Topology& t) {
           {"hostname", host}};
 }
 
+// `bench` as a rank of a train.strategy allreduce job: the collective of
+// the model's dense gradient against the same run's loopback TCP bandwidth.
+int BenchAllreduce(const Config& config, const ClusterSpec& spec, bool as_json) {
+  absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(config);
+  if (!job.ok()) return Fail(job.status());
+  int64_t floats = 0;
+  for (const VariableSpec& v : (*job)->param_store().layout().variables) floats += v.size();
+  floats += 2;  // a round also sums the contribution count and learning rates
+  const int64_t iterations = std::max<int64_t>(config.bench.steps, 1);
+  ProgressReporter progress = ProgressReporter::ForStream(stdout);
+  absl::StatusOr<AllreduceBench> b = RunAllreduceBench(config, spec, floats, iterations, progress);
+  if (!b.ok()) return Fail(b.status());
+  const double ratio = b->tcp_loopback_bytes_per_s > 0 ? b->bus_bytes_per_s / b->tcp_loopback_bytes_per_s : 0;
+  std::printf("allreduce bench: rank %d of %d, %ld floats (%.2f MiB) x %ld calls in %.3f s: %.3f ms per call, "
+              "algorithm %.1f MB/s, bus %.1f MB/s = %.3f of the same-run loopback TCP %.1f MB/s\n",
+              b->rank, b->world, static_cast<long>(b->floats), b->floats * 4.0 / 1048576.0,
+              static_cast<long>(b->iterations), b->seconds, 1e3 * b->seconds / b->iterations,
+              b->algorithm_bytes_per_s / 1e6, b->bus_bytes_per_s / 1e6, ratio, b->tcp_loopback_bytes_per_s / 1e6);
+  if (as_json) {
+    const json j = {{"strategy", "allreduce"},
+                    {"rank", b->rank},
+                    {"world", b->world},
+                    {"source", spec.source},
+                    {"floats", b->floats},
+                    {"payload_bytes", b->floats * 4},
+                    {"iterations", b->iterations},
+                    {"seconds", b->seconds},
+                    {"ms_per_call", 1e3 * b->seconds / b->iterations},
+                    {"algorithm_bytes_per_s", b->algorithm_bytes_per_s},
+                    {"bus_bytes_per_s", b->bus_bytes_per_s},
+                    {"tcp_loopback_bytes_per_s", b->tcp_loopback_bytes_per_s},
+                    {"bus_fraction_of_tcp", ratio}};
+    std::printf("%s\n", j.dump().c_str());
+  }
+  return 0;
+}
+
 int Bench(const std::string& path, const std::vector<std::string>& sets, bool as_json,
           const ClusterSpecSources& cluster) {
   absl::StatusOr<Config> config = LoadWithOverrides(path, sets);
@@ -379,9 +490,13 @@ int Bench(const std::string& path, const std::vector<std::string>& sets, bool as
   std::string where;
   if (absl::Status s = CheckBenchConfig(*config); !s.ok()) return Fail(s);
   JobOptions jo;
-  if (IsCluster(cluster)) {
-    absl::StatusOr<ClusterSpec> spec = ResolveClusterSpec(cluster);
+  const ClusterSpecSources sources = WithConfig(cluster, *config);
+  absl::StatusOr<bool> in_cluster = IsCluster(sources);
+  if (!in_cluster.ok()) return Fail(in_cluster.status());
+  if (*in_cluster) {
+    absl::StatusOr<ClusterSpec> spec = ResolveClusterSpec(sources);
     if (!spec.ok()) return Fail(spec.status());
+    if (config->train.strategy == TrainStrategy::kAllreduce) return BenchAllreduce(*config, *spec, as_json);
     if (!spec->task || spec->task->type != Role::kWorker) {
       return Fail(absl::InvalidArgumentError(absl::StrCat(
           spec->source, ": task.type: `shardwild bench` on a cluster runs as a worker task (its machine's steps "
@@ -731,13 +846,65 @@ int GenerateDataCommand(const DataGenOptions& options, bool as_json) {
   return 0;
 }
 
+// `cluster-info` with train.strategy allreduce: the ranks, this one, and
+// where they meet.
+int AllreduceInfo(const Config& config, const ClusterSpec& spec, bool as_json) {
+  const int world = AllreduceWorldSize(spec);
+  const std::optional<int> rank = spec.task ? AllreduceRankOf(spec, *spec.task) : std::nullopt;
+  auto address_of = [&](int r) {
+    const HostPort& hp = spec.address(AllreduceTaskOfRank(spec, r));
+    return hp.host.empty() ? absl::StrCat("(host unknown):", hp.port) : hp.ToString();
+  };
+  const std::string rendezvous = spec.rendezvous ? spec.rendezvous->ToString() : std::string();
+  if (as_json) {
+    json ranks = json::array();
+    for (int r = 0; r < world; ++r) {
+      ranks.push_back({{"rank", r}, {"task", AllreduceTaskOfRank(spec, r).ToString()}, {"address", address_of(r)}});
+    }
+    json j = {{"source", spec.source},
+              {"strategy", "allreduce"},
+              {"world", world},
+              {"rank", rank ? json(*rank) : json(nullptr)},
+              {"task", spec.task ? json(spec.task->ToString()) : json(nullptr)},
+              {"rendezvous", rendezvous},
+              {"ranks", ranks},
+              {"collective_timeout_s", config.cluster.collective_timeout_s},
+              {"allreduce_algorithm",
+               config.cluster.allreduce_algorithm == CollectiveAlgorithm::kRing ? "ring" : "halving_doubling"},
+              {"security",
+               {{"bind_host", config.cluster.bind_host},
+                {"token", !config.cluster.token_file.empty()},
+                {"tls", !config.cluster.tls_cert_file.empty()}}}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("cluster (from %s): train.strategy allreduce, %d rank%s meeting at %s\n", spec.source.c_str(), world,
+              world == 1 ? "" : "s", rendezvous.c_str());
+  for (int r = 0; r < world; ++r) {
+    std::printf("  rank %-4d %-10s %s\n", r, AllreduceTaskOfRank(spec, r).ToString().c_str(), address_of(r).c_str());
+  }
+  if (spec.task && rank) {
+    std::printf("this task: %s, rank %d of %d%s\n", spec.task->ToString().c_str(), *rank, world,
+                *rank == 0 ? " (serves the rendezvous)" : "");
+  } else if (spec.task) {
+    std::printf("this task: %s, not a rank (the chief and the worker tasks are)\n", spec.task->ToString().c_str());
+  } else {
+    std::printf("this task: none given\n");
+  }
+  std::printf("collectives: Gloo %s allreduce over TCP (cluster.allreduce_algorithm), deadline %g s "
+              "(cluster.collective_timeout_s)\n",
+              config.cluster.allreduce_algorithm == CollectiveAlgorithm::kRing ? "ring" : "halving-doubling",
+              config.cluster.collective_timeout_s);
+  return 0;
+}
+
 // `cluster-info`: the resolved cluster spec, this task's role, the shard
 // map over the ps tasks, and the security settings a ps task would serve with.
 int ClusterInfo(const std::string& path, const std::vector<std::string>& sets, const ClusterSpecSources& sources,
                 bool as_json) {
   absl::StatusOr<Config> config = LoadWithOverrides(path, sets);
   if (!config.ok()) return Fail(config.status());
-  absl::StatusOr<ClusterSpec> spec = ResolveClusterSpec(sources);
+  absl::StatusOr<ClusterSpec> spec = ResolveClusterSpec(WithConfig(sources, *config));
   if (!spec.ok()) return Fail(spec.status());
   const ClusterOptions& net = config->cluster;
   if (!IsLoopbackHost(net.bind_host) && net.token_file.empty()) {
@@ -745,6 +912,7 @@ int ClusterInfo(const std::string& path, const std::vector<std::string>& sets, c
         path, ": cluster.bind_host: ", net.bind_host,
         " is not a loopback address, so ps servers would be reachable from other machines: set cluster.token_file")));
   }
+  if (config->train.strategy == TrainStrategy::kAllreduce) return AllreduceInfo(*config, *spec, as_json);
   const int num_ps = spec->num_tasks(Role::kPs);
   absl::StatusOr<int> shards = ClusterShards(*config, *spec);  // ps.shards auto = one shard per ps task
   if (!shards.ok()) return Fail(shards.status());
@@ -847,11 +1015,21 @@ void OnStopSignal(int /*sig*/) { g_stop.store(true, std::memory_order_relaxed); 
 // `serve`: a ps, worker or evaluator task of a cluster (net/ps_task.h,
 // net/worker_task.h, and for the evaluator `eval --watch`). Its lines go to
 // stdout.
+int ServeTask(const std::string& path, const std::vector<std::string>& sets, const Config& config,
+              const ClusterSpec& spec);
+
 int Serve(const std::string& path, const std::vector<std::string>& sets, const ClusterSpecSources& sources) {
   absl::StatusOr<Config> config = LoadWithOverrides(path, sets);
   if (!config.ok()) return Fail(config.status());
-  absl::StatusOr<ClusterSpec> spec = ResolveClusterSpec(sources);
+  absl::StatusOr<ClusterSpec> spec = ResolveClusterSpec(WithConfig(sources, *config));
   if (!spec.ok()) return Fail(spec.status());
+  return ServeTask(path, sets, *config, *spec);
+}
+
+int ServeTask(const std::string& path, const std::vector<std::string>& sets, const Config& cfg,
+              const ClusterSpec& spec_in) {
+  const Config* const config = &cfg;
+  const ClusterSpec* const spec = &spec_in;
   if (!spec->task) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
         spec->source, ": task: no task given; say which with task.type/task.index, or --task-type/--task-index")));
@@ -1115,8 +1293,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "shardwild: error: %s (run with --help for usage)\n", e.what());
     return e.get_exit_code();
   }
-  // TF_CONFIG is read here, at the edge, and passed down as a string; the
-  // task flags win over it.
+  // TF_CONFIG and the launchers' variables are read here, at the edge, and
+  // passed down; the task flags win over them.
+  cluster_sources.env = LaunchEnv::FromEnviron();
   if (const char* tf_config = std::getenv("TF_CONFIG"); tf_config != nullptr && *tf_config != '\0') {
     cluster_sources.tf_config = tf_config;
   }

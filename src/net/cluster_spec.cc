@@ -3,6 +3,8 @@
 #include <arpa/inet.h>
 
 #include <cerrno>
+#include <cstdlib>
+#include <initializer_list>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -16,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/base/status.h"
+#include "net/launch_env.h"
 
 namespace shardwild {
 namespace {
@@ -246,7 +249,8 @@ absl::StatusOr<HostPort> ParseHostPort(std::string_view text) {
 
 std::string TaskId::ToString() const { return absl::StrCat(RoleName(type), ":", index); }
 
-absl::StatusOr<ClusterSpec> ParseClusterSpec(std::string_view text, const std::string& source) {
+absl::StatusOr<ClusterSpec> ParseClusterSpec(std::string_view text, const std::string& source,
+                                             TrainStrategy strategy) {
   DuplicateKeyFinder dups;
   json root;
   try {
@@ -289,15 +293,26 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(std::string_view text, const std::s
       }
     }
   }
-  if (spec.num_tasks(Role::kChief) == 0) {
-    return Bad(source, "cluster.chief", "missing (a cluster needs exactly one chief)");
-  }
-  if (spec.num_tasks(Role::kChief) > 1) {
-    return Bad(source, "cluster.chief",
-               absl::StrCat("expected exactly one chief, got ", spec.num_tasks(Role::kChief)));
-  }
-  if (spec.num_tasks(Role::kPs) == 0) {
-    return Bad(source, "cluster.ps", "missing (a cluster needs at least one ps task to hold the shards)");
+  if (strategy == TrainStrategy::kAllreduce) {
+    if (spec.num_tasks(Role::kChief) > 1) {
+      return Bad(source, "cluster.chief",
+                 absl::StrCat("expected at most one chief, got ", spec.num_tasks(Role::kChief)));
+    }
+    if (AllreduceWorldSize(spec) == 0) {
+      return Bad(source, "cluster.worker",
+                 "missing (train.strategy allreduce trains on the chief and the worker tasks: give at least one)");
+    }
+  } else {
+    if (spec.num_tasks(Role::kChief) == 0) {
+      return Bad(source, "cluster.chief", "missing (a cluster needs exactly one chief)");
+    }
+    if (spec.num_tasks(Role::kChief) > 1) {
+      return Bad(source, "cluster.chief",
+                 absl::StrCat("expected exactly one chief, got ", spec.num_tasks(Role::kChief)));
+    }
+    if (spec.num_tasks(Role::kPs) == 0) {
+      return Bad(source, "cluster.ps", "missing (a cluster needs at least one ps task to hold the shards)");
+    }
   }
   auto task = root.find("task");
   if (task != root.end() && !task->is_null()) {
@@ -327,6 +342,88 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(std::string_view text, const std::s
   return spec;
 }
 
+int AllreduceWorldSize(const ClusterSpec& spec) {
+  return spec.num_tasks(Role::kChief) + spec.num_tasks(Role::kWorker);
+}
+
+std::optional<int> AllreduceRankOf(const ClusterSpec& spec, const TaskId& task) {
+  if (task.type == Role::kChief) return task.index;
+  if (task.type == Role::kWorker) return spec.num_tasks(Role::kChief) + task.index;
+  return std::nullopt;
+}
+
+TaskId AllreduceTaskOfRank(const ClusterSpec& spec, int rank) {
+  const int chiefs = spec.num_tasks(Role::kChief);
+  return rank < chiefs ? TaskId{Role::kChief, rank} : TaskId{Role::kWorker, rank - chiefs};
+}
+
+LaunchEnv LaunchEnv::FromEnviron() {
+  auto get = [](std::initializer_list<const char*> names) -> std::optional<std::string> {
+    for (const char* name : names) {
+      if (const char* v = std::getenv(name); v != nullptr && *v != '\0') return std::string(v);
+    }
+    return std::nullopt;
+  };
+  LaunchEnv e;
+  e.slurm_procid = get({"SLURM_PROCID"});
+  e.slurm_ntasks = get({"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"});
+  e.slurm_nodelist = get({"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"});
+  e.slurm_tasks_per_node = get({"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"});
+  e.ompi_rank = get({"OMPI_COMM_WORLD_RANK"});
+  e.ompi_size = get({"OMPI_COMM_WORLD_SIZE"});
+  e.ompi_local_size = get({"OMPI_COMM_WORLD_LOCAL_SIZE"});
+  return e;
+}
+
+namespace {
+
+// The launcher world `sources` allow and give, if any.
+absl::StatusOr<std::optional<LaunchWorld>> LauncherWorld(const ClusterSpecSources& sources) {
+  const ClusterLauncher l = sources.options.launcher;
+  if (l == ClusterLauncher::kAuto || l == ClusterLauncher::kSlurm) {
+    SW_ASSIGN_OR_RETURN(std::optional<LaunchWorld> w, SlurmWorld(sources.env));
+    if (w || l == ClusterLauncher::kSlurm) return w;
+  }
+  if (l == ClusterLauncher::kAuto || l == ClusterLauncher::kMpi) return MpiWorld(sources.env);
+  return std::optional<LaunchWorld>();
+}
+
+bool TfConfigAllowed(const ClusterSpecSources& sources) {
+  return sources.options.launcher == ClusterLauncher::kAuto || sources.options.launcher == ClusterLauncher::kTfConfig;
+}
+
+// With strategy allreduce: cluster.rendezvous, else rank 0's address.
+absl::Status SetRendezvous(const ClusterSpecSources& sources, ClusterSpec* spec) {
+  if (sources.strategy != TrainStrategy::kAllreduce) return absl::OkStatus();
+  if (!sources.options.rendezvous.empty()) {
+    absl::StatusOr<HostPort> hp = ParseHostPort(sources.options.rendezvous);
+    if (!hp.ok()) return absl::InvalidArgumentError(absl::StrCat("cluster.rendezvous: ", hp.status().message()));
+    spec->rendezvous = *hp;
+    return absl::OkStatus();
+  }
+  if (spec->rendezvous) return absl::OkStatus();  // the launcher's
+  if (AllreduceWorldSize(*spec) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(spec->source, ": cluster.worker: no ranks to meet"));
+  }
+  const HostPort& first = spec->address(AllreduceTaskOfRank(*spec, 0));
+  if (first.host.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cluster.rendezvous: missing: ", spec->source,
+        " does not say which host rank 0 is on; set cluster.rendezvous to host:port of rank 0's host"));
+  }
+  spec->rendezvous = first;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<bool> HasClusterSource(const ClusterSpecSources& sources) {
+  if (!sources.cluster_file.empty() || sources.task_type || sources.task_index) return true;
+  if (sources.tf_config && !sources.tf_config->empty() && TfConfigAllowed(sources)) return true;
+  SW_ASSIGN_OR_RETURN(std::optional<LaunchWorld> w, LauncherWorld(sources));
+  return w.has_value();
+}
+
 absl::StatusOr<ClusterSpec> ResolveClusterSpec(const ClusterSpecSources& sources) {
   ClusterSpec spec;
   if (!sources.cluster_file.empty()) {
@@ -337,13 +434,22 @@ absl::StatusOr<ClusterSpec> ResolveClusterSpec(const ClusterSpecSources& sources
     }
     std::stringstream ss;
     ss << in.rdbuf();
-    SW_ASSIGN_OR_RETURN(spec, ParseClusterSpec(ss.str(), sources.cluster_file));
-  } else if (sources.tf_config && !sources.tf_config->empty()) {
-    SW_ASSIGN_OR_RETURN(spec, ParseClusterSpec(*sources.tf_config, "TF_CONFIG"));
+    SW_ASSIGN_OR_RETURN(spec, ParseClusterSpec(ss.str(), sources.cluster_file, sources.strategy));
+  } else if (sources.tf_config && !sources.tf_config->empty() && TfConfigAllowed(sources)) {
+    SW_ASSIGN_OR_RETURN(spec, ParseClusterSpec(*sources.tf_config, "TF_CONFIG", sources.strategy));
   } else {
-    return absl::NotFoundError(
-        "no cluster spec: give --cluster FILE or set TF_CONFIG to the TF_CONFIG JSON "
-        "({\"cluster\": {\"chief\": [...], \"ps\": [...], ...}, \"task\": {...}})");
+    SW_ASSIGN_OR_RETURN(std::optional<LaunchWorld> world, LauncherWorld(sources));
+    if (!world) {
+      return absl::NotFoundError(
+          "no cluster spec: give --cluster FILE, set TF_CONFIG to the TF_CONFIG JSON "
+          "({\"cluster\": {\"chief\": [...], \"ps\": [...], ...}, \"task\": {...}}), or start the tasks with "
+          "srun or mpirun");
+    }
+    SW_ASSIGN_OR_RETURN(spec, ClusterSpecOfWorld(*world, sources.strategy, sources.options));
+  }
+  if (!sources.task_type && !sources.task_index) {
+    SW_RETURN_IF_ERROR(SetRendezvous(sources, &spec));
+    return spec;
   }
   if (!sources.task_type && !sources.task_index) return spec;
   TaskId id;
@@ -368,6 +474,7 @@ absl::StatusOr<ClusterSpec> ResolveClusterSpec(const ClusterSpecSources& sources
   }
   SW_RETURN_IF_ERROR(CheckTask(spec, id, type_where, index_where));
   spec.task = id;
+  SW_RETURN_IF_ERROR(SetRendezvous(sources, &spec));
   return spec;
 }
 

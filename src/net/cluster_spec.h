@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/config/options.h"
 
 namespace shardwild {
 
@@ -79,8 +80,12 @@ struct ClusterSpec {
   // This process's task; nullopt when the spec gives none (cluster-info can
   // still print the cluster).
   std::optional<TaskId> task;
-  // Where the spec came from, for messages: a file path or "TF_CONFIG".
+  // Where the spec came from, for messages: a file path, "TF_CONFIG",
+  // "Slurm" or "Open MPI" (launch_env.h).
   std::string source;
+  // train.strategy allreduce: where the ranks meet (cluster.rendezvous, or
+  // rank 0's address); nullopt with strategy ps.
+  std::optional<HostPort> rendezvous;
 
   int num_tasks(Role t) const { return static_cast<int>(tasks[static_cast<int>(t)].size()); }
   // The address of `id`, which must be in range.
@@ -88,8 +93,33 @@ struct ClusterSpec {
 };
 
 // Parses TF_CONFIG JSON `text`; `source` names it in messages (a path, or
-// "TF_CONFIG"). Checks every rule above.
-absl::StatusOr<ClusterSpec> ParseClusterSpec(std::string_view text, const std::string& source);
+// "TF_CONFIG"). Checks every rule above; with `strategy` allreduce the
+// chief is optional (at most one) and ps tasks too, but the cluster needs a
+// chief or a worker.
+absl::StatusOr<ClusterSpec> ParseClusterSpec(std::string_view text, const std::string& source,
+                                             TrainStrategy strategy = TrainStrategy::kPs);
+
+// train.strategy allreduce: the ranks of a cluster are its chief (if any),
+// then its worker tasks in index order. AllreduceRankOf is nullopt for a
+// task of another role (ps, evaluator).
+int AllreduceWorldSize(const ClusterSpec& spec);
+std::optional<int> AllreduceRankOf(const ClusterSpec& spec, const TaskId& task);
+TaskId AllreduceTaskOfRank(const ClusterSpec& spec, int rank);
+
+// The launchers' variables (launch_env.h), each as set (nullopt = unset).
+struct LaunchEnv {
+  std::optional<std::string> slurm_procid;          // SLURM_PROCID
+  std::optional<std::string> slurm_ntasks;          // SLURM_STEP_NUM_TASKS, else SLURM_NTASKS
+  std::optional<std::string> slurm_nodelist;        // SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST
+  std::optional<std::string> slurm_tasks_per_node;  // SLURM_STEP_TASKS_PER_NODE, else SLURM_TASKS_PER_NODE
+  std::optional<std::string> ompi_rank;             // OMPI_COMM_WORLD_RANK
+  std::optional<std::string> ompi_size;             // OMPI_COMM_WORLD_SIZE
+  std::optional<std::string> ompi_local_size;       // OMPI_COMM_WORLD_LOCAL_SIZE
+
+  // Reads the variables above from this process's environment (the CLI's
+  // edge; nothing below it reads the environment).
+  static LaunchEnv FromEnviron();
+};
 
 // Where the spec of this process comes from, as the CLI found it.
 struct ClusterSpecSources {
@@ -97,13 +127,26 @@ struct ClusterSpecSources {
   std::optional<std::string> tf_config;  // the value of TF_CONFIG, if set (and non-empty)
   std::optional<std::string> task_type;  // --task-type
   std::optional<int> task_index;         // --task-index
+  LaunchEnv env;                         // Slurm's and Open MPI's variables
+  // From the config: train.strategy and the cluster.* keys the launchers
+  // use (launcher, base_port, ps_tasks, rendezvous).
+  TrainStrategy strategy = TrainStrategy::kPs;
+  ClusterOptions options;
 };
 
-// The spec of this process: the cluster from --cluster FILE if given, else
-// from TF_CONFIG (NotFound when neither is there); the task from the flags
-// where given (flags win, each on its own), else from the spec's "task".
-// --task-index without a type anywhere is an error. Errors name the source
-// (the file, "TF_CONFIG", or the flag) and the key.
+// Whether `sources` place this process in a cluster at all: a file,
+// TF_CONFIG, a task flag, or (cluster.launcher allowing) a Slurm or Open MPI
+// world of more than one rank. InvalidArgument for malformed launcher
+// variables.
+absl::StatusOr<bool> HasClusterSource(const ClusterSpecSources& sources);
+
+// The spec of this process, from the first source cluster.launcher allows:
+// --cluster FILE, TF_CONFIG, Slurm, Open MPI (NotFound when there is none);
+// the task from the flags where given (flags win, each on its own), else
+// from the source. --task-index without a type anywhere is an error. With
+// strategy allreduce the spec's rendezvous is set: cluster.rendezvous, or
+// rank 0's address. Errors name the source (the file, "TF_CONFIG", the
+// variable, or the flag) and the key.
 absl::StatusOr<ClusterSpec> ResolveClusterSpec(const ClusterSpecSources& sources);
 
 // The global shard map: the store's shards spread over the ps tasks by

@@ -317,8 +317,8 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
   update.pull_every = config.train.pull_every;
   update.max_staleness = config.ps.max_staleness;
   if (job->config_.sparse_optimizer) update.sparse_optimizer = &*job->config_.sparse_optimizer;
-  if (config.ps.update == UpdateMode::kSync) {
-    // Config::Validate keeps sync to one copy.
+  if (config.ps.update == UpdateMode::kSync || config.train.strategy == TrainStrategy::kAllreduce) {
+    // Config::Validate keeps sync (and allreduce) to one copy.
     job->sync_ = std::make_unique<SyncAggregator>(&job->store(), workers);
     update.sync = job->sync_.get();
   }

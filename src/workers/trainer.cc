@@ -228,24 +228,34 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
   const std::vector<LiveMetrics::Attachment> live_sources = AttachJob(options.live_metrics, job);
   // Hogwild and row_lock train in dispatcher tasks (on worker processes or
   // on the job's threads); sync trains in lockstep rounds below.
-  if (job.config().train.worker_processes || job.config().ps.update != UpdateMode::kSync) {
+  const bool allreduce = job.config().train.strategy == TrainStrategy::kAllreduce;
+  if (job.config().train.worker_processes || (job.config().ps.update != UpdateMode::kSync && !allreduce)) {
     return RunTaskTraining(job, progress, options);
   }
   const Config& cfg = job.config();
   const int workers = job.num_workers();
   const int64_t n = job.train().count;
   const int64_t batch = cfg.train.batch_size;
-  const std::vector<RowRange> parts = FixedShardsDiv(n, workers);
+  if (options.world < 1 || options.rank < 0 || options.rank >= options.world ||
+      (options.world > 1 && (job.sync() == nullptr || !allreduce))) {
+    return absl::InvalidArgumentError(absl::StrCat("train: rank ", options.rank, " of ", options.world,
+                                                   " needs train.strategy allreduce and its sync barrier"));
+  }
+  // This process's parts of the world's world * workers parts; the rounds
+  // of an epoch are the most steps any part of the world takes.
+  const std::vector<RowRange> all_parts = FixedShardsDiv(n, static_cast<int64_t>(workers) * options.world);
+  const std::vector<RowRange> parts(all_parts.begin() + static_cast<int64_t>(options.rank) * workers,
+                                    all_parts.begin() + static_cast<int64_t>(options.rank + 1) * workers);
   std::vector<int64_t> worker_steps(workers);
-  int64_t steps_per_epoch = 0;  // over all workers
-  int64_t epoch_rounds = 0;     // the most steps any worker takes in an epoch
+  int64_t steps_per_epoch = 0;  // over this process's workers
+  int64_t epoch_rounds = 0;     // the most steps any worker of the world takes in an epoch
   for (int i = 0; i < workers; ++i) {
     worker_steps[i] = (parts[i].size() + batch - 1) / batch;
     steps_per_epoch += worker_steps[i];
-    epoch_rounds = std::max(epoch_rounds, worker_steps[i]);
   }
+  for (const RowRange& p : all_parts) epoch_rounds = std::max(epoch_rounds, (p.size() + batch - 1) / batch);
   const CheckpointOptions& ck = cfg.checkpoint;
-  const bool checkpointing = !ck.dir.empty();
+  const bool checkpointing = !ck.dir.empty() && options.rank == 0;
   const std::string config_hash = TrainingConfigHash(cfg);
 
   TrainSummary summary;
@@ -393,6 +403,7 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
       if (inline_eval && cfg.eval.every_steps > 0) {
         end = std::min(end, round + (cfg.eval.every_steps - global_round % cfg.eval.every_steps));
       }
+      const uint64_t rounds_before = job.sync() != nullptr ? job.sync()->rounds() : 0;
       SW_RETURN_IF_ERROR(job.pool().RunAll(
           [&](int i) {
             const int64_t first = std::min(round, worker_steps[i]);
@@ -405,6 +416,11 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
                                             progress_begin, per_step, first, nullptr);
           },
           absl::Seconds(tick_s), tick));
+      if (options.world > 1 && !stop_steps.load(std::memory_order_relaxed)) {
+        // The rounds of [round, end) this process's parts ran out before.
+        const int64_t done = static_cast<int64_t>(job.sync()->rounds() - rounds_before);
+        SW_RETURN_IF_ERROR(job.sync()->PadRounds(end - round - done));
+      }
       if (Interrupted(options)) return InterruptedError();
       SW_RETURN_IF_ERROR(metrics_status);
       if (callbacks->stopped()) break;  // a callback stopped the run: the epoch ends here

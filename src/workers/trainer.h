@@ -120,6 +120,15 @@ struct TrainRunOptions {
   // and RunTraining returns Cancelled. The checkpoints written so far stay,
   // so a restart resumes from the last one. Not owned; nullptr = never.
   const std::atomic<bool>* interrupt = nullptr;
+  // train.strategy allreduce (net/allreduce_task.h): this process is rank
+  // `rank` of `world` processes training one model in lock-step rounds; its
+  // workers take parts rank * workers .. (rank + 1) * workers - 1 of the
+  // world's world * workers parts of each epoch, and it takes part in every
+  // round of the world (job.sync() pads the rounds its parts run out
+  // before). Only rank 0 writes checkpoints. The job's sync barrier must
+  // have its reducer set.
+  int rank = 0;
+  int world = 1;
 };
 
 // Whether options.interrupt is set.

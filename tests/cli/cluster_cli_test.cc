@@ -128,7 +128,7 @@ TEST_F(ClusterInfoTest, SpecErrorsAreOneLine) {
                      {"--task-index 2: 2 is out of range: cluster.worker in " + spec + " has 2 tasks (0..1)"});
   ExpectOneErrorLine(RunCli({"cluster-info", kConfig, "--cluster", spec, "--task-type", "boss"}),
                      {"--task-type: unknown role 'boss'"});
-  ExpectOneErrorLine(RunCli({"cluster-info", kConfig}), {"no cluster spec: give --cluster FILE or set TF_CONFIG"});
+  ExpectOneErrorLine(RunCli({"cluster-info", kConfig}), {"no cluster spec: give --cluster FILE, set TF_CONFIG"});
   ExpectOneErrorLine(RunCli({"cluster-info", kConfig, "--cluster", spec + ".absent"}),
                      {spec + ".absent: cannot open cluster spec"});
   ExpectOneErrorLine(RunCli({"cluster-info", kConfig, "--cluster", spec, "--set", "ps.shards=1"}),

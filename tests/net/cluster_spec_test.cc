@@ -161,7 +161,7 @@ TEST(ClusterSpecTest, ResolveFlagsWinFileOverEnvironment) {
   s = ResolveClusterSpec(ClusterSpecSources{});
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_HAS(s.status().message(), "--cluster FILE or set TF_CONFIG");
+  EXPECT_HAS(s.status().message(), "--cluster FILE, set TF_CONFIG");
   ClusterSpecSources missing;
   missing.cluster_file = path + ".absent";
   s = ResolveClusterSpec(missing);

@@ -534,6 +534,8 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
   train.leaves["restart_workers"] = Bool(&c->train.restart_workers);
   train.leaves["task_timeout_s"] = Real(&c->train.task_timeout_s);
   train.leaves["max_task_retries"] = Int(&c->train.max_task_retries);
+  train.leaves["strategy"] =
+      Enum(&c->train.strategy, {{"ps", TrainStrategy::kPs}, {"allreduce", TrainStrategy::kAllreduce}});
 
   Section opt;
   EpochKeys epoch_keys;
@@ -597,6 +599,18 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
   cluster.leaves["compression"] = Enum(&c->cluster.compression, {{"none", GradientCompression::kNone},
                                                                  {"bf16", GradientCompression::kBf16},
                                                                  {"fp16", GradientCompression::kFp16}});
+  cluster.leaves["launcher"] = Enum(&c->cluster.launcher, {{"auto", ClusterLauncher::kAuto},
+                                                           {"tf_config", ClusterLauncher::kTfConfig},
+                                                           {"slurm", ClusterLauncher::kSlurm},
+                                                           {"mpi", ClusterLauncher::kMpi},
+                                                           {"none", ClusterLauncher::kNone}});
+  cluster.leaves["base_port"] = Int(&c->cluster.base_port);
+  cluster.leaves["ps_tasks"] = Int(&c->cluster.ps_tasks);
+  cluster.leaves["rendezvous"] = String(&c->cluster.rendezvous);
+  cluster.leaves["collective_timeout_s"] = Real(&c->cluster.collective_timeout_s);
+  cluster.leaves["allreduce_algorithm"] = Enum(&c->cluster.allreduce_algorithm,
+                                               {{"halving_doubling", CollectiveAlgorithm::kHalvingDoubling},
+                                                {"ring", CollectiveAlgorithm::kRing}});
 
   Section top;
   auto sub = [](const Section& s) {

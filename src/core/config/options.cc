@@ -416,7 +416,40 @@ const char* GradientCompressionName(GradientCompression c) {
   return "?";
 }
 
+const char* TrainStrategyName(TrainStrategy s) {
+  switch (s) {
+    case TrainStrategy::kPs:
+      return "ps";
+    case TrainStrategy::kAllreduce:
+      return "allreduce";
+  }
+  return "?";
+}
+
+const char* ClusterLauncherName(ClusterLauncher l) {
+  switch (l) {
+    case ClusterLauncher::kAuto:
+      return "auto";
+    case ClusterLauncher::kTfConfig:
+      return "tf_config";
+    case ClusterLauncher::kSlurm:
+      return "slurm";
+    case ClusterLauncher::kMpi:
+      return "mpi";
+    case ClusterLauncher::kNone:
+      return "none";
+  }
+  return "?";
+}
+
 absl::Status ClusterOptions::Validate() const {
+  if (base_port < 1 || base_port > 65535) {
+    return Bad("cluster.base_port", absl::StrCat("must be in 1..65535, got ", base_port));
+  }
+  if (ps_tasks < 1) return Bad("cluster.ps_tasks", absl::StrCat("must be >= 1, got ", ps_tasks));
+  if (!(collective_timeout_s > 0) || !std::isfinite(collective_timeout_s)) {
+    return Bad("cluster.collective_timeout_s", absl::StrCat("must be a finite number > 0, got ", collective_timeout_s));
+  }
   if (bind_host.empty()) return Bad("cluster.bind_host", "must not be empty (the default is 127.0.0.1)");
   if (tls_cert_file.empty() != tls_key_file.empty()) {
     return Bad(tls_cert_file.empty() ? "cluster.tls_cert_file" : "cluster.tls_key_file",
@@ -465,6 +498,21 @@ absl::Status Config::Validate() const {
     return Bad("data.stream",
                "streamed data trains in dispatcher tasks, and ps.update sync trains in lock-step rounds over the "
                "whole data set; use ps.update hogwild or row_lock, or load the data whole");
+  }
+  if (train.strategy == TrainStrategy::kAllreduce) {
+    if (train.worker_processes) {
+      return Bad("train.strategy", "allreduce steps the workers of a process together (a barrier inside one "
+                                   "process); it cannot be combined with train.worker_processes");
+    }
+    if (data.stream) {
+      return Bad("train.strategy", "allreduce trains in lock-step rounds over the whole data set; load the data "
+                                   "whole instead of data.stream");
+    }
+    if (ps.replication == ReplicationPolicy::kPerNode || ps.replication == ReplicationPolicy::kPerCore) {
+      return Bad("ps.replication", absl::StrCat(ReplicationPolicyName(ps.replication),
+                                                " cannot be combined with train.strategy allreduce (each process "
+                                                "keeps one copy); use ps.replication per_machine or auto"));
+    }
   }
   if (train.worker_processes && ps.update == UpdateMode::kSync) {
     return Bad("train.worker_processes",

@@ -35,6 +35,23 @@ enum class LossReduction { kSumOverBatchSize, kSum };
 //             (ps_shm/sync_aggregator.h); deterministic for a fixed seed and
 //             worker count. The store itself behaves as in hogwild.
 enum class UpdateMode { kHogwild, kRowLock, kSync };
+// How the dense gradients of a job's worker processes meet (train.strategy):
+//   ps:        through the parameter store (ps tasks of a cluster, or this
+//              machine's shared memory), as ps.update says;
+//   allreduce: every process holds the dense model, and the gradients of
+//              all workers are summed every step (inside a process through
+//              the sync barrier, across processes by Gloo's allreduce) and
+//              applied identically everywhere (net/allreduce.h).
+enum class TrainStrategy { kPs, kAllreduce };
+const char* TrainStrategyName(TrainStrategy s);
+// Where a cluster task learns its place (cluster.launcher): auto tries
+// --cluster FILE, TF_CONFIG, Slurm (srun) and Open MPI (mpirun) in that
+// order; none ignores the launchers' environment (a single-machine run inside
+// an allocation); the others take that source only.
+enum class ClusterLauncher { kAuto, kTfConfig, kSlurm, kMpi, kNone };
+// Gloo's allreduce for train.strategy allreduce (cluster.allreduce_algorithm).
+enum class CollectiveAlgorithm { kHalvingDoubling, kRing };
+const char* ClusterLauncherName(ClusterLauncher l);
 enum class DataFormat { kIdx, kCriteo, kLibsvm, kText, kCsv };
 // What a reader does with a bad row (data.on_error): stop with an error that
 // names file, line, column and what was expected, or leave the row out and
@@ -247,6 +264,9 @@ struct TrainOptions {
   double task_timeout_s = 60;
   // How often one task may be re-queued before the job fails; >= 0.
   int max_task_retries = 3;
+  // ps or allreduce (TrainStrategy). allreduce steps every worker together
+  // (as ps.update sync does), whatever ps.update says.
+  TrainStrategy strategy = TrainStrategy::kPs;
   absl::Status Validate() const;
 };
 
@@ -476,6 +496,23 @@ struct ClusterOptions {
   // Gradients pushed to a remote ps: none (float32), bf16 or fp16. Pulls
   // always travel as float32.
   GradientCompression compression = GradientCompression::kNone;
+  // Which launcher's environment places this process (ClusterLauncher).
+  ClusterLauncher launcher = ClusterLauncher::kAuto;
+  // With Slurm or Open MPI: rank r's address is its host with port
+  // base_port + r (1..65535 for every rank), and with train.strategy ps
+  // rank 0 is the chief, ranks 1..ps_tasks the ps tasks (>= 1) and the rest
+  // the worker tasks.
+  int base_port = 2222;
+  int ps_tasks = 1;
+  // train.strategy allreduce: where the ranks meet (host:port, served by
+  // rank 0). Empty = rank 0's address (TF_CONFIG, Slurm, or Open MPI on one
+  // host).
+  std::string rendezvous;
+  // Every collective's and the rendezvous's deadline (allreduce); > 0. A
+  // rank that waits longer for its peers fails with an error naming them.
+  double collective_timeout_s = 60.0;
+  // halving_doubling or ring (CollectiveAlgorithm).
+  CollectiveAlgorithm allreduce_algorithm = CollectiveAlgorithm::kHalvingDoubling;
   absl::Status Validate() const;
 };
 

@@ -1,0 +1,255 @@
+#include "net/allreduce_task.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/base/status.h"
+#include "net/allreduce.h"
+#include "net/net_options.h"
+
+namespace shardwild {
+namespace {
+
+// The variables' names and shapes, and the tables' shapes, hashed.
+uint64_t LayoutFingerprint(const StoreLayout& layout) {
+  std::string text;
+  for (const VariableSpec& v : layout.variables) absl::StrAppend(&text, v.name, ":", v.rows, "x", v.cols, ";");
+  for (const TableSpec& t : layout.tables) absl::StrAppend(&text, "table:", t.dim, ";");
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// Every variable's parameters, hashed in variable order.
+absl::StatusOr<uint64_t> ParamsFingerprint(ParamStore& store) {
+  uint64_t h = 1469598103934665603ull;
+  std::vector<float> buf;
+  for (size_t v = 0; v < store.layout().variables.size(); ++v) {
+    buf.resize(store.layout().variables[v].size());
+    SW_RETURN_IF_ERROR(store.PullVariable(static_cast<int>(v), buf.data()));
+    h = Fingerprint(buf.data(), buf.size(), h);
+  }
+  return h;
+}
+
+bool IsWildcard(const std::string& host) { return host == "0.0.0.0" || host == "::" || host == "[::]"; }
+
+// The address Gloo's sockets bind and publish to the peers: on loopback the
+// rank's own loopback address; otherwise the host its launcher gives it
+// (a node or service name the peers resolve to this machine), else
+// cluster.bind_host. A wildcard cannot be published, and a loopback bind
+// cannot be reached by ranks on other hosts: both are errors.
+absl::StatusOr<std::string> GlooHost(const ClusterOptions& cluster, const ClusterSpec& spec, const TaskId& task) {
+  const HostPort& mine = spec.address(task);
+  if (IsLoopbackHost(cluster.bind_host)) {
+    for (int r = 0; r < AllreduceWorldSize(spec); ++r) {
+      const HostPort& other = spec.address(AllreduceTaskOfRank(spec, r));
+      if (!other.host.empty() && !other.IsLoopback()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cluster.bind_host: ", cluster.bind_host, " is loopback, and rank ", r, " runs on ", other.host,
+            ", which could not reach it: set cluster.bind_host (and cluster.token_file) for ranks on several hosts"));
+      }
+    }
+    return mine.IsLoopback() ? mine.host : std::string("127.0.0.1");
+  }
+  if (!mine.host.empty()) return mine.host;
+  if (IsWildcard(cluster.bind_host)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cluster.bind_host: ", cluster.bind_host, " is no address the other ranks can reach, and ", spec.source,
+        " does not say this rank's host: set cluster.bind_host to this machine's address"));
+  }
+  return cluster.bind_host;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Collective>> ConnectRank(const Config& config, const ClusterSpec& spec,
+                                                        ProgressReporter& progress) {
+  if (!spec.task) {
+    return absl::InvalidArgumentError(absl::StrCat(spec.source, ": task: no task given; each rank needs its own"));
+  }
+  const std::optional<int> rank = AllreduceRankOf(spec, *spec.task);
+  if (!rank) {
+    return absl::InvalidArgumentError(absl::StrCat(spec.source, ": task.type: ", spec.task->ToString(),
+                                                   " is not a rank of train.strategy allreduce (the chief and the "
+                                                   "worker tasks are)"));
+  }
+  if (!spec.rendezvous) return absl::InvalidArgumentError("cluster.rendezvous: missing");
+  const int world = AllreduceWorldSize(spec);
+  const TaskId first = AllreduceTaskOfRank(spec, 0);
+
+  CollectiveOptions co;
+  co.rank = *rank;
+  co.size = world;
+  co.timeout_s = config.cluster.collective_timeout_s;
+  co.algorithm = config.cluster.allreduce_algorithm;
+  SW_ASSIGN_OR_RETURN(co.rendezvous, MakePsClientOptions(config.cluster, spec, first));
+  co.rendezvous.address = spec.rendezvous->ToString();
+  co.rendezvous.task_name = "rendezvous";
+  co.rendezvous.deadline_s = config.cluster.collective_timeout_s;
+  if (*rank == 0) {
+    // Rank 0's bind rule (cluster.bind_host, or its own loopback address),
+    // on the rendezvous port.
+    ClusterSpec at = spec;
+    at.tasks[static_cast<int>(first.type)][first.index].port = spec.rendezvous->port;
+    SW_ASSIGN_OR_RETURN(co.server, MakePsServerOptions(config.cluster, at, first));
+    co.server.task_name = "rendezvous";
+  }
+  SW_ASSIGN_OR_RETURN(co.gloo_host, GlooHost(config.cluster, spec, *spec.task));
+  progress.Line(absl::StrCat("allreduce: rank ", *rank, " of ", world, " (", spec.task->ToString(), ", from ",
+                             spec.source, "), meeting at ", spec.rendezvous->ToString()));
+  return Collective::Connect(co);
+}
+
+absl::StatusOr<TrainSummary> RunAllreduceRank(Job& job, const ClusterSpec& spec, ProgressReporter& progress,
+                                              TrainRunOptions options, AllreduceStats* stats) {
+  const Config& config = job.config();
+  if (!job.param_store().layout().tables.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(config.source, ": train.strategy: allreduce trains dense models; this model has ",
+                     job.param_store().layout().tables.size(),
+                     " embedding table(s), whose rows would go to ps tasks: train it with train.strategy ps"));
+  }
+  if (job.sync() == nullptr) return absl::InternalError("allreduce: the job has no sync barrier");
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<Collective> collective, ConnectRank(config, spec, progress));
+  const int rank = collective->rank(), world = collective->size();
+
+  SW_RETURN_IF_ERROR(collective->CheckSame(LayoutFingerprint(job.param_store().layout()),
+                                           "the model layout (variables and their shapes)"));
+  SW_ASSIGN_OR_RETURN(const uint64_t before, ParamsFingerprint(job.param_store()));
+  // The initial values must agree (the same train.seed, model and data).
+  // A checkpoint is restored inside RunTraining, from checkpoint.dir, which
+  // every rank must read alike (a shared directory); the comparison after
+  // training catches ranks that did not.
+  SW_RETURN_IF_ERROR(collective->CheckSame(before, "the initial parameters (train.seed, model or data)"));
+
+  job.sync()->set_reducer(collective.get());
+  struct ReducerGuard {
+    Job& job;
+    ~ReducerGuard() { job.sync()->set_reducer(nullptr); }
+  } guard{job};
+  options.rank = rank;
+  options.world = world;
+  SW_ASSIGN_OR_RETURN(TrainSummary summary, RunTraining(job, progress, options));
+
+  SW_ASSIGN_OR_RETURN(const uint64_t after, ParamsFingerprint(job.param_store()));
+  SW_RETURN_IF_ERROR(collective->CheckSame(after, "the parameters after training"));
+  const int64_t local_records = summary.records_seen;
+  int64_t totals[2] = {summary.records_seen, summary.steps};
+  SW_RETURN_IF_ERROR(collective->AllreduceSum(totals, 2));
+  summary.records_seen = totals[0];
+  summary.steps = totals[1];
+  if (stats != nullptr) {
+    stats->rank = rank;
+    stats->world = world;
+    stats->local_records = local_records;
+    stats->payload_bytes = collective->payload_bytes();
+    stats->collective_s = collective->seconds();
+    stats->collectives = collective->calls();
+    stats->params_fingerprint = after;
+  }
+  return summary;
+}
+
+absl::StatusOr<double> LoopbackTcpBytesPerS(int64_t bytes) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  if (listener < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || listen(listener, 1) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(listener);
+    return absl::InternalError(absl::StrCat("loopback listener: ", std::strerror(errno)));
+  }
+  const int writer = socket(AF_INET, SOCK_STREAM, 0);
+  if (writer < 0 || connect(writer, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    if (writer >= 0) close(writer);
+    close(listener);
+    return absl::InternalError(absl::StrCat("loopback connect: ", std::strerror(errno)));
+  }
+  const int reader = accept(listener, nullptr, nullptr);
+  close(listener);
+  if (reader < 0) {
+    close(writer);
+    return absl::InternalError(absl::StrCat("loopback accept: ", std::strerror(errno)));
+  }
+  const int one = 1;
+  setsockopt(writer, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  constexpr size_t kChunk = 1 << 20;
+  const auto start = std::chrono::steady_clock::now();
+  std::thread send_thread([writer, bytes] {
+    std::vector<char> buf(kChunk, 1);
+    int64_t left = bytes;
+    while (left > 0) {
+      const ssize_t n = send(writer, buf.data(), std::min<int64_t>(left, kChunk), MSG_NOSIGNAL);
+      if (n <= 0) break;
+      left -= n;
+    }
+    shutdown(writer, SHUT_WR);
+  });
+  std::vector<char> buf(kChunk);
+  int64_t got = 0;
+  while (got < bytes) {
+    const ssize_t n = recv(reader, buf.data(), buf.size(), 0);
+    if (n <= 0) break;
+    got += n;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  send_thread.join();
+  close(writer);
+  close(reader);
+  if (got < bytes) return absl::InternalError("loopback TCP: the stream ended early");
+  return seconds > 0 ? static_cast<double>(bytes) / seconds : 0.0;
+}
+
+absl::StatusOr<AllreduceBench> RunAllreduceBench(const Config& config, const ClusterSpec& spec, int64_t floats,
+                                                 int64_t iterations, ProgressReporter& progress) {
+  if (floats < 1 || iterations < 1) return absl::InvalidArgumentError("allreduce bench: nothing to reduce");
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<Collective> collective, ConnectRank(config, spec, progress));
+  // Every rank must reduce the same size.
+  SW_RETURN_IF_ERROR(collective->CheckSame(static_cast<uint64_t>(floats), "the dense gradient's size"));
+  std::vector<float> data(floats, 1.0f);
+  for (int i = 0; i < 3; ++i) SW_RETURN_IF_ERROR(collective->AllreduceSum(data.data(), data.size()));
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < iterations; ++i) {
+    // Keep the values finite and the work the same: sums of ones, rescaled.
+    if (i % 16 == 0) std::fill(data.begin(), data.end(), 1.0f);
+    SW_RETURN_IF_ERROR(collective->AllreduceSum(data.data(), data.size()));
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  AllreduceBench b;
+  b.rank = collective->rank();
+  b.world = collective->size();
+  b.floats = floats;
+  b.iterations = iterations;
+  b.seconds = seconds;
+  const double per_call = seconds / static_cast<double>(iterations);
+  b.algorithm_bytes_per_s = per_call > 0 ? static_cast<double>(floats) * sizeof(float) / per_call : 0;
+  b.bus_bytes_per_s = b.algorithm_bytes_per_s * 2.0 * (b.world - 1) / b.world;
+  // The bound, measured by rank 0 while the others wait on the broadcast of
+  // its result (so nothing else runs then).
+  float tcp = 0;
+  if (b.rank == 0) {
+    SW_ASSIGN_OR_RETURN(const double bps, LoopbackTcpBytesPerS(int64_t{256} << 20));
+    tcp = static_cast<float>(bps / 1e6);  // MB/s fits a float's range and precision
+  }
+  SW_RETURN_IF_ERROR(collective->Broadcast(&tcp, 1, 0));
+  b.tcp_loopback_bytes_per_s = static_cast<double>(tcp) * 1e6;
+  return b;
+}
+
+}  // namespace shardwild

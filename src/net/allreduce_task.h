@@ -1,0 +1,73 @@
+// One rank of a train.strategy allreduce job (`shardwild train CONFIG`
+// started by TF_CONFIG, srun or mpirun; net/launch_env.h): every rank
+// trains the whole dense model on its own machine's store, in lock-step
+// rounds with every other rank. Inside the process the workers' gradients
+// meet in the sync barrier (ps_shm/sync_aggregator.h); across processes the
+// barrier's sums go through Gloo's ring allreduce (net/allreduce.h), and
+// every rank applies the same mean to identical parameters.
+//
+// Before the first step the ranks compare their model layouts and their
+// parameters (FailedPrecondition on every rank when they differ: another
+// config, model or data; a rank resumed from other checkpoints). After the
+// last, they compare the parameters again and sum their counters, so the
+// summary's records_seen and steps are the job's. Rank 0 alone writes
+// checkpoints.
+//
+// Not yet: embedding tables (their rows would go to ps tasks), and elastic
+// membership (a rank that dies fails the others' next collective, and the
+// job stops with that error on every surviving rank).
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "net/cluster_spec.h"
+#include "workers/job.h"
+#include "workers/progress.h"
+#include "workers/trainer.h"
+
+namespace shardwild {
+
+struct AllreduceStats {
+  int rank = 0;
+  int world = 1;
+  int64_t local_records = 0;    // this rank's
+  uint64_t payload_bytes = 0;   // summed by this rank's collectives
+  double collective_s = 0;      // spent in them
+  uint64_t collectives = 0;
+  uint64_t params_fingerprint = 0;  // of the final parameters, equal on every rank
+};
+
+// Runs rank AllreduceRankOf(spec, *spec.task) of the job on `job` (a job
+// of this machine's store, train.strategy allreduce). InvalidArgument when
+// the task is not a rank (ps, evaluator), or the model has embedding
+// tables; Unavailable when the ranks cannot meet or one is lost.
+absl::StatusOr<TrainSummary> RunAllreduceRank(Job& job, const ClusterSpec& spec, ProgressReporter& progress,
+                                              TrainRunOptions options, AllreduceStats* stats);
+
+// `shardwild bench` with train.strategy allreduce, on every rank: the
+// allreduce of the model's dense gradient (`floats` floats, as a training
+// round sums it) timed over `iterations` calls after 3 warm-up calls, next
+// to the same run's loopback TCP bandwidth (rank 0 streams 256 MiB through
+// a 127.0.0.1 connection to itself while the other ranks wait).
+struct AllreduceBench {
+  int rank = 0;
+  int world = 1;
+  int64_t floats = 0;
+  int64_t iterations = 0;
+  double seconds = 0;            // of the timed calls
+  double algorithm_bytes_per_s = 0;  // payload bytes per call / seconds per call
+  // What each rank sends and receives in a ring allreduce, 2 (n-1)/n of the
+  // payload per call, per second: the figure comparable with a link's
+  // bandwidth (nccl-tests' "bus bandwidth").
+  double bus_bytes_per_s = 0;
+  double tcp_loopback_bytes_per_s = 0;  // measured by rank 0, shared with every rank
+};
+absl::StatusOr<AllreduceBench> RunAllreduceBench(const Config& config, const ClusterSpec& spec, int64_t floats,
+                                                 int64_t iterations, ProgressReporter& progress);
+
+// Bytes per second through one loopback TCP connection (127.0.0.1), a
+// writer thread to a reader, `bytes` in 1 MiB writes.
+absl::StatusOr<double> LoopbackTcpBytesPerS(int64_t bytes);
+
+}  // namespace shardwild

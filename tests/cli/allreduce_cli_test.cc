@@ -1,0 +1,204 @@
+// train.strategy allreduce through the CLI: ranks as processes of the built
+// binary on loopback (placed by Open MPI's variables, or by mpirun itself
+// when Debian's openmpi-bin is installed). Skips without Fashion-MNIST.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "allreduce_ranks.h"
+#include "cli_child.h"
+
+namespace shardwild::clitest {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Waits for a child up to `limit`; whether it ended.
+bool WaitFor(Child& c, std::chrono::seconds limit) {
+  const auto until = Clock::now() + limit;
+  while (Clock::now() < until) {
+    if (c.Poll()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+TEST(AllreduceCli, ThreeRanksTrainOneModelOnEveryRecordOnce) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed";
+  AllreduceRanks job(3, kConfig, {"--set", "train.epochs=1", "--set", "train.workers=1"});
+  std::string fingerprint;
+  int64_t local_sum = 0;
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(WaitFor(job.rank(r), std::chrono::seconds(240))) << "rank " << r << " did not end";
+    ASSERT_EQ(job.rank(r).Wait(), 0) << "rank " << r << ":\n" << job.rank(r).err() << job.rank(r).out();
+    const json j = LastLineJson(job.rank(r).out());
+    ASSERT_TRUE(j.is_object()) << job.rank(r).out();
+    EXPECT_EQ(j["records_seen"], 60000) << "rank " << r;
+    EXPECT_GT(j["test_accuracy"].get<double>(), 0.80) << "rank " << r;
+    const json& a = j["allreduce"];
+    EXPECT_EQ(a["rank"], r);
+    EXPECT_EQ(a["world"], 3);
+    EXPECT_EQ(a["source"], "Open MPI");
+    EXPECT_EQ(a["rendezvous"], "127.0.0.1:" + std::to_string(job.base_port()));
+    EXPECT_GT(a["payload_bytes"].get<double>(), 0);
+    local_sum += a["local_records"].get<int64_t>();
+    // Every rank ends with the same parameters, bit for bit.
+    if (r == 0) fingerprint = a["params_fingerprint"];
+    EXPECT_EQ(a["params_fingerprint"], fingerprint) << "rank " << r;
+    EXPECT_NE(job.rank(r).out().find("parameters identical on every rank"), std::string::npos);
+  }
+  EXPECT_EQ(local_sum, 60000);
+}
+
+TEST(AllreduceCli, ALayoutMismatchIsOneErrorOnEveryRank) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed";
+  TempDir dir;
+  const std::string other = (dir.path() / "other.yaml").string();
+  {
+    std::ifstream in(kConfig);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string text = ss.str();
+    const size_t at = text.find("units: 128");
+    ASSERT_NE(at, std::string::npos);
+    text.replace(at, 10, "units: 100");
+    std::ofstream(other) << text;
+  }
+  // Rank 1 trains another model: every rank stops before training.
+  const auto start = Clock::now();
+  std::vector<std::unique_ptr<Child>> ranks;
+  const int port = testing_ports::FreePorts(1).at(0);
+  for (int r = 0; r < 3; ++r) {
+    ranks.push_back(std::make_unique<Child>(
+        std::vector<std::string>{"train", r == 1 ? other : std::string(kConfig), "--set", "train.strategy=allreduce",
+                                 "--set", "cluster.base_port=" + std::to_string(port), "--set", "train.epochs=1"},
+        std::vector<std::string>{"/usr/bin/env", "OMPI_COMM_WORLD_RANK=" + std::to_string(r),
+                                 "OMPI_COMM_WORLD_SIZE=3", "OMPI_COMM_WORLD_LOCAL_SIZE=3"}));
+  }
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(WaitFor(*ranks[r], std::chrono::seconds(120))) << "rank " << r << " hangs";
+    Result res;
+    res.status = ranks[r]->Wait();
+    res.err = ranks[r]->err();
+    ExpectOneErrorLine(res, {"allreduce: the model layout (variables and their shapes) of rank 1 differs from rank 0's"});
+  }
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 120);
+}
+
+TEST(AllreduceCli, BadPlacementsAreOneClearError) {
+  // A rank outside the world.
+  Child outside({"train", kConfig, "--set", "train.strategy=allreduce"},
+                {"/usr/bin/env", "OMPI_COMM_WORLD_RANK=3", "OMPI_COMM_WORLD_SIZE=3", "OMPI_COMM_WORLD_LOCAL_SIZE=3"});
+  Result r;
+  r.status = outside.Wait();
+  r.err = outside.err();
+  ExpectOneErrorLine(r, {"OMPI_COMM_WORLD_RANK: rank 3 is outside the world of 3 ranks"});
+  // Ranks on several hosts and no rendezvous.
+  Child no_rendezvous({"train", kConfig, "--set", "train.strategy=allreduce"},
+                      {"/usr/bin/env", "OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=4",
+                       "OMPI_COMM_WORLD_LOCAL_SIZE=2"});
+  r.status = no_rendezvous.Wait();
+  r.err = no_rendezvous.err();
+  ExpectOneErrorLine(r, {"cluster.rendezvous: missing: Open MPI does not say which host rank 0 is on"});
+  // A rendezvous nobody serves: rank 1 gives up after the deadline.
+  const int port = testing_ports::FreePorts(1).at(0);
+  Child alone({"train", kConfig, "--set", "train.strategy=allreduce", "--set", "cluster.collective_timeout_s=2",
+               "--set", "cluster.base_port=" + std::to_string(port)},
+              {"/usr/bin/env", "OMPI_COMM_WORLD_RANK=1", "OMPI_COMM_WORLD_SIZE=2", "OMPI_COMM_WORLD_LOCAL_SIZE=2"});
+  ASSERT_TRUE(WaitFor(alone, std::chrono::seconds(60))) << "a rank without peers hangs";
+  r.status = alone.Wait();
+  r.err = alone.err();
+  ExpectOneErrorLine(r, {"allreduce: connecting over 2 ranks failed on rank 1", "rendezvous at 127.0.0.1:"});
+  // Slurm's variables, malformed.
+  Child slurm({"cluster-info", kConfig}, {"/usr/bin/env", "SLURM_PROCID=0", "SLURM_NTASKS=4",
+                                          "SLURM_JOB_NODELIST=node[1-2", "SLURM_TASKS_PER_NODE=2(x2)"});
+  r.status = slurm.Wait();
+  r.err = slurm.err();
+  ExpectOneErrorLine(r, {"SLURM_JOB_NODELIST: '[' without ']' in 'node[1-2'"});
+}
+
+TEST(AllreduceCli, AKilledRankStopsTheOthersWithAnErrorNotAHang) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed";
+  AllreduceRanks job(3, kConfig,
+                     {"--set", "train.epochs=3", "--set", "train.workers=1", "--set", "cluster.collective_timeout_s=20"});
+  // Kill rank 2 once it trains.
+  const auto until = Clock::now() + std::chrono::seconds(120);
+  while (Clock::now() < until && job.rank(2).out().find("epoch 1/3  step") == std::string::npos) {
+    ASSERT_FALSE(job.rank(2).Poll()) << job.rank(2).err();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_NE(job.rank(2).out().find("epoch 1/3  step"), std::string::npos);
+  kill(job.rank(2).pid(), SIGKILL);
+  job.rank(2).Wait();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(WaitFor(job.rank(r), std::chrono::seconds(60))) << "rank " << r << " hangs";
+    Result res;
+    res.status = job.rank(r).Wait();
+    res.err = job.rank(r).err();
+    ExpectOneErrorLine(res, {"allreduce: allreduce over 3 ranks failed on rank " + std::to_string(r)});
+  }
+}
+
+TEST(AllreduceCli, BenchTimesTheCollectiveAgainstLoopbackTcp) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed";
+  const int port = testing_ports::FreePorts(1).at(0);
+  std::vector<std::unique_ptr<Child>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(std::make_unique<Child>(
+        std::vector<std::string>{"bench", kConfig, "--json", "--set", "train.strategy=allreduce", "--set",
+                                 "bench.steps=50", "--set", "cluster.base_port=" + std::to_string(port)},
+        std::vector<std::string>{"/usr/bin/env", "OMPI_COMM_WORLD_RANK=" + std::to_string(r), "OMPI_COMM_WORLD_SIZE=2",
+                                 "OMPI_COMM_WORLD_LOCAL_SIZE=2"}));
+  }
+  double tcp = -1;
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(WaitFor(*ranks[r], std::chrono::seconds(120)));
+    ASSERT_EQ(ranks[r]->Wait(), 0) << ranks[r]->err();
+    const json j = LastLineJson(ranks[r]->out());
+    ASSERT_TRUE(j.is_object()) << ranks[r]->out();
+    EXPECT_EQ(j["rank"], r);
+    EXPECT_EQ(j["world"], 2);
+    EXPECT_EQ(j["iterations"], 50);
+    // The default MLP's dense variables (784*256+256 + 256*128+128 + 128*10+10) and the round's two extras.
+    EXPECT_EQ(j["floats"], 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10 + 2);
+    EXPECT_GT(j["bus_bytes_per_s"].get<double>(), 0);
+    EXPECT_GT(j["tcp_loopback_bytes_per_s"].get<double>(), 0);
+    // The bound is rank 0's measurement, the same figure on every rank.
+    if (r == 0) tcp = j["tcp_loopback_bytes_per_s"];
+    EXPECT_EQ(j["tcp_loopback_bytes_per_s"].get<double>(), tcp);
+    EXPECT_NEAR(j["bus_fraction_of_tcp"].get<double>(),
+                j["bus_bytes_per_s"].get<double>() / j["tcp_loopback_bytes_per_s"].get<double>(), 1e-9);
+  }
+}
+
+TEST(AllreduceCli, MpirunStartsTheRanks) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed";
+  if (!fs::exists("/usr/bin/mpirun")) GTEST_SKIP() << "mpirun (Debian's openmpi-bin) is not installed";
+  const int port = testing_ports::FreePorts(1).at(0);
+  // As root, Open MPI wants to be told that is meant.
+  Child run({"train", kConfig, "--set", "train.strategy=allreduce", "--set", "train.epochs=1", "--set",
+             "train.workers=1", "--set", "cluster.base_port=" + std::to_string(port)},
+            {"/usr/bin/env", "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMPI_MCA_plm=isolated",
+             "OMPI_MCA_btl_vader_single_copy_mechanism=none", "OMPI_MCA_rmaps_base_oversubscribe=1",
+             "/usr/bin/mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none"});
+  ASSERT_TRUE(WaitFor(run, std::chrono::seconds(240))) << "mpirun did not end";
+  ASSERT_EQ(run.Wait(), 0) << run.err() << run.out();
+  const std::string out = run.out();
+  EXPECT_NE(out.find("allreduce: rank 0 of 2"), std::string::npos) << out;
+  EXPECT_NE(out.find("allreduce: rank 1 of 2"), std::string::npos) << out;
+  // Both ranks end with the same parameters.
+  std::vector<std::string> prints;
+  for (const std::string& line : Lines(out)) {
+    const size_t at = line.find("(fingerprint ");
+    if (at != std::string::npos) prints.push_back(line.substr(at));
+  }
+  ASSERT_EQ(prints.size(), 2u) << out;
+  EXPECT_EQ(prints[0], prints[1]);
+}
+
+}  // namespace
+}  // namespace shardwild::clitest
