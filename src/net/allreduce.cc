@@ -3,7 +3,6 @@
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/allreduce_halving_doubling.h>
-#include <gloo/allreduce_ring_chunked.h>
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
@@ -14,7 +13,9 @@
 
 #include <chrono>
 #include <cstring>
+#include <algorithm>
 #include <map>
+#include <set>
 #include <stdexcept>
 
 #include "absl/strings/str_cat.h"
@@ -29,11 +30,16 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Rank 0's key-value store: Set stores, Get waits for the key up to its
-// wait_s (bounded by the call's deadline).
+// Rank 0's key-value store and membership. Set stores, Get waits for the
+// key up to its wait_s (bounded by the call's deadline). Membership: the
+// first generation is formed when `world` processes have joined; a later
+// one when every member of the last has asked for it, or `grace_s` after
+// the first asked (the silent ones are lost), with every late joiner
+// admitted.
 class RendezvousService final : public net::Rendezvous::Service {
  public:
-  explicit RendezvousService(std::string token) : token_(std::move(token)) {}
+  RendezvousService(std::string token, int world, double grace_s)
+      : token_(std::move(token)), world_(world), grace_s_(grace_s), next_member_(world) {}
 
   grpc::Status Set(grpc::ServerContext* context, const net::KeyValue* request, net::RendezvousReply*) override {
     if (grpc::Status s = CheckToken(*context, token_, "rendezvous"); !s.ok()) return s;
@@ -45,31 +51,141 @@ class RendezvousService final : public net::Rendezvous::Service {
 
   grpc::Status Get(grpc::ServerContext* context, const net::KeyRequest* request, net::KeyValue* reply) override {
     if (grpc::Status s = CheckToken(*context, token_, "rendezvous"); !s.ok()) return s;
-    const double wait_s = std::min(std::max(request->wait_s(), 0.0), 3600.0);
-    const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait_s));
+    const auto until = Until(request->wait_s());
+    const std::string& key = request->key();
     MutexLock lock(&mu_);
     while (true) {
-      auto it = values_.find(request->key());
+      auto it = values_.find(key);
       if (it != values_.end()) {
-        reply->set_key(request->key());
+        reply->set_key(key);
         reply->set_value(it->second);
         return grpc::Status::OK;
       }
       if (Clock::now() >= until || context->IsCancelled()) {
-        return grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("rendezvous: no key ", request->key()));
+        return grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("rendezvous: no key ", key));
       }
       // Wake at least every 100 ms to notice a cancelled call.
-      const std::string& key = request->key();
       changed_.WaitFor(&mu_, std::chrono::milliseconds(100),
                        [this, &key]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return values_.count(key) > 0; });
     }
   }
 
+  grpc::Status Join(grpc::ServerContext* context, const net::JoinRequest* request, net::JoinReply* reply) override {
+    if (grpc::Status s = CheckToken(*context, token_, "rendezvous"); !s.ok()) return s;
+    MutexLock lock(&mu_);
+    if (generation_ < 0) {
+      if (request->rank() < 0 || request->rank() >= world_) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrCat("rendezvous: rank ", request->rank(), " is outside the world of ", world_));
+      }
+      // A rank that joins again (restarted before the group formed) keeps its id.
+      initial_.insert(request->rank());
+      reply->set_member(request->rank());
+      if (static_cast<int>(initial_.size()) == world_) Form({initial_.begin(), initial_.end()}, 0);
+    } else {
+      const int64_t id = next_member_++;
+      pending_.insert(id);
+      reply->set_member(id);
+      reply->set_late(true);
+    }
+    changed_.SignalAll();
+    return grpc::Status::OK;
+  }
+
+  grpc::Status AwaitGeneration(grpc::ServerContext* context, const net::GenerationRequest* request,
+                               net::GenerationReply* reply) override {
+    if (grpc::Status s = CheckToken(*context, token_, "rendezvous"); !s.ok()) return s;
+    const auto until = Until(request->wait_s());
+    MutexLock lock(&mu_);
+    while (true) {
+      MaybeReform();
+      if (generation_ > request->after()) {
+        const std::vector<int64_t>& m = members_;
+        const bool in = std::find(m.begin(), m.end(), request->member()) != m.end();
+        if (!in && pending_.count(request->member()) == 0) {
+          reply->set_refused(true);
+          return grpc::Status::OK;
+        }
+        if (in) {
+          reply->set_formed(true);
+        reply->set_generation(generation_);
+          for (int64_t id : m) reply->add_members(id);
+          reply->set_lost(lost_);
+          return grpc::Status::OK;
+        }
+        // A late joiner: admitted at the next forming.
+      }
+      if (Clock::now() >= until || context->IsCancelled()) return grpc::Status::OK;  // not formed yet
+      changed_.WaitFor(&mu_, std::chrono::milliseconds(100), [] { return false; });
+    }
+  }
+
+  grpc::Status RequestReform(grpc::ServerContext* context, const net::ReformRequest* request,
+                             net::RendezvousReply*) override {
+    if (grpc::Status s = CheckToken(*context, token_, "rendezvous"); !s.ok()) return s;
+    MutexLock lock(&mu_);
+    if (request->generation() == generation_) {
+      if (reform_asked_.empty()) reform_started_ = Clock::now();
+      reform_asked_.insert(request->member());
+      MaybeReform();
+      changed_.SignalAll();
+    }
+    return grpc::Status::OK;
+  }
+
+  // Late joiners waiting to be admitted (rank 0 asks between blocks).
+  bool joiners_waiting() const {
+    MutexLock lock(&mu_);
+    return !pending_.empty();
+  }
+
  private:
+  static Clock::time_point Until(double wait_s) {
+    wait_s = std::min(std::max(wait_s, 0.0), 3600.0);
+    return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait_s));
+  }
+
+  void Form(std::vector<int64_t> members, int lost) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::sort(members.begin(), members.end());
+    members_ = std::move(members);
+    lost_ = lost;
+    ++generation_;
+    reform_asked_.clear();
+    changed_.SignalAll();
+  }
+
+  // Forms the next generation once every member asked, or grace_s after the
+  // first did: the members that asked and every late joiner.
+  void MaybeReform() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (generation_ < 0 || reform_asked_.empty()) return;
+    int asked = 0;
+    for (int64_t id : members_) asked += reform_asked_.count(id) ? 1 : 0;
+    const bool all = asked == static_cast<int>(members_.size());
+    const double waited = std::chrono::duration<double>(Clock::now() - reform_started_).count();
+    if (!all && waited < grace_s_) return;
+    std::vector<int64_t> next;
+    for (int64_t id : members_) {
+      if (reform_asked_.count(id)) next.push_back(id);
+    }
+    next.insert(next.end(), pending_.begin(), pending_.end());
+    pending_.clear();
+    Form(std::move(next), static_cast<int>(members_.size()) - asked);
+  }
+
   const std::string token_;
-  Mutex mu_;
+  const int world_;
+  const double grace_s_;
+  mutable Mutex mu_;
   CondVar changed_;
   std::map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = -1;
+  std::vector<int64_t> members_ ABSL_GUARDED_BY(mu_);
+  int lost_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<int64_t> initial_ ABSL_GUARDED_BY(mu_);
+  std::set<int64_t> pending_ ABSL_GUARDED_BY(mu_);
+  std::set<int64_t> reform_asked_ ABSL_GUARDED_BY(mu_);
+  Clock::time_point reform_started_ ABSL_GUARDED_BY(mu_);
+  int64_t next_member_ ABSL_GUARDED_BY(mu_);
 };
 
 // Gloo's view of the rendezvous: each call one gRPC call (Get waits on the
@@ -95,6 +211,29 @@ class GrpcStore final : public gloo::rendezvous::Store {
       if (RefusedForGood(s.error_code()) || Clock::now() >= until) {
         throw std::runtime_error(absl::StrCat("rendezvous at ", options_.address, " unreachable: ",
                                               s.error_message()));
+      }
+      BackOff(*channel_, backoff);
+      backoff = std::min(backoff * 2, options_.max_backoff_s);
+    }
+  }
+
+  // One membership call (Join, AwaitGeneration, RequestReform), retried
+  // with backoff until `until`; the error names the rendezvous.
+  template <typename Req, typename Rep>
+  absl::Status Call(grpc::Status (net::Rendezvous::Stub::*method)(grpc::ClientContext*, const Req&, Rep*),
+                    const Req& request, Rep* reply, Clock::time_point until, double extra_deadline_s = 0) {
+    double backoff = options_.initial_backoff_s;
+    while (true) {
+      grpc::ClientContext context;
+      AddToken(options_, &context);
+      context.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::milliseconds(static_cast<int64_t>(
+                               (std::max(options_.deadline_s, 1.0) + extra_deadline_s) * 1000)));
+      const grpc::Status s = (stub_.get()->*method)(&context, request, reply);
+      if (s.ok()) return absl::OkStatus();
+      if (RefusedForGood(s.error_code()) || Clock::now() >= until) {
+        return absl::UnavailableError(
+            absl::StrCat("rendezvous at ", options_.address, " unreachable: ", s.error_message()));
       }
       BackOff(*channel_, backoff);
       backoff = std::min(backoff * 2, options_.max_backoff_s);
@@ -162,9 +301,68 @@ class Collective::Impl {
   // Bound algorithms (Gloo's older interface: buffers registered once, then
   // run again and again) for the buffers a job reduces every round.
   std::map<std::pair<float*, size_t>, std::unique_ptr<gloo::Algorithm>> bound;
+  std::map<std::pair<float*, size_t>, std::unique_ptr<gloo::AllreduceOptions>> ring;
+  // Membership: this process's member id, whether it joined after the
+  // first generation formed, the generation its mesh belongs to, and how
+  // many members the last forming left out.
+  int64_t member = 0;
+  bool late = false;
+  int64_t generation = -1;
+  int lost = 0;
+  bool failed = false;  // a collective failed since the last forming
 
   std::chrono::milliseconds timeout() const {
     return std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
+  }
+
+  // Waits for a generation after `after` holding this member, then
+  // connects its mesh: rank = this member's index, size = the members.
+  absl::Status JoinGeneration(int64_t after) {
+    const std::string prefix = absl::StrCat("allreduce: ", after < 0 ? "connecting" : "re-forming", " over ",
+                                            options.size, " ranks failed on rank ", options.rank, ": ");
+    const auto until = Clock::now() + timeout();
+    net::GenerationReply g;
+    while (true) {
+      net::GenerationRequest req;
+      req.set_member(member);
+      req.set_after(after);
+      const double left = std::chrono::duration<double>(until - Clock::now()).count();
+      req.set_wait_s(std::max(0.0, std::min(left, 5.0)));
+      g.Clear();
+      if (absl::Status st = store->Call(&net::Rendezvous::Stub::AwaitGeneration, req, &g, until, 5.0); !st.ok()) {
+        return absl::UnavailableError(absl::StrCat(prefix, st.message()));
+      }
+      if (g.refused()) {
+        return absl::UnavailableError(absl::StrCat(
+            prefix, "member ", member, " was left out of the re-formed group (it asked after the others' grace period)"));
+      }
+      if (g.formed()) break;
+      if (Clock::now() >= until) {
+        return absl::UnavailableError(absl::StrCat(
+            prefix, "no group of ranks formed within ", options.timeout_s, " s (cluster.collective_timeout_s)",
+            after < 0 ? absl::StrCat("; a rank of the ", options.size, " did not come") : std::string()));
+      }
+    }
+    const std::vector<int64_t> members(g.members().begin(), g.members().end());
+    const int rank = static_cast<int>(std::find(members.begin(), members.end(), member) - members.begin());
+    bound.clear();
+    ring.clear();
+    context.reset();
+    tag = 0;
+    options.rank = rank;
+    options.size = static_cast<int>(members.size());
+    generation = g.generation();
+    lost = g.lost();
+    failed = false;
+    return Run("connecting", [this] {
+      gloo::transport::tcp::attr attr;
+      attr.hostname = options.gloo_host;
+      device = gloo::transport::tcp::CreateDevice(attr);
+      context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.size);
+      context->setTimeout(timeout());
+      gloo::rendezvous::PrefixStore prefixed(absl::StrCat("g", generation), *store);
+      context->connectFullMesh(prefixed, device);
+    });
   }
 
   // Runs one Gloo call; its exceptions become Unavailable naming `what`.
@@ -174,6 +372,7 @@ class Collective::Impl {
       f();
       return absl::OkStatus();
     } catch (const std::exception& e) {
+      failed = true;
       return absl::UnavailableError(absl::StrCat("allreduce: ", what, " over ", options.size,
                                                  " ranks failed on rank ", options.rank, ": ", e.what()));
     }
@@ -188,6 +387,33 @@ Collective::~Collective() {
   if (impl_->server) impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
 }
 
+absl::Status Collective::Reform() {
+  Impl* const im = impl_.get();
+  // Close this member's sockets first: peers still blocked on them fail at
+  // once instead of at their deadline.
+  im->bound.clear();
+  im->ring.clear();
+  im->context.reset();
+  net::ReformRequest req;
+  req.set_member(im->member);
+  req.set_generation(im->generation);
+  net::RendezvousReply reply;
+  if (absl::Status s = im->store->Call(&net::Rendezvous::Stub::RequestReform, req, &reply,
+                                       Clock::now() + im->timeout());
+      !s.ok()) {
+    return absl::UnavailableError(absl::StrCat("allreduce: re-forming failed on rank ", im->options.rank, ": ",
+                                               s.message()));
+  }
+  return im->JoinGeneration(im->generation);
+}
+
+int64_t Collective::generation() const { return impl_->generation; }
+int64_t Collective::member() const { return impl_->member; }
+bool Collective::joined_late() const { return impl_->late; }
+int Collective::lost_at_last_forming() const { return impl_->lost; }
+bool Collective::failed() const { return impl_->failed; }
+bool Collective::joiners_waiting() const { return impl_->service != nullptr && impl_->service->joiners_waiting(); }
+
 int Collective::rank() const { return impl_->options.rank; }
 int Collective::size() const { return impl_->options.size; }
 
@@ -201,7 +427,8 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Connect(const Collective
   impl->options = options;
   if (options.rank == 0) {
     SW_RETURN_IF_ERROR(options.server.Validate());
-    impl->service = std::make_unique<RendezvousService>(options.server.token);
+    impl->service =
+        std::make_unique<RendezvousService>(options.server.token, options.size, std::min(options.timeout_s, 5.0));
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort(options.server.bind_address, ServerCredentialsOf(options.server), &port);
@@ -216,16 +443,19 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Connect(const Collective
     }
   }
   impl->store = std::make_unique<GrpcStore>(options.rendezvous, impl->timeout());
-  Impl* const im = impl.get();
-  SW_RETURN_IF_ERROR(im->Run("connecting", [im] {
-    gloo::transport::tcp::attr attr;
-    attr.hostname = im->options.gloo_host;
-    im->device = gloo::transport::tcp::CreateDevice(attr);
-    im->context = std::make_shared<gloo::rendezvous::Context>(im->options.rank, im->options.size);
-    im->context->setTimeout(im->timeout());
-    gloo::rendezvous::PrefixStore prefixed("g0", *im->store);
-    im->context->connectFullMesh(prefixed, im->device);
-  }));
+  const std::string prefix = absl::StrCat("allreduce: connecting over ", options.size, " ranks failed on rank ",
+                                          options.rank, ": ");
+  net::JoinRequest join;
+  join.set_rank(options.rank);
+  net::JoinReply joined;
+  if (absl::Status s = impl->store->Call(&net::Rendezvous::Stub::Join, join, &joined,
+                                         Clock::now() + impl->timeout());
+      !s.ok()) {
+    return absl::UnavailableError(absl::StrCat(prefix, s.message()));
+  }
+  impl->member = joined.member();
+  impl->late = joined.late();
+  SW_RETURN_IF_ERROR(impl->JoinGeneration(-1));
   return std::unique_ptr<Collective>(new Collective(std::move(impl)));
 }
 
@@ -234,16 +464,27 @@ absl::Status Collective::AllreduceSum(float* data, size_t n) {
   const auto start = Clock::now();
   Impl* const im = impl_.get();
   absl::Status s = im->Run("allreduce", [im, data, n] {
-    std::unique_ptr<gloo::Algorithm>& a = im->bound[{data, n}];
-    if (a == nullptr) {
-      if (im->options.algorithm == AllreduceAlgorithm::kRing) {
-        a = std::make_unique<gloo::AllreduceRingChunked<float>>(im->context, std::vector<float*>{data}, static_cast<int>(n));
-      } else {
+    if (im->options.algorithm == AllreduceAlgorithm::kHalvingDoubling) {
+      std::unique_ptr<gloo::Algorithm>& a = im->bound[{data, n}];
+      if (a == nullptr) {
         a = std::make_unique<gloo::AllreduceHalvingDoubling<float>>(im->context, std::vector<float*>{data},
                                                                     static_cast<int>(n));
       }
+      a->run();
+      return;
     }
-    a->run();
+    // The ring, through options bound to the buffer once (its unbound
+    // buffers registered once) and run again with a fresh tag.
+    std::unique_ptr<gloo::AllreduceOptions>& o = im->ring[{data, n}];
+    if (o == nullptr) {
+      o = std::make_unique<gloo::AllreduceOptions>(im->context);
+      o->setOutput(data, n);
+      o->setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+      o->setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+      o->setTimeout(im->timeout());
+    }
+    o->setTag(im->tag++);
+    gloo::allreduce(*o);
   });
   nanos_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count(),
                    std::memory_order_relaxed);
@@ -308,6 +549,20 @@ absl::Status Collective::Broadcast(float* data, size_t n, int root) {
                    std::memory_order_relaxed);
   payload_bytes_.fetch_add(n * sizeof(float), std::memory_order_relaxed);
   return s;
+}
+
+absl::Status Collective::BroadcastBytes(void* data, size_t bytes, int root) {
+  if (bytes == 0) return absl::OkStatus();
+  Impl* const im = impl_.get();
+  uint8_t* const p = static_cast<uint8_t*>(data);
+  return im->Run("broadcast", [im, p, bytes, root] {
+    gloo::BroadcastOptions opts(im->context);
+    opts.setOutput(p, bytes);
+    opts.setRoot(root);
+    opts.setTag(im->tag++);
+    opts.setTimeout(im->timeout());
+    gloo::broadcast(opts);
+  });
 }
 
 uint64_t Fingerprint(const float* data, size_t n, uint64_t seed) {

@@ -15,6 +15,8 @@
 #include "core/base/status.h"
 #include "net/allreduce.h"
 #include "net/net_options.h"
+#include "core/model/optimizer.h"
+#include "ps_shm/shm_store.h"
 
 namespace shardwild {
 namespace {
@@ -113,6 +115,107 @@ absl::StatusOr<std::unique_ptr<Collective>> ConnectRank(const Config& config, co
   return Collective::Connect(co);
 }
 
+namespace {
+
+// The trainer's group (workers/trainer.h ElasticGroup) over a Collective.
+class GlooGroup final : public ElasticGroup {
+ public:
+  GlooGroup(Collective& collective, Job& job, ProgressReporter& progress)
+      : c_(collective), job_(job), progress_(progress) {}
+
+  int rank() const override { return c_.rank(); }
+  int world() const override { return c_.size(); }
+  bool joined_late() const override { return c_.joined_late(); }
+  int64_t membership_changes() const { return changes_; }
+  int64_t failures() const { return failures_; }
+
+  absl::StatusOr<bool> Recover(const absl::Status& failure) override {
+    if (!c_.failed()) return false;  // not the group's: the trainer returns it
+    progress_.Line(absl::StrCat(failure.message(), "; re-forming the group"));
+    SW_RETURN_IF_ERROR(Reform());
+    return true;
+  }
+
+  absl::StatusOr<bool> AdmitJoiners() override {
+    int64_t waiting = c_.joiners_waiting() ? 1 : 0;
+    if (absl::Status s = c_.AllreduceSum(&waiting, 1); !s.ok()) {
+      if (!c_.failed()) return s;
+      progress_.Line(absl::StrCat(s.message(), "; re-forming the group"));
+      SW_RETURN_IF_ERROR(Reform());
+      return true;
+    }
+    if (waiting == 0) return false;
+    SW_RETURN_IF_ERROR(Reform());
+    return true;
+  }
+
+  absl::Status SyncState(std::vector<int64_t>* cursor, std::vector<int32_t>* order) override {
+    ShmParamStore& store = job_.store();
+    const StoreLayout& layout = store.layout();
+    SW_RETURN_IF_ERROR(c_.CheckSame(LayoutFingerprint(layout), "the model layout (variables and their shapes)"));
+    const bool root = c_.rank() == 0;
+    int64_t sizes[2] = {static_cast<int64_t>(cursor->size()), static_cast<int64_t>(order->size())};
+    SW_RETURN_IF_ERROR(c_.BroadcastBytes(sizes, sizeof sizes, 0));
+    if (sizes[0] < 0 || sizes[0] > 64 || sizes[1] < 0 || sizes[1] > job_.train().count) {
+      return absl::InternalError("allreduce: rank 0 sent a malformed cursor");
+    }
+    cursor->resize(sizes[0]);
+    order->resize(sizes[1]);
+    SW_RETURN_IF_ERROR(c_.BroadcastBytes(cursor->data(), cursor->size() * sizeof(int64_t), 0));
+    SW_RETURN_IF_ERROR(c_.BroadcastBytes(order->data(), order->size() * sizeof(int32_t), 0));
+    // Every variable's parameters, optimizer slots and update count (Adam's t).
+    const int slots = NumSlots(job_.config().optimizer.type);
+    std::vector<float> buf;
+    for (size_t v = 0; v < layout.variables.size(); ++v) {
+      const VariableSpec& spec = layout.variables[v];
+      const int64_t size = spec.size();
+      buf.assign(size * (1 + slots) + 2, 0.0f);
+      std::vector<float*> slot_ptrs(slots);
+      for (int k = 0; k < slots; ++k) slot_ptrs[k] = buf.data() + size * (1 + k);
+      if (root) {
+        SW_RETURN_IF_ERROR(store.ReadRows(static_cast<int>(v), 0, spec.rows, buf.data(), slot_ptrs));
+        const uint64_t count = store.update_count(static_cast<int>(v));
+        std::memcpy(buf.data() + size * (1 + slots), &count, sizeof count);
+      }
+      SW_RETURN_IF_ERROR(c_.BroadcastBytes(buf.data(), buf.size() * sizeof(float), 0));
+      if (!root) {
+        std::vector<const float*> in(slot_ptrs.begin(), slot_ptrs.end());
+        SW_RETURN_IF_ERROR(store.WriteRows(static_cast<int>(v), 0, spec.rows, buf.data(), in));
+        uint64_t count = 0;
+        std::memcpy(&count, buf.data() + size * (1 + slots), sizeof count);
+        store.SetUpdateCount(static_cast<int>(v), count);
+      }
+    }
+    SW_ASSIGN_OR_RETURN(const uint64_t now, ParamsFingerprint(store));
+    return c_.CheckSame(now, "the parameters taken from rank 0");
+  }
+
+ private:
+  absl::Status Reform() {
+    SW_RETURN_IF_ERROR(c_.Reform());
+    ++changes_;
+    failures_ += c_.lost_at_last_forming();
+    progress_.Line(absl::StrCat("allreduce: group generation ", c_.generation(), ": rank ", c_.rank(), " of ",
+                                c_.size(), c_.lost_at_last_forming() > 0
+                                               ? absl::StrCat(", ", c_.lost_at_last_forming(), " member(s) lost")
+                                               : std::string()));
+    const int min = job_.config().cluster.min_workers;
+    if (c_.size() < min) {
+      return absl::FailedPreconditionError(absl::StrCat("cluster.min_workers: ", c_.size(),
+                                                        " rank(s) left, fewer than the ", min, " the job needs"));
+    }
+    return absl::OkStatus();
+  }
+
+  Collective& c_;
+  Job& job_;
+  ProgressReporter& progress_;
+  int64_t changes_ = 0;
+  int64_t failures_ = 0;
+};
+
+}  // namespace
+
 absl::StatusOr<TrainSummary> RunAllreduceRank(Job& job, const ClusterSpec& spec, ProgressReporter& progress,
                                               TrainRunOptions options, AllreduceStats* stats) {
   const Config& config = job.config();
@@ -122,43 +225,45 @@ absl::StatusOr<TrainSummary> RunAllreduceRank(Job& job, const ClusterSpec& spec,
                      job.param_store().layout().tables.size(),
                      " embedding table(s), whose rows would go to ps tasks: train it with train.strategy ps"));
   }
-  if (job.sync() == nullptr) return absl::InternalError("allreduce: the job has no sync barrier");
+  if (job.sync() == nullptr || !job.has_local_store()) {
+    return absl::InternalError("allreduce: the job has no sync barrier or store of its own");
+  }
   SW_ASSIGN_OR_RETURN(std::unique_ptr<Collective> collective, ConnectRank(config, spec, progress));
-  const int rank = collective->rank(), world = collective->size();
-
-  SW_RETURN_IF_ERROR(collective->CheckSame(LayoutFingerprint(job.param_store().layout()),
-                                           "the model layout (variables and their shapes)"));
-  SW_ASSIGN_OR_RETURN(const uint64_t before, ParamsFingerprint(job.param_store()));
-  // The initial values must agree (the same train.seed, model and data).
-  // A checkpoint is restored inside RunTraining, from checkpoint.dir, which
-  // every rank must read alike (a shared directory); the comparison after
-  // training catches ranks that did not.
-  SW_RETURN_IF_ERROR(collective->CheckSame(before, "the initial parameters (train.seed, model or data)"));
+  if (!collective->joined_late()) {
+    // The first generation: the same model, and the same initial values
+    // (train.seed, model and data). A checkpoint is restored inside
+    // RunTraining, from checkpoint.dir, which every rank must read alike (a
+    // shared directory); the comparison after training catches ranks that
+    // did not. A joiner takes rank 0's state instead (SyncState).
+    SW_RETURN_IF_ERROR(collective->CheckSame(LayoutFingerprint(job.param_store().layout()),
+                                             "the model layout (variables and their shapes)"));
+    SW_ASSIGN_OR_RETURN(const uint64_t before, ParamsFingerprint(job.param_store()));
+    SW_RETURN_IF_ERROR(collective->CheckSame(before, "the initial parameters (train.seed, model or data)"));
+  }
 
   job.sync()->set_reducer(collective.get());
   struct ReducerGuard {
     Job& job;
     ~ReducerGuard() { job.sync()->set_reducer(nullptr); }
   } guard{job};
-  options.rank = rank;
-  options.world = world;
+  GlooGroup group(*collective, job, progress);
+  options.elastic = &group;
   SW_ASSIGN_OR_RETURN(TrainSummary summary, RunTraining(job, progress, options));
+  summary.worker_failures += group.failures();
 
   SW_ASSIGN_OR_RETURN(const uint64_t after, ParamsFingerprint(job.param_store()));
   SW_RETURN_IF_ERROR(collective->CheckSame(after, "the parameters after training"));
-  const int64_t local_records = summary.records_seen;
-  int64_t totals[2] = {summary.records_seen, summary.steps};
-  SW_RETURN_IF_ERROR(collective->AllreduceSum(totals, 2));
-  summary.records_seen = totals[0];
-  summary.steps = totals[1];
   if (stats != nullptr) {
-    stats->rank = rank;
-    stats->world = world;
-    stats->local_records = local_records;
+    stats->rank = collective->rank();
+    stats->world = collective->size();
+    stats->local_records = 0;
+    for (const EpochResult& e : summary.history) stats->local_records += e.records;
     stats->payload_bytes = collective->payload_bytes();
     stats->collective_s = collective->seconds();
     stats->collectives = collective->calls();
     stats->params_fingerprint = after;
+    stats->membership_changes = group.membership_changes();
+    stats->generation = collective->generation();
   }
   return summary;
 }

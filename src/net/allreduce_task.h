@@ -9,13 +9,20 @@
 // Before the first step the ranks compare their model layouts and their
 // parameters (FailedPrecondition on every rank when they differ: another
 // config, model or data; a rank resumed from other checkpoints). After the
-// last, they compare the parameters again and sum their counters, so the
-// summary's records_seen and steps are the job's. Rank 0 alone writes
-// checkpoints.
+// last, they compare the parameters again. Rank 0 alone writes checkpoints.
 //
-// Not yet: embedding tables (their rows would go to ps tasks), and elastic
-// membership (a rank that dies fails the others' next collective, and the
-// job stops with that error on every surviving rank).
+// Elastic: rank 0 of the first generation keeps the membership (it must
+// outlive the job). A member that dies fails the others' collective; they
+// re-form without it within a grace period, take rank 0's parameters and
+// optimizer state, and split what is left of the epoch among themselves
+// (workers/trainer.h ElasticGroup); cluster.min_workers stops the job when
+// too few are left. A process started later (with the same config and the
+// launcher's variables of any rank) joins at the next segment boundary and
+// takes the state by broadcast. summary.records_seen counts the group's
+// records, worker_failures the members lost, and the JSON summary's
+// membership_changes the re-formings.
+//
+// Not yet: embedding tables (their rows would go to ps tasks).
 #pragma once
 
 #include <cstdint>
@@ -36,6 +43,8 @@ struct AllreduceStats {
   double collective_s = 0;      // spent in them
   uint64_t collectives = 0;
   uint64_t params_fingerprint = 0;  // of the final parameters, equal on every rank
+  int64_t membership_changes = 0;   // re-formings this rank took part in
+  int64_t generation = 0;           // the group's at the end
 };
 
 // Runs rank AllreduceRankOf(spec, *spec.task) of the job on `job` (a job

@@ -129,6 +129,11 @@ absl::Status SyncAggregator::PadRounds(int64_t rounds) {
   return absl::OkStatus();
 }
 
+uint64_t SyncAggregator::completed_rounds() const {
+  MutexLock lock(&mu_);
+  return generation_ - failed_rounds_;
+}
+
 uint64_t SyncAggregator::rounds() const {
   MutexLock lock(&mu_);
   return generation_;
@@ -164,6 +169,7 @@ void SyncAggregator::CompleteRound() {
     if (!round_status_.ok()) {
       contributed_.assign(num_workers_, 0);
       arrived_ = 0;
+      ++failed_rounds_;
       ++generation_;
       round_done_.SignalAll();
       return;

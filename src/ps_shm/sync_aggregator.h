@@ -93,6 +93,9 @@ class SyncAggregator {
 
   // Rounds completed so far (pushes made), over the aggregator's life.
   uint64_t rounds() const;
+  // Of those, the rounds whose reduction across processes succeeded (all of
+  // them without a reducer): a failed one applied nothing.
+  uint64_t completed_rounds() const;
 
   // Across processes (train.strategy allreduce): every round's sum of this
   // process's contributions is summed with every other process's through
@@ -148,6 +151,7 @@ class SyncAggregator {
   int active_ ABSL_GUARDED_BY(mu_) = 0;                 // workers in the group
   int arrived_ ABSL_GUARDED_BY(mu_) = 0;                // contributions this round
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;        // rounds completed
+  uint64_t failed_rounds_ ABSL_GUARDED_BY(mu_) = 0;     // of those, whose reduction failed
   absl::Status round_status_ ABSL_GUARDED_BY(mu_);      // of the last round's push
 };
 

@@ -38,6 +38,49 @@ Totals ReadCounters(Job& job) {
   return t;
 }
 
+// The lock-step rounds of (what is left of) an epoch: `order` split into
+// the world's world * workers parts by the div rule; this process's
+// workers take parts rank * workers .., and a round is one step of every
+// part that has a batch left.
+struct RoundPlan {
+  std::vector<int32_t> order;       // the records, in training order
+  std::vector<RowRange> all_parts;  // world * workers, into order
+  std::vector<RowRange> parts;      // this process's workers'
+  std::vector<int64_t> worker_steps;
+  int64_t rounds = 0;               // the most steps of any part
+  int64_t local_steps = 0;          // this process's steps in all
+
+  // Records the first r rounds train (every part's first r batches).
+  int64_t RecordsAfter(int64_t r, int64_t batch) const {
+    int64_t done = 0;
+    for (const RowRange& p : all_parts) done += std::min(p.size(), r * batch);
+    return done;
+  }
+  // The records the rounds after r leave, part by part.
+  std::vector<int32_t> Remaining(int64_t r, int64_t batch) const {
+    std::vector<int32_t> rest;
+    for (const RowRange& p : all_parts) {
+      const int64_t from = p.begin + std::min(p.size(), r * batch);
+      rest.insert(rest.end(), order.begin() + from, order.begin() + p.end);
+    }
+    return rest;
+  }
+};
+
+RoundPlan MakeRoundPlan(std::vector<int32_t> order, int world, int rank, int workers, int64_t batch) {
+  RoundPlan p;
+  p.order = std::move(order);
+  p.all_parts = FixedShardsDiv(static_cast<int64_t>(p.order.size()), static_cast<int64_t>(workers) * world);
+  p.parts.assign(p.all_parts.begin() + static_cast<int64_t>(rank) * workers,
+                 p.all_parts.begin() + static_cast<int64_t>(rank + 1) * workers);
+  for (const RowRange& part : p.all_parts) p.rounds = std::max(p.rounds, (part.size() + batch - 1) / batch);
+  for (const RowRange& part : p.parts) {
+    p.worker_steps.push_back((part.size() + batch - 1) / batch);
+    p.local_steps += p.worker_steps.back();
+  }
+  return p;
+}
+
 }  // namespace
 
 std::vector<int32_t> EpochOrder(int64_t n, uint64_t seed, int epoch) {
@@ -236,26 +279,25 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
   const int workers = job.num_workers();
   const int64_t n = job.train().count;
   const int64_t batch = cfg.train.batch_size;
-  if (options.world < 1 || options.rank < 0 || options.rank >= options.world ||
-      (options.world > 1 && (job.sync() == nullptr || !allreduce))) {
-    return absl::InvalidArgumentError(absl::StrCat("train: rank ", options.rank, " of ", options.world,
-                                                   " needs train.strategy allreduce and its sync barrier"));
+  ElasticGroup* const elastic = options.elastic;
+  if (elastic != nullptr && (job.sync() == nullptr || !allreduce)) {
+    return absl::InvalidArgumentError("train: a group of processes needs train.strategy allreduce and its sync barrier");
   }
-  // This process's parts of the world's world * workers parts; the rounds
-  // of an epoch are the most steps any part of the world takes.
-  const std::vector<RowRange> all_parts = FixedShardsDiv(n, static_cast<int64_t>(workers) * options.world);
-  const std::vector<RowRange> parts(all_parts.begin() + static_cast<int64_t>(options.rank) * workers,
-                                    all_parts.begin() + static_cast<int64_t>(options.rank + 1) * workers);
-  std::vector<int64_t> worker_steps(workers);
-  int64_t steps_per_epoch = 0;  // over this process's workers
-  int64_t epoch_rounds = 0;     // the most steps any worker of the world takes in an epoch
-  for (int i = 0; i < workers; ++i) {
-    worker_steps[i] = (parts[i].size() + batch - 1) / batch;
-    steps_per_epoch += worker_steps[i];
-  }
-  for (const RowRange& p : all_parts) epoch_rounds = std::max(epoch_rounds, (p.size() + batch - 1) / batch);
+  auto world = [elastic] { return elastic != nullptr ? elastic->world() : 1; };
+  auto rank = [elastic] { return elastic != nullptr ? elastic->rank() : 0; };
+  auto make_plan = [&](std::vector<int32_t> order) {
+    return MakeRoundPlan(std::move(order), world(), rank(), workers, batch);
+  };
+  // The plan of the epoch under way (the first epoch's until the loop
+  // starts); with a group it is re-made for the rest of the epoch whenever
+  // the group changes.
+  RoundPlan plan = make_plan(EpochOrder(n, cfg.train.seed, 1));
+  int64_t steps_per_epoch = plan.local_steps;  // over this process's workers
+  int64_t epoch_rounds = plan.rounds;          // the most steps any worker of the world takes
   const CheckpointOptions& ck = cfg.checkpoint;
-  const bool checkpointing = !ck.dir.empty() && options.rank == 0;
+  // In a group, rank 0 alone writes (its rank may change as members leave:
+  // the first generation's rank 0 keeps the membership and stays rank 0).
+  const bool checkpointing = !ck.dir.empty() && rank() == 0;
   const std::string config_hash = TrainingConfigHash(cfg);
 
   TrainSummary summary;
@@ -283,7 +325,7 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
       first_round = cur.value("round", int64_t{0});
       base_records = extra.value("records_seen", int64_t{0});
       base_steps = extra.value("steps", int64_t{0});
-      if (cur.value("workers", 0) != workers || cur.value("batch", int64_t{0}) != batch ||
+      if (cur.value("workers", 0) != workers * world() || cur.value("batch", int64_t{0}) != batch ||
           cur.value("records", int64_t{0}) != n) {
         if (first_round > 0) {
           progress.Line(absl::StrCat("warning: workers, batch size or data changed since ", found->path,
@@ -334,7 +376,7 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
     state.step = base_steps + t.steps;
     state.epoch = epoch - 1;
     state.config_hash = config_hash;
-    state.data_cursor = {{"epoch", epoch},      {"round", round},          {"workers", workers},
+    state.data_cursor = {{"epoch", epoch},      {"round", round},          {"workers", workers * world()},
                          {"batch", batch},      {"records", n},            {"epoch_records", epoch_records},
                          {"seed", cfg.train.seed}};
     state.rng = {{"shuffle_seed", cfg.train.seed}, {"epoch", epoch}};
@@ -360,8 +402,47 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
   const auto run_start = Clock::now();
   double train_seconds = 0;
   int64_t global_round = static_cast<int64_t>(first_epoch - 1) * epoch_rounds + first_round;
+  // In a group: the records the world has trained (counted by rounds, so
+  // the same on every rank, whatever members came and went); and the state
+  // a process that joined the running job takes from rank 0 first.
+  int64_t group_records = 0;
+  std::optional<std::vector<int32_t>> carried_order;  // what is left of the epoch under way
+  int64_t carried_epoch_records = 0;
+  // A group's cursor, as SyncState hands it around: the epoch, the records
+  // of it done, the records before it.
+  auto sync_group = [&](int64_t epoch, int64_t epoch_records, std::vector<int32_t> rest)
+      -> absl::StatusOr<std::vector<int64_t>> {
+    std::vector<int64_t> cursor = {epoch, epoch_records, group_records};
+    SW_RETURN_IF_ERROR(elastic->SyncState(&cursor, &rest));
+    if (cursor.size() != 3) return absl::InternalError("train: a group's cursor has 3 fields");
+    group_records = cursor[2];
+    carried_order = std::move(rest);
+    carried_epoch_records = cursor[1];
+    return cursor;
+  };
+  if (elastic != nullptr && elastic->joined_late()) {
+    // Joined a running job: its epoch, what is left of it, its parameters.
+    SW_ASSIGN_OR_RETURN(const std::vector<int64_t> cursor, sync_group(first_epoch, 0, {}));
+    first_epoch = static_cast<int>(cursor[0]);
+    first_round = 0;
+    progress.Line(absl::StrCat("joined the running job at epoch ", first_epoch, " (", carried_epoch_records,
+                               " of its records done), as rank ", rank(), " of ", world()));
+  }
   for (int epoch = first_epoch; epoch <= cfg.train.epochs; ++epoch) {
-    const std::vector<int32_t> order = EpochOrder(n, cfg.train.seed, epoch);
+    // The epoch's plan: all of it, or (after a change of the group) the
+    // part the group has left.
+    int64_t epoch_records_before_plan = 0;  // of this epoch, trained before the plan under way
+    bool replanned = false;
+    if (carried_order) {
+      plan = make_plan(std::move(*carried_order));
+      carried_order.reset();
+      epoch_records_before_plan = carried_epoch_records;
+      replanned = true;
+    } else {
+      plan = make_plan(EpochOrder(n, cfg.train.seed, epoch));
+    }
+    epoch_rounds = plan.rounds;
+    steps_per_epoch = plan.local_steps;
     const Totals before = ReadCounters(job);
     const auto epoch_start = Clock::now();
     const int64_t start_round = epoch == first_epoch ? first_round : 0;
@@ -392,40 +473,92 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
         options.live_metrics->SetJobRecords(base_records + now.samples);
       }
     };
-    const double progress_begin = static_cast<double>(epoch - 1) / cfg.train.epochs;
+    const double epoch_progress_begin = static_cast<double>(epoch - 1) / cfg.train.epochs;
     const double progress_end = static_cast<double>(epoch) / cfg.train.epochs;
-    // The epoch in segments of whole steps, ending where a checkpoint is due.
+    // The plan starts where the epoch's records done leave the schedule.
+    double progress_begin = epoch_progress_begin + static_cast<double>(epoch_records_before_plan) / n / cfg.train.epochs;
+    // The epoch in segments of whole steps, ending where a checkpoint is due
+    // (and in a group every kGroupSegmentRounds rounds, where joiners are let
+    // in). Every rank cuts the same segments.
+    constexpr int64_t kGroupSegmentRounds = 16;
     for (int64_t round = start_round; round < epoch_rounds;) {
       int64_t end = epoch_rounds;
-      if (checkpointing && ck.every_steps > 0) {
+      if (!ck.dir.empty() && ck.every_steps > 0) {
         end = std::min(end, round + (ck.every_steps - global_round % ck.every_steps));
       }
       if (inline_eval && cfg.eval.every_steps > 0) {
         end = std::min(end, round + (cfg.eval.every_steps - global_round % cfg.eval.every_steps));
       }
+      if (elastic != nullptr) end = std::min(end, round + kGroupSegmentRounds);
       const uint64_t rounds_before = job.sync() != nullptr ? job.sync()->rounds() : 0;
-      SW_RETURN_IF_ERROR(job.pool().RunAll(
+      const uint64_t completed_before = job.sync() != nullptr ? job.sync()->completed_rounds() : 0;
+      absl::Status segment = job.pool().RunAll(
           [&](int i) {
-            const int64_t first = std::min(round, worker_steps[i]);
-            const int64_t last = std::min(end, worker_steps[i]);
+            const int64_t first = std::min(round, plan.worker_steps[i]);
+            const int64_t last = std::min(end, plan.worker_steps[i]);
             const int64_t begin_record = first * batch;
-            const int64_t count = std::min(parts[i].size(), last * batch) - begin_record;
-            const double per_step =
-                worker_steps[i] > 0 ? (progress_end - progress_begin) / static_cast<double>(worker_steps[i]) : 0.0;
-            return job.worker(i).TrainRange(order.data() + parts[i].begin + begin_record, count, cfg.optimizer,
-                                            progress_begin, per_step, first, nullptr);
+            const int64_t count = std::min(plan.parts[i].size(), last * batch) - begin_record;
+            const double per_step = plan.worker_steps[i] > 0 ? (progress_end - progress_begin) /
+                                                                   static_cast<double>(plan.worker_steps[i])
+                                                             : 0.0;
+            return job.worker(i).TrainRange(plan.order.data() + plan.parts[i].begin + begin_record, count,
+                                            cfg.optimizer, progress_begin, per_step, first, nullptr);
           },
-          absl::Seconds(tick_s), tick));
-      if (options.world > 1 && !stop_steps.load(std::memory_order_relaxed)) {
+          absl::Seconds(tick_s), tick);
+      // Segments shorter than a tick (a group's) still show progress.
+      tick();
+      if (segment.ok() && elastic != nullptr && !stop_steps.load(std::memory_order_relaxed)) {
         // The rounds of [round, end) this process's parts ran out before.
         const int64_t done = static_cast<int64_t>(job.sync()->rounds() - rounds_before);
-        SW_RETURN_IF_ERROR(job.sync()->PadRounds(end - round - done));
+        segment = job.sync()->PadRounds(end - round - done);
+      }
+      if (!segment.ok()) {
+        if (elastic == nullptr) return segment;
+        // A member was lost: the group re-forms, every member takes rank
+        // 0's parameters and what is left of the epoch after the rounds
+        // rank 0 completed, and the epoch goes on over the new group.
+        SW_ASSIGN_OR_RETURN(const bool reformed, elastic->Recover(segment));
+        if (!reformed) return segment;
+        const int64_t completed = round + static_cast<int64_t>(job.sync()->completed_rounds() - completed_before);
+        SW_RETURN_IF_ERROR(sync_group(epoch, epoch_records_before_plan + plan.RecordsAfter(completed, batch),
+                                      plan.Remaining(completed, batch))
+                               .status());
+        progress.Line(absl::StrCat("the group re-formed after a failure: rank ", rank(), " of ", world(), "; epoch ",
+                                   epoch, " goes on with ", carried_order->size(), " records left"));
+        plan = make_plan(std::move(*carried_order));
+        carried_order.reset();
+        epoch_records_before_plan = carried_epoch_records;
+        progress_begin = epoch_progress_begin + static_cast<double>(epoch_records_before_plan) / n / cfg.train.epochs;
+        epoch_rounds = plan.rounds;
+        steps_per_epoch = plan.local_steps;
+        replanned = true;
+        round = 0;
+        continue;
       }
       if (Interrupted(options)) return InterruptedError();
       SW_RETURN_IF_ERROR(metrics_status);
       if (callbacks->stopped()) break;  // a callback stopped the run: the epoch ends here
       global_round += end - round;
       round = end;
+      if (elastic != nullptr && round < epoch_rounds) {
+        SW_ASSIGN_OR_RETURN(const bool admitted, elastic->AdmitJoiners());
+        if (admitted) {
+          SW_RETURN_IF_ERROR(sync_group(epoch, epoch_records_before_plan + plan.RecordsAfter(round, batch),
+                                        plan.Remaining(round, batch))
+                                 .status());
+          progress.Line(absl::StrCat("the group took in new members: rank ", rank(), " of ", world()));
+          plan = make_plan(std::move(*carried_order));
+          carried_order.reset();
+          epoch_records_before_plan = carried_epoch_records;
+          progress_begin =
+              epoch_progress_begin + static_cast<double>(epoch_records_before_plan) / n / cfg.train.epochs;
+          epoch_rounds = plan.rounds;
+          steps_per_epoch = plan.local_steps;
+          replanned = true;
+          round = 0;
+          continue;
+        }
+      }
       if (inline_eval && cfg.eval.every_steps > 0 && global_round % cfg.eval.every_steps == 0 && round < epoch_rounds) {
         // Inline evaluation between steps: every worker is stopped.
         SW_RETURN_IF_ERROR(job.replicas().Average());
@@ -436,9 +569,12 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
         if (stop) break;
       }
       if (checkpointing && ck.every_steps > 0 && global_round % ck.every_steps == 0 && round < epoch_rounds) {
-        SW_RETURN_IF_ERROR(write_checkpoint(epoch, round, ReadCounters(job).samples - before.samples));
+        // After the group changed within the epoch, rounds no longer index
+        // it: such a checkpoint restarts the epoch (its records counted once).
+        SW_RETURN_IF_ERROR(write_checkpoint(epoch, replanned ? 0 : round, ReadCounters(job).samples - before.samples));
       }
     }
+    if (elastic != nullptr) group_records += epoch_records_before_plan + plan.RecordsAfter(epoch_rounds, batch);
     // With several replicas, end the epoch on one model (evaluation and the
     // next epoch's first pulls see the mean). No worker runs now.
     SW_RETURN_IF_ERROR(job.replicas().Average());
@@ -448,7 +584,7 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
 
     EpochResult er;
     er.epoch = epoch;
-    er.records = after.samples - before.samples;
+    er.records = after.samples - before.samples;  // this process's
     er.train_loss = er.records > 0 ? (after.loss - before.loss) / er.records : 0;
     er.train_accuracy = er.records > 0 ? static_cast<double>(after.correct - before.correct) / er.records : 0;
     er.seconds = seconds;
@@ -478,7 +614,9 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
   }
   const Totals end = ReadCounters(job);
   summary.steps = base_steps + end.steps;
-  summary.records_seen = base_records + end.samples;
+  // In a group the world's records (rank 0's count, handed to joiners), not
+  // this process's share.
+  summary.records_seen = base_records + (elastic != nullptr ? group_records : end.samples);
   summary.samples_per_s = train_seconds > 0 ? end.samples / train_seconds : 0;
   if (!summary.history.empty()) {
     summary.train_loss = summary.history.back().train_loss;

@@ -81,6 +81,42 @@ struct TrainSummary {
   int64_t records_ready_at_first_task = -1;
 };
 
+// The processes of a train.strategy allreduce job, as the trainer sees
+// them (net/allreduce_task.h implements it over Gloo). Rank r's workers take
+// parts r * workers .. (r + 1) * workers - 1 of the world's world * workers
+// parts of each epoch (the div rule over the epoch's order), and every rank
+// takes part in every round (job.sync() pads the rounds its parts ran out
+// before; the barrier's reducer sums over the group). Rank 0 alone writes
+// checkpoints. Epochs are cut into segments of 16 rounds; between two,
+// rank 0 lets waiting joiners in (AdmitJoiners). When a segment fails on a
+// collective (a member died), Recover re-forms the group; every member then
+// takes rank 0's parameters, optimizer state and cursor (SyncState), and
+// the records rank 0's completed rounds left are split over the new group.
+// So each record is trained once per epoch, as far as rank 0's rounds
+// completed (a round a lost member took part in but that failed is trained
+// again), and records_seen counts the group's records.
+class ElasticGroup {
+ public:
+  virtual ~ElasticGroup() = default;
+  virtual int rank() const = 0;
+  virtual int world() const = 0;
+  // Whether this process joined a running job: before its first step it
+  // takes the job's state (SyncState with its own cursor ignored).
+  virtual bool joined_late() const = 0;
+  // A segment failed with `failure`: true when the group re-formed (the
+  // trainer then calls SyncState), false when the failure was not the
+  // group's (it is returned as is); an error when the group could not
+  // re-form (too few members left, the rendezvous gone).
+  virtual absl::StatusOr<bool> Recover(const absl::Status& failure) = 0;
+  // Between two segments, on every member at once: re-forms the group when
+  // rank 0 has joiners waiting; whether it did (then SyncState follows).
+  virtual absl::StatusOr<bool> AdmitJoiners() = 0;
+  // After a (re)forming: every member takes rank 0's parameters and
+  // optimizer state, `cursor` and `order` (rank 0's values in, everyone's
+  // out).
+  virtual absl::Status SyncState(std::vector<int64_t>* cursor, std::vector<int32_t>* order) = 0;
+};
+
 // How RunTraining starts.
 struct TrainRunOptions {
   // Ignore the checkpoints in checkpoint.dir and start from the initial
@@ -120,15 +156,10 @@ struct TrainRunOptions {
   // and RunTraining returns Cancelled. The checkpoints written so far stay,
   // so a restart resumes from the last one. Not owned; nullptr = never.
   const std::atomic<bool>* interrupt = nullptr;
-  // train.strategy allreduce (net/allreduce_task.h): this process is rank
-  // `rank` of `world` processes training one model in lock-step rounds; its
-  // workers take parts rank * workers .. (rank + 1) * workers - 1 of the
-  // world's world * workers parts of each epoch, and it takes part in every
-  // round of the world (job.sync() pads the rounds its parts run out
-  // before). Only rank 0 writes checkpoints. The job's sync barrier must
-  // have its reducer set.
-  int rank = 0;
-  int world = 1;
+  // train.strategy allreduce across processes (net/allreduce_task.h): this
+  // process is a member of a group training one model in lock-step rounds
+  // (not owned; nullptr = this process alone). See ElasticGroup.
+  ElasticGroup* elastic = nullptr;
 };
 
 // Whether options.interrupt is set.

@@ -121,26 +121,77 @@ TEST(AllreduceCli, BadPlacementsAreOneClearError) {
   ExpectOneErrorLine(r, {"SLURM_JOB_NODELIST: '[' without ']' in 'node[1-2'"});
 }
 
-TEST(AllreduceCli, AKilledRankStopsTheOthersWithAnErrorNotAHang) {
-  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed";
-  AllreduceRanks job(3, kConfig,
-                     {"--set", "train.epochs=3", "--set", "train.workers=1", "--set", "cluster.collective_timeout_s=20"});
-  // Kill rank 2 once it trains.
-  const auto until = Clock::now() + std::chrono::seconds(120);
-  while (Clock::now() < until && job.rank(2).out().find("epoch 1/3  step") == std::string::npos) {
-    ASSERT_FALSE(job.rank(2).Poll()) << job.rank(2).err();
+// Waits until `child`'s stdout holds `text` (or it ends, or `limit`).
+bool WaitForOutput(Child& child, const std::string& text, std::chrono::seconds limit) {
+  const auto until = Clock::now() + limit;
+  while (Clock::now() < until) {
+    if (child.out().find(text) != std::string::npos) return true;
+    if (child.Poll()) return child.out().find(text) != std::string::npos;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  ASSERT_NE(job.rank(2).out().find("epoch 1/3  step"), std::string::npos);
+  return false;
+}
+
+// Elastic membership: rank 2 of 3 is killed mid-epoch; ranks 0 and 1
+// re-form, take what is left of the epoch, and finish with every record of
+// every epoch trained once. A process started later joins the running job,
+// takes its state and trains to the end with them.
+TEST(AllreduceCli, AKilledRankIsLeftBehindAndANewcomerJoins) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed";
+  const std::vector<std::string> extra = {"--set", "train.epochs=3", "--set", "train.workers=1", "--set",
+                                          "cluster.collective_timeout_s=30", "--set", "cluster.min_workers=2"};
+  AllreduceRanks job(3, kConfig, extra);
+  ASSERT_TRUE(WaitForOutput(job.rank(2), "epoch 1/3  step", std::chrono::seconds(120))) << job.rank(2).err();
   kill(job.rank(2).pid(), SIGKILL);
   job.rank(2).Wait();
+  // The survivors re-form as generation 1 (2 ranks); then a newcomer comes.
+  ASSERT_TRUE(WaitForOutput(job.rank(0), "group generation 1: rank 0 of 2, 1 member(s) lost", std::chrono::seconds(60)))
+      << job.rank(0).out() << job.rank(0).err();
+  std::vector<std::string> args = {"train", kConfig, "--json", "--set", "train.strategy=allreduce", "--set",
+                                   "cluster.base_port=" + std::to_string(job.base_port())};
+  args.insert(args.end(), extra.begin(), extra.end());
+  Child newcomer(args, {"/usr/bin/env", "OMPI_COMM_WORLD_RANK=2", "OMPI_COMM_WORLD_SIZE=3",
+                        "OMPI_COMM_WORLD_LOCAL_SIZE=3"});
+  std::string fingerprint;
   for (int r = 0; r < 2; ++r) {
-    ASSERT_TRUE(WaitFor(job.rank(r), std::chrono::seconds(60))) << "rank " << r << " hangs";
-    Result res;
-    res.status = job.rank(r).Wait();
-    res.err = job.rank(r).err();
-    ExpectOneErrorLine(res, {"allreduce: allreduce over 3 ranks failed on rank " + std::to_string(r)});
+    ASSERT_TRUE(WaitFor(job.rank(r), std::chrono::seconds(300))) << "rank " << r << " hangs";
+    ASSERT_EQ(job.rank(r).Wait(), 0) << "rank " << r << ":\n" << job.rank(r).err() << job.rank(r).out();
+    const json j = LastLineJson(job.rank(r).out());
+    ASSERT_TRUE(j.is_object()) << job.rank(r).out();
+    // Every record of every epoch, once, over whichever members trained it.
+    EXPECT_EQ(j["records_seen"], 3 * 60000) << "rank " << r;
+    EXPECT_EQ(j["worker_failures"], 1) << "rank " << r;
+    EXPECT_GE(j["membership_changes"].get<int>(), 2) << "rank " << r;  // the loss, then the newcomer
+    EXPECT_GT(j["test_accuracy"].get<double>(), 0.83) << "rank " << r;
+    if (r == 0) fingerprint = j["allreduce"]["params_fingerprint"];
+    EXPECT_EQ(j["allreduce"]["params_fingerprint"], fingerprint) << "rank " << r;
+    EXPECT_NE(job.rank(r).out().find("re-forming the group"), std::string::npos);
   }
+  ASSERT_TRUE(WaitFor(newcomer, std::chrono::seconds(60)));
+  ASSERT_EQ(newcomer.Wait(), 0) << newcomer.err() << newcomer.out();
+  EXPECT_NE(newcomer.out().find("joined the running job at epoch"), std::string::npos) << newcomer.out();
+  const json j = LastLineJson(newcomer.out());
+  ASSERT_TRUE(j.is_object()) << newcomer.out();
+  EXPECT_EQ(j["records_seen"], 3 * 60000);
+  EXPECT_GT(j["allreduce"]["local_records"].get<int64_t>(), 0);  // it trained
+  EXPECT_EQ(j["allreduce"]["world"], 3);
+  EXPECT_EQ(j["allreduce"]["params_fingerprint"], fingerprint);
+}
+
+// Too few left: cluster.min_workers stops the survivors with one error.
+TEST(AllreduceCli, FewerThanMinWorkersStopsTheJob) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed";
+  AllreduceRanks job(2, kConfig,
+                     {"--set", "train.epochs=3", "--set", "train.workers=1", "--set",
+                      "cluster.collective_timeout_s=20", "--set", "cluster.min_workers=2"});
+  ASSERT_TRUE(WaitForOutput(job.rank(1), "epoch 1/3  step", std::chrono::seconds(120))) << job.rank(1).err();
+  kill(job.rank(1).pid(), SIGKILL);
+  job.rank(1).Wait();
+  ASSERT_TRUE(WaitFor(job.rank(0), std::chrono::seconds(60))) << "rank 0 hangs";
+  Result res;
+  res.status = job.rank(0).Wait();
+  res.err = job.rank(0).err();
+  ExpectOneErrorLine(res, {"cluster.min_workers: 1 rank(s) left, fewer than the 2 the job needs"});
 }
 
 TEST(AllreduceCli, BenchTimesTheCollectiveAgainstLoopbackTcp) {

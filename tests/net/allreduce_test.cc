@@ -20,7 +20,7 @@ using ::testing::HasSubstr;
 using testing_ports::FreePorts;
 
 CollectiveOptions Options(int rank, int size, int port, double timeout_s = 20,
-                          AllreduceAlgorithm algorithm = AllreduceAlgorithm::kHalvingDoubling) {
+                          AllreduceAlgorithm algorithm = AllreduceAlgorithm::kRing) {
   CollectiveOptions o;
   o.algorithm = algorithm;
   o.rank = rank;
@@ -37,7 +37,7 @@ CollectiveOptions Options(int rank, int size, int port, double timeout_s = 20,
 
 // Runs body(rank, collective) on `size` threads, each connected.
 void OnRanks(int size, const std::function<void(int, Collective&)>& body, double timeout_s = 20,
-             AllreduceAlgorithm algorithm = AllreduceAlgorithm::kHalvingDoubling) {
+             AllreduceAlgorithm algorithm = AllreduceAlgorithm::kRing) {
   const int port = FreePorts(1)[0];
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
@@ -82,8 +82,8 @@ TEST_P(CollectiveAlgorithms, AllreduceSumsBitIdenticallyOnEveryRank) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(HalvingDoublingAndRing, CollectiveAlgorithms,
-                         ::testing::Values(AllreduceAlgorithm::kHalvingDoubling, AllreduceAlgorithm::kRing));
+INSTANTIATE_TEST_SUITE_P(RingAndHalvingDoubling, CollectiveAlgorithms,
+                         ::testing::Values(AllreduceAlgorithm::kRing, AllreduceAlgorithm::kHalvingDoubling));
 
 TEST(Collective, BroadcastAllgatherAndCheckSame) {
   OnRanks(3, [&](int r, Collective& c) {
@@ -131,6 +131,89 @@ TEST(Collective, ALostRankFailsThePeersCollective) {
   const absl::Status s = (*c)->AllreduceSum(data.data(), data.size());
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(s.message(), HasSubstr("allreduce: allreduce over 2 ranks failed on rank 0"));
+}
+
+// Rank 2 of 3 leaves; the others' next allreduce fails, they re-form as 2
+// and go on; a late joiner then waits until rank 0 sees it and the group
+// re-forms as 3 again.
+TEST(Collective, SurvivorsReformAndLateJoinersAreAdmitted) {
+  const int port = FreePorts(1)[0];
+  std::unique_ptr<Collective> c[3];
+  {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] {
+        absl::StatusOr<std::unique_ptr<Collective>> got = Collective::Connect(Options(r, 3, port, 10));
+        ASSERT_TRUE(got.ok()) << got.status();
+        c[r] = *std::move(got);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  ASSERT_TRUE(c[0] && c[1] && c[2]);
+  EXPECT_EQ(c[0]->generation(), 0);
+  EXPECT_FALSE(c[0]->joined_late());
+  c[2].reset();  // a rank dies
+  std::vector<float> data(4096, 1.0f);
+  auto survivor = [&](int r) {
+    std::vector<float> d(4096, 1.0f);
+    const auto t0 = std::chrono::steady_clock::now();
+    const absl::Status s = c[r]->AllreduceSum(d.data(), d.size());
+    // The ring notices the closed sockets at once, not at the deadline.
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 9.0);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_TRUE(c[r]->failed());
+    const absl::Status re = c[r]->Reform();
+    ASSERT_TRUE(re.ok()) << re;
+    EXPECT_EQ(c[r]->generation(), 1);
+    EXPECT_EQ(c[r]->size(), 2);
+    EXPECT_EQ(c[r]->rank(), r);
+    EXPECT_EQ(c[r]->lost_at_last_forming(), 1);
+    EXPECT_FALSE(c[r]->failed());
+    std::fill(d.begin(), d.end(), static_cast<float>(r + 1));
+    ASSERT_TRUE(c[r]->AllreduceSum(d.data(), d.size()).ok());
+    EXPECT_EQ(d[0], 3.0f);
+    EXPECT_EQ(d[4095], 3.0f);
+  };
+  std::thread s1([&] { survivor(1); });
+  survivor(0);
+  s1.join();
+  // A newcomer joins; rank 0 sees it waiting, and both members re-form.
+  std::unique_ptr<Collective> newcomer;
+  std::thread joiner([&] {
+    absl::StatusOr<std::unique_ptr<Collective>> got = Collective::Connect(Options(2, 3, port, 10));
+    ASSERT_TRUE(got.ok()) << got.status();
+    newcomer = *std::move(got);
+  });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!c[0]->joiners_waiting() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(c[0]->joiners_waiting());
+  EXPECT_FALSE(c[1]->joiners_waiting());  // only rank 0 keeps the membership
+  std::thread r1([&] { ASSERT_TRUE(c[1]->Reform().ok()); });
+  ASSERT_TRUE(c[0]->Reform().ok());
+  r1.join();
+  joiner.join();
+  ASSERT_NE(newcomer, nullptr);
+  EXPECT_TRUE(newcomer->joined_late());
+  EXPECT_EQ(newcomer->generation(), 2);
+  EXPECT_EQ(newcomer->size(), 3);
+  EXPECT_EQ(newcomer->rank(), 2);
+  EXPECT_EQ(c[0]->lost_at_last_forming(), 0);
+  Collective* all[3] = {c[0].get(), c[1].get(), newcomer.get()};
+  std::vector<std::thread> sums;
+  for (int r = 0; r < 3; ++r) {
+    sums.emplace_back([&, r] {
+      std::vector<float> d(100, 1.0f);
+      ASSERT_TRUE(all[r]->AllreduceSum(d.data(), d.size()).ok());
+      EXPECT_EQ(d[99], 3.0f);
+      float x = r == 0 ? 42.0f : 0.0f;
+      ASSERT_TRUE(all[r]->Broadcast(&x, 1, 0).ok());
+      EXPECT_EQ(x, 42.0f);
+    });
+  }
+  for (std::thread& t : sums) t.join();
 }
 
 TEST(Collective, BadRanks) {

@@ -564,6 +564,10 @@ TEST(SyncAggregatorAcrossProcesses, NobodyContributingPushesNothingAndErrorsReac
   EXPECT_TRUE(a.Leave(0).ok());
   EXPECT_EQ(b.PadRounds(1).code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(sa.records().empty());
+  // Failed rounds count as rounds, not as completed ones.
+  EXPECT_EQ(a.rounds(), 4u);
+  EXPECT_EQ(a.completed_rounds(), 3u);
+  EXPECT_EQ(b.completed_rounds(), 3u);
   // Without a reducer there is nothing to pad with.
   SyncAggregator c(&sa, 1);
   EXPECT_EQ(c.PadRounds(1).code(), absl::StatusCode::kFailedPrecondition);

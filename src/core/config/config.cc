@@ -606,11 +606,12 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
                                                            {"none", ClusterLauncher::kNone}});
   cluster.leaves["base_port"] = Int(&c->cluster.base_port);
   cluster.leaves["ps_tasks"] = Int(&c->cluster.ps_tasks);
+  cluster.leaves["min_workers"] = Int(&c->cluster.min_workers);
   cluster.leaves["rendezvous"] = String(&c->cluster.rendezvous);
   cluster.leaves["collective_timeout_s"] = Real(&c->cluster.collective_timeout_s);
   cluster.leaves["allreduce_algorithm"] = Enum(&c->cluster.allreduce_algorithm,
-                                               {{"halving_doubling", CollectiveAlgorithm::kHalvingDoubling},
-                                                {"ring", CollectiveAlgorithm::kRing}});
+                                               {{"ring", CollectiveAlgorithm::kRing},
+                                                {"halving_doubling", CollectiveAlgorithm::kHalvingDoubling}});
 
   Section top;
   auto sub = [](const Section& s) {

@@ -447,6 +447,7 @@ absl::Status ClusterOptions::Validate() const {
     return Bad("cluster.base_port", absl::StrCat("must be in 1..65535, got ", base_port));
   }
   if (ps_tasks < 1) return Bad("cluster.ps_tasks", absl::StrCat("must be >= 1, got ", ps_tasks));
+  if (min_workers < 1) return Bad("cluster.min_workers", absl::StrCat("must be >= 1, got ", min_workers));
   if (!(collective_timeout_s > 0) || !std::isfinite(collective_timeout_s)) {
     return Bad("cluster.collective_timeout_s", absl::StrCat("must be a finite number > 0, got ", collective_timeout_s));
   }

@@ -50,7 +50,7 @@ const char* TrainStrategyName(TrainStrategy s);
 // an allocation); the others take that source only.
 enum class ClusterLauncher { kAuto, kTfConfig, kSlurm, kMpi, kNone };
 // Gloo's allreduce for train.strategy allreduce (cluster.allreduce_algorithm).
-enum class CollectiveAlgorithm { kHalvingDoubling, kRing };
+enum class CollectiveAlgorithm { kRing, kHalvingDoubling };
 const char* ClusterLauncherName(ClusterLauncher l);
 enum class DataFormat { kIdx, kCriteo, kLibsvm, kText, kCsv };
 // What a reader does with a bad row (data.on_error): stop with an error that
@@ -511,8 +511,11 @@ struct ClusterOptions {
   // Every collective's and the rendezvous's deadline (allreduce); > 0. A
   // rank that waits longer for its peers fails with an error naming them.
   double collective_timeout_s = 60.0;
-  // halving_doubling or ring (CollectiveAlgorithm).
-  CollectiveAlgorithm allreduce_algorithm = CollectiveAlgorithm::kHalvingDoubling;
+  // train.strategy allreduce: the fewest ranks the job goes on with after
+  // losing some (>= 1); fewer stop it with an error on every survivor.
+  int min_workers = 1;
+  // ring or halving_doubling (CollectiveAlgorithm).
+  CollectiveAlgorithm allreduce_algorithm = CollectiveAlgorithm::kRing;
   absl::Status Validate() const;
 };
 

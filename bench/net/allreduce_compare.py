@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Throughput of the three ways to train one model with two worker processes on
+this machine, in alternation, on the same config, data and epochs:
+
+  allreduce  2 ranks of train.strategy allreduce (Open MPI's variables, loopback),
+             one worker thread each; every step summed by Gloo;
+  ps         the parameter-server way with the same 2 worker processes: a
+             TF_CONFIG cluster of a chief, a ps task and 2 worker tasks (one
+             worker thread each; the ps task on this host is reached through
+             shared memory);
+  single     one process, 2 worker threads, Hogwild (the config's ps.update),
+  single-sync  one process, 2 worker threads, ps.update sync (the same
+             lock-step arithmetic as allreduce, summed in shared memory).
+
+Job samples/s = the job's records_seen / the training seconds (the epochs'
+seconds of the summary: evaluation and set-up excluded), taken from rank 0
+(allreduce), the chief (ps) or the process (single). Each row prints the median
+and range over --repeats runs, and the allreduce bench's collective bytes/s
+next to the same-run loopback TCP bandwidth.
+
+Usage: bench/net/allreduce_compare.py [--binary build/shardwild] [--config CONFIG]
+       [--epochs 3] [--repeats 3]"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def summary(out):
+    for line in reversed(out.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise RuntimeError("no JSON summary in:\n" + out)
+
+
+def job_rate(j):
+    seconds = sum(e["seconds"] for e in j["history"])
+    return j["records_seen"] / seconds if seconds > 0 else 0.0
+
+
+def run_all(procs, timeout=1800):
+    outs = []
+    for p in procs:
+        o, e = p.communicate(timeout=timeout)
+        if p.returncode != 0:
+            raise RuntimeError(f"a process failed ({p.returncode}):\n{e}\n{o}")
+        outs.append(o)
+    return outs
+
+
+def allreduce(args, common):
+    port = free_ports(1)[0]
+    procs = []
+    for r in range(2):
+        env = dict(os.environ, OMPI_COMM_WORLD_RANK=str(r), OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_LOCAL_SIZE="2")
+        procs.append(subprocess.Popen([args.binary, "train", args.config, "--json", "--set", "train.strategy=allreduce",
+                                       "--set", f"cluster.base_port={port}", "--set", "train.workers=1"] + common,
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return job_rate(summary(run_all(procs)[0]))
+
+
+def ps(args, common):
+    ports = free_ports(4)
+    cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "ps": [f"127.0.0.1:{ports[1]}"],
+               "worker": [f"127.0.0.1:{ports[2]}", f"127.0.0.1:{ports[3]}"]}
+    def start(role, i, cmd):
+        env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": role, "index": i}}))
+        return subprocess.Popen([args.binary, cmd, args.config, "--set", "train.workers=1"] + common +
+                                (["--json"] if cmd == "train" else []),
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ps0 = start("ps", 0, "serve")
+    workers = [start("worker", i, "serve") for i in range(2)]
+    chief = start("chief", 0, "train")
+    try:
+        out = run_all([chief])[0]
+        run_all(workers, timeout=120)
+    finally:
+        ps0.terminate()
+        ps0.wait()
+    return job_rate(summary(out))
+
+
+def single(args, common, sync=False):
+    extra = ["--set", "ps.update=sync"] if sync else []
+    out = run_all([subprocess.Popen([args.binary, "train", args.config, "--json", "--set", "train.workers=2"] +
+                                    common + extra, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)])[0]
+    return job_rate(summary(out))
+
+
+def bench(args):
+    port = free_ports(1)[0]
+    procs = []
+    for r in range(2):
+        env = dict(os.environ, OMPI_COMM_WORLD_RANK=str(r), OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_LOCAL_SIZE="2")
+        procs.append(subprocess.Popen([args.binary, "bench", args.config, "--json", "--set", "train.strategy=allreduce",
+                                       "--set", f"cluster.base_port={port}"], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    return summary(run_all(procs)[0])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--binary", default=os.path.join(ROOT, "build", "shardwild"))
+    ap.add_argument("--config", default=os.path.join(ROOT, "configs", "fashion_mnist_mlp.yaml"))
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    common = ["--set", f"train.epochs={args.epochs}", "--set", "train.intra_op_threads=1"]
+    ways = {"allreduce": lambda: allreduce(args, common), "ps": lambda: ps(args, common),
+            "single": lambda: single(args, common), "single-sync": lambda: single(args, common, sync=True)}
+    rates = {k: [] for k in ways}
+    for rep in range(args.repeats):
+        for name, fn in ways.items():  # alternating, so drifts of the machine hit every way alike
+            rates[name].append(fn())
+            print(f"repeat {rep + 1}: {name:12s} {rates[name][-1]:10.0f} samples/s", file=sys.stderr)
+    b = bench(args)
+    print(f"{'way':12s} {'samples/s median':>17s}  range")
+    for name, r in rates.items():
+        print(f"{name:12s} {statistics.median(r):17.0f}  {min(r):.0f}-{max(r):.0f}")
+    print(f"allreduce bench (2 ranks, {b['payload_bytes'] / 1048576:.2f} MiB per call): {b['ms_per_call']:.3f} ms "
+          f"per call, bus {b['bus_bytes_per_s'] / 1e6:.0f} MB/s = {b['bus_fraction_of_tcp']:.3f} of the same-run "
+          f"loopback TCP {b['tcp_loopback_bytes_per_s'] / 1e6:.0f} MB/s")
+    print(json.dumps({"rates": rates, "bench": b}))
+
+
+if __name__ == "__main__":
+    main()
