@@ -409,13 +409,15 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
   std::optional<std::vector<int32_t>> carried_order;  // what is left of the epoch under way
   int64_t carried_epoch_records = 0;
   // A group's cursor, as SyncState hands it around: the epoch, the records
-  // of it done, the records before it.
+  // of it done, the records before it, and the rounds so far (where every
+  // member cuts its segments).
   auto sync_group = [&](int64_t epoch, int64_t epoch_records, std::vector<int32_t> rest)
       -> absl::StatusOr<std::vector<int64_t>> {
-    std::vector<int64_t> cursor = {epoch, epoch_records, group_records};
+    std::vector<int64_t> cursor = {epoch, epoch_records, group_records, global_round};
     SW_RETURN_IF_ERROR(elastic->SyncState(&cursor, &rest));
-    if (cursor.size() != 3) return absl::InternalError("train: a group's cursor has 3 fields");
+    if (cursor.size() != 4) return absl::InternalError("train: a group's cursor has 4 fields");
     group_records = cursor[2];
+    global_round = cursor[3];
     carried_order = std::move(rest);
     carried_epoch_records = cursor[1];
     return cursor;
