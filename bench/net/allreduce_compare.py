@@ -3,7 +3,8 @@
 this machine, in alternation, on the same config, data and epochs:
 
   allreduce  2 ranks of train.strategy allreduce (Open MPI's variables, loopback),
-             one worker thread each; every step summed by Gloo;
+             one worker thread each; every step summed by Gloo's ring
+             (allreduce-hd: by halving-doubling);
   ps         the parameter-server way with the same 2 worker processes: a
              TF_CONFIG cluster of a chief, a ps task and 2 worker tasks (one
              worker thread each; the ps task on this host is reached through
@@ -64,13 +65,14 @@ def run_all(procs, timeout=1800):
     return outs
 
 
-def allreduce(args, common):
+def allreduce(args, common, algorithm="ring"):
     port = free_ports(1)[0]
     procs = []
     for r in range(2):
         env = dict(os.environ, OMPI_COMM_WORLD_RANK=str(r), OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_LOCAL_SIZE="2")
         procs.append(subprocess.Popen([args.binary, "train", args.config, "--json", "--set", "train.strategy=allreduce",
-                                       "--set", f"cluster.base_port={port}", "--set", "train.workers=1"] + common,
+                                       "--set", f"cluster.base_port={port}", "--set", "train.workers=1",
+                                       "--set", f"cluster.allreduce_algorithm={algorithm}"] + common,
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     return job_rate(summary(run_all(procs)[0]))
 
@@ -122,7 +124,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     common = ["--set", f"train.epochs={args.epochs}", "--set", "train.intra_op_threads=1"]
-    ways = {"allreduce": lambda: allreduce(args, common), "ps": lambda: ps(args, common),
+    ways = {"allreduce": lambda: allreduce(args, common),
+            "allreduce-hd": lambda: allreduce(args, common, "halving_doubling"), "ps": lambda: ps(args, common),
             "single": lambda: single(args, common), "single-sync": lambda: single(args, common, sync=True)}
     rates = {k: [] for k in ways}
     for rep in range(args.repeats):
