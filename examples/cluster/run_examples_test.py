@@ -85,10 +85,10 @@ for job in jobs:
     for role, spec in roles:
         container = spec["template"]["spec"]["containers"][0]
         command = list(container["command"])
-        assert command[1] == "train", command
+        assert command[1] == ("train" if role == "chief" or "allreduce" in job["metadata"]["name"] else "serve"), command
         for i in range(spec["replicas"]):
             # The container's binary and config, as this machine has them.
-            argv = [binary, "train", CONFIG] + command[3:] + SHORT
+            argv = [binary, command[1], CONFIG] + command[3:] + SHORT
             argv = [a.replace("/var/run/shardwild/token", token) for a in argv]
             env = dict(os.environ, TF_CONFIG=json.dumps(
                 {"cluster": cluster, "task": {"type": role, "index": i}, "environment": "cloud"}))

@@ -15,10 +15,10 @@
 //   shardwild serve CONFIG [--cluster FILE] [--task-type T] [--task-index N] [--set key=value]...
 //
 // `train` with a cluster spec (TF_CONFIG, --cluster FILE, the task flags,
-// or the variables of srun and mpirun: net/launch_env.h) runs this
-// process's task: the chief trains and the other roles serve, or with
-// train.strategy allreduce every rank trains (net/allreduce_task.h);
-// `serve` runs a ps, worker or evaluator task (README, "Clusters").
+// or the variables of srun and mpirun: net/launch_env.h) runs the chief of
+// a cluster, or with train.strategy allreduce a rank (net/allreduce_task.h);
+// started by srun or mpirun it runs whichever role the rank is. `serve`
+// runs a ps, worker or evaluator task (README, "Clusters").
 //   shardwild --version
 //
 // Every error is one line on stderr ("shardwild: error: ...") and a non-zero
@@ -238,15 +238,18 @@ int TrainAllreduce(const Config& config, const ClusterSpec& spec, bool as_json, 
   return 0;
 }
 
-// `train` as a task of a cluster. Started by a launcher, every rank runs
-// `train`: the chief trains, the other roles serve (as `serve` would), and
-// with train.strategy allreduce every rank trains (net/allreduce_task.h).
+// `train` as a task of a cluster. With train.strategy allreduce every rank
+// trains (net/allreduce_task.h). Started by srun or mpirun, every rank runs
+// the same command: the chief trains and the other roles serve (as `serve`
+// would). With a spec that names the task (--cluster, TF_CONFIG, the task
+// flags) `train` runs the chief only, and another role is an error.
 int TrainInCluster(const std::string& path, const std::vector<std::string>& sets, const Config& config,
                    const ClusterSpecSources& sources, bool as_json, bool fresh) {
   absl::StatusOr<ClusterSpec> spec = ResolveClusterSpec(sources);
   if (!spec.ok()) return Fail(spec.status());
   if (config.train.strategy == TrainStrategy::kAllreduce) return TrainAllreduce(config, *spec, as_json, fresh);
-  if (spec->task && spec->task->type != Role::kChief) return ServeTask(path, sets, config, *spec);
+  const bool launched = spec->source == "Slurm" || spec->source == "Open MPI";
+  if (launched && spec->task && spec->task->type != Role::kChief) return ServeTask(path, sets, config, *spec);
   return TrainChief(config, *spec, as_json, fresh);
 }
 

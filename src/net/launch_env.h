@@ -18,8 +18,9 @@
 // Ranks become tasks. With train.strategy allreduce rank r is worker:r and
 // the ranks meet at cluster.rendezvous, or at rank 0's address. With
 // train.strategy ps rank 0 is chief:0, ranks 1..cluster.ps_tasks are the ps
-// tasks and the rest are worker tasks. Rank r's address is its host with
-// port cluster.base_port + r. A world of one rank is no cluster: the
+// tasks and the rest are worker tasks; every rank runs `shardwild train`,
+// which serves the roles other than the chief. Rank r's address is its host
+// with port cluster.base_port + r. A world of one rank is no cluster: the
 // variables of an allocation do not turn a plain run into a cluster task.
 //
 // This file reads no environment: the CLI copies the variables into a
