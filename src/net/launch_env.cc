@@ -12,6 +12,11 @@ namespace {
 
 absl::string_view AV(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
+// The most hosts or tasks a launcher's list may expand to: far beyond any
+// cluster, and small enough that a malformed variable ("n[0-99999]m[0-99999]",
+// ten billion names) is an error rather than the machine's memory.
+constexpr size_t kMaxExpanded = size_t{1} << 20;
+
 absl::Status Bad(std::string_view key, std::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(AV(key), ": ", AV(what)));
 }
@@ -85,6 +90,9 @@ absl::StatusOr<std::vector<std::string>> ExpandOne(std::string_view expr, std::s
     const size_t close = expr.find(']', open);
     if (close == std::string_view::npos) return Bad(key, absl::StrCat("'[' without ']' in '", AV(expr), "'"));
     SW_ASSIGN_OR_RETURN(std::vector<std::string> values, ExpandRanges(expr.substr(open + 1, close - open - 1), key));
+    if (hosts.size() * values.size() > kMaxExpanded) {
+      return Bad(key, absl::StrCat("'", AV(expr), "' expands to more than ", kMaxExpanded, " hosts"));
+    }
     std::vector<std::string> next;
     next.reserve(hosts.size() * values.size());
     for (const std::string& h : hosts) {
@@ -127,6 +135,9 @@ absl::StatusOr<std::vector<std::string>> ExpandSlurmHostlist(std::string_view li
   for (std::string_view expr : SplitTopLevel(list)) {
     if (expr.empty()) return Bad(key, absl::StrCat("empty host name in '", AV(list), "'"));
     SW_ASSIGN_OR_RETURN(std::vector<std::string> part, ExpandOne(expr, key));
+    if (hosts.size() + part.size() > kMaxExpanded) {
+      return Bad(key, absl::StrCat("expands to more than ", kMaxExpanded, " hosts"));
+    }
     for (std::string& h : part) {
       if (h.empty()) return Bad(key, absl::StrCat("empty host name in '", AV(list), "'"));
       hosts.push_back(std::move(h));
@@ -154,6 +165,9 @@ absl::StatusOr<std::vector<int>> ParseSlurmTasksPerNode(std::string_view text, s
     const std::optional<int64_t> n = Number(count_text);
     if (!n || *n < 1 || *n > 100000) {
       return Bad(key, absl::StrCat("expected a task count >= 1, got '", AV(part), "'"));
+    }
+    if (out.size() + static_cast<size_t>(repeat) > kMaxExpanded) {
+      return Bad(key, absl::StrCat("gives more than ", kMaxExpanded, " nodes"));
     }
     for (int64_t i = 0; i < repeat; ++i) out.push_back(static_cast<int>(*n));
   }
@@ -183,6 +197,11 @@ absl::StatusOr<std::optional<LaunchWorld>> SlurmWorld(const LaunchEnv& env) {
   } else {
     return Bad("SLURM_TASKS_PER_NODE", absl::StrCat("missing, and SLURM_JOB_NODELIST lists ", nodes.size(),
                                                     " nodes: cannot tell which rank runs where"));
+  }
+  int64_t placed = 0;
+  for (int t : per_node) placed += t;
+  if (placed != size) {
+    return Bad("SLURM_TASKS_PER_NODE", absl::StrCat("places ", placed, " tasks, but SLURM_NTASKS is ", size));
   }
   LaunchWorld w;
   w.source = "Slurm";

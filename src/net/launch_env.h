@@ -40,8 +40,8 @@ namespace shardwild {
 
 // Expands a Slurm host list ("node[01-03,07],gpu5", "rack[1-2]-n[1-2]") into
 // its hosts, in order, keeping the zero padding of each range's lower bound.
-// InvalidArgument naming `key` for unbalanced brackets, an empty name, or a
-// range whose end is below its start.
+// InvalidArgument naming `key` for unbalanced brackets, an empty name, a
+// range whose end is below its start, or more than 2^20 hosts in all.
 absl::StatusOr<std::vector<std::string>> ExpandSlurmHostlist(std::string_view list, std::string_view key);
 
 // Expands SLURM_TASKS_PER_NODE ("2(x3),1" -> 2,2,2,1). InvalidArgument

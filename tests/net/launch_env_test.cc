@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "net/cluster_spec.h"
 
 namespace shardwild {
@@ -36,6 +37,23 @@ TEST(SlurmHostlist, RejectsMalformedLists) {
     EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(h.status().message(), HasSubstr("SLURM_JOB_NODELIST: ")) << bad;
   }
+}
+
+TEST(SlurmHostlist, ARunawayExpansionIsAnError) {
+  // Ten billion names: an error, not the machine's memory.
+  auto h = ExpandSlurmHostlist("a[0-99999]b[0-99999]", "SLURM_JOB_NODELIST");
+  ASSERT_FALSE(h.ok());
+  EXPECT_THAT(h.status().message(), HasSubstr("expands to more than 1048576 hosts"));
+  std::string many;
+  for (int i = 0; i < 11; ++i) absl::StrAppend(&many, i ? "," : "", "n", i, "[0-99999]");
+  h = ExpandSlurmHostlist(many, "SLURM_JOB_NODELIST");
+  ASSERT_FALSE(h.ok());
+  EXPECT_THAT(h.status().message(), HasSubstr("expands to more than 1048576 hosts"));
+  std::string counts;
+  for (int i = 0; i < 11; ++i) absl::StrAppend(&counts, i ? "," : "", "1(x100000)");
+  auto t = ParseSlurmTasksPerNode(counts, "SLURM_TASKS_PER_NODE");
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(t.status().message(), HasSubstr("gives more than 1048576 nodes"));
 }
 
 TEST(SlurmTasksPerNode, ExpandsRepeats) {
