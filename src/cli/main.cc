@@ -146,11 +146,6 @@ ClusterSpecSources WithConfig(ClusterSpecSources sources, const Config& config) 
   return sources;
 }
 
-// Whether the command runs as a task of a cluster: a spec from TF_CONFIG,
-// --cluster FILE, the task flags, or a Slurm or Open MPI world of several
-// ranks (net/launch_env.h).
-absl::StatusOr<bool> IsCluster(const ClusterSpecSources& sources) { return HasClusterSource(sources); }
-
 // The live metrics of `train` (metrics.port; workers/live_metrics.h), the
 // chief's: listening before the data loads, so that a port in use is an
 // error before any training. Prints where; nullptr when metrics are off.
@@ -258,7 +253,7 @@ int Train(const std::string& path, const std::vector<std::string>& sets, bool as
   absl::StatusOr<Config> config = LoadWithOverrides(path, sets);
   if (!config.ok()) return Fail(config.status());
   const ClusterSpecSources sources = WithConfig(cluster, *config);
-  absl::StatusOr<bool> in_cluster = IsCluster(sources);
+  absl::StatusOr<bool> in_cluster = HasClusterSource(sources);
   if (!in_cluster.ok()) return Fail(in_cluster.status());
   if (*in_cluster) return TrainInCluster(path, sets, *config, sources, as_json, fresh);
   LiveMetrics live(MetricsRole::kChief);
@@ -496,7 +491,7 @@ int Bench(const std::string& path, const std::vector<std::string>& sets, bool as
   if (absl::Status s = CheckBenchConfig(*config); !s.ok()) return Fail(s);
   JobOptions jo;
   const ClusterSpecSources sources = WithConfig(cluster, *config);
-  absl::StatusOr<bool> in_cluster = IsCluster(sources);
+  absl::StatusOr<bool> in_cluster = HasClusterSource(sources);
   if (!in_cluster.ok()) return Fail(in_cluster.status());
   if (*in_cluster) {
     absl::StatusOr<ClusterSpec> spec = ResolveClusterSpec(sources);
@@ -875,7 +870,7 @@ int AllreduceInfo(const Config& config, const ClusterSpec& spec, bool as_json) {
               {"ranks", ranks},
               {"collective_timeout_s", config.cluster.collective_timeout_s},
               {"allreduce_algorithm",
-               config.cluster.allreduce_algorithm == CollectiveAlgorithm::kRing ? "ring" : "halving_doubling"},
+               CollectiveAlgorithmName(config.cluster.allreduce_algorithm)},
               {"security",
                {{"bind_host", config.cluster.bind_host},
                 {"token", !config.cluster.token_file.empty()},
@@ -898,7 +893,7 @@ int AllreduceInfo(const Config& config, const ClusterSpec& spec, bool as_json) {
   }
   std::printf("collectives: Gloo %s allreduce over TCP (cluster.allreduce_algorithm), deadline %g s "
               "(cluster.collective_timeout_s)\n",
-              config.cluster.allreduce_algorithm == CollectiveAlgorithm::kRing ? "ring" : "halving-doubling",
+              CollectiveAlgorithmName(config.cluster.allreduce_algorithm),
               config.cluster.collective_timeout_s);
   return 0;
 }

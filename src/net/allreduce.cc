@@ -200,21 +200,9 @@ class GrpcStore final : public gloo::rendezvous::Store {
     net::KeyValue kv;
     kv.set_key(key);
     kv.set_value(std::string(data.begin(), data.end()));
-    const auto until = Clock::now() + timeout_;
-    double backoff = options_.initial_backoff_s;
-    while (true) {
-      grpc::ClientContext context;
-      PrepareContext(options_, &context);
-      net::RendezvousReply reply;
-      const grpc::Status s = stub_->Set(&context, kv, &reply);
-      if (s.ok()) return;
-      if (RefusedForGood(s.error_code()) || Clock::now() >= until) {
-        throw std::runtime_error(absl::StrCat("rendezvous at ", options_.address, " unreachable: ",
-                                              s.error_message()));
-      }
-      BackOff(*channel_, backoff);
-      backoff = std::min(backoff * 2, options_.max_backoff_s);
-    }
+    net::RendezvousReply reply;
+    const absl::Status s = Call(&net::Rendezvous::Stub::Set, kv, &reply, Clock::now() + timeout_);
+    if (!s.ok()) throw std::runtime_error(std::string(s.message()));
   }
 
   // One membership call (Join, AwaitGeneration, RequestReform), retried
@@ -534,17 +522,8 @@ absl::Status Collective::CheckSame(uint64_t value, const std::string& what) {
 }
 
 absl::Status Collective::Broadcast(float* data, size_t n, int root) {
-  if (n == 0) return absl::OkStatus();
-  Impl* const im = impl_.get();
   const auto start = Clock::now();
-  absl::Status s = im->Run("broadcast", [im, data, n, root] {
-    gloo::BroadcastOptions opts(im->context);
-    opts.setOutput(data, n);
-    opts.setRoot(root);
-    opts.setTag(im->tag++);
-    opts.setTimeout(im->timeout());
-    gloo::broadcast(opts);
-  });
+  absl::Status s = BroadcastBytes(data, n * sizeof(float), root);
   nanos_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count(),
                    std::memory_order_relaxed);
   payload_bytes_.fetch_add(n * sizeof(float), std::memory_order_relaxed);
@@ -565,10 +544,10 @@ absl::Status Collective::BroadcastBytes(void* data, size_t bytes, int root) {
   });
 }
 
-uint64_t Fingerprint(const float* data, size_t n, uint64_t seed) {
+uint64_t Fnv1a(const void* data, size_t bytes, uint64_t seed) {
   uint64_t h = seed;
-  const unsigned char* p = reinterpret_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n * sizeof(float); ++i) {
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) {
     h ^= p[i];
     h *= 1099511628211ull;
   }

@@ -120,8 +120,12 @@ class Collective final : public GradientReducer {
   std::atomic<uint64_t> calls_{0};
 };
 
-// FNV-1a over the bytes of `n` floats: the parameter fingerprint ranks
-// compare.
-uint64_t Fingerprint(const float* data, size_t n, uint64_t seed = 1469598103934665603ull);
+// FNV-1a over `bytes` bytes, continuing from `seed` (the offset basis by
+// default): what ranks compare of their layouts and parameters.
+uint64_t Fnv1a(const void* data, size_t bytes, uint64_t seed = 1469598103934665603ull);
+// The same over `n` floats.
+inline uint64_t Fingerprint(const float* data, size_t n, uint64_t seed = 1469598103934665603ull) {
+  return Fnv1a(data, n * sizeof(float), seed);
+}
 
 }  // namespace shardwild

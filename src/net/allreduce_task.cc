@@ -26,17 +26,12 @@ uint64_t LayoutFingerprint(const StoreLayout& layout) {
   std::string text;
   for (const VariableSpec& v : layout.variables) absl::StrAppend(&text, v.name, ":", v.rows, "x", v.cols, ";");
   for (const TableSpec& t : layout.tables) absl::StrAppend(&text, "table:", t.dim, ";");
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
+  return Fnv1a(text.data(), text.size());
 }
 
 // Every variable's parameters, hashed in variable order.
 absl::StatusOr<uint64_t> ParamsFingerprint(ParamStore& store) {
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = Fnv1a(nullptr, 0);
   std::vector<float> buf;
   for (size_t v = 0; v < store.layout().variables.size(); ++v) {
     buf.resize(store.layout().variables[v].size());
@@ -75,8 +70,8 @@ absl::StatusOr<std::string> GlooHost(const ClusterOptions& cluster, const Cluste
   return cluster.bind_host;
 }
 
-}  // namespace
-
+// Connects this task's rank of `spec`: rank 0 serves the rendezvous on
+// its bind rule and the rendezvous port; every rank binds Gloo on GlooHost.
 absl::StatusOr<std::unique_ptr<Collective>> ConnectRank(const Config& config, const ClusterSpec& spec,
                                                         ProgressReporter& progress) {
   if (!spec.task) {
@@ -114,8 +109,6 @@ absl::StatusOr<std::unique_ptr<Collective>> ConnectRank(const Config& config, co
                              spec.source, "), meeting at ", spec.rendezvous->ToString()));
   return Collective::Connect(co);
 }
-
-namespace {
 
 // The trainer's group (workers/trainer.h ElasticGroup) over a Collective.
 class GlooGroup final : public ElasticGroup {

@@ -210,9 +210,6 @@ absl::StatusOr<std::optional<LaunchWorld>> SlurmWorld(const LaunchEnv& env) {
   for (size_t n = 0; n < nodes.size(); ++n) {
     for (int t = 0; t < per_node[n]; ++t) w.hosts.push_back(nodes[n]);
   }
-  if (static_cast<int>(w.hosts.size()) != size) {
-    return Bad("SLURM_TASKS_PER_NODE", absl::StrCat("places ", w.hosts.size(), " tasks, but SLURM_NTASKS is ", size));
-  }
   return std::optional<LaunchWorld>(std::move(w));
 }
 

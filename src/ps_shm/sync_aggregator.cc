@@ -46,13 +46,6 @@ absl::Status SyncAggregator::Contribute(int worker, absl::Span<const DenseGrad> 
     }
     std::memcpy(slot + var_offset_[g.var], g.grad, var_size_[g.var] * sizeof(float));
   }
-  if (!rows.empty()) {
-    MutexLock lock(&mu_);
-    if (reducer_ != nullptr) {
-      return absl::InvalidArgumentError(
-          "sync: embedding rows cannot be summed across processes (train.strategy allreduce trains dense models)");
-    }
-  }
   for (const RowGrad& r : rows) {
     if (r.table < 0 || r.table >= static_cast<int>(table_dim_.size()) || (r.grads == nullptr && !r.ids.empty())) {
       return absl::InvalidArgumentError(
@@ -70,6 +63,10 @@ absl::Status SyncAggregator::Contribute(int worker, absl::Span<const DenseGrad> 
     g.insert(g.end(), r.grads, r.grads + r.ids.size() * table_dim_[r.table]);
   }
   MutexLock lock(&mu_);
+  if (reducer_ != nullptr && !rows.empty()) {
+    return absl::InvalidArgumentError(
+        "sync: embedding rows cannot be summed across processes (train.strategy allreduce trains dense models)");
+  }
   if (left_[worker]) {
     return absl::FailedPreconditionError(absl::StrCat("sync: worker ", worker, " contributed after leaving"));
   }

@@ -433,18 +433,28 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
   for (int epoch = first_epoch; epoch <= cfg.train.epochs; ++epoch) {
     // The epoch's plan: all of it, or (after a change of the group) the
     // part the group has left.
+    const double epoch_progress_begin = static_cast<double>(epoch - 1) / cfg.train.epochs;
+    const double progress_end = static_cast<double>(epoch) / cfg.train.epochs;
     int64_t epoch_records_before_plan = 0;  // of this epoch, trained before the plan under way
+    double progress_begin = epoch_progress_begin;  // where the plan starts in the schedule
     bool replanned = false;
-    if (carried_order) {
+    // Takes the plan SyncState handed over: what is left of this epoch.
+    auto adopt_carried = [&] {
       plan = make_plan(std::move(*carried_order));
       carried_order.reset();
       epoch_records_before_plan = carried_epoch_records;
+      progress_begin = epoch_progress_begin + static_cast<double>(epoch_records_before_plan) / n / cfg.train.epochs;
+      epoch_rounds = plan.rounds;
+      steps_per_epoch = plan.local_steps;
       replanned = true;
+    };
+    if (carried_order) {
+      adopt_carried();
     } else {
       plan = make_plan(EpochOrder(n, cfg.train.seed, epoch));
+      epoch_rounds = plan.rounds;
+      steps_per_epoch = plan.local_steps;
     }
-    epoch_rounds = plan.rounds;
-    steps_per_epoch = plan.local_steps;
     const Totals before = ReadCounters(job);
     const auto epoch_start = Clock::now();
     const int64_t start_round = epoch == first_epoch ? first_round : 0;
@@ -475,10 +485,6 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
         options.live_metrics->SetJobRecords(base_records + now.samples);
       }
     };
-    const double epoch_progress_begin = static_cast<double>(epoch - 1) / cfg.train.epochs;
-    const double progress_end = static_cast<double>(epoch) / cfg.train.epochs;
-    // The plan starts where the epoch's records done leave the schedule.
-    double progress_begin = epoch_progress_begin + static_cast<double>(epoch_records_before_plan) / n / cfg.train.epochs;
     // The epoch in segments of whole steps, ending where a checkpoint is due
     // (and in a group every kGroupSegmentRounds rounds, where joiners are let
     // in). Every rank cuts the same segments.
@@ -527,13 +533,7 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
                                .status());
         progress.Line(absl::StrCat("the group re-formed after a failure: rank ", rank(), " of ", world(), "; epoch ",
                                    epoch, " goes on with ", carried_order->size(), " records left"));
-        plan = make_plan(std::move(*carried_order));
-        carried_order.reset();
-        epoch_records_before_plan = carried_epoch_records;
-        progress_begin = epoch_progress_begin + static_cast<double>(epoch_records_before_plan) / n / cfg.train.epochs;
-        epoch_rounds = plan.rounds;
-        steps_per_epoch = plan.local_steps;
-        replanned = true;
+        adopt_carried();
         round = 0;
         continue;
       }
@@ -549,14 +549,7 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
                                         plan.Remaining(round, batch))
                                  .status());
           progress.Line(absl::StrCat("the group took in new members: rank ", rank(), " of ", world()));
-          plan = make_plan(std::move(*carried_order));
-          carried_order.reset();
-          epoch_records_before_plan = carried_epoch_records;
-          progress_begin =
-              epoch_progress_begin + static_cast<double>(epoch_records_before_plan) / n / cfg.train.epochs;
-          epoch_rounds = plan.rounds;
-          steps_per_epoch = plan.local_steps;
-          replanned = true;
+          adopt_carried();
           round = 0;
           continue;
         }

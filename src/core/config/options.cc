@@ -426,6 +426,10 @@ const char* TrainStrategyName(TrainStrategy s) {
   return "?";
 }
 
+const char* CollectiveAlgorithmName(CollectiveAlgorithm a) {
+  return a == CollectiveAlgorithm::kRing ? "ring" : "halving_doubling";
+}
+
 const char* ClusterLauncherName(ClusterLauncher l) {
   switch (l) {
     case ClusterLauncher::kAuto:

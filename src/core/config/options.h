@@ -51,6 +51,7 @@ const char* TrainStrategyName(TrainStrategy s);
 enum class ClusterLauncher { kAuto, kTfConfig, kSlurm, kMpi, kNone };
 // Gloo's allreduce for train.strategy allreduce (cluster.allreduce_algorithm).
 enum class CollectiveAlgorithm { kRing, kHalvingDoubling };
+const char* CollectiveAlgorithmName(CollectiveAlgorithm a);  // "ring", "halving_doubling"
 const char* ClusterLauncherName(ClusterLauncher l);
 enum class DataFormat { kIdx, kCriteo, kLibsvm, kText, kCsv };
 // What a reader does with a bad row (data.on_error): stop with an error that
