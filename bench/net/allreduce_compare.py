@@ -3,8 +3,10 @@
 this machine, in alternation, on the same config, data and epochs:
 
   allreduce  2 ranks of train.strategy allreduce (Open MPI's variables, loopback),
-             one worker thread each; every step summed by Gloo's ring
-             (allreduce-hd: by halving-doubling);
+             one worker thread each; every step summed by Gloo's ring, a
+             collective per layer during the backward (allreduce-hd: by
+             halving-doubling; allreduce-whole: cluster.allreduce_overlap
+             false, one collective of the whole gradient after the backward);
   ps         the parameter-server way with the same 2 worker processes: a
              TF_CONFIG cluster of a chief, a ps task and 2 worker tasks (one
              worker thread each; the ps task on this host is reached through
@@ -20,7 +22,7 @@ and range over --repeats runs, and the allreduce bench's collective bytes/s
 next to the same-run loopback TCP bandwidth.
 
 Usage: bench/net/allreduce_compare.py [--binary build/shardwild] [--config CONFIG]
-       [--epochs 3] [--repeats 3]"""
+       [--epochs 3] [--repeats 3] [--ways allreduce,allreduce-whole,...]"""
 import argparse
 import json
 import os
@@ -65,14 +67,15 @@ def run_all(procs, timeout=1800):
     return outs
 
 
-def allreduce(args, common, algorithm="ring"):
+def allreduce(args, common, algorithm="ring", overlap=True):
     port = free_ports(1)[0]
     procs = []
     for r in range(2):
         env = dict(os.environ, OMPI_COMM_WORLD_RANK=str(r), OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_LOCAL_SIZE="2")
         procs.append(subprocess.Popen([args.binary, "train", args.config, "--json", "--set", "train.strategy=allreduce",
                                        "--set", f"cluster.base_port={port}", "--set", "train.workers=1",
-                                       "--set", f"cluster.allreduce_algorithm={algorithm}"] + common,
+                                       "--set", f"cluster.allreduce_algorithm={algorithm}",
+                                       "--set", f"cluster.allreduce_overlap={'true' if overlap else 'false'}"] + common,
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     return job_rate(summary(run_all(procs)[0]))
 
@@ -122,11 +125,19 @@ def main():
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "fashion_mnist_mlp.yaml"))
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--ways", default="", help="comma-separated subset of the ways (default: all)")
     args = ap.parse_args()
     common = ["--set", f"train.epochs={args.epochs}", "--set", "train.intra_op_threads=1"]
     ways = {"allreduce": lambda: allreduce(args, common),
+            "allreduce-whole": lambda: allreduce(args, common, overlap=False),
             "allreduce-hd": lambda: allreduce(args, common, "halving_doubling"), "ps": lambda: ps(args, common),
             "single": lambda: single(args, common), "single-sync": lambda: single(args, common, sync=True)}
+    if args.ways:
+        wanted = args.ways.split(",")
+        unknown = [w for w in wanted if w not in ways]
+        if unknown:
+            sys.exit(f"--ways: no way {', '.join(unknown)} (the ways: {', '.join(ways)})")
+        ways = {k: ways[k] for k in wanted}
     rates = {k: [] for k in ways}
     for rep in range(args.repeats):
         for name, fn in ways.items():  # alternating, so drifts of the machine hit every way alike

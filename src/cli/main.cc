@@ -197,7 +197,29 @@ int TrainAllreduce(const Config& config, const ClusterSpec& spec, bool as_json, 
     if (!m.ok()) return Fail(m.status());
     metrics_server = *std::move(m);
   }
-  absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(config);
+  // Embedding tables live on the ps tasks, if the cluster has some: every
+  // push waits for them (a round's rows must land before the next round).
+  std::unique_ptr<ClusterStoreConnection> tables;
+  JobOptions jo;
+  if (spec.num_tasks(Role::kPs) > 0 && spec.task) {
+    jo.tables = [&]() -> absl::StatusOr<ParamStore*> {
+      const TaskLog log = [](const std::string& line) { std::printf("%s\n", line.c_str()); };
+      const auto since = std::chrono::steady_clock::now();
+      absl::StatusOr<std::unique_ptr<ClusterStoreConnection>> c =
+          ConnectClusterStore(config, spec, *spec.task, log, /*async_pushes=*/0);
+      // The ps tasks may still be starting.
+      while (!c.ok() && c.status().code() == absl::StatusCode::kUnavailable &&
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count() <
+                 config.train.task_timeout_s) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        c = ConnectClusterStore(config, spec, *spec.task, log, 0);
+      }
+      if (!c.ok()) return c.status();
+      tables = *std::move(c);
+      return tables->store.get();
+    };
+  }
+  absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(config, jo);
   if (!job.ok()) return Fail(job.status());
   const Placement& p = (*job)->placement();
   std::printf("shardwild %s: training %s with train.strategy allreduce, %d workers x %d threads on this rank\n",
@@ -208,7 +230,8 @@ int TrainAllreduce(const Config& config, const ClusterSpec& spec, bool as_json, 
   run.fresh = fresh;
   if (rank == 0) run.live_metrics = &live;
   AllreduceStats stats;
-  absl::StatusOr<TrainSummary> s = RunAllreduceRank(**job, spec, progress, run, &stats);
+  absl::StatusOr<TrainSummary> s =
+      RunAllreduceRank(**job, spec, progress, run, &stats, tables ? tables->store.get() : nullptr);
   if (!s.ok()) return Fail(s.status());
   const double bytes_per_s = stats.collective_s > 0 ? stats.payload_bytes / stats.collective_s : 0;
   std::printf("allreduce: rank %d of %d trained %ld of the job's %ld records; %lu collectives summed %.1f MiB in "
@@ -225,6 +248,9 @@ int TrainAllreduce(const Config& config, const ClusterSpec& spec, bool as_json, 
                         {"rendezvous", spec.rendezvous ? spec.rendezvous->ToString() : std::string()},
                         {"local_records", stats.local_records},
                         {"collectives", stats.collectives},
+                        {"buckets_per_round", stats.buckets},
+                        {"buckets_during_backward", stats.buckets_during_backward},
+                        {"ps_tasks", stats.ps_tasks},
                         {"payload_bytes", stats.payload_bytes},
                         {"collective_s", stats.collective_s},
                         {"payload_bytes_per_s", bytes_per_s},
@@ -871,6 +897,7 @@ int AllreduceInfo(const Config& config, const ClusterSpec& spec, bool as_json) {
               {"collective_timeout_s", config.cluster.collective_timeout_s},
               {"allreduce_algorithm",
                CollectiveAlgorithmName(config.cluster.allreduce_algorithm)},
+              {"allreduce_overlap", config.cluster.allreduce_overlap},
               {"security",
                {{"bind_host", config.cluster.bind_host},
                 {"token", !config.cluster.token_file.empty()},
@@ -891,9 +918,10 @@ int AllreduceInfo(const Config& config, const ClusterSpec& spec, bool as_json) {
   } else {
     std::printf("this task: none given\n");
   }
-  std::printf("collectives: Gloo %s allreduce over TCP (cluster.allreduce_algorithm), deadline %g s "
-              "(cluster.collective_timeout_s)\n",
+  std::printf("collectives: Gloo %s allreduce over TCP (cluster.allreduce_algorithm), %s (cluster.allreduce_overlap), "
+              "deadline %g s (cluster.collective_timeout_s)\n",
               CollectiveAlgorithmName(config.cluster.allreduce_algorithm),
+              config.cluster.allreduce_overlap ? "one per layer during the backward" : "one per step after the backward",
               config.cluster.collective_timeout_s);
   return 0;
 }

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/base/status.h"
 #include "net/allreduce.h"
+#include "net/cluster_store.h"
 #include "net/net_options.h"
 #include "core/model/optimizer.h"
 #include "ps_shm/shm_store.h"
@@ -207,21 +209,63 @@ class GlooGroup final : public ElasticGroup {
   int64_t failures_ = 0;
 };
 
+// The ps tasks' layout against the model's tables (the view's): tables
+// only, the same ones.
+absl::Status CheckTablesLayout(const StoreLayout& got, const std::vector<TableSpec>& want, const std::string& source) {
+  auto bad = [&](const std::string& what) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ps tasks (from ", source, ") do not host this model's embedding tables: ", what,
+        " (every task must run the same config, with train.strategy allreduce)"));
+  };
+  if (!got.variables.empty()) {
+    return bad(absl::StrCat("they host ", got.variables.size(),
+                            " dense variables too (a ps task of a train.strategy ps config)"));
+  }
+  if (got.tables.size() != want.size()) return bad(absl::StrCat(got.tables.size(), " tables, the model has ", want.size()));
+  for (size_t t = 0; t < want.size(); ++t) {
+    const TableSpec& a = got.tables[t];
+    const TableSpec& b = want[t];
+    if (a.name != b.name || a.dim != b.dim || a.kind != b.kind || a.capacity != b.capacity) {
+      return bad(absl::StrCat("table ", t, " is '", a.name, "' (dim ", a.dim, ", ", a.capacity, " rows), the model's '",
+                              b.name, "' (dim ", b.dim, ", ", b.capacity, " rows)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<TrainSummary> RunAllreduceRank(Job& job, const ClusterSpec& spec, ProgressReporter& progress,
-                                              TrainRunOptions options, AllreduceStats* stats) {
+                                              TrainRunOptions options, AllreduceStats* stats,
+                                              ClusterParamStore* tables) {
   const Config& config = job.config();
-  if (!job.param_store().layout().tables.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(config.source, ": train.strategy: allreduce trains dense models; this model has ",
-                     job.param_store().layout().tables.size(),
-                     " embedding table(s), whose rows would go to ps tasks: train it with train.strategy ps"));
+  const StoreLayout& layout = job.param_store().layout();
+  const int num_ps = spec.num_tasks(Role::kPs);
+  if (!layout.tables.empty() && (tables == nullptr || job.tables_store() != tables)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.source, ": train.strategy: allreduce keeps embedding tables on ps tasks; this model has ",
+        layout.tables.size(), " table(s) and the cluster (from ", spec.source,
+        ") has no ps task for them: add ps tasks running `shardwild serve` (TF_CONFIG's or --cluster's \"ps\" job, "
+        "or cluster.ps_tasks under srun or mpirun)"));
+  }
+  if (layout.tables.empty() && num_ps > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.source, ": train.strategy: allreduce needs ps tasks only for embedding tables, and this model has "
+                       "none; the cluster (from ",
+        spec.source, ") has ", num_ps, " ps task(s): drop them (cluster.ps_tasks: 0 under srun or mpirun)"));
   }
   if (job.sync() == nullptr || !job.has_local_store()) {
     return absl::InternalError("allreduce: the job has no sync barrier or store of its own");
   }
+  if (tables != nullptr) SW_RETURN_IF_ERROR(CheckTablesLayout(tables->layout(), layout.tables, spec.source));
   SW_ASSIGN_OR_RETURN(std::unique_ptr<Collective> collective, ConnectRank(config, spec, progress));
+  if (tables != nullptr && collective->rank() == 0 && !collective->joined_late()) {
+    // A ps task starts closed: rank 0 opens them before the ranks first meet
+    // (below), so no rank trains on them sooner. A no-op on open ones.
+    for (int i = 0; i < tables->num_ps(); ++i) SW_RETURN_IF_ERROR(tables->client(i).Open());
+    progress.Line(absl::StrCat("allreduce: embedding tables on ", tables->num_ps(), " ps task",
+                               tables->num_ps() == 1 ? "" : "s"));
+  }
   if (!collective->joined_late()) {
     // The first generation: the same model, and the same initial values
     // (train.seed, model and data). A checkpoint is restored inside
@@ -234,10 +278,14 @@ absl::StatusOr<TrainSummary> RunAllreduceRank(Job& job, const ClusterSpec& spec,
     SW_RETURN_IF_ERROR(collective->CheckSame(before, "the initial parameters (train.seed, model or data)"));
   }
 
-  job.sync()->set_reducer(collective.get());
+  // cluster.allreduce_overlap: a bucket per layer, in the order the
+  // backward pass finishes them (the same on every rank: the layouts agree).
+  std::vector<std::vector<int>> buckets;
+  if (config.cluster.allreduce_overlap && job.num_workers() > 0) buckets = job.worker(0).model().BackwardGroups();
+  SW_RETURN_IF_ERROR(job.sync()->set_reducer(collective.get(), std::move(buckets)));
   struct ReducerGuard {
     Job& job;
-    ~ReducerGuard() { job.sync()->set_reducer(nullptr); }
+    ~ReducerGuard() { (void)job.sync()->set_reducer(nullptr); }
   } guard{job};
   GlooGroup group(*collective, job, progress);
   options.elastic = &group;
@@ -257,6 +305,9 @@ absl::StatusOr<TrainSummary> RunAllreduceRank(Job& job, const ClusterSpec& spec,
     stats->params_fingerprint = after;
     stats->membership_changes = group.membership_changes();
     stats->generation = collective->generation();
+    stats->buckets = std::max(1, job.sync()->buckets());
+    stats->buckets_during_backward = job.sync()->buckets_handed_over();
+    stats->ps_tasks = tables != nullptr ? tables->num_ps() : 0;
   }
   return summary;
 }

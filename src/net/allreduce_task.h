@@ -22,7 +22,11 @@
 // records, worker_failures the members lost, and the JSON summary's
 // membership_changes the re-formings.
 //
-// Not yet: embedding tables (their rows would go to ps tasks).
+// Embedding tables live on the cluster's ps tasks (`shardwild serve`, which
+// host the tables only under allreduce): every rank reaches them through
+// `tables` (the Job's JobOptions::tables), pushes its own workers' rows each
+// round (ps_shm/sync_aggregator.h), and rank 0 opens them. The dense
+// parameters stay bit-identical on every rank; the tables are one copy.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +39,8 @@
 
 namespace shardwild {
 
+class ClusterParamStore;
+
 struct AllreduceStats {
   int rank = 0;
   int world = 1;
@@ -45,14 +51,26 @@ struct AllreduceStats {
   uint64_t params_fingerprint = 0;  // of the final parameters, equal on every rank
   int64_t membership_changes = 0;   // re-formings this rank took part in
   int64_t generation = 0;           // the group's at the end
+  // Collectives of the dense gradient per round: one per layer with
+  // cluster.allreduce_overlap (each overlapping the backward of the layers
+  // below), else 1.
+  int buckets = 1;
+  // Of this rank's workers' buckets, those handed over during the backward.
+  uint64_t buckets_during_backward = 0;
+  int ps_tasks = 0;  // hosting the embedding tables (0: a dense model)
 };
 
 // Runs rank AllreduceRankOf(spec, *spec.task) of the job on `job` (a job
-// of this machine's store, train.strategy allreduce). InvalidArgument when
-// the task is not a rank (ps, evaluator), or the model has embedding
-// tables; Unavailable when the ranks cannot meet or one is lost.
+// of this machine's store, train.strategy allreduce). `tables`: the ps
+// tasks' store the Job keeps its embedding tables in (JobOptions::tables),
+// null for a dense model. InvalidArgument when the task is not a rank (ps,
+// evaluator), when the model has tables and the cluster no ps task, or ps
+// tasks and no tables; FailedPrecondition when the ps tasks host other
+// tables than the model's; Unavailable when the ranks cannot meet or one is
+// lost.
 absl::StatusOr<TrainSummary> RunAllreduceRank(Job& job, const ClusterSpec& spec, ProgressReporter& progress,
-                                              TrainRunOptions options, AllreduceStats* stats);
+                                              TrainRunOptions options, AllreduceStats* stats,
+                                              ClusterParamStore* tables = nullptr);
 
 // `shardwild bench` with train.strategy allreduce, on every rank: the
 // allreduce of the model's dense gradient (`floats` floats, as a training

@@ -28,7 +28,8 @@ absl::StatusOr<ModelLayout> DescribeModel(const Config& config, const Dataset& t
 
 absl::StatusOr<std::unique_ptr<ClusterStoreConnection>> ConnectClusterStore(const Config& config,
                                                                             const ClusterSpec& spec,
-                                                                            const TaskId& task, const TaskLog& log) {
+                                                                            const TaskId& task, const TaskLog& log,
+                                                                            int async_pushes) {
   SW_ASSIGN_OR_RETURN(const int shards, ClusterShards(config, spec));
   SW_ASSIGN_OR_RETURN(const ShardMap map, ShardMap::Make(shards, spec.num_tasks(Role::kPs)));
   SW_ASSIGN_OR_RETURN(std::vector<PsClientOptions> ps, PsClientsOf(config, spec));
@@ -43,7 +44,7 @@ absl::StatusOr<std::unique_ptr<ClusterStoreConnection>> ConnectClusterStore(cons
   // Each worker thread may leave a step's pushes in flight while it computes
   // the next step: the dense one and the batch of all its row pushes.
   ClusterStoreOptions so;
-  so.async_pushes = std::clamp(2 * std::max(config.train.workers, 1), 1, 64);
+  so.async_pushes = async_pushes >= 0 ? async_pushes : std::clamp(2 * std::max(config.train.workers, 1), 1, 64);
   so.threads_per_ps = std::clamp(config.train.workers + 1, 2, 64);
   SW_ASSIGN_OR_RETURN(c->store, ClusterParamStore::Connect(map, ps, c->local.pointers(), so));
   return c;

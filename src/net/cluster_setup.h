@@ -53,10 +53,14 @@ struct ClusterStoreConnection {
   std::unique_ptr<ClusterParamStore> store;
 };
 // Connects task `task` of `spec`; each ps task reached through gRPC after
-// all although on this host is reported on `log` with the reason.
+// all although on this host is reported on `log` with the reason. A push
+// returns with up to `async_pushes` of its remote parts in flight
+// (ClusterStoreOptions; -1 = a worker task's Hogwild default, two per worker
+// thread; 0 = every push waits for its ps tasks, as allreduce rounds need).
 absl::StatusOr<std::unique_ptr<ClusterStoreConnection>> ConnectClusterStore(const Config& config,
                                                                             const ClusterSpec& spec,
-                                                                            const TaskId& task, const TaskLog& log);
+                                                                            const TaskId& task, const TaskLog& log,
+                                                                            int async_pushes = -1);
 
 // The smallest number of attempts whose backoffs (initial, doubling, capped
 // at max) add up to at least `seconds`, and at least options.max_attempts.

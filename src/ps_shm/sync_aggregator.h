@@ -34,11 +34,30 @@
 // thread under mu_, and the push happens before every contributor's wake-up
 // under mu_, hence before its next pull.
 //
-// Thread safety: Contribute and Leave may be called concurrently, each worker
-// index by one thread at a time. rounds() may be read by any thread.
+// Overlap (train.strategy allreduce with cluster.allreduce_overlap): the
+// dense gradient crosses processes a bucket (a layer's variables) at a time,
+// in the order the backward pass finishes them (Model::BackwardGroups). A
+// worker hands each bucket over as soon as its backward has finished it
+// (ContributeBucket); once every worker still in the group has handed bucket
+// b over, the aggregator's own thread sums it in worker order, allreduces it
+// across processes and divides it by the number of contributions, while the
+// workers go on with the layers below. Contribute then only waits for the
+// last bucket and applies the round as one push (so a round whose
+// collective failed applies nothing, as without overlap). The first bucket
+// carries the number of contributions and their learning rates. Every
+// process issues the same collectives in the same order: the buckets of
+// every round, padded ones included. For the same inputs the pushed values
+// equal the single-collective ones wherever the reducer adds each element's
+// contributions in the same order (every reducer with two processes).
+//
+// Thread safety: Contribute, ContributeBucket and Leave may be called
+// concurrently, each worker index by one thread at a time. rounds() may be
+// read by any thread. set_reducer and PadRounds need every worker out of the
+// round (between RunAll calls).
 #pragma once
 
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -64,6 +83,7 @@ class SyncAggregator {
   // floats per worker, plus one for the sum. `store` is not owned and must
   // outlive the aggregator. num_workers >= 1.
   SyncAggregator(ParamStore* store, int num_workers);
+  ~SyncAggregator();
   SyncAggregator(const SyncAggregator&) = delete;
   SyncAggregator& operator=(const SyncAggregator&) = delete;
 
@@ -76,7 +96,10 @@ class SyncAggregator {
   // are concatenated). Blocks until every worker still in the group has
   // contributed or left; then the mean of the contributions is pushed once:
   // dense with the `lr` and tables with the `sparse_lr` the lowest-index
-  // contributor passed. Returns the round's status (the first error of its
+  // contributor passed. With buckets (set_reducer), the variables of the
+  // buckets this worker has already handed over this round are not read
+  // again (their gradients in `grads` are ignored, and `lr` if bucket 0 was
+  // among them); the rest are handed over here. Returns the round's status (the first error of its
   // pushes; the same for every contributor of the round).
   // InvalidArgument (without arriving) for a bad worker index, gradient list
   // or table; FailedPrecondition if the worker has already left this group.
@@ -102,9 +125,39 @@ class SyncAggregator {
   // `reducer` (not owned; set before any round), with the number of
   // contributions and their learning rates, and the mean over all of them
   // is pushed, so every process applies the same update. A process with
-  // nothing to contribute to a round still takes part: PadRounds. Embedding
-  // rows cannot take part (InvalidArgument from Contribute).
-  void set_reducer(GradientReducer* reducer);
+  // nothing to contribute to a round still takes part: PadRounds.
+  // `buckets` (may be empty: one collective per round, after the last
+  // contribution) turns on overlap: the dense variables grouped in the order
+  // the workers' backward passes finish them, each variable in exactly one
+  // bucket (InvalidArgument otherwise); every process of the job must give
+  // the same buckets. The aggregator then runs a thread of its own for the
+  // collectives, until the next set_reducer or its destruction. nullptr
+  // turns the reducer (and the buckets) off.
+  absl::Status set_reducer(GradientReducer* reducer, std::vector<std::vector<int>> buckets = {});
+  // The number of buckets set (0 = no overlap).
+  int buckets() const { return static_cast<int>(buckets_.size()); }
+  // Buckets handed over by ContributeBucket (during the workers' backward
+  // passes, not at Contribute), over the aggregator's life.
+  uint64_t buckets_handed_over() const;
+  // Worker `worker` hands over its gradients of bucket `bucket` for this
+  // round: `grads` holds exactly the bucket's variables, in the bucket's
+  // order. A worker hands its buckets over in order (0, 1, ...), then calls
+  // Contribute for the round. Returns at once (the reduction's status comes
+  // with Contribute). InvalidArgument for a bucket out of order or a wrong
+  // gradient list; FailedPrecondition without buckets or after Leave.
+  absl::Status ContributeBucket(int worker, int bucket, absl::Span<const DenseGrad> grads, float lr,
+                                float sparse_lr = 0.0f);
+  // Embedding rows across processes: every process pushes its own
+  // contributors' rows, divided by the number of contributions of all
+  // processes, with the mean of all their sparse learning rates, to its
+  // store; the tables must be shared by the processes (ps tasks: a Job's
+  // JobOptions::tables), since each process pushes only its own rows. After
+  // the pushes the processes meet once more (a 1-float allreduce), so that
+  // no process's next round pulls rows before every process's push of this
+  // one has landed, and a push that failed anywhere fails the round
+  // everywhere. (Rows of the same id pushed by several processes are
+  // applied once per process: for SGD the same as one push of their mean.)
+  //
   // Takes part in `rounds` rounds with no contribution of this process (its
   // workers' parts of the epoch ran out before the other processes'): each
   // sums zeros with the others and pushes the mean when any process
@@ -116,6 +169,29 @@ class SyncAggregator {
   // Sums the contributions of this round in worker order, pushes the mean,
   // and starts the next round, waking the contributors.
   void CompleteRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The round failed: nothing is applied; its contributors get the error.
+  void FailRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pushes each table's rows of the round's contributors (divided by the
+  // n contributions), then ends the round, waking the contributors.
+  void PushRowsAndEndRound(float n, float sparse_lr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether any worker has handed over anything this round.
+  bool RoundUnderWay() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Overlap: advances ready_buckets_ to the buckets every worker still in
+  // the group has handed over (when a round is under way), waking the
+  // collective thread.
+  void MarkReadyBuckets() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The collective thread: reduces the ready buckets in order.
+  void CollectiveLoop();
+  // Sums bucket b over contributors_ (worker order), allreduces it with the
+  // other processes' and writes it, divided by the number of contributions,
+  // to bucket_out_. Bucket 0 also carries the contributions' count and
+  // learning rates (lr: the first contributor's).
+  absl::Status ReduceBucket(int b, GradientReducer* reducer, float lr, float sparse_lr);
+  // Floats a round's reduction carries after the gradient: the number of
+  // contributions and their learning rates (dense, and sparse with tables).
+  int Extras() const { return table_dim_.empty() ? 2 : 3; }
+  // Stops and joins the collective thread, if any.
+  void StopCollectiveThread();
 
   // Constant after construction.
   ParamStore* const store_;
@@ -136,8 +212,40 @@ class SyncAggregator {
   std::vector<std::vector<std::vector<uint64_t>>> row_ids_;
   std::vector<std::vector<std::vector<float>>> row_grads_;
 
+  // Overlap, set by set_reducer while no round is under way and no
+  // collective thread runs, constant while one does: buckets_[b] the
+  // variables of bucket b, bucket_of_var_[v] v's bucket.
+  std::vector<std::vector<int>> buckets_;
+  std::vector<int> bucket_of_var_;
+  // worker_parts_[w]: the buckets worker w has handed over this round;
+  // read and written only by worker w's thread (a mirror of parts_[w]).
+  std::vector<int> worker_parts_;
+  // Owned by the collective thread while a round's buckets are reduced,
+  // read by the thread completing the round once reduced_buckets_ says the
+  // last is done (under mu_, which orders the two): bucket_buf_[b] bucket b's
+  // sum (+ the count and learning rates for b = 0), bucket_out_ every
+  // variable's mean (as a slot), bucket_grads_ over it, global_n_ and
+  // global_lr_ the round's contributions and mean learning rate over all
+  // processes, contributors_ the bucket's contributors (scratch).
+  std::vector<std::vector<float>> bucket_buf_;
+  std::vector<float> bucket_out_;
+  std::vector<DenseGrad> bucket_grads_;
+  float global_n_ = 0;
+  float global_lr_ = 0;
+  float global_sparse_lr_ = 0;
+  std::vector<int> contributors_;
+  std::thread collective_thread_;  // touched only by set_reducer and the destructor
+
   mutable Mutex mu_;
   CondVar round_done_;  // signalled when generation_ advances
+  CondVar bucket_ready_;  // ready_buckets_ advanced, or stop_collectives_
+  CondVar bucket_done_;   // reduced_buckets_ reached the number of buckets
+  std::vector<int> parts_ ABSL_GUARDED_BY(mu_);  // buckets each worker handed over this round
+  int ready_buckets_ ABSL_GUARDED_BY(mu_) = 0;   // handed over by every worker still in
+  int reduced_buckets_ ABSL_GUARDED_BY(mu_) = 0;  // of those, reduced (or skipped after a failure)
+  absl::Status bucket_status_ ABSL_GUARDED_BY(mu_);  // the round's first failed collective
+  bool stop_collectives_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t handed_over_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<float> sum_ ABSL_GUARDED_BY(mu_);
   std::vector<char> contributed_ ABSL_GUARDED_BY(mu_);  // in the current round
   std::vector<char> left_ ABSL_GUARDED_BY(mu_);         // left the current group

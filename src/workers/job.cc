@@ -158,6 +158,9 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
     return absl::InvalidArgumentError(
         "ps.update: sync steps every worker of one store together; a cluster trains hogwild or row_lock");
   }
+  if (options.tables && (options.store != nullptr || !options.workers)) {
+    return absl::InternalError("Job: JobOptions::tables needs the Job's own store and workers");
+  }
   std::unique_ptr<Job> job(new Job());
   job->config_ = config;
   job->external_store_ = options.store;
@@ -249,6 +252,10 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
 
   // Store.
   SW_ASSIGN_OR_RETURN(ModelSpec spec, Model::Describe(config.model, DataShape::Of(job->train_)));
+  if (options.tables && !spec.tables.empty()) {
+    SW_ASSIGN_OR_RETURN(job->external_tables_, options.tables());
+  }
+  ParamStore* const tables = job->external_tables_;
   if (options.store == nullptr) {
     std::vector<VariableSpec> vars = spec.variables;
     OpenStoreOptions so;
@@ -261,12 +268,21 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
     // Every core the workers will run on initialises the store.
     so.init_threads = 0;
     for (const WorkerPlacement& w : job->placement_.workers) so.init_threads += static_cast<int>(w.cores.size());
-    so.tables = TableSpecsOf(spec);
+    // Tables elsewhere (JobOptions::tables): this store holds the dense
+    // variables, in one copy.
+    if (tables == nullptr) so.tables = TableSpecsOf(spec);
+    if (tables != nullptr && replication.num_replicas() > 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(config.source, ": ps.replication: embedding tables on ps tasks need one copy of the dense "
+                                      "variables per process (per_machine), got ",
+                       replication.num_replicas(), " replicas"));
+    }
     const auto setup_start = std::chrono::steady_clock::now();
     SW_ASSIGN_OR_RETURN(job->store_, WithErrorKind(ReplicatedStore::Create(so, std::move(vars), std::move(replication)),
                                                   ErrorKind::kStore));
     job->store_setup_seconds_ =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
+    if (tables != nullptr) job->tables_view_ = std::make_unique<ReplicaView>(&job->store(), tables, TableSpecsOf(spec));
     // Stale segments of the job are found (and acted on) by the first replica.
     if (const auto& removed = job->store().removed_stale_segments(); !removed.empty()) {
       spdlog::warn("removed {} stale shared-memory segment(s) of job '{}' left by processes that are gone: {}",
@@ -305,7 +321,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
   Mutex build_mu;
   SW_RETURN_IF_ERROR(job->pool_->RunAll([j, &build_mu, &options](int i) -> absl::Status {
     MutexLock lock(&build_mu);
-    ParamStore* store = j->store_ ? j->store_->ForWorker(i) : options.store;
+    ParamStore* store = j->tables_view_ ? j->tables_view_.get() : j->store_ ? j->store_->ForWorker(i) : options.store;
     SW_ASSIGN_OR_RETURN(j->workers_[i], Worker::Create(i, j->config_.model, j->config_.train.batch_size, j->train_,
                                                        store, j->engine_, j->config_.train.seed));
     return absl::OkStatus();
@@ -319,7 +335,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
   if (job->config_.sparse_optimizer) update.sparse_optimizer = &*job->config_.sparse_optimizer;
   if (config.ps.update == UpdateMode::kSync || config.train.strategy == TrainStrategy::kAllreduce) {
     // Config::Validate keeps sync (and allreduce) to one copy.
-    job->sync_ = std::make_unique<SyncAggregator>(&job->store(), workers);
+    job->sync_ = std::make_unique<SyncAggregator>(&job->param_store(), workers);
     update.sync = job->sync_.get();
   }
   if (job->store_ && job->store_->num_replicas() > 1) update.replicas = job->store_.get();

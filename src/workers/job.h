@@ -65,6 +65,13 @@ struct JobOptions {
   // otherwise this one (not owned; it must outlive the Job), e.g. a gRPC
   // bridge's ClusterParamStore on a cluster's worker task.
   ParamStore* store = nullptr;
+  // train.strategy allreduce with ps tasks: called once, when the model has
+  // embedding tables, for the store that holds them (a ClusterParamStore of
+  // the ps tasks, not owned; it must outlive the Job). The Job's own store
+  // then holds the dense variables only (one copy), and the workers and the
+  // sync barrier see both through one view (param_store()). Not with
+  // `store`.
+  std::function<absl::StatusOr<ParamStore*>()> tables;
   // Start the worker threads and build the workers; false = data only (a
   // cluster's chief, whose workers are remote: it needs the record counts).
   bool workers = true;
@@ -93,7 +100,13 @@ class Job {
   // The first replica: with ps.replication per_machine the one store.
   ShmParamStore& store() { return store_->replica(0); }
   // The store the workers use: the first replica, or JobOptions::store.
-  ParamStore& param_store() { return store_ ? static_cast<ParamStore&>(store_->replica(0)) : *external_store_; }
+  // With JobOptions::tables, the view of the dense store and the tables.
+  ParamStore& param_store() {
+    if (tables_view_) return *tables_view_;
+    return store_ ? static_cast<ParamStore&>(store_->replica(0)) : *external_store_;
+  }
+  // The store JobOptions::tables gave (null without, or without tables).
+  ParamStore* tables_store() { return external_tables_; }
   // Every replica, what ps.replication chose and why, and the averaging.
   ReplicatedStore& replicas() { return *store_; }
   WorkerPool& pool() { return *pool_; }
@@ -146,6 +159,8 @@ class Job {
   dnnl::engine engine_;
   std::unique_ptr<ReplicatedStore> store_;  // null with JobOptions::store
   ParamStore* external_store_ = nullptr;    // JobOptions::store (not owned)
+  ParamStore* external_tables_ = nullptr;   // JobOptions::tables (not owned)
+  std::unique_ptr<ReplicaView> tables_view_;  // store() and external_tables_
   std::unique_ptr<SyncAggregator> sync_;          // ps.update sync only
   std::vector<std::unique_ptr<Worker>> workers_;  // slot i written only by thread i during Create
   std::unique_ptr<WorkerPool> pool_;              // declared last: its threads stop before the rest goes

@@ -99,9 +99,10 @@ ReplicationPlan PlanReplication(const StoreOptions& ps, const Topology& topology
   return plan;
 }
 
-ReplicaView::ReplicaView(ShmParamStore* dense, ShmParamStore* tables) : dense_(dense), tables_(tables) {
+ReplicaView::ReplicaView(ShmParamStore* dense, ParamStore* tables, std::vector<TableSpec> table_specs)
+    : dense_(dense), tables_(tables) {
   layout_ = dense->layout();
-  layout_.tables = tables->layout().tables;
+  layout_.tables = std::move(table_specs);
 }
 
 absl::StatusOr<std::unique_ptr<ReplicatedStore>> ReplicatedStore::Create(const OpenStoreOptions& options,
@@ -132,7 +133,8 @@ absl::StatusOr<std::unique_ptr<ReplicatedStore>> ReplicatedStore::Create(const O
     if (separate_tables) {
       SW_ASSIGN_OR_RETURN(rs->table_store_, ShmParamStore::Create(options, {}));
       for (const auto& replica : rs->replicas_) {
-        rs->views_.push_back(std::make_unique<ReplicaView>(replica.get(), rs->table_store_.get()));
+        rs->views_.push_back(
+            std::make_unique<ReplicaView>(replica.get(), rs->table_store_.get(), rs->table_store_->layout().tables));
       }
     }
   }

@@ -59,14 +59,17 @@ struct ReplicationPlan {
   int num_replicas() const { return replica_nodes.empty() ? 1 : static_cast<int>(replica_nodes.size()); }
 };
 
-// What a worker of a replicated job with embedding tables sees: the dense
-// variables of its replica and the job's one copy of the tables, behind one
-// ParamStore. layout() is the replica's (variables, parts, shard_nodes of the
-// dense shards) with the tables appended; version() is the replica's. Both
-// stores are not owned and must outlive the view. Thread-safe as they are.
+// What a worker sees when the dense variables and the embedding tables live
+// in different stores, behind one ParamStore: a replicated job's replica and
+// its one copy of the tables, or (train.strategy allreduce) a rank's own
+// dense store and the cluster's ps tasks that host the tables. layout() is
+// the dense store's (variables, parts, shard_nodes of the dense shards) with
+// `tables` appended (the ps tasks' GetLayout does not say bf16); version()
+// is the dense store's. Both stores are not owned and must outlive the view.
+// Thread-safe as they are.
 class ReplicaView final : public ParamStore {
  public:
-  ReplicaView(ShmParamStore* dense, ShmParamStore* tables);
+  ReplicaView(ShmParamStore* dense, ParamStore* tables, std::vector<TableSpec> table_specs);
 
   const StoreLayout& layout() const override { return layout_; }
   const std::string& name() const override { return dense_->name(); }
@@ -80,11 +83,18 @@ class ReplicaView final : public ParamStore {
                         RowScratch* scratch) override {
     return tables_->PushRows(table, ids, grads, lr, scratch);
   }
+  // A step's lookups as one batch (one call per ps task of a cluster's store).
+  absl::Status PullRowsBatch(absl::Span<const RowPull> parts, PullMode mode, RowScratch* scratch) override {
+    return tables_->PullRowsBatch(parts, mode, scratch);
+  }
+  absl::Status PushRowsBatch(absl::Span<const RowGrad> parts, float lr, RowScratch* scratch) override {
+    return tables_->PushRowsBatch(parts, lr, scratch);
+  }
   uint64_t version() const override { return dense_->version(); }
 
  private:
   ShmParamStore* dense_;
-  ShmParamStore* tables_;
+  ParamStore* tables_;
   StoreLayout layout_;
 };
 

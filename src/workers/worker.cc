@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status.h"
@@ -54,6 +55,15 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Create(int index, const ModelOpt
     w->pulls_.push_back(PullSlice{v, 0, b.rows, bf16 != nullptr ? nullptr : w->model_->params(v), bf16});
     w->pushes_.push_back(DenseGrad{v, w->model_->grads(v)});
   }
+  // Each layer's gradient, once final, to the sync barrier's buckets when
+  // the step uses them (TrainSteps sets bucket_sync_).
+  Worker* const self = w.get();
+  w->model_->set_gradients_ready([self](int first_var, int count) {
+    if (self->bucket_sync_ == nullptr || !self->bucket_status_.ok()) return;
+    self->bucket_status_ = self->bucket_sync_->ContributeBucket(
+        self->index_, self->next_bucket_++, {self->pushes_.data() + first_var, static_cast<size_t>(count)},
+        self->step_lr_, self->step_sparse_lr_);
+  });
   const std::vector<EmbeddingDecl>& tables = w->model_->spec().tables;
   if (layout.tables.size() != tables.size()) {
     return absl::FailedPreconditionError(absl::StrCat("the store holds ", layout.tables.size(),
@@ -208,6 +218,7 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
                                 int64_t first_step, PhaseTimes* times) {
   if (count <= 0) return absl::OkStatus();
   SyncAggregator* const sync = update_.sync;
+  bucket_sync_ = sync != nullptr && sync->buckets() > 0 ? sync : nullptr;
   const OptimizerOptions& sparse_optimizer = update_.sparse_optimizer ? *update_.sparse_optimizer : optimizer;
   const int64_t batch = model_->batch();
   const int64_t steps = max_steps >= 0 ? max_steps : (count + batch - 1) / batch;
@@ -263,8 +274,12 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
     model_->Forward(/*training=*/true, stream_);
     const auto t4 = Clock::now();
     PrefetchNextBatch(order, count, cursor, cycle);
+    next_bucket_ = 0;
+    step_lr_ = lr;
+    step_sparse_lr_ = sparse_lr;
     const LossResult loss =
         model_->Backward(valid, stream_, {optimizer.loss_reduction, sparse_optimizer.loss_reduction});
+    SW_RETURN_IF_ERROR(std::exchange(bucket_status_, absl::OkStatus()));
     const auto t5 = Clock::now();
     auto t6 = t5;
     if (sync != nullptr) {

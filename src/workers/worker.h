@@ -251,6 +251,14 @@ class Worker {
   std::vector<DenseGrad> pushes_;     // one per variable, from the model's grads
   WorkerCounters counters_;
   WorkerUpdateOptions update_;
+  // Overlap (SyncAggregator buckets): the sync barrier the backward pass
+  // hands each layer's gradient to (null = none), the next bucket, the
+  // step's learning rate and the first hand-over's error.
+  SyncAggregator* bucket_sync_ = nullptr;
+  int next_bucket_ = 0;
+  float step_lr_ = 0;
+  float step_sparse_lr_ = 0;
+  absl::Status bucket_status_;
   uint64_t version_at_pull_ = 0;
   const std::atomic<bool>* stop_ = nullptr;  // set_stop      // store->version() read just before the last training pull
   const PackedRecords* packed_ = nullptr;  // set_packed_records

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "allreduce_ranks.h"
 #include "cli_child.h"
@@ -52,6 +53,127 @@ TEST(AllreduceCli, ThreeRanksTrainOneModelOnEveryRecordOnce) {
     EXPECT_NE(job.rank(r).out().find("parameters identical on every rank"), std::string::npos);
   }
   EXPECT_EQ(local_sum, 60000);
+}
+
+// cluster.allreduce_overlap: a collective per layer, each started while the
+// layers below are differentiated, trains the same bits as one collective
+// after the backward (two ranks: Gloo adds each element's two contributions
+// alike either way), with two workers per rank handing layers over.
+TEST(AllreduceCli, OverlappedLayersTrainTheSameBitsAsOneCollective) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed";
+  std::string fingerprint[2];
+  for (int overlap = 0; overlap < 2; ++overlap) {
+    AllreduceRanks job(2, kConfig,
+                       {"--set", "train.epochs=1", "--set", "train.workers=2", "--set", "data.max_train_records=12000",
+                        "--set", std::string("cluster.allreduce_overlap=") + (overlap ? "true" : "false")});
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(WaitFor(job.rank(r), std::chrono::seconds(240))) << "rank " << r << " did not end";
+      ASSERT_EQ(job.rank(r).Wait(), 0) << "rank " << r << ":\n" << job.rank(r).err() << job.rank(r).out();
+      const json j = LastLineJson(job.rank(r).out());
+      ASSERT_TRUE(j.is_object()) << job.rank(r).out();
+      EXPECT_EQ(j["records_seen"], 12000);
+      // The default MLP's three layers, or the whole gradient at once.
+      EXPECT_EQ(j["allreduce"]["buckets_per_round"], overlap ? 3 : 1);
+      // Every layer of every worker's step went during its backward: 3 per
+      // step of each worker's ~24 (12,000 records over 4 workers, batch 128).
+      if (overlap) {
+        EXPECT_GE(j["allreduce"]["buckets_during_backward"].get<int64_t>(), 3 * 2 * 23);
+      } else {
+        EXPECT_EQ(j["allreduce"]["buckets_during_backward"], 0);
+      }
+      if (r == 0) fingerprint[overlap] = j["allreduce"]["params_fingerprint"];
+      EXPECT_EQ(j["allreduce"]["params_fingerprint"], fingerprint[overlap]) << "rank " << r;
+    }
+  }
+  EXPECT_EQ(fingerprint[0], fingerprint[1]);
+}
+
+// Generated Criteo-format data for the DLRM config (train.tsv, test.tsv).
+void MakeCriteo(const TempDir& data, const std::string& rows) {
+  for (const auto& [name, n, seed] : {std::tuple{"train.tsv", rows, "1"}, std::tuple{"test.tsv", std::string("2000"), "2"}}) {
+    const Result r = RunCli({"data", "gen", "--kind", "criteo", "--rows", n, "--out", (data.path() / name).string(),
+                             "--seed", seed});
+    ASSERT_EQ(r.code(), 0) << r.err;
+  }
+}
+
+std::vector<std::string> SmallDlrm(const TempDir& data, const std::string& job_name) {
+  return {"--set", "data.train=" + (data.path() / "train.tsv").string(), "--set",
+          "data.test=" + (data.path() / "test.tsv").string(), "--set", "model.sparse.0.rows=1000", "--set",
+          "model.bottom.0.units=32", "--set", "model.layers.0.units=32", "--set", "train.workers=2", "--set",
+          "train.intra_op_threads=1", "--set", "train.pin_threads=false", "--set", "train.epochs=2", "--set",
+          "ps.job_name=" + job_name, "--set", "train.strategy=allreduce"};
+}
+
+// The hybrid: a DLRM's dense towers allreduced between two ranks, its
+// embedding tables on a ps task both ranks push their rows to. Both ranks
+// end with the same dense bits and evaluate the same tables: the same AUC,
+// to the last digit (tables of their own would differ).
+TEST(AllreduceCli, EmbeddingTablesLiveOnPsTasks) {
+  TempDir data;
+  MakeCriteo(data, "6000");
+  const std::vector<int> ports = testing_ports::FreePorts(3);
+  ASSERT_EQ(ports.size(), 3u);
+  const std::string spec = (data.path() / "cluster.json").string();
+  std::ofstream(spec) << "{\"cluster\": {\"worker\": [\"127.0.0.1:" << ports[0] << "\", \"127.0.0.1:" << ports[1]
+                      << "\"], \"ps\": [\"127.0.0.1:" << ports[2] << "\"]}}";
+  const std::string config = SHARDWILD_SOURCE_DIR "/configs/ctr_dlrm.yaml";
+  const std::vector<std::string> sets = SmallDlrm(data, "ar-hybrid");
+  auto args = [&](const std::string& command, const std::string& type, int index) {
+    std::vector<std::string> a = {command, config, "--cluster", spec, "--task-type", type, "--task-index",
+                                  std::to_string(index)};
+    a.insert(a.end(), sets.begin(), sets.end());
+    if (command == "train") a.push_back("--json");
+    return a;
+  };
+  Child ps(args("serve", "ps", 0));
+  Child rank0(args("train", "worker", 0)), rank1(args("train", "worker", 1));
+  Child* ranks[2] = {&rank0, &rank1};
+  json j[2];
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(WaitFor(*ranks[r], std::chrono::seconds(300))) << "rank " << r << " did not end";
+    ASSERT_EQ(ranks[r]->Wait(), 0) << "rank " << r << ":\n" << ranks[r]->err() << ranks[r]->out() << "\nps:\n"
+                                   << ps.err() << ps.out();
+    j[r] = LastLineJson(ranks[r]->out());
+    ASSERT_TRUE(j[r].is_object()) << ranks[r]->out();
+    EXPECT_EQ(j[r]["records_seen"], 2 * 6000);
+    EXPECT_EQ(j[r]["allreduce"]["ps_tasks"], 1);
+    EXPECT_GT(j[r]["test_auc"].get<double>(), 0.6) << j[r].dump();
+  }
+  EXPECT_NE(rank0.out().find("embedding tables on 1 ps task"), std::string::npos) << rank0.out();
+  EXPECT_EQ(j[0]["allreduce"]["params_fingerprint"], j[1]["allreduce"]["params_fingerprint"]);
+  EXPECT_EQ(j[0]["test_auc"].get<double>(), j[1]["test_auc"].get<double>());
+  EXPECT_EQ(j[0]["test_loss"].get<double>(), j[1]["test_loss"].get<double>());
+  kill(ps.pid(), SIGTERM);
+  ps.Wait();
+}
+
+// Tables without ps tasks, and ps tasks without tables: one clear error on
+// every rank.
+TEST(AllreduceCli, TablesNeedPsTasksAndPsTasksNeedTables) {
+  TempDir data;
+  MakeCriteo(data, "1000");
+  {
+    AllreduceRanks job(2, SHARDWILD_SOURCE_DIR "/configs/ctr_dlrm.yaml", SmallDlrm(data, "ar-nops"));
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(WaitFor(job.rank(r), std::chrono::seconds(120))) << "rank " << r << " did not end";
+      EXPECT_NE(job.rank(r).Wait(), 0);
+      EXPECT_NE(job.rank(r).err().find("has no ps task for them"), std::string::npos) << job.rank(r).err();
+    }
+  }
+  if (!HaveFashionMnist()) return;
+  const std::vector<int> ports = testing_ports::FreePorts(3);
+  ASSERT_EQ(ports.size(), 3u);
+  const std::string spec = (data.path() / "cluster.json").string();
+  std::ofstream(spec) << "{\"cluster\": {\"worker\": [\"127.0.0.1:" << ports[0] << "\", \"127.0.0.1:" << ports[1]
+                      << "\"], \"ps\": [\"127.0.0.1:" << ports[2] << "\"]}}";
+  for (int r = 0; r < 2; ++r) {
+    const Result res = RunCli({"train", kConfig, "--cluster", spec, "--task-type", "worker", "--task-index",
+                               std::to_string(r), "--set", "train.strategy=allreduce", "--set", "train.epochs=1"});
+    EXPECT_NE(res.code(), 0);
+    EXPECT_NE(res.err.find("needs ps tasks only for embedding tables, and this model has none"), std::string::npos)
+        << res.err;
+  }
 }
 
 TEST(AllreduceCli, ALayoutMismatchIsOneErrorOnEveryRank) {

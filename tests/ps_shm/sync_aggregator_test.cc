@@ -1,5 +1,6 @@
 #include "ps_shm/sync_aggregator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -116,6 +117,44 @@ std::vector<absl::Status> RunWorkers(SyncAggregator& agg, const StoreLayout& lay
       }
       const absl::Status s = agg.Leave(w);
       if (!s.ok() && status[w].ok()) status[w] = s;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return status;
+}
+
+// RunWorkers with overlap: each round, worker w hands its gradient over a
+// bucket at a time (`buckets`, as set on the aggregator), with random small
+// delays between buckets, then contributes.
+std::vector<absl::Status> RunWorkersByBucket(SyncAggregator& agg, const StoreLayout& layout,
+                                             const std::vector<std::vector<int>>& buckets,
+                                             const std::vector<int>& rounds, uint32_t seed = 1) {
+  const int n = static_cast<int>(rounds.size());
+  std::vector<absl::Status> status(n);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < n; ++w) {
+    threads.emplace_back([&, w] {
+      std::mt19937 rng(seed * 977 + w);
+      std::vector<std::vector<float>> bufs(layout.variables.size());
+      std::vector<DenseGrad> grads, part;
+      auto keep = [&](const absl::Status& s) {
+        if (!s.ok() && status[w].ok()) status[w] = s;
+      };
+      for (int r = 0; r < rounds[w]; ++r) {
+        grads.clear();
+        for (size_t v = 0; v < layout.variables.size(); ++v) {
+          bufs[v] = Gradient(w, r, static_cast<int>(v), layout.variables[v].size());
+          grads.push_back({static_cast<int>(v), bufs[v].data()});
+        }
+        for (size_t b = 0; b < buckets.size(); ++b) {
+          if (rng() % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));
+          part.clear();
+          for (int v : buckets[b]) part.push_back({v, bufs[v].data()});
+          keep(agg.ContributeBucket(w, static_cast<int>(b), part, 0.1f * (w + 1)));
+        }
+        keep(agg.Contribute(w, grads, 0.1f * (w + 1)));
+      }
+      keep(agg.Leave(w));
     });
   }
   for (std::thread& t : threads) t.join();
@@ -418,8 +457,13 @@ class ThreadWorld {
   class Reducer final : public GradientReducer {
    public:
     Reducer(ThreadWorld* world, int party) : world_(world), party_(party) {}
-    absl::Status AllreduceSum(float* data, size_t n) override { return world_->Sum(party_, data, n); }
-    int calls = 0;
+    absl::Status AllreduceSum(float* data, size_t n) override {
+      sizes.push_back(n);
+      return world_->Sum(party_, data, n);
+    }
+    // Each call's size, in order (read once the aggregator's collective
+    // thread has stopped: set_reducer or the aggregator's end).
+    std::vector<size_t> sizes;
 
    private:
     ThreadWorld* world_;
@@ -470,8 +514,8 @@ TEST(SyncAggregatorAcrossProcesses, EveryProcessPushesTheMeanOfAll) {
   ThreadWorld::Reducer ra(&world, 0), rb(&world, 1);
   RecordingStore sa, sb;
   SyncAggregator a(&sa, 2), b(&sb, 2);
-  a.set_reducer(&ra);
-  b.set_reducer(&rb);
+  ASSERT_TRUE(a.set_reducer(&ra).ok());
+  ASSERT_TRUE(b.set_reducer(&rb).ok());
   const StoreLayout& layout = sa.layout();
   // 3 rounds in process a (workers 0 and 1 of the job), 5 and 2 in b
   // (workers 2 and 3, brought as b's 0 and 1 with round_offset 0): a pads
@@ -541,8 +585,8 @@ TEST(SyncAggregatorAcrossProcesses, NobodyContributingPushesNothingAndErrorsReac
   ThreadWorld::Reducer ra(&world, 0), rb(&world, 1);
   RecordingStore sa, sb;
   SyncAggregator a(&sa, 1), b(&sb, 1);
-  a.set_reducer(&ra);
-  b.set_reducer(&rb);
+  ASSERT_TRUE(a.set_reducer(&ra).ok());
+  ASSERT_TRUE(b.set_reducer(&rb).ok());
   absl::Status sa_pad, sb_pad;
   std::thread t([&] { sa_pad = a.PadRounds(3); });
   sb_pad = b.PadRounds(3);
@@ -552,7 +596,7 @@ TEST(SyncAggregatorAcrossProcesses, NobodyContributingPushesNothingAndErrorsReac
   EXPECT_TRUE(sa.records().empty());
   EXPECT_TRUE(sb.records().empty());
   EXPECT_EQ(a.rounds(), 3u);
-  // Rows cannot be summed across processes.
+  // Rows of a table the store does not have.
   std::vector<float> g0(6), g1(5);
   const DenseGrad grads[2] = {{0, g0.data()}, {1, g1.data()}};
   const std::vector<uint64_t> ids = {1};
@@ -571,6 +615,264 @@ TEST(SyncAggregatorAcrossProcesses, NobodyContributingPushesNothingAndErrorsReac
   // Without a reducer there is nothing to pad with.
   SyncAggregator c(&sa, 1);
   EXPECT_EQ(c.PadRounds(1).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// The records of two processes with the given workers' rounds (a: 2
+// workers, b: 2 workers, a pads to b's rounds), with or without buckets:
+// a by bucket, b handing everything over with Contribute, so both ways meet.
+struct TwoProcesses {
+  std::vector<RecordingStore::Record> a, b;
+  std::vector<size_t> a_sizes, b_sizes;
+};
+TwoProcesses RunTwoProcesses(const std::vector<std::vector<int>>& buckets, const std::vector<int>& a_rounds,
+                             const std::vector<int>& b_rounds, uint32_t seed) {
+  ThreadWorld world(2);
+  ThreadWorld::Reducer ra(&world, 0), rb(&world, 1);
+  RecordingStore sa, sb;
+  SyncAggregator a(&sa, 2), b(&sb, 2);
+  EXPECT_TRUE(a.set_reducer(&ra, buckets).ok());
+  EXPECT_TRUE(b.set_reducer(&rb, buckets).ok());
+  const StoreLayout& layout = sa.layout();
+  const int a_max = *std::max_element(a_rounds.begin(), a_rounds.end());
+  const int b_max = *std::max_element(b_rounds.begin(), b_rounds.end());
+  std::vector<absl::Status> sa_status, sb_status;
+  std::thread pa([&] {
+    sa_status = buckets.empty() ? RunWorkers(a, layout, a_rounds, 0, seed)
+                                : RunWorkersByBucket(a, layout, buckets, a_rounds, seed);
+    if (b_max > a_max) sa_status.push_back(a.PadRounds(b_max - a_max));
+  });
+  std::thread pb([&] {
+    sb_status = RunWorkers(b, layout, b_rounds, 0, seed + 1);
+    if (a_max > b_max) sb_status.push_back(b.PadRounds(a_max - b_max));
+  });
+  pa.join();
+  pb.join();
+  for (const absl::Status& s : sa_status) EXPECT_TRUE(s.ok()) << s;
+  for (const absl::Status& s : sb_status) EXPECT_TRUE(s.ok()) << s;
+  // Stops the collective threads before their reducers' call lists are read.
+  EXPECT_TRUE(a.set_reducer(nullptr).ok());
+  EXPECT_TRUE(b.set_reducer(nullptr).ok());
+  return {sa.records(), sb.records(), ra.sizes, rb.sizes};
+}
+
+// Overlap: bucket by bucket, the processes push exactly what one collective
+// per round pushes (this reducer adds each element in party order either
+// way), with workers dropping out and a process padding; and the
+// collectives are the buckets in order, the first carrying the count and
+// learning rates, for every round, padded ones included.
+TEST(SyncAggregatorAcrossProcesses, BucketsPushWhatOneCollectivePushes) {
+  const std::vector<std::vector<int>> buckets = {{1}, {0}};  // as a backward pass finishes them
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    SCOPED_TRACE(seed);
+    const TwoProcesses whole = RunTwoProcesses({}, {3, 3}, {5, 2}, seed);
+    const TwoProcesses split = RunTwoProcesses(buckets, {3, 3}, {5, 2}, seed);
+    ASSERT_EQ(whole.a.size(), 5u);
+    ASSERT_EQ(split.a.size(), 5u);
+    ASSERT_EQ(split.b.size(), 5u);
+    for (size_t r = 0; r < 5; ++r) {
+      EXPECT_EQ(split.a[r].lr, whole.a[r].lr) << r;
+      EXPECT_EQ(split.b[r].lr, whole.a[r].lr) << r;
+      for (size_t v = 0; v < 2; ++v) {
+        EXPECT_TRUE(BitEqual(split.a[r].grads[v], whole.a[r].grads[v])) << "round " << r << " variable " << v;
+        EXPECT_TRUE(BitEqual(split.b[r].grads[v], whole.a[r].grads[v])) << "round " << r << " variable " << v;
+      }
+    }
+    // Variable b (5 floats) + count and learning rates, then a (6 floats),
+    // five rounds each; one 13-float call per round without buckets.
+    std::vector<size_t> expect;
+    for (int r = 0; r < 5; ++r) expect.insert(expect.end(), {7, 6});
+    EXPECT_EQ(split.a_sizes, expect);
+    EXPECT_EQ(split.b_sizes, expect);
+    EXPECT_EQ(whole.a_sizes, std::vector<size_t>(5, 13));
+  }
+}
+
+// Many rounds, workers handing buckets over at random times: no round mixes
+// with the next (each round's mean is exactly the workers' mean).
+TEST(SyncAggregatorAcrossProcesses, ManyBucketedRoundsStayApart) {
+  ThreadWorld world(1);
+  ThreadWorld::Reducer reducer(&world, 0);
+  RecordingStore store;
+  SyncAggregator agg(&store, 4);
+  ASSERT_TRUE(agg.set_reducer(&reducer, {{1}, {0}}).ok());
+  for (const absl::Status& s : RunWorkersByBucket(agg, store.layout(), {{1}, {0}}, {40, 40, 40, 40}, 7)) {
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  ASSERT_TRUE(agg.set_reducer(nullptr).ok());
+  const std::vector<RecordingStore::Record> records = store.records();
+  ASSERT_EQ(records.size(), 40u);
+  for (int r = 0; r < 40; ++r) {
+    for (int v = 0; v < 2; ++v) {
+      const int64_t n = store.layout().variables[v].size();
+      EXPECT_TRUE(BitEqual(records[r].grads[v], ExpectedMean({0, 1, 2, 3}, r, v, n))) << r << " " << v;
+    }
+    EXPECT_FLOAT_EQ(records[r].lr, 0.1f);
+  }
+  EXPECT_EQ(reducer.sizes.size(), 80u);
+}
+
+TEST(SyncAggregatorAcrossProcesses, BadBucketsAndHandOversAreErrors) {
+  ThreadWorld world(1);
+  ThreadWorld::Reducer reducer(&world, 0);
+  RecordingStore store;
+  SyncAggregator agg(&store, 1);
+  // Every variable in exactly one non-empty bucket.
+  EXPECT_EQ(agg.set_reducer(&reducer, {{0}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(agg.set_reducer(&reducer, {{0, 1}, {1}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(agg.set_reducer(&reducer, {{0, 1}, {}}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(agg.set_reducer(&reducer, {{0, 2}, {1}}).code(), absl::StatusCode::kInvalidArgument);
+  std::vector<float> g0(6, 1.0f), g1(5, 2.0f);
+  const DenseGrad d0{0, g0.data()}, d1{1, g1.data()};
+  // No buckets: nothing to hand over.
+  ASSERT_TRUE(agg.set_reducer(&reducer).ok());
+  EXPECT_EQ(agg.ContributeBucket(0, 0, {&d1, 1}, 0.1f).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(agg.set_reducer(&reducer, {{1}, {0}}).ok());
+  EXPECT_EQ(agg.buckets(), 2);
+  EXPECT_EQ(agg.ContributeBucket(0, 1, {&d0, 1}, 0.1f).code(), absl::StatusCode::kInvalidArgument);  // out of order
+  EXPECT_EQ(agg.ContributeBucket(0, 0, {&d0, 1}, 0.1f).code(), absl::StatusCode::kInvalidArgument);  // wrong variable
+  EXPECT_EQ(agg.ContributeBucket(1, 0, {&d1, 1}, 0.1f).code(), absl::StatusCode::kInvalidArgument);  // no worker 1
+  // Bucket 0 by hand-over, bucket 1 with the round's Contribute.
+  ASSERT_TRUE(agg.ContributeBucket(0, 0, {&d1, 1}, 0.5f).ok());
+  const DenseGrad both[2] = {d0, d1};
+  ASSERT_TRUE(agg.Contribute(0, both, 0.9f).ok());  // the lr of bucket 0's hand-over counts
+  ASSERT_TRUE(agg.Leave(0).ok());
+  // After leaving, nothing more this group... and a lost peer fails the
+  // round: nothing applied, the error to the contributor.
+  world.set_fail();
+  ASSERT_TRUE(agg.ContributeBucket(0, 0, {&d1, 1}, 0.5f).ok());
+  EXPECT_EQ(agg.Contribute(0, both, 0.5f).code(), absl::StatusCode::kUnavailable);
+  ASSERT_TRUE(agg.Leave(0).ok());
+  EXPECT_EQ(agg.PadRounds(1).code(), absl::StatusCode::kUnavailable);
+  ASSERT_TRUE(agg.set_reducer(nullptr).ok());
+  const std::vector<RecordingStore::Record> records = store.records();
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].lr, 0.5f);
+  EXPECT_EQ(records[0].grads[0], g0);
+  EXPECT_EQ(records[0].grads[1], g1);
+  EXPECT_EQ(agg.rounds(), 3u);
+  EXPECT_EQ(agg.completed_rounds(), 1u);
+}
+
+// A worker that fails mid-backward (hands over bucket 0, then leaves) does
+// not leave the round hanging: it completes with what was handed over, so
+// every process still issues the same collectives.
+TEST(SyncAggregatorAcrossProcesses, LeavingMidRoundCompletesIt) {
+  ThreadWorld world(1);
+  ThreadWorld::Reducer reducer(&world, 0);
+  RecordingStore store;
+  SyncAggregator agg(&store, 2);
+  ASSERT_TRUE(agg.set_reducer(&reducer, {{1}, {0}}).ok());
+  std::vector<float> g0(6, 1.0f), g1(5, 2.0f);
+  const DenseGrad d1{1, g1.data()};
+  ASSERT_TRUE(agg.ContributeBucket(0, 0, {&d1, 1}, 0.1f).ok());
+  ASSERT_TRUE(agg.Leave(1).ok());  // worker 1 never started the round
+  ASSERT_TRUE(agg.Leave(0).ok());  // worker 0 failed after bucket 0
+  EXPECT_EQ(agg.rounds(), 1u);
+  ASSERT_TRUE(agg.set_reducer(nullptr).ok());
+  EXPECT_EQ(reducer.sizes, (std::vector<size_t>{7, 6}));
+  const std::vector<RecordingStore::Record> records = store.records();
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].grads[1], g1);
+}
+
+// A store of one variable and one table (dim 2) that records its pushes of
+// rows: what each process of an allreduce job sends to the shared tables.
+class RowRecordingStore final : public ParamStore {
+ public:
+  struct Rows {
+    std::vector<uint64_t> ids;
+    std::vector<float> grads;
+    float lr = 0;
+  };
+  RowRecordingStore() {
+    layout_.variables = {VariableSpec{"w", 1, 3}};
+    layout_.num_shards = 1;
+    layout_.parts = {{RowRange{0, 1}}};
+    layout_.shard_nodes = {0};
+    TableSpec t;
+    t.name = "t";
+    t.capacity = 100;
+    t.dim = 2;
+    layout_.tables = {t};
+  }
+  const StoreLayout& layout() const override { return layout_; }
+  const std::string& name() const override { return name_; }
+  absl::Status Pull(absl::Span<const PullSlice>) override { return absl::OkStatus(); }
+  absl::Status Push(absl::Span<const DenseGrad>, float) override { return absl::OkStatus(); }
+  absl::Status PushRows(int, absl::Span<const uint64_t> ids, const float* grads, float lr, RowScratch*) override {
+    MutexLock lock(&mu_);
+    rows_.push_back({{ids.begin(), ids.end()}, {grads, grads + 2 * ids.size()}, lr});
+    return fail_ ? absl::UnavailableError("ps:0 is unavailable") : absl::OkStatus();
+  }
+  uint64_t version() const override { return 0; }
+  std::vector<Rows> rows() const {
+    MutexLock lock(&mu_);
+    return rows_;
+  }
+  void set_fail() {
+    MutexLock lock(&mu_);
+    fail_ = true;
+  }
+
+ private:
+  StoreLayout layout_;
+  std::string name_ = "rows";
+  mutable Mutex mu_;
+  std::vector<Rows> rows_ ABSL_GUARDED_BY(mu_);
+  bool fail_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Rows across processes (tables on ps tasks): each process pushes its own
+// contributors' rows, divided by the contributions of all processes, with
+// their mean sparse learning rate, then meets the others once more; with
+// buckets or without. A push that fails in one process fails the round in
+// both.
+TEST(SyncAggregatorAcrossProcesses, EachProcessPushesItsRowsOverAllContributions) {
+  for (const bool buckets : {false, true}) {
+    SCOPED_TRACE(buckets);
+    ThreadWorld world(2);
+    ThreadWorld::Reducer ra(&world, 0), rb(&world, 1);
+    RowRecordingStore sa, sb;
+    SyncAggregator a(&sa, 1), b(&sb, 1);
+    const std::vector<std::vector<int>> one = buckets ? std::vector<std::vector<int>>{{0}} : std::vector<std::vector<int>>{};
+    ASSERT_TRUE(a.set_reducer(&ra, one).ok());
+    ASSERT_TRUE(b.set_reducer(&rb, one).ok());
+    std::vector<float> w(3, 1.0f);
+    const DenseGrad dg{0, w.data()};
+    const std::vector<uint64_t> ids_a = {5, 7}, ids_b = {7};
+    const std::vector<float> ga = {2, 4, 6, 8}, gb = {10, 20};
+    const RowGrad rows_a[1] = {{0, ids_a, ga.data()}};
+    const RowGrad rows_b[1] = {{0, ids_b, gb.data()}};
+    absl::Status status_a;
+    std::thread t([&] { status_a = a.Contribute(0, {&dg, 1}, 0.1f, rows_a, 0.2f); });
+    const absl::Status status_b = b.Contribute(0, {&dg, 1}, 0.1f, rows_b, 0.6f);
+    t.join();
+    ASSERT_TRUE(status_a.ok()) << status_a;
+    ASSERT_TRUE(status_b.ok()) << status_b;
+    const std::vector<RowRecordingStore::Rows> pa = sa.rows(), pb = sb.rows();
+    ASSERT_EQ(pa.size(), 1u);
+    ASSERT_EQ(pb.size(), 1u);
+    EXPECT_EQ(pa[0].ids, ids_a);
+    EXPECT_EQ(pa[0].grads, (std::vector<float>{1, 2, 3, 4}));  // over 2 contributions
+    EXPECT_EQ(pb[0].ids, ids_b);
+    EXPECT_EQ(pb[0].grads, (std::vector<float>{5, 10}));
+    EXPECT_FLOAT_EQ(pa[0].lr, 0.4f);  // the mean of 0.2 and 0.6
+    EXPECT_FLOAT_EQ(pb[0].lr, 0.4f);
+    // A failed push in b: both processes' rounds fail with an error.
+    sb.set_fail();
+    std::thread t2([&] { status_a = a.Contribute(0, {&dg, 1}, 0.1f, rows_a, 0.2f); });
+    const absl::Status failed_b = b.Contribute(0, {&dg, 1}, 0.1f, rows_b, 0.6f);
+    t2.join();
+    EXPECT_EQ(failed_b.code(), absl::StatusCode::kUnavailable) << failed_b;
+    EXPECT_EQ(status_a.code(), absl::StatusCode::kAborted) << status_a;
+    ASSERT_TRUE(a.Leave(0).ok());
+    ASSERT_TRUE(b.Leave(0).ok());
+    ASSERT_TRUE(a.set_reducer(nullptr).ok());
+    ASSERT_TRUE(b.set_reducer(nullptr).ok());
+    // Each round: the gradient with the count and both learning rates
+    // (3 + 3 floats), then the 1-float meeting after the rows.
+    EXPECT_EQ(ra.sizes, (std::vector<size_t>{6, 1, 6, 1}));
+  }
 }
 
 }  // namespace

@@ -517,6 +517,12 @@ struct ClusterOptions {
   int min_workers = 1;
   // ring or halving_doubling (CollectiveAlgorithm).
   CollectiveAlgorithm allreduce_algorithm = CollectiveAlgorithm::kRing;
+  // train.strategy allreduce: each layer's gradient goes across processes
+  // as soon as every worker of the process has finished that layer's
+  // backward, while the layers below are still being differentiated (one
+  // collective per layer a round); false = one collective of the whole
+  // gradient after the backward.
+  bool allreduce_overlap = true;
   absl::Status Validate() const;
 };
 

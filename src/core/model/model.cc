@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -82,6 +83,7 @@ class Model::Tower {
                      std::vector<std::vector<float>>& grads, std::vector<std::vector<uint16_t>>& params16,
                      int first_var, Precision precision) {
     batch_ = batch;
+    first_var_ = first_var;
     const size_t n = layers.size();
     y_.resize(n);
     dy_.resize(n);
@@ -133,14 +135,25 @@ class Model::Tower {
     }
   }
 
-  // Needs dout() filled; leaves the gradient wrt x in the Build's dx.
-  void Backward(const dnnl::stream& stream) {
+  // Needs dout() filled; leaves the gradient wrt x in the Build's dx. After
+  // each layer (the top one first) `ready`, if set, hears that the layer's
+  // kernel and bias gradients are final.
+  void Backward(const dnnl::stream& stream, const std::function<void(int, int)>& ready) {
     for (size_t i = layers_.size(); i-- > 0;) {
       if (rate_[i] > 0) {
         std::memcpy(dy_[i].data(), dout_[i].data(), dy_[i].size() * sizeof(float));
         DropoutBackward(dy_[i].data(), mask_[i].data(), static_cast<int64_t>(dy_[i].size()));
       }
       layers_[i]->Backward(stream);
+      if (ready) ready(first_var_ + 2 * static_cast<int>(i), 2);
+    }
+  }
+
+  // Each layer's variables, {kernel, bias}, in the order Backward finishes them.
+  void AddBackwardGroups(std::vector<std::vector<int>>* out) const {
+    for (size_t i = layers_.size(); i-- > 0;) {
+      const int v = first_var_ + 2 * static_cast<int>(i);
+      out->push_back({v, v + 1});
     }
   }
 
@@ -164,6 +177,7 @@ class Model::Tower {
   float* dout(size_t i) { return rate_[i] > 0 ? dout_[i].data() : dy_[i].data(); }
 
   int64_t batch_ = 0;
+  int first_var_ = 0;
   std::vector<std::unique_ptr<DenseLayer>> layers_;
   std::vector<std::vector<float>> y_, dy_, out_, dout_, mask_;
   std::vector<float> rate_;
@@ -686,9 +700,9 @@ LossResult Model::Backward(int64_t valid, const dnnl::stream& stream, GradientRe
   if (dense_scale != 1.0f) {
     for (int64_t i = 0; i < valid * k; ++i) dlogits_[i] *= dense_scale;
   }
-  top_->Backward(stream);
+  top_->Backward(stream, gradients_ready_);
   if (direct_) {
-    if (bottom_) bottom_->Backward(stream);  // the top wrote its input gradient into the bottom's dout
+    if (bottom_) bottom_->Backward(stream, gradients_ready_);  // the top wrote its input gradient into the bottom's dout
     return r;
   }
   const int64_t zw = static_cast<int64_t>(z_.size()) / batch_;
@@ -718,9 +732,16 @@ LossResult Model::Backward(int64_t valid, const dnnl::stream& stream, GradientRe
     const int64_t stride = interaction_ == Interaction::kDotNoDense ? spec_.interaction_width : zw;
     float* to = bottom_->dout();
     for (int64_t r = 0; r < batch_; ++r) std::memcpy(to + r * db_, from + r * stride, db_ * sizeof(float));
-    bottom_->Backward(stream);
+    bottom_->Backward(stream, gradients_ready_);
   }
   return r;
+}
+
+std::vector<std::vector<int>> Model::BackwardGroups() const {
+  std::vector<std::vector<int>> groups;
+  top_->AddBackwardGroups(&groups);
+  if (bottom_) bottom_->AddBackwardGroups(&groups);
+  return groups;
 }
 
 bool Model::UseRowAddresses(int l, bool use) {

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -224,6 +225,18 @@ class Model {
   // (`valid` times the mean's), as `reduction` says for each. The returned
   // loss is the sum either way. Call after Forward(true, ...).
   LossResult Backward(int64_t valid, const dnnl::stream& stream, GradientReduction reduction = {});
+  // Called by Backward after each dense layer, as soon as its gradients
+  // (grads(first_var .. first_var + count - 1)) are final and its weights
+  // are no longer read by this pass: a layer's gradient can leave (an
+  // allreduce) while the layers below it are differentiated. Empty = none.
+  // The calls come in BackwardGroups() order, on Backward's thread.
+  void set_gradients_ready(std::function<void(int first_var, int count)> ready) {
+    gradients_ready_ = std::move(ready);
+  }
+  // The dense variables grouped by layer ({kernel, bias}), in the order
+  // Backward finishes them: the top tower's layers from the last, then the
+  // bottom tower's. Every variable is in exactly one group.
+  std::vector<std::vector<int>> BackwardGroups() const;
   // The head's loss over `valid` rows of the last Forward, no gradients.
   LossResult Loss(int64_t valid);
 
@@ -276,6 +289,7 @@ class Model {
   std::vector<std::vector<float>> params_, grads_;
   std::vector<std::vector<uint16_t>> params16_;  // params_bf16
   std::unique_ptr<Tower> bottom_, top_;
+  std::function<void(int, int)> gradients_ready_;  // set_gradients_ready
   float* logits_ = nullptr;
   float* dlogits_ = nullptr;
   uint64_t rng_ = 0;
