@@ -185,6 +185,11 @@ class GlooGroup final : public ElasticGroup {
     return c_.CheckSame(now, "the parameters taken from rank 0");
   }
 
+  absl::Status Barrier() override {
+    int64_t nothing = 0;
+    return c_.AllreduceSum(&nothing, 1);
+  }
+
  private:
   absl::Status Reform() {
     SW_RETURN_IF_ERROR(c_.Reform());
@@ -289,6 +294,40 @@ absl::StatusOr<TrainSummary> RunAllreduceRank(Job& job, const ClusterSpec& spec,
   } guard{job};
   GlooGroup group(*collective, job, progress);
   options.elastic = &group;
+  // Checkpoints: the ps tasks save their tables (in checkpoint.dir/ps-<i>,
+  // as under the ps strategy) when rank 0 writes one, and rank 0 restores
+  // them with the dense part's step.
+  TableCheckpoints table_checkpoints;
+  if (tables != nullptr) {
+    table_checkpoints.save = [tables](int64_t step) -> absl::StatusOr<nlohmann::json> {
+      SW_ASSIGN_OR_RETURN(const std::vector<std::string> paths, tables->SaveShards(step));
+      nlohmann::json ps = nlohmann::json::array();
+      for (int i = 0; i < tables->num_ps(); ++i) {
+        ps.push_back({{"task", TaskId{Role::kPs, i}.ToString()}, {"path", paths[i]}});
+      }
+      return nlohmann::json{{"kind", "ps"}, {"step", step}, {"ps", ps}};
+    };
+    table_checkpoints.restore = [tables, &collective, &progress](const CheckpointInfo& checkpoint,
+                                                                 const nlohmann::json& saved) -> absl::Status {
+      if (!saved.is_object() || saved.value("kind", "") != "ps" || !saved.contains("ps") || !saved["ps"].is_array() ||
+          static_cast<int>(saved["ps"].size()) != tables->num_ps()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            checkpoint.path, ": its embedding tables were saved by ",
+            saved.contains("ps") && saved["ps"].is_array() ? std::to_string(saved["ps"].size()) : std::string("no"),
+            " ps task(s); this cluster has ", tables->num_ps()));
+      }
+      if (collective->rank() != 0) return absl::OkStatus();
+      SW_ASSIGN_OR_RETURN(const int64_t step, tables->RestoreShards(checkpoint.step));
+      if (step != checkpoint.step) {
+        return absl::FailedPreconditionError(absl::StrCat("the ps tasks restored their tables to step ", step,
+                                                          ", not to ", checkpoint.path, "'s step ", checkpoint.step));
+      }
+      progress.Line(absl::StrCat("allreduce: the embedding tables on ", tables->num_ps(), " ps task",
+                                 tables->num_ps() == 1 ? "" : "s", " restored to step ", step));
+      return absl::OkStatus();
+    };
+    options.tables = &table_checkpoints;
+  }
   SW_ASSIGN_OR_RETURN(TrainSummary summary, RunTraining(job, progress, options));
   summary.worker_failures += group.failures();
 

@@ -205,6 +205,11 @@ absl::Status WriteTrainingCheckpoint(Job& job, CheckpointState state, const RunC
   if (options.external != nullptr) {
     SW_ASSIGN_OR_RETURN(summary->last_checkpoint, options.external->write_checkpoint(state, wo));
   } else {
+    // Tables kept elsewhere are saved first; the dense part's atomic rename
+    // then commits both (a crash in between leaves parts no checkpoint names).
+    if (options.tables != nullptr) {
+      SW_ASSIGN_OR_RETURN(state.extra["tables"], WithErrorKind(options.tables->save(state.step), ErrorKind::kCheckpoint));
+    }
     SW_ASSIGN_OR_RETURN(summary->last_checkpoint, WriteCheckpoint(job.config().checkpoint.dir, job.store(), state, wo));
   }
   ++summary->checkpoints_written;
@@ -314,6 +319,10 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
   int64_t first_round = 0;
   int64_t base_records = 0, base_steps = 0;
   nlohmann::json restored_extra;
+  if (job.tables_store() != nullptr && !ck.dir.empty() && options.tables == nullptr) {
+    return absl::InternalError(
+        "train: a job whose tables live outside its store checkpoints them through TrainRunOptions::tables");
+  }
   {
     SW_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> found,
                         ResumeJob(job, options.fresh, progress, &summary.skipped_checkpoints));
@@ -344,6 +353,23 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
       summary.resumed_from_step = found->step;
       progress.Line(absl::StrCat("resumed from ", found->path, ": epoch ", first_epoch, ", step ", first_round, " of ",
                                  epoch_rounds));
+    }
+    if (job.tables_store() != nullptr) {
+      // Tables outside the Job's store: restored by their owner to the dense
+      // part's step, before any rank of the group trains on them.
+      if (found) {
+        const auto t = found->state.extra.find("tables");
+        if (t == found->state.extra.end()) {
+          return WithErrorKind(
+              absl::FailedPreconditionError(absl::StrCat(
+                  found->path, ": holds no checkpoint of the embedding tables this job keeps on ps tasks (it was "
+                               "written by a run that kept them in its own store): resume it with that setup, or "
+                               "start afresh with --fresh")),
+              ErrorKind::kCheckpoint);
+        }
+        SW_RETURN_IF_ERROR(WithErrorKind(options.tables->restore(*found, *t), ErrorKind::kCheckpoint));
+      }
+      if (elastic != nullptr && !elastic->joined_late()) SW_RETURN_IF_ERROR(elastic->Barrier());
     }
   }
 

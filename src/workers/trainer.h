@@ -115,6 +115,22 @@ class ElasticGroup {
   // optimizer state, `cursor` and `order` (rank 0's values in, everyone's
   // out).
   virtual absl::Status SyncState(std::vector<int64_t>* cursor, std::vector<int32_t>* order) = 0;
+  // Every member waits until all have called it (a 1-value collective).
+  virtual absl::Status Barrier() = 0;
+};
+
+// Embedding tables a Job keeps outside its own store (Job::tables_store():
+// train.strategy allreduce, on ps tasks), checkpointed by that store's owner.
+struct TableCheckpoints {
+  // On the rank that writes a checkpoint, before it writes its dense part:
+  // checkpoints the tables at `step` and returns what the checkpoint records
+  // of them (its extra "tables").
+  std::function<absl::StatusOr<nlohmann::json>(int64_t step)> save;
+  // With a resumed checkpoint, after its dense part is restored: restores
+  // the tables from what `save` recorded (`tables`, never null). Every rank
+  // calls it; one of them (rank 0) acts. Then the group meets (Barrier)
+  // before any rank trains.
+  std::function<absl::Status(const CheckpointInfo& checkpoint, const nlohmann::json& tables)> restore;
 };
 
 // How RunTraining starts.
@@ -134,6 +150,10 @@ struct TrainRunOptions {
   // the workers are remote worker tasks (task_trainer.h, ExternalTraining);
   // not owned. nullptr = this machine's store and workers.
   const ExternalTraining* external = nullptr;
+  // Required when the Job has a tables store (Job::tables_store()) and
+  // checkpoint.dir is set; not owned. nullptr = the tables are in the Job's
+  // store.
+  const TableCheckpoints* tables = nullptr;
   // Live metrics (metrics.port; workers/live_metrics.h): the run attaches
   // its job's worker counters and store to it while it trains, and
   // publishes the train loss of each progress interval and epoch, the

@@ -148,6 +148,56 @@ TEST(AllreduceCli, EmbeddingTablesLiveOnPsTasks) {
   ps.Wait();
 }
 
+// Checkpoints of the hybrid: rank 0 writes the dense part, the ps task its
+// tables (checkpoint.dir/ps-0). A new ps task (fresh tables) and new ranks
+// resume: rank 0 restores the tables to the dense part's step before any
+// rank trains, and the job goes on to the end.
+TEST(AllreduceCli, HybridCheckpointsResumeWithTheirTables) {
+  TempDir data;
+  MakeCriteo(data, "3000");
+  const std::vector<int> ports = testing_ports::FreePorts(3);
+  ASSERT_EQ(ports.size(), 3u);
+  const std::string spec = (data.path() / "cluster.json").string();
+  std::ofstream(spec) << "{\"cluster\": {\"worker\": [\"127.0.0.1:" << ports[0] << "\", \"127.0.0.1:" << ports[1]
+                      << "\"], \"ps\": [\"127.0.0.1:" << ports[2] << "\"]}}";
+  const std::string config = SHARDWILD_SOURCE_DIR "/configs/ctr_dlrm.yaml";
+  const std::string ckpt = (data.path() / "ckpt").string();
+  auto args = [&](const std::string& command, const std::string& type, int index, int epochs) {
+    std::vector<std::string> a = {command, config, "--cluster", spec, "--task-type", type, "--task-index",
+                                  std::to_string(index), "--set", "checkpoint.dir=" + ckpt, "--set",
+                                  "train.epochs=" + std::to_string(epochs)};
+    const std::vector<std::string> sets = SmallDlrm(data, "ar-hybrid-ckpt");
+    a.insert(a.end(), sets.begin(), sets.end());
+    if (command == "train") a.push_back("--json");
+    return a;
+  };
+  for (int run = 0; run < 2; ++run) {
+    // Run 0 trains epoch 1 and stops; run 1, from scratch processes, resumes
+    // for epoch 2.
+    Child ps(args("serve", "ps", 0, run + 1));
+    Child rank0(args("train", "worker", 0, run + 1)), rank1(args("train", "worker", 1, run + 1));
+    Child* ranks[2] = {&rank0, &rank1};
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(WaitFor(*ranks[r], std::chrono::seconds(300))) << "run " << run << " rank " << r << " did not end";
+      ASSERT_EQ(ranks[r]->Wait(), 0) << "run " << run << " rank " << r << ":\n" << ranks[r]->err() << ranks[r]->out()
+                                     << "\nps:\n" << ps.err() << ps.out();
+      const json j = LastLineJson(ranks[r]->out());
+      ASSERT_TRUE(j.is_object()) << ranks[r]->out();
+      EXPECT_EQ(j["records_seen"], (run + 1) * 3000);
+      EXPECT_GT(j["test_auc"].get<double>(), 0.6) << j.dump();
+    }
+    if (run == 1) {
+      EXPECT_NE(rank0.out().find("resumed from"), std::string::npos) << rank0.out();
+      EXPECT_NE(rank0.out().find("embedding tables on 1 ps task restored to step"), std::string::npos)
+          << rank0.out();
+      EXPECT_NE(rank1.out().find("resumed from"), std::string::npos) << rank1.out();
+    }
+    kill(ps.pid(), SIGTERM);
+    ps.Wait();
+  }
+  EXPECT_TRUE(fs::exists(fs::path(ckpt) / "ps-0"));
+}
+
 // Tables without ps tasks, and ps tasks without tables: one clear error on
 // every rank.
 TEST(AllreduceCli, TablesNeedPsTasksAndPsTasksNeedTables) {
