@@ -920,7 +920,8 @@ int AllreduceInfo(const Config& config, const ClusterSpec& spec, bool as_json) {
                 num_ps, map.num_shards(), map.num_shards() == 1 ? "" : "s");
     for (int p = 0; p < num_ps; ++p) {
       const auto [first, last] = first_last(p);
-      const std::string shards = first == last ? absl::StrCat("shard ", first) : absl::StrCat("shards ", first, "-", last);
+      const std::string shards =
+          first == last ? absl::StrCat("shard ", first) : absl::StrCat("shards ", first, "-", last);
       std::printf("  %-9s %-10s %s  %s\n", "ps task", TaskId{Role::kPs, p}.ToString().c_str(),
                   spec.address({Role::kPs, p}).ToString().c_str(), shards.c_str());
     }

@@ -509,7 +509,8 @@ absl::Status Config::Validate() const {
   // 0 ps tasks is meaningful under allreduce only (the model stays on the
   // ranks); the ps strategy's shards need somewhere to live.
   if (train.strategy == TrainStrategy::kPs && cluster.ps_tasks == 0) {
-    return Bad("cluster.ps_tasks", "train.strategy ps needs at least one ps task: expected -1 (auto: 1) or >= 1, got 0");
+    return Bad("cluster.ps_tasks",
+               "train.strategy ps needs at least one ps task: expected -1 (auto: 1) or >= 1, got 0");
   }
   if (train.strategy == TrainStrategy::kAllreduce) {
     if (train.worker_processes) {
