@@ -260,16 +260,26 @@ int TrainAllreduce(const Config& config, const ClusterSpec& spec, bool as_json, 
 }
 
 // `train` as a task of a cluster. With train.strategy allreduce every rank
-// trains (net/allreduce_task.h). Started by srun or mpirun, every rank runs
-// the same command: the chief trains and the other roles serve (as `serve`
+// trains (net/allreduce_task.h), and a ps task, which hosts the embedding
+// tables, serves. Started by srun or mpirun, every rank runs the same
+// command: the ranks that train train and the other roles serve (as `serve`
 // would). With a spec that names the task (--cluster, TF_CONFIG, the task
-// flags) `train` runs the chief only, and another role is an error.
+// flags) `train` runs the training roles only (the chief under ps, the
+// ranks under allreduce), and a ps task is an error before any data loads.
 int TrainInCluster(const std::string& path, const std::vector<std::string>& sets, const Config& config,
                    const ClusterSpecSources& sources, bool as_json, bool fresh) {
   absl::StatusOr<ClusterSpec> spec = ResolveClusterSpec(sources);
   if (!spec.ok()) return Fail(spec.status());
-  if (config.train.strategy == TrainStrategy::kAllreduce) return TrainAllreduce(config, *spec, as_json, fresh);
   const bool launched = spec->source == "Slurm" || spec->source == "Open MPI";
+  if (config.train.strategy == TrainStrategy::kAllreduce) {
+    if (spec->task && spec->task->type == Role::kPs) {
+      if (launched) return ServeTask(path, sets, config, *spec);
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          spec->source, ": task.type: ", spec->task->ToString(), " hosts embedding tables under train.strategy "
+          "allreduce and does not train: run `shardwild serve` for ps tasks")));
+    }
+    return TrainAllreduce(config, *spec, as_json, fresh);
+  }
   if (launched && spec->task && spec->task->type != Role::kChief) return ServeTask(path, sets, config, *spec);
   return TrainChief(config, *spec, as_json, fresh);
 }
@@ -872,8 +882,9 @@ int GenerateDataCommand(const DataGenOptions& options, bool as_json) {
   return 0;
 }
 
-// `cluster-info` with train.strategy allreduce: the ranks, this one, and
-// where they meet.
+// `cluster-info` with train.strategy allreduce: the ranks, this one, where
+// they meet, and the ps tasks if any (they host the embedding tables, over
+// the shard map of the ps strategy).
 int AllreduceInfo(const Config& config, const ClusterSpec& spec, bool as_json) {
   const int world = AllreduceWorldSize(spec);
   const std::optional<int> rank = spec.task ? AllreduceRankOf(spec, *spec.task) : std::nullopt;
@@ -882,10 +893,29 @@ int AllreduceInfo(const Config& config, const ClusterSpec& spec, bool as_json) {
     return hp.host.empty() ? absl::StrCat("(host unknown):", hp.port) : hp.ToString();
   };
   const std::string rendezvous = spec.rendezvous ? spec.rendezvous->ToString() : std::string();
+  const int num_ps = spec.num_tasks(Role::kPs);
+  ShardMap map;
+  if (num_ps > 0) {
+    absl::StatusOr<int> shards = ClusterShards(config, spec);
+    if (!shards.ok()) return Fail(shards.status());
+    absl::StatusOr<ShardMap> m = ShardMap::Make(*shards, num_ps);
+    if (!m.ok()) return Fail(m.status());
+    map = *std::move(m);
+  }
+  auto first_last = [&](int p) { return std::pair(map.first_shard(p), map.first_shard(p) + map.num_shards_of(p) - 1); };
   if (as_json) {
     json ranks = json::array();
     for (int r = 0; r < world; ++r) {
       ranks.push_back({{"rank", r}, {"task", AllreduceTaskOfRank(spec, r).ToString()}, {"address", address_of(r)}});
+    }
+    json ps = json::array();
+    for (int p = 0; p < num_ps; ++p) {
+      std::vector<int> shard_list;
+      for (int sh = first_last(p).first; sh <= first_last(p).second; ++sh) shard_list.push_back(sh);
+      ps.push_back({{"task", TaskId{Role::kPs, p}.ToString()},
+                    {"address", spec.address({Role::kPs, p}).ToString()},
+                    {"hosts", "embedding tables"},
+                    {"shards", shard_list}});
     }
     json j = {{"source", spec.source},
               {"strategy", "allreduce"},
@@ -894,6 +924,7 @@ int AllreduceInfo(const Config& config, const ClusterSpec& spec, bool as_json) {
               {"task", spec.task ? json(spec.task->ToString()) : json(nullptr)},
               {"rendezvous", rendezvous},
               {"ranks", ranks},
+              {"ps_tasks", ps},
               {"collective_timeout_s", config.cluster.collective_timeout_s},
               {"allreduce_algorithm",
                CollectiveAlgorithmName(config.cluster.allreduce_algorithm)},
@@ -910,9 +941,25 @@ int AllreduceInfo(const Config& config, const ClusterSpec& spec, bool as_json) {
   for (int r = 0; r < world; ++r) {
     std::printf("  rank %-4d %-10s %s\n", r, AllreduceTaskOfRank(spec, r).ToString().c_str(), address_of(r).c_str());
   }
+  if (num_ps > 0) {
+    std::printf("ps tasks: %d, hosting the embedding tables over %d shard%s (the dense variables stay on the "
+                "ranks)\n",
+                num_ps, map.num_shards(), map.num_shards() == 1 ? "" : "s");
+    for (int p = 0; p < num_ps; ++p) {
+      const auto [first, last] = first_last(p);
+      const std::string shards =
+          first == last ? absl::StrCat("shard ", first) : absl::StrCat("shards ", first, "-", last);
+      std::printf("  %-9s %-10s %s  %s\n", "ps task", TaskId{Role::kPs, p}.ToString().c_str(),
+                  spec.address({Role::kPs, p}).ToString().c_str(), shards.c_str());
+    }
+  }
   if (spec.task && rank) {
     std::printf("this task: %s, rank %d of %d%s\n", spec.task->ToString().c_str(), *rank, world,
                 *rank == 0 ? " (serves the rendezvous)" : "");
+  } else if (spec.task && spec.task->type == Role::kPs) {
+    std::printf("this task: %s, not a rank: hosts the embedding tables (`shardwild serve`, or `train` when srun or "
+                "mpirun started it)\n",
+                spec.task->ToString().c_str());
   } else if (spec.task) {
     std::printf("this task: %s, not a rank (the chief and the worker tasks are)\n", spec.task->ToString().c_str());
   } else {

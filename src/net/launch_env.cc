@@ -248,10 +248,30 @@ absl::StatusOr<ClusterSpec> ClusterSpecOfWorld(const LaunchWorld& world, TrainSt
   auto& chief = spec.tasks[static_cast<int>(Role::kChief)];
   auto& ps = spec.tasks[static_cast<int>(Role::kPs)];
   auto& worker = spec.tasks[static_cast<int>(Role::kWorker)];
+  const int num_ps = cluster.PsTasksFor(strategy);
   if (strategy == TrainStrategy::kAllreduce) {
-    for (int r = 0; r < world.size; ++r) worker.push_back(address(r));
-    spec.task = TaskId{Role::kWorker, world.rank};
+    // The ps tasks come last, so that rank 0 (the rendezvous) and the
+    // training ranks' numbers are those of a world without them.
+    const int num_workers = world.size - num_ps;
+    if (num_workers < 1) {
+      return Bad("cluster.ps_tasks",
+                 absl::StrCat(world.source, " starts ", world.size, " ranks; train.strategy allreduce with ", num_ps,
+                              " ps task(s) needs at least one more rank to train (", num_ps + 1, " ranks)"));
+    }
+    if (num_ps > 0 && world.hosts.empty()) {
+      return Bad("cluster.ps_tasks",
+                 absl::StrCat(world.source, " does not say which host each rank runs on, and the ranks must reach "
+                                            "the ", num_ps, " ps task(s) at their addresses: start the ranks on one "
+                                            "host, give TF_CONFIG or --cluster, or set cluster.ps_tasks to 0"));
+    }
+    for (int r = 0; r < num_workers; ++r) worker.push_back(address(r));
+    for (int r = num_workers; r < world.size; ++r) ps.push_back(address(r));
+    spec.task = world.rank < num_workers ? TaskId{Role::kWorker, world.rank}
+                                         : TaskId{Role::kPs, world.rank - num_workers};
     return spec;
+  }
+  if (num_ps < 1) {
+    return Bad("cluster.ps_tasks", absl::StrCat("train.strategy ps needs at least one ps task, got ", num_ps));
   }
   if (world.hosts.empty()) {
     return Bad("cluster.launcher",
@@ -259,21 +279,20 @@ absl::StatusOr<ClusterSpec> ClusterSpecOfWorld(const LaunchWorld& world, TrainSt
                                           "needs every task's address: start the ranks on one host, give "
                                           "TF_CONFIG or --cluster, or train with train.strategy allreduce"));
   }
-  if (world.size < cluster.ps_tasks + 2) {
+  if (world.size < num_ps + 2) {
     return Bad("cluster.ps_tasks",
                absl::StrCat(world.source, " starts ", world.size, " ranks; train.strategy ps needs a chief, ",
-                            cluster.ps_tasks, " ps task(s) and at least one worker task (", cluster.ps_tasks + 2,
-                            " ranks)"));
+                            num_ps, " ps task(s) and at least one worker task (", num_ps + 2, " ranks)"));
   }
   chief.push_back(address(0));
-  for (int r = 1; r <= cluster.ps_tasks; ++r) ps.push_back(address(r));
-  for (int r = cluster.ps_tasks + 1; r < world.size; ++r) worker.push_back(address(r));
+  for (int r = 1; r <= num_ps; ++r) ps.push_back(address(r));
+  for (int r = num_ps + 1; r < world.size; ++r) worker.push_back(address(r));
   if (world.rank == 0) {
     spec.task = TaskId{Role::kChief, 0};
-  } else if (world.rank <= cluster.ps_tasks) {
+  } else if (world.rank <= num_ps) {
     spec.task = TaskId{Role::kPs, world.rank - 1};
   } else {
-    spec.task = TaskId{Role::kWorker, world.rank - cluster.ps_tasks - 1};
+    spec.task = TaskId{Role::kWorker, world.rank - num_ps - 1};
   }
   return spec;
 }

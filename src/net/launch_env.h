@@ -15,13 +15,18 @@
 //     other ranks are on, so across hosts it needs cluster.rendezvous (and
 //     trains allreduce, whose ranks find each other there).
 //
-// Ranks become tasks. With train.strategy allreduce rank r is worker:r and
-// the ranks meet at cluster.rendezvous, or at rank 0's address. With
-// train.strategy ps rank 0 is chief:0, ranks 1..cluster.ps_tasks are the ps
-// tasks and the rest are worker tasks; every rank runs `shardwild train`,
-// which serves the roles other than the chief. Rank r's address is its host
-// with port cluster.base_port + r. A world of one rank is no cluster: the
-// variables of an allocation do not turn a plain run into a cluster task.
+// Ranks become tasks; P is cluster.ps_tasks as resolved for the strategy
+// (ClusterOptions::PsTasksFor: by default 1 under ps, 0 under allreduce).
+// With train.strategy allreduce the first W = size - P ranks train: rank r
+// < W is worker:r, and the ranks meet at cluster.rendezvous, or at rank 0's
+// address (as with P = 0). Ranks W..size-1 are ps:0..ps:P-1, which host the
+// model's embedding tables while its dense variables stay on the training
+// ranks. With train.strategy ps rank 0 is chief:0, ranks 1..P are the ps
+// tasks and the rest are worker tasks. Every rank runs `shardwild train`,
+// which serves the roles that do not train (under ps all but the chief,
+// under allreduce the ps tasks). Rank r's address is its host with port
+// cluster.base_port + r. A world of one rank is no cluster: the variables of
+// an allocation do not turn a plain run into a cluster task.
 //
 // This file reads no environment: the CLI copies the variables into a
 // LaunchEnv (FromEnviron) and passes it down. Pure functions.
@@ -67,9 +72,10 @@ absl::StatusOr<std::optional<LaunchWorld>> MpiWorld(const LaunchEnv& env);
 
 // The cluster spec of `world` under `strategy` (the rules at the top), with
 // this process's task set. InvalidArgument naming the cluster.* key when
-// the world is too small for its roles (ps needs a chief, cluster.ps_tasks
-// ps tasks and a worker), a port would pass 65535, or hosts are unknown
-// where they are needed.
+// the world is too small for its roles (ps needs a chief, P ps tasks and a
+// worker; allreduce needs P ps tasks and a rank that trains), a port would
+// pass 65535, or hosts are unknown where they are needed (every task's
+// under ps, the ps tasks' under allreduce).
 absl::StatusOr<ClusterSpec> ClusterSpecOfWorld(const LaunchWorld& world, TrainStrategy strategy,
                                                const ClusterOptions& cluster);
 

@@ -33,6 +33,16 @@ absl::Status RunPsTask(const Config& config, const ClusterSpec& spec, int index,
   }
   SW_ASSIGN_OR_RETURN(ModelLayout model, DescribeModel(config, train));
   train = Dataset();  // only its shape was needed
+  // Under allreduce every rank keeps the dense variables and allreduces
+  // their gradients; only the embedding tables, too large to copy to every
+  // rank, live on the ps tasks.
+  const bool tables_only = config.train.strategy == TrainStrategy::kAllreduce;
+  if (tables_only && model.tables.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.source, ": train.strategy allreduce: ps tasks host embedding tables; this model has none (start the "
+                       "job without ps tasks)"));
+  }
+  if (tables_only) model.variables.clear();
 
   SW_ASSIGN_OR_RETURN(std::unique_ptr<Topology> topo, MakeTopology(config.topology));
   OpenStoreOptions so;
@@ -60,8 +70,9 @@ absl::Status RunPsTask(const Config& config, const ClusterSpec& spec, int index,
   }
   SW_ASSIGN_OR_RETURN(std::unique_ptr<PsServer> server, PsServer::Start(server_options, store.get()));
   log(absl::StrCat(task.ToString(), ": serving shards [", map.first_shard(index), ", ",
-                   map.first_shard(index) + map.num_shards_of(index), ") of ", shards, " on ", server->address(),
-                   " (store ", store->name(), ", ", store->total_bytes() >> 20, " MiB)"));
+                   map.first_shard(index) + map.num_shards_of(index), ") of ", shards,
+                   tables_only ? " (embedding tables only)" : "", " on ", server->address(), " (store ",
+                   store->name(), ", ", store->total_bytes() >> 20, " MiB)"));
   if (metrics_server) log(absl::StrCat(task.ToString(), ": metrics at http://", metrics_server->address(), "/metrics"));
   while (!stop.load(std::memory_order_relaxed)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   log(absl::StrCat(task.ToString(), ": stopping"));

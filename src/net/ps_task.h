@@ -2,6 +2,10 @@
 // its block of the global shards (ShardMap) in this machine's shared memory
 // and serves them (PsServer) until told to stop.
 //
+// Under train.strategy allreduce a ps task hosts the model's embedding
+// tables only: the dense variables stay on each rank, which allreduces
+// their gradients. A model without tables is an error there.
+//
 // Every task derives the same layout: the model is described on the
 // training set's shape (the ps task reads data.train for it, as far as
 // data.max_train_records says), ps.shards gives the global shard count

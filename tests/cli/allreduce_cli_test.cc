@@ -304,6 +304,93 @@ bool WaitForOutput(Child& child, const std::string& text, std::chrono::seconds l
   return false;
 }
 
+// cluster.ps_tasks under allreduce: the last ranks are ps tasks hosting the
+// embedding tables. A rank that mpirun placed as a ps task serves on
+// `train`; with TF_CONFIG naming a ps task, `train` is one error line before
+// any data loads (the data here does not exist) and `serve` serves;
+// cluster-info lists the ps tasks; a model without tables is an error on
+// its ps task.
+TEST(AllreduceCli, PsTasksHostTheEmbeddingTables) {
+  TempDir dir;
+  const std::string data = (dir.path() / "train.tsv").string();
+  const Result gen = RunCli({"data", "gen", "--kind", "criteo", "--rows", "500", "--out", data, "--seed", "1"});
+  ASSERT_EQ(gen.code(), 0) << gen.err;
+  // Only the ps rank listens: rank 2 at base_port + 2.
+  const int ps_port = testing_ports::FreePorts(1).at(0);
+  const std::vector<std::string> dlrm = {
+      SHARDWILD_SOURCE_DIR "/configs/ctr_dlrm.yaml", "--set", "train.strategy=allreduce",
+      "--set", "cluster.ps_tasks=1", "--set", "model.sparse.0.rows=1000", "--set", "data.cache=false",
+      "--set", "cluster.base_port=" + std::to_string(ps_port - 2), "--set", "ps.job_name=swtest-arps"};
+  auto with = [](std::vector<std::string> head, const std::vector<std::string>& tail) {
+    head.insert(head.end(), tail.begin(), tail.end());
+    return head;
+  };
+  const std::vector<std::string> mpi_ps = {"/usr/bin/env", "OMPI_COMM_WORLD_RANK=2", "OMPI_COMM_WORLD_SIZE=3",
+                                           "OMPI_COMM_WORLD_LOCAL_SIZE=3"};
+  const std::string tf_config = "TF_CONFIG={\"cluster\": {\"worker\": [\"127.0.0.1:" + std::to_string(ps_port - 2) +
+                                "\", \"127.0.0.1:" + std::to_string(ps_port - 1) + "\"], \"ps\": [\"127.0.0.1:" +
+                                std::to_string(ps_port) + "\"]}, \"task\": {\"type\": \"ps\", \"index\": 0}}";
+  const std::string serving = "ps:0: serving shards [0, 1) of 1 (embedding tables only) on 127.0.0.1:" +
+                              std::to_string(ps_port);
+  {
+    SCOPED_TRACE("train on a rank mpirun placed as ps:0");
+    Child ps(with({"train"}, with(dlrm, {"--set", "data.train=" + data})), mpi_ps);
+    ASSERT_TRUE(WaitForOutput(ps, serving, std::chrono::seconds(60))) << ps.out() << ps.err();
+    kill(ps.pid(), SIGTERM);
+    const int status = ps.Wait();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << ps.err();
+  }
+  {
+    SCOPED_TRACE("serve with TF_CONFIG naming ps:0");
+    Child ps(with({"serve"}, with(dlrm, {"--set", "data.train=" + data})), {"/usr/bin/env", tf_config});
+    ASSERT_TRUE(WaitForOutput(ps, serving, std::chrono::seconds(60))) << ps.out() << ps.err();
+    kill(ps.pid(), SIGTERM);
+    const int status = ps.Wait();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << ps.err();
+  }
+  Result r;
+  Child train_ps(with({"train"}, with(dlrm, {"--set", "data.train=/nonexistent/train.tsv"})),
+                 {"/usr/bin/env", tf_config});
+  r.status = train_ps.Wait();
+  r.err = train_ps.err();
+  ExpectOneErrorLine(r, {"TF_CONFIG: task.type: ps:0", "run `shardwild serve` for ps tasks"});
+  // Too few ranks for the ps tasks.
+  Child small(with({"train"}, with(dlrm, {"--set", "cluster.ps_tasks=2", "--set", "data.train=" + data})),
+              {"/usr/bin/env", "OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=2", "OMPI_COMM_WORLD_LOCAL_SIZE=2"});
+  r.status = small.Wait();
+  r.err = small.err();
+  ExpectOneErrorLine(r, {"cluster.ps_tasks: Open MPI starts 2 ranks"});
+  // cluster-info: two ranks and the ps task, with its shards.
+  Child info(with({"cluster-info"}, dlrm), mpi_ps);
+  ASSERT_EQ(info.Wait(), 0) << info.err();
+  EXPECT_NE(info.out().find("2 ranks meeting at 127.0.0.1:" + std::to_string(ps_port - 2)), std::string::npos)
+      << info.out();
+  EXPECT_NE(info.out().find("ps tasks: 1, hosting the embedding tables over 1 shard"), std::string::npos)
+      << info.out();
+  EXPECT_NE(info.out().find("ps:0       127.0.0.1:" + std::to_string(ps_port) + "  shard 0"), std::string::npos)
+      << info.out();
+  EXPECT_NE(info.out().find("this task: ps:0, not a rank: hosts the embedding tables"), std::string::npos)
+      << info.out();
+  Child info_json(with({"cluster-info", "--json"}, dlrm), mpi_ps);
+  ASSERT_EQ(info_json.Wait(), 0) << info_json.err();
+  const json j = LastLineJson(info_json.out());
+  ASSERT_TRUE(j.is_object()) << info_json.out();
+  EXPECT_EQ(j["world"], 2);
+  ASSERT_EQ(j["ps_tasks"].size(), 1u) << j.dump();
+  EXPECT_EQ(j["ps_tasks"][0]["task"], "ps:0");
+  EXPECT_EQ(j["ps_tasks"][0]["hosts"], "embedding tables");
+  EXPECT_EQ(j["ps_tasks"][0]["shards"], json::array({0}));
+  // A dense model has no tables for its ps task to host.
+  if (HaveFashionMnist()) {
+    Child dense({"train", kConfig, "--set", "train.strategy=allreduce", "--set", "cluster.ps_tasks=1", "--set",
+                 "cluster.base_port=" + std::to_string(ps_port - 2), "--set", "ps.job_name=swtest-arps-dense"},
+                mpi_ps);
+    r.status = dense.Wait();
+    r.err = dense.err();
+    ExpectOneErrorLine(r, {"train.strategy allreduce: ps tasks host embedding tables; this model has none"});
+  }
+}
+
 // Elastic membership: rank 2 of 3 is killed mid-epoch; ranks 0 and 1
 // re-form, take what is left of the epoch, and finish with every record of
 // every epoch trained once. A process started later joins the running job,

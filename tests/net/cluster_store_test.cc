@@ -62,27 +62,30 @@ std::vector<VariableSpec> Variables() {
           VariableSpec{"e", 1, 2, InitKind::kGlorotUniform, 1, 2}, VariableSpec{"f", 1, 2, InitKind::kGlorotUniform, 1, 2}};
 }
 
-std::unique_ptr<ShmParamStore> Make(int first, int num) {
-  absl::StatusOr<std::unique_ptr<ShmParamStore>> s = ShmParamStore::Create(Options(first, num), Variables());
+std::unique_ptr<ShmParamStore> Make(int first, int num, std::vector<VariableSpec> variables = Variables()) {
+  absl::StatusOr<std::unique_ptr<ShmParamStore>> s = ShmParamStore::Create(Options(first, num), std::move(variables));
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? std::move(*s) : nullptr;
 }
 
-// Two ps tasks, each a partial store behind a loopback PsServer.
+// Two ps tasks, each a partial store behind a loopback PsServer; `variables`
+// empty gives stores of the tables only (the ps tasks of train.strategy
+// allreduce).
 struct Cluster {
   ShardMap map;
   std::vector<std::unique_ptr<ShmParamStore>> stores;
   std::vector<std::unique_ptr<PsServer>> servers;
   std::vector<PsClientOptions> clients;
 
-  static std::unique_ptr<Cluster> Start(const std::vector<std::string>& checkpoint_dirs = {}) {
+  static std::unique_ptr<Cluster> Start(const std::vector<std::string>& checkpoint_dirs = {},
+                                        const std::vector<VariableSpec>& variables = Variables()) {
     auto c = std::make_unique<Cluster>();
     absl::StatusOr<ShardMap> map = ShardMap::Make(kShards, kPs);
     EXPECT_TRUE(map.ok());
     if (!map.ok()) return nullptr;
     c->map = *map;
     for (int p = 0; p < kPs; ++p) {
-      c->stores.push_back(Make(c->map.first_shard(p), c->map.num_shards_of(p)));
+      c->stores.push_back(Make(c->map.first_shard(p), c->map.num_shards_of(p), variables));
       if (!c->stores.back()) return nullptr;
       PsServerOptions so;
       so.token = kToken;
@@ -122,7 +125,8 @@ absl::StatusOr<std::unique_ptr<ClusterParamStore>> ConnectTo(Cluster& c, bool at
 
 // A worker's traffic: dense pulls (whole and straddling the ps boundary) and
 // pushes, row pulls and pushes with repeated ids of both tables, versions.
-// Returns everything it saw.
+// Returns everything it saw. A store without variables gets the row traffic
+// only.
 // With `flush`, its asynchronous pushes are waited for before each read, so
 // the reads see every push as a synchronous store would.
 std::vector<float> Exercise(ParamStore& store, ClusterParamStore* flush = nullptr) {
@@ -131,27 +135,29 @@ std::vector<float> Exercise(ParamStore& store, ClusterParamStore* flush = nullpt
   const StoreLayout& l = store.layout();
   const int nvars = static_cast<int>(l.variables.size());
   for (int step = 0; step < 4; ++step) {
-    std::vector<std::vector<float>> vals(nvars);
-    std::vector<PullSlice> slices;
-    for (int v = 0; v < nvars; ++v) {
-      vals[v].resize(l.variables[v].size());
-      slices.push_back({v, 0, l.variables[v].rows, vals[v].data()});
+    if (nvars > 0) {
+      std::vector<std::vector<float>> vals(nvars);
+      std::vector<PullSlice> slices;
+      for (int v = 0; v < nvars; ++v) {
+        vals[v].resize(l.variables[v].size());
+        slices.push_back({v, 0, l.variables[v].rows, vals[v].data()});
+      }
+      std::vector<float> mid(8 * 3);
+      slices.push_back({0, 10, 18, mid.data()});  // rows 10..18 of w: ps:0 and ps:1
+      if (flush != nullptr) {
+        EXPECT_TRUE(flush->Flush().ok());
+      }
+      EXPECT_TRUE(store.Pull(slices).ok());
+      for (const std::vector<float>& v : vals) seen.insert(seen.end(), v.begin(), v.end());
+      seen.insert(seen.end(), mid.begin(), mid.end());
+      std::vector<DenseGrad> grads;
+      for (int v = 0; v < nvars; ++v) {
+        if (step % 2 == 1 && v == 1) continue;  // not every variable every step
+        for (size_t i = 0; i < vals[v].size(); ++i) vals[v][i] = std::cos(0.1f * i + step + v) - 0.5f * vals[v][i];
+        grads.push_back({v, vals[v].data()});
+      }
+      EXPECT_TRUE(store.Push(grads, 0.01f).ok());
     }
-    std::vector<float> mid(8 * 3);
-    slices.push_back({0, 10, 18, mid.data()});  // rows 10..18 of w: ps:0 and ps:1
-    if (flush != nullptr) {
-      EXPECT_TRUE(flush->Flush().ok());
-    }
-    EXPECT_TRUE(store.Pull(slices).ok());
-    for (const std::vector<float>& v : vals) seen.insert(seen.end(), v.begin(), v.end());
-    seen.insert(seen.end(), mid.begin(), mid.end());
-    std::vector<DenseGrad> grads;
-    for (int v = 0; v < nvars; ++v) {
-      if (step % 2 == 1 && v == 1) continue;  // not every variable every step
-      for (size_t i = 0; i < vals[v].size(); ++i) vals[v][i] = std::cos(0.1f * i + step + v) - 0.5f * vals[v][i];
-      grads.push_back({v, vals[v].data()});
-    }
-    EXPECT_TRUE(store.Push(grads, 0.01f).ok());
     for (int t = 0; t < 2; ++t) {
       std::vector<uint64_t> ids;
       for (uint64_t i = 0; i < 17; ++i) ids.push_back(t == 0 ? (i * 7 + step) % 40 : i * 1000003 + step);
@@ -248,6 +254,45 @@ TEST(ClusterParamStoreTest, SameBitsAsOneFullStore) {
     EXPECT_EQ(before, after);
     const RowPull bad_pull[] = {{0, good, out.data()}, {2, good, out.data()}};
     EXPECT_EQ(cs.PullRowsBatch(bad_pull, PullMode::kInsert, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+// The ps tasks of train.strategy allreduce (net/ps_task.h) host the
+// embedding tables only: stores of no variables serve, describe themselves
+// (GetLayout) and are connected to like any other, and their rows take the
+// same values as a one-store model's, pushes synchronous or asynchronous.
+TEST(ClusterParamStoreTest, TablesOnlyPsTasks) {
+  for (bool attach : {false, true}) {
+    for (int async : {0, 2}) {
+      SCOPED_TRACE(absl::StrCat(attach ? "ps:1 attached through shared memory" : "all through gRPC",
+                                ", async_pushes ", async));
+      std::unique_ptr<Cluster> c = Cluster::Start({}, {});
+      ASSERT_TRUE(c);
+      EXPECT_TRUE(c->stores[0]->layout().variables.empty());
+      std::unique_ptr<ShmParamStore> full = Make(0, -1, {});
+      ASSERT_TRUE(full);
+      ClusterStoreOptions options;
+      options.async_pushes = async;
+      std::unique_ptr<ShmParamStore> attached;
+      absl::StatusOr<std::unique_ptr<ClusterParamStore>> cluster = ConnectTo(*c, attach, &attached, options);
+      ASSERT_TRUE(cluster.ok()) << cluster.status();
+      ClusterParamStore& cs = **cluster;
+      EXPECT_TRUE(cs.layout().variables.empty());
+      ASSERT_EQ(cs.layout().tables.size(), 2u);
+      EXPECT_EQ(cs.layout().tables[1].name, "dynamic");
+      EXPECT_EQ(cs.layout().num_shards, kShards);
+      const std::vector<float> via_cluster = Exercise(cs, async > 0 ? &cs : nullptr);
+      const std::vector<float> via_full = Exercise(*full);
+      ASSERT_EQ(via_cluster.size(), via_full.size());
+      EXPECT_FALSE(via_cluster.empty());
+      EXPECT_TRUE(via_cluster == via_full);
+      // There is no dense variable to pull or push.
+      std::vector<float> out(8);
+      const PullSlice slice{0, 0, 1, out.data()};
+      EXPECT_EQ(cs.Pull({&slice, 1}).code(), absl::StatusCode::kInvalidArgument);
+      const DenseGrad grad{0, out.data()};
+      EXPECT_EQ(cs.Push({&grad, 1}, 0.1f).code(), absl::StatusCode::kInvalidArgument);
+    }
   }
 }
 

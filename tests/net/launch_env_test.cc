@@ -181,6 +181,87 @@ TEST(ClusterSpecOfWorld, TooSmallUnknownHostsAndPortOverflow) {
   EXPECT_THAT(spec.status().message(), HasSubstr("cluster.base_port: 65534 + 2 ranks would pass port 65535"));
 }
 
+// Allreduce with cluster.ps_tasks P > 0: the first size - P ranks train
+// (rank 0 still first, so the rendezvous does not move), the last P are the
+// ps tasks, each at its host and base_port + rank.
+TEST(ClusterSpecOfWorld, AllreducePutsThePsTasksLast) {
+  LaunchWorld w{"Slurm", 0, 5, {"a", "a", "b", "b", "c"}};
+  ClusterOptions o;
+  o.base_port = 3000;
+  o.ps_tasks = 2;
+  const std::pair<int, const char*> expected[] = {{0, "worker:0"}, {2, "worker:2"}, {3, "ps:0"}, {4, "ps:1"}};
+  for (const auto& [rank, task] : expected) {
+    w.rank = rank;
+    auto spec = ClusterSpecOfWorld(w, TrainStrategy::kAllreduce, o);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    ASSERT_TRUE(spec->task);
+    EXPECT_EQ(spec->task->ToString(), task);
+    EXPECT_EQ(spec->num_tasks(Role::kChief), 0);
+    ASSERT_EQ(spec->num_tasks(Role::kWorker), 3);
+    ASSERT_EQ(spec->num_tasks(Role::kPs), 2);
+    EXPECT_EQ(spec->address({Role::kWorker, 0}).ToString(), "a:3000");
+    EXPECT_EQ(spec->address({Role::kWorker, 2}).ToString(), "b:3002");
+    EXPECT_EQ(spec->address({Role::kPs, 0}).ToString(), "b:3003");
+    EXPECT_EQ(spec->address({Role::kPs, 1}).ToString(), "c:3004");
+    EXPECT_EQ(AllreduceWorldSize(*spec), 3);
+    EXPECT_EQ(AllreduceTaskOfRank(*spec, 0).ToString(), "worker:0");
+  }
+  // Open MPI on one host: loopback addresses, the same placement.
+  auto mpi = MpiWorld(Mpi("3", "4", "4"));
+  ASSERT_TRUE(mpi.ok() && mpi->has_value()) << mpi.status();
+  o.ps_tasks = 1;
+  auto spec = ClusterSpecOfWorld(**mpi, TrainStrategy::kAllreduce, o);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->task->ToString(), "ps:0");
+  EXPECT_EQ(spec->address({Role::kPs, 0}).ToString(), "127.0.0.1:3003");
+  EXPECT_EQ(AllreduceWorldSize(*spec), 3);
+}
+
+TEST(ClusterSpecOfWorld, AllreduceWithoutPsTasksIsEveryRankAWorker) {
+  LaunchWorld w{"Slurm", 2, 3, {"a", "a", "b"}};
+  for (int ps_tasks : {-1, 0}) {  // auto is 0 under allreduce
+    SCOPED_TRACE(ps_tasks);
+    ClusterOptions o;
+    o.ps_tasks = ps_tasks;
+    auto spec = ClusterSpecOfWorld(w, TrainStrategy::kAllreduce, o);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(spec->task->ToString(), "worker:2");
+    EXPECT_EQ(spec->num_tasks(Role::kPs), 0);
+    EXPECT_EQ(spec->num_tasks(Role::kWorker), 3);
+    EXPECT_EQ(spec->address({Role::kWorker, 2}).ToString(), "b:2224");
+  }
+  // Hosts unknown (Open MPI across hosts) are fine without ps tasks.
+  auto spec = ClusterSpecOfWorld(LaunchWorld{"Open MPI", 1, 4, {}}, TrainStrategy::kAllreduce, ClusterOptions());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->task->ToString(), "worker:1");
+}
+
+TEST(ClusterSpecOfWorld, AllreducePsTasksNeedARankToTrainAndTheirHosts) {
+  ClusterOptions o;
+  o.ps_tasks = 2;
+  auto spec = ClusterSpecOfWorld(LaunchWorld{"Slurm", 0, 2, {"a", "b"}}, TrainStrategy::kAllreduce, o);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(spec.status().message(),
+              HasSubstr("cluster.ps_tasks: Slurm starts 2 ranks; train.strategy allreduce with 2 ps task(s) needs at "
+                        "least one more rank to train (3 ranks)"));
+  spec = ClusterSpecOfWorld(LaunchWorld{"Open MPI", 0, 2, {"127.0.0.1", "127.0.0.1"}}, TrainStrategy::kAllreduce, o);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(spec.status().message(), HasSubstr("cluster.ps_tasks: Open MPI starts 2 ranks"));
+  spec = ClusterSpecOfWorld(LaunchWorld{"Open MPI", 0, 4, {}}, TrainStrategy::kAllreduce, o);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(spec.status().message(),
+              HasSubstr("cluster.ps_tasks: Open MPI does not say which host each rank runs on"));
+  // Under ps, auto is one ps task, and 0 is refused.
+  o.ps_tasks = -1;
+  spec = ClusterSpecOfWorld(LaunchWorld{"Slurm", 1, 3, {"a", "a", "a"}}, TrainStrategy::kPs, o);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->task->ToString(), "ps:0");
+  o.ps_tasks = 0;
+  spec = ClusterSpecOfWorld(LaunchWorld{"Slurm", 1, 3, {"a", "a", "a"}}, TrainStrategy::kPs, o);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(spec.status().message(), HasSubstr("cluster.ps_tasks: train.strategy ps needs at least one ps task"));
+}
+
 ClusterSpecSources Sources(TrainStrategy strategy, LaunchEnv env) {
   ClusterSpecSources s;
   s.strategy = strategy;
@@ -206,6 +287,29 @@ TEST(ResolveClusterSpec, AllreduceOverSlurmMeetsAtRankZero) {
   spec = ResolveClusterSpec(s);
   ASSERT_FALSE(spec.ok());
   EXPECT_THAT(spec.status().message(), HasSubstr("cluster.rendezvous: "));
+}
+
+// Resolved through the sources: the ps tasks do not move the rendezvous
+// (rank 0's address), and a ps rank's own task is its ps task.
+TEST(ResolveClusterSpec, AllreducePsTasksOverSlurmAndOpenMpi) {
+  ClusterSpecSources s = Sources(TrainStrategy::kAllreduce, Slurm("3", "4", "n[1-2]", "2,2"));
+  s.options.base_port = 4000;
+  s.options.ps_tasks = 1;
+  auto spec = ResolveClusterSpec(s);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->task->ToString(), "ps:0");
+  EXPECT_EQ(spec->address(*spec->task).ToString(), "n2:4003");
+  EXPECT_FALSE(AllreduceRankOf(*spec, *spec->task));
+  EXPECT_EQ(AllreduceWorldSize(*spec), 3);
+  ASSERT_TRUE(spec->rendezvous);
+  EXPECT_EQ(spec->rendezvous->ToString(), "n1:4000");
+  s = Sources(TrainStrategy::kAllreduce, Mpi("1", "3", "3"));
+  s.options.ps_tasks = 1;
+  spec = ResolveClusterSpec(s);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->task->ToString(), "worker:1");
+  EXPECT_EQ(spec->rendezvous->ToString(), "127.0.0.1:2222");
+  EXPECT_EQ(spec->address({Role::kPs, 0}).ToString(), "127.0.0.1:2224");
 }
 
 TEST(ResolveClusterSpec, MpiAcrossHostsNeedsARendezvous) {

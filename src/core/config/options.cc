@@ -450,7 +450,9 @@ absl::Status ClusterOptions::Validate() const {
   if (base_port < 1 || base_port > 65535) {
     return Bad("cluster.base_port", absl::StrCat("must be in 1..65535, got ", base_port));
   }
-  if (ps_tasks < 1) return Bad("cluster.ps_tasks", absl::StrCat("must be >= 1, got ", ps_tasks));
+  if (ps_tasks < -1) {
+    return Bad("cluster.ps_tasks", absl::StrCat("must be -1 (auto) or >= 0, got ", ps_tasks));
+  }
   if (min_workers < 1) return Bad("cluster.min_workers", absl::StrCat("must be >= 1, got ", min_workers));
   if (!(collective_timeout_s > 0) || !std::isfinite(collective_timeout_s)) {
     return Bad("cluster.collective_timeout_s", absl::StrCat("must be a finite number > 0, got ", collective_timeout_s));
@@ -503,6 +505,12 @@ absl::Status Config::Validate() const {
     return Bad("data.stream",
                "streamed data trains in dispatcher tasks, and ps.update sync trains in lock-step rounds over the "
                "whole data set; use ps.update hogwild or row_lock, or load the data whole");
+  }
+  // 0 ps tasks is meaningful under allreduce only (the model stays on the
+  // ranks); the ps strategy's shards need somewhere to live.
+  if (train.strategy == TrainStrategy::kPs && cluster.ps_tasks == 0) {
+    return Bad("cluster.ps_tasks",
+               "train.strategy ps needs at least one ps task: expected -1 (auto: 1) or >= 1, got 0");
   }
   if (train.strategy == TrainStrategy::kAllreduce) {
     if (train.worker_processes) {

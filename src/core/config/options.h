@@ -500,11 +500,19 @@ struct ClusterOptions {
   // Which launcher's environment places this process (ClusterLauncher).
   ClusterLauncher launcher = ClusterLauncher::kAuto;
   // With Slurm or Open MPI: rank r's address is its host with port
-  // base_port + r (1..65535 for every rank), and with train.strategy ps
-  // rank 0 is the chief, ranks 1..ps_tasks the ps tasks (>= 1) and the rest
-  // the worker tasks.
+  // base_port + r (1..65535 for every rank). With train.strategy ps rank 0
+  // is the chief, ranks 1..P the ps tasks (P >= 1) and the rest the worker
+  // tasks; with train.strategy allreduce the last P ranks are the ps tasks
+  // (P >= 0; they host the embedding tables) and the others the ranks that
+  // train. ps_tasks -1 = auto: 1 under ps, 0 under allreduce. Read it
+  // through PsTasksFor, never directly.
   int base_port = 2222;
-  int ps_tasks = 1;
+  int ps_tasks = -1;
+  // P above: ps_tasks, or its auto value under `strategy`.
+  int PsTasksFor(TrainStrategy strategy) const {
+    if (ps_tasks >= 0) return ps_tasks;
+    return strategy == TrainStrategy::kPs ? 1 : 0;
+  }
   // train.strategy allreduce: where the ranks meet (host:port, served by
   // rank 0). Empty = rank 0's address (TF_CONFIG, Slurm, or Open MPI on one
   // host).

@@ -1205,11 +1205,31 @@ TEST(ConfigClusterTest, ValidateNamesTheKey) {
       {"{bind_host: ''}", "cluster.bind_host: must not be empty"},
       {"{token: x}", "unknown key 'cluster.token'"},
       {"{compression: zstd}", "cluster.compression: expected one of none, bf16, fp16; got 'zstd'"},
+      {"{ps_tasks: -2}", "cluster.ps_tasks: must be -1 (auto) or >= 0, got -2"},
+      {"{ps_tasks: 0}", "cluster.ps_tasks: train.strategy ps needs at least one ps task"},
   };
   for (const auto& [yaml, message] : cases) {
     absl::StatusOr<Config> c = LoadConfigFromString(std::string(kMinimal) + "cluster: " + yaml + "\n", "c.yaml");
     EXPECT_TRUE(MessageContains(c.status(), {"c.yaml", message})) << yaml;
   }
+}
+
+// cluster.ps_tasks: -1 (the default) is 1 ps task under train.strategy ps
+// and none under allreduce; 0 is allowed under allreduce only.
+TEST(ConfigClusterTest, PsTasksAutoFollowsTheStrategy) {
+  absl::StatusOr<Config> c = LoadConfigFromString(kMinimal, "c.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->cluster.ps_tasks, -1);
+  EXPECT_EQ(c->cluster.PsTasksFor(TrainStrategy::kPs), 1);
+  EXPECT_EQ(c->cluster.PsTasksFor(TrainStrategy::kAllreduce), 0);
+  c = LoadConfigFromString(kMinimal, "c.yaml", {{"train.strategy", "allreduce"}, {"cluster.ps_tasks", "0"}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->cluster.PsTasksFor(c->train.strategy), 0);
+  c = LoadConfigFromString(kMinimal, "c.yaml", {{"train.strategy", "allreduce"}, {"cluster.ps_tasks", "2"}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->cluster.PsTasksFor(c->train.strategy), 2);
+  c = LoadConfigFromString(kMinimal, "c.yaml", {{"train.strategy", "allreduce"}, {"cluster.ps_tasks", "-2"}});
+  EXPECT_TRUE(MessageContains(c.status(), {"cluster.ps_tasks: must be -1 (auto) or >= 0, got -2"})) << c.status();
 }
 
 TEST(ConfigMetricsTest, PortAndBind) {
