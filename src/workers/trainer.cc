@@ -350,6 +350,10 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
                                    "; lockstep (ps.update sync) training restarts that epoch"));
         base_records -= cur.value("epoch_records", int64_t{0});
       }
+      // In a group the epoch's records are counted whole at its end (by
+      // rounds, from its first), so those before a mid-epoch checkpoint come
+      // off what it had counted.
+      if (elastic != nullptr && first_round > 0) base_records -= cur.value("epoch_records", int64_t{0});
       summary.resumed_from_step = found->step;
       progress.Line(absl::StrCat("resumed from ", found->path, ": epoch ", first_epoch, ", step ", first_round, " of ",
                                  epoch_rounds));
@@ -393,8 +397,14 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
   // watch, the wait wakes every 100 ms to look at it and ticks when due.
   const double tick_s = options.interrupt != nullptr ? std::min(cfg.train.log_every_s, 0.1) : cfg.train.log_every_s;
 
+  // In a group: the records the world has trained in the epochs before the
+  // one under way (counted by rounds, so the same on every rank, whatever
+  // members came and went).
+  int64_t group_records = 0;
   // Writes a checkpoint of the (quiescent) job: the next step to run is step
-  // `round` of epoch `epoch`.
+  // `round` of epoch `epoch`, with `epoch_records` of it trained (in a
+  // group, the group's, as records_seen counts them; group_records holds
+  // the epochs before).
   auto write_checkpoint = [&](int epoch, int64_t round, int64_t epoch_records) -> absl::Status {
     SW_RETURN_IF_ERROR(job.replicas().Average());
     const Totals t = ReadCounters(job);
@@ -406,7 +416,7 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
                          {"batch", batch},      {"records", n},            {"epoch_records", epoch_records},
                          {"seed", cfg.train.seed}};
     state.rng = {{"shuffle_seed", cfg.train.seed}, {"epoch", epoch}};
-    state.extra = {{"records_seen", base_records + t.samples},
+    state.extra = {{"records_seen", base_records + (elastic != nullptr ? group_records + epoch_records : t.samples)},
                    {"steps", base_steps + t.steps},
                    {"final", epoch > cfg.train.epochs || callbacks->stopped()}};
     return WriteTrainingCheckpoint(job, std::move(state), *callbacks, options, &summary);
@@ -428,10 +438,8 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
   const auto run_start = Clock::now();
   double train_seconds = 0;
   int64_t global_round = static_cast<int64_t>(first_epoch - 1) * epoch_rounds + first_round;
-  // In a group: the records the world has trained (counted by rounds, so
-  // the same on every rank, whatever members came and went); and the state
-  // a process that joined the running job takes from rank 0 first.
-  int64_t group_records = 0;
+  // And the state a process that joined the running job takes from rank 0
+  // first.
   std::optional<std::vector<int32_t>> carried_order;  // what is left of the epoch under way
   int64_t carried_epoch_records = 0;
   // A group's cursor, as SyncState hands it around: the epoch, the records
@@ -592,7 +600,10 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
       if (checkpointing && ck.every_steps > 0 && global_round % ck.every_steps == 0 && round < epoch_rounds) {
         // After the group changed within the epoch, rounds no longer index
         // it: such a checkpoint restarts the epoch (its records counted once).
-        SW_RETURN_IF_ERROR(write_checkpoint(epoch, replanned ? 0 : round, ReadCounters(job).samples - before.samples));
+        SW_RETURN_IF_ERROR(write_checkpoint(epoch, replanned ? 0 : round,
+                                            elastic != nullptr
+                                                ? epoch_records_before_plan + plan.RecordsAfter(round, batch)
+                                                : ReadCounters(job).samples - before.samples));
       }
     }
     if (elastic != nullptr) group_records += epoch_records_before_plan + plan.RecordsAfter(epoch_rounds, batch);

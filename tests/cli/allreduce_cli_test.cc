@@ -100,7 +100,7 @@ void MakeCriteo(const TempDir& data, const std::string& rows) {
 std::vector<std::string> SmallDlrm(const TempDir& data, const std::string& job_name) {
   return {"--set", "data.train=" + (data.path() / "train.tsv").string(), "--set",
           "data.test=" + (data.path() / "test.tsv").string(), "--set", "model.sparse.0.rows=1000", "--set",
-          "model.bottom.0.units=32", "--set", "model.layers.0.units=32", "--set", "train.workers=2", "--set",
+          "model.bottom.0.units=32", "--set", "model.layers.0.units=32", "--set", "train.workers=1", "--set",
           "train.intra_op_threads=1", "--set", "train.pin_threads=false", "--set", "train.epochs=2", "--set",
           "ps.job_name=" + job_name, "--set", "train.strategy=allreduce"};
 }
@@ -111,7 +111,7 @@ std::vector<std::string> SmallDlrm(const TempDir& data, const std::string& job_n
 // to the last digit (tables of their own would differ).
 TEST(AllreduceCli, EmbeddingTablesLiveOnPsTasks) {
   TempDir data;
-  MakeCriteo(data, "6000");
+  MakeCriteo(data, "20000");
   const std::vector<int> ports = testing_ports::FreePorts(3);
   ASSERT_EQ(ports.size(), 3u);
   const std::string spec = (data.path() / "cluster.json").string();
@@ -136,7 +136,7 @@ TEST(AllreduceCli, EmbeddingTablesLiveOnPsTasks) {
                                    << ps.err() << ps.out();
     j[r] = LastLineJson(ranks[r]->out());
     ASSERT_TRUE(j[r].is_object()) << ranks[r]->out();
-    EXPECT_EQ(j[r]["records_seen"], 2 * 6000);
+    EXPECT_EQ(j[r]["records_seen"], 2 * 20000);
     EXPECT_EQ(j[r]["allreduce"]["ps_tasks"], 1);
     EXPECT_GT(j[r]["test_auc"].get<double>(), 0.6) << j[r].dump();
   }
@@ -149,12 +149,14 @@ TEST(AllreduceCli, EmbeddingTablesLiveOnPsTasks) {
 }
 
 // Checkpoints of the hybrid: rank 0 writes the dense part, the ps task its
-// tables (checkpoint.dir/ps-0). A new ps task (fresh tables) and new ranks
+// tables (checkpoint.dir/ps-0). The job is killed (every process) after its
+// first checkpoint, mid-epoch; a new ps task (fresh tables) and new ranks
 // resume: rank 0 restores the tables to the dense part's step before any
-// rank trains, and the job goes on to the end.
+// rank trains, and the job ends with every record of both epochs counted
+// exactly once.
 TEST(AllreduceCli, HybridCheckpointsResumeWithTheirTables) {
   TempDir data;
-  MakeCriteo(data, "3000");
+  MakeCriteo(data, "20000");
   const std::vector<int> ports = testing_ports::FreePorts(3);
   ASSERT_EQ(ports.size(), 3u);
   const std::string spec = (data.path() / "cluster.json").string();
@@ -162,39 +164,57 @@ TEST(AllreduceCli, HybridCheckpointsResumeWithTheirTables) {
                       << "\"], \"ps\": [\"127.0.0.1:" << ports[2] << "\"]}}";
   const std::string config = SHARDWILD_SOURCE_DIR "/configs/ctr_dlrm.yaml";
   const std::string ckpt = (data.path() / "ckpt").string();
-  auto args = [&](const std::string& command, const std::string& type, int index, int epochs) {
+  auto args = [&](const std::string& command, const std::string& type, int index) {
     std::vector<std::string> a = {command, config, "--cluster", spec, "--task-type", type, "--task-index",
-                                  std::to_string(index), "--set", "checkpoint.dir=" + ckpt, "--set",
-                                  "train.epochs=" + std::to_string(epochs)};
+                                  std::to_string(index)};
     const std::vector<std::string> sets = SmallDlrm(data, "ar-hybrid-ckpt");
     a.insert(a.end(), sets.begin(), sets.end());
+    // 78 rounds an epoch (20,000 records over 2 ranks, batch 128).
+    a.insert(a.end(), {"--set", "checkpoint.dir=" + ckpt, "--set", "checkpoint.every_steps=25"});
     if (command == "train") a.push_back("--json");
     return a;
   };
-  for (int run = 0; run < 2; ++run) {
-    // Run 0 trains epoch 1 and stops; run 1, from scratch processes, resumes
-    // for epoch 2.
-    Child ps(args("serve", "ps", 0, run + 1));
-    Child rank0(args("train", "worker", 0, run + 1)), rank1(args("train", "worker", 1, run + 1));
-    Child* ranks[2] = {&rank0, &rank1};
-    for (int r = 0; r < 2; ++r) {
-      ASSERT_TRUE(WaitFor(*ranks[r], std::chrono::seconds(300))) << "run " << run << " rank " << r << " did not end";
-      ASSERT_EQ(ranks[r]->Wait(), 0) << "run " << run << " rank " << r << ":\n" << ranks[r]->err() << ranks[r]->out()
-                                     << "\nps:\n" << ps.err() << ps.out();
-      const json j = LastLineJson(ranks[r]->out());
-      ASSERT_TRUE(j.is_object()) << ranks[r]->out();
-      EXPECT_EQ(j["records_seen"], (run + 1) * 3000);
-      EXPECT_GT(j["test_auc"].get<double>(), 0.6) << j.dump();
+  auto has_checkpoint = [&] {
+    std::error_code ec;
+    for (const fs::directory_entry& e : fs::directory_iterator(ckpt, ec)) {
+      if (e.path().filename().string().rfind("ckpt-", 0) == 0) return true;
     }
-    if (run == 1) {
-      EXPECT_NE(rank0.out().find("resumed from"), std::string::npos) << rank0.out();
+    return false;
+  };
+  bool killed = false;
+  for (int run = 0; run < 2; ++run) {
+    Child ps(args("serve", "ps", 0));
+    Child rank0(args("train", "worker", 0)), rank1(args("train", "worker", 1));
+    Child* ranks[2] = {&rank0, &rank1};
+    if (run == 0) {
+      const auto until = Clock::now() + std::chrono::seconds(300);
+      while (Clock::now() < until && !has_checkpoint() && !rank0.Poll()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      ASSERT_TRUE(has_checkpoint()) << rank0.err() << rank0.out();
+      killed = !rank0.Poll();
+      for (Child* c : ranks) {
+        if (c->running()) kill(c->pid(), SIGKILL);
+        c->Wait();
+      }
+    } else {
+      for (int r = 0; r < 2; ++r) {
+        ASSERT_TRUE(WaitFor(*ranks[r], std::chrono::seconds(300))) << "rank " << r << " did not end";
+        ASSERT_EQ(ranks[r]->Wait(), 0) << "rank " << r << ":\n" << ranks[r]->err() << ranks[r]->out() << "\nps:\n"
+                                       << ps.err() << ps.out();
+        const json j = LastLineJson(ranks[r]->out());
+        ASSERT_TRUE(j.is_object()) << ranks[r]->out();
+        EXPECT_EQ(j["records_seen"], 2 * 20000) << ranks[r]->out();
+        EXPECT_GT(j["test_auc"].get<double>(), 0.6) << j.dump();
+        EXPECT_NE(ranks[r]->out().find("resumed from"), std::string::npos) << ranks[r]->out();
+      }
       EXPECT_NE(rank0.out().find("embedding tables on 1 ps task restored to step"), std::string::npos)
           << rank0.out();
-      EXPECT_NE(rank1.out().find("resumed from"), std::string::npos) << rank1.out();
     }
     kill(ps.pid(), SIGTERM);
     ps.Wait();
   }
+  EXPECT_TRUE(killed) << "the first run ended before it could be killed after its first checkpoint";
   EXPECT_TRUE(fs::exists(fs::path(ckpt) / "ps-0"));
 }
 
