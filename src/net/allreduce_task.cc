@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/base/status.h"
 #include "net/allreduce.h"
+#include "net/cluster_setup.h"
 #include "net/cluster_store.h"
 #include "net/net_options.h"
 #include "core/model/optimizer.h"
@@ -333,6 +334,11 @@ absl::StatusOr<TrainSummary> RunAllreduceRank(Job& job, const ClusterSpec& spec,
 
   SW_ASSIGN_OR_RETURN(const uint64_t after, ParamsFingerprint(job.param_store()));
   SW_RETURN_IF_ERROR(collective->CheckSame(after, "the parameters after training"));
+  // Every rank is past its last pull and push (CheckSame): the ps tasks
+  // that srun or mpirun started may go.
+  if (tables != nullptr && collective->rank() == 0) {
+    TellPsTasksJobDone(*tables, "rank 0", [&progress](const std::string& line) { progress.Line(line); });
+  }
   if (stats != nullptr) {
     stats->rank = collective->rank();
     stats->world = collective->size();

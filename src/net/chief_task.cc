@@ -308,7 +308,9 @@ absl::StatusOr<TrainSummary> RunChief(Job& job, const ClusterSpec& spec, Progres
     return reopen_restarted(/*probe=*/false);
   };
   options.external = &ext;
-  return RunTraining(job, progress, options);
+  SW_ASSIGN_OR_RETURN(TrainSummary summary, RunTraining(job, progress, options));
+  TellPsTasksJobDone(cluster, "chief:0", [&progress](const std::string& line) { progress.Line(line); });
+  return summary;
 }
 
 }  // namespace shardwild

@@ -50,6 +50,17 @@ absl::StatusOr<std::unique_ptr<ClusterStoreConnection>> ConnectClusterStore(cons
   return c;
 }
 
+void TellPsTasksJobDone(ClusterParamStore& store, const std::string& from, const TaskLog& log) {
+  for (int i = 0; i < store.num_ps(); ++i) {
+    absl::StatusOr<bool> exiting = store.client(i).JobDone(from);
+    if (!exiting.ok()) {
+      log(absl::StrCat("warning: ps:", i, " was not told that the job is done: ", exiting.status().message()));
+    } else if (*exiting) {
+      log(absl::StrCat("ps:", i, " is told the job is done and exits"));
+    }
+  }
+}
+
 int AttemptsCovering(const PsClientOptions& options, double seconds) {
   int attempts = 1;
   double waited = 0, backoff = options.initial_backoff_s;

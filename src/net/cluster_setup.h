@@ -62,6 +62,11 @@ absl::StatusOr<std::unique_ptr<ClusterStoreConnection>> ConnectClusterStore(cons
                                                                             const TaskId& task, const TaskLog& log,
                                                                             int async_pushes = -1);
 
+// Tells every ps task of `store` that the job is done (ps.proto JobDone),
+// `from` naming the sender: those srun or mpirun started exit. A ps task
+// that cannot be told is reported on `log`; nothing fails.
+void TellPsTasksJobDone(ClusterParamStore& store, const std::string& from, const TaskLog& log);
+
 // The smallest number of attempts whose backoffs (initial, doubling, capped
 // at max) add up to at least `seconds`, and at least options.max_attempts.
 int AttemptsCovering(const PsClientOptions& options, double seconds);

@@ -45,6 +45,9 @@ struct PsServerOptions {
   // after a restart no worker trains against its initial values before the
   // chief has reloaded its shards.
   bool start_closed = false;
+  // A ps task started by srun or mpirun: a JobDone request makes it exit
+  // (PsServer::job_done). false = JobDone is acknowledged and ignored.
+  bool exit_when_done = false;
   // HTTP/2 keepalive (cluster.keepalive_s): pings after this long without
   // traffic, the connection dropped when one goes unanswered as long; and
   // clients' pings as often are allowed. 0 = off.

@@ -562,6 +562,14 @@ absl::Status PsClient::Open() {
   return impl_->Call([&](grpc::ClientContext* c) { return impl_->stub_->RestoreShard(c, request, &r); });
 }
 
+absl::StatusOr<bool> PsClient::JobDone(const std::string& from) {
+  net::JobDoneRequest request;
+  request.set_from(from);
+  net::JobDoneResponse r;
+  SW_RETURN_IF_ERROR(impl_->Call([&](grpc::ClientContext* c) { return impl_->stub_->JobDone(c, request, &r); }));
+  return r.exiting();
+}
+
 absl::StatusOr<bool> PsClient::Healthy(const std::string& service) {
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(service);

@@ -150,6 +150,8 @@ class PsClient {
   // Opens a server started closed (PsServerOptions::start_closed) with the
   // values its store holds; a no-op on an open one.
   absl::Status Open();
+  // ps.proto JobDone, from `from` ("rank 0"): whether the ps task exits now.
+  absl::StatusOr<bool> JobDone(const std::string& from);
   // grpc.health.v1 Check of `service` ("" = the server): true for SERVING.
   absl::StatusOr<bool> Healthy(const std::string& service = "");
 

@@ -34,7 +34,8 @@ class PsServer::Impl {
                             .max_push_bytes = options.max_push_bytes,
                             .checkpoint_dir = options.checkpoint_dir,
                             .task_name = options.task_name,
-                            .start_closed = options.start_closed}),
+                            .start_closed = options.start_closed,
+                            .exit_when_done = options.exit_when_done}),
         ps_(this),
         health_(this) {}
 
@@ -94,6 +95,8 @@ class PsServer::Impl {
     if (s.code() == absl::StatusCode::kInvalidArgument) invalid_argument_.fetch_add(1, std::memory_order_relaxed);
     return ToGrpc(s);
   }
+
+  const PsService& service() const { return service_; }
 
   PsServer::Stats stats() const {
     PsServer::Stats s;
@@ -164,6 +167,12 @@ class PsServer::Impl {
                               net::RestoreShardResponse* response) override {
       if (grpc::Status s = impl_->Admit(context); !s.ok()) return s;
       return impl_->Finish(impl_->service_.RestoreShard(*request, response));
+    }
+    grpc::Status JobDone(grpc::ServerContext* context, const net::JobDoneRequest* request,
+                         net::JobDoneResponse* response) override {
+      if (grpc::Status s = impl_->Admit(context); !s.ok()) return s;
+      impl_->service_.JobDone(*request, response);
+      return grpc::Status::OK;
     }
 
    private:
@@ -270,6 +279,8 @@ std::string PsServer::address() const {
 void PsServer::SetServing(bool serving) { impl_->SetServing(serving); }
 
 void PsServer::Shutdown(double grace_s) { impl_->Shutdown(grace_s); }
+
+bool PsServer::job_done() const { return impl_->service().job_done(); }
 
 PsServer::Stats PsServer::stats() const { return impl_->stats(); }
 

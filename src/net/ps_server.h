@@ -55,6 +55,9 @@ class PsServer {
   // Idempotent; thread-safe.
   void Shutdown(double grace_s = 1.0);
 
+  // Whether a JobDone request came (PsServerOptions::exit_when_done).
+  bool job_done() const;
+
   // Counters since Start (thread-safe, relaxed: they order nothing).
   struct Stats {
     uint64_t calls = 0;              // calls received, all services

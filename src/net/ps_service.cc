@@ -494,6 +494,11 @@ absl::Status PsService::SaveShard(const net::SaveShardRequest& request, net::Sav
   return absl::OkStatus();
 }
 
+void PsService::JobDone(const net::JobDoneRequest& request, net::JobDoneResponse* out) {
+  out->set_exiting(options_.exit_when_done);
+  if (options_.exit_when_done) job_done_.store(true, std::memory_order_release);
+}
+
 absl::Status PsService::RestoreShard(const net::RestoreShardRequest& request, net::RestoreShardResponse* out) {
   if (request.as_is()) {
     if (request.latest() || request.step() != 0) return Invalid("restore: as_is names no checkpoint");

@@ -47,6 +47,8 @@ class PsService {
     // PsServerOptions::start_closed: pulls and pushes are UNAVAILABLE and
     // saves FAILED_PRECONDITION until RestoreShard opens the store.
     bool start_closed = false;
+    // PsServerOptions::exit_when_done.
+    bool exit_when_done = false;
   };
   // Recently applied push sequences remembered per client, and clients
   // remembered; beyond them the oldest are forgotten.
@@ -80,6 +82,10 @@ class PsService {
   absl::Status RestoreShard(const net::RestoreShardRequest& request, net::RestoreShardResponse* out);
   // Whether pulls and pushes are served (Options::start_closed).
   bool open() const { return open_.load(std::memory_order_acquire); }
+  // ps.proto JobDone: with Options::exit_when_done, job_done() is true from
+  // then on (the ps task's loop exits).
+  void JobDone(const net::JobDoneRequest& request, net::JobDoneResponse* out);
+  bool job_done() const { return job_done_.load(std::memory_order_acquire); }
 
   // Pushes applied, and those answered as duplicates of an applied one.
   uint64_t pushes_applied() const;
@@ -145,6 +151,7 @@ class PsService {
   // Set by RestoreShard (release: its writes are seen by the requests that
   // pass CheckOpen).
   std::atomic<bool> open_;
+  std::atomic<bool> job_done_{false};
 };
 
 }  // namespace shardwild

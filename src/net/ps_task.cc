@@ -65,6 +65,10 @@ absl::Status RunPsTask(const Config& config, const ClusterSpec& spec, int index,
   SW_ASSIGN_OR_RETURN(PsServerOptions server_options, MakePsServerOptions(config.cluster, spec, task));
   // Closed until the chief opens it (as it is, or with a checkpoint's shards).
   server_options.start_closed = true;
+  // Started by srun or mpirun: the step ends when every rank has exited, so
+  // this ps task exits once the job is done (JobDone from the chief or rank 0).
+  const bool launched = spec.source == "Slurm" || spec.source == "Open MPI";
+  server_options.exit_when_done = launched;
   if (!config.checkpoint.dir.empty()) {
     server_options.checkpoint_dir = absl::StrCat(config.checkpoint.dir, "/ps-", index);
   }
@@ -74,8 +78,10 @@ absl::Status RunPsTask(const Config& config, const ClusterSpec& spec, int index,
                    tables_only ? " (embedding tables only)" : "", " on ", server->address(), " (store ",
                    store->name(), ", ", store->total_bytes() >> 20, " MiB)"));
   if (metrics_server) log(absl::StrCat(task.ToString(), ": metrics at http://", metrics_server->address(), "/metrics"));
-  while (!stop.load(std::memory_order_relaxed)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  log(absl::StrCat(task.ToString(), ": stopping"));
+  while (!stop.load(std::memory_order_relaxed) && !server->job_done()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  log(absl::StrCat(task.ToString(), server->job_done() ? ": the job is done; stopping" : ": stopping"));
   server->Shutdown(/*grace_s=*/2.0);
   return absl::OkStatus();
 }

@@ -30,7 +30,9 @@
 namespace shardwild {
 
 // Runs ps task `index` of `spec` until `stop` becomes true (the CLI sets it
-// on SIGTERM or SIGINT), then shuts the server down. Errors: the data's,
+// on SIGTERM or SIGINT), or, when srun or mpirun started it (spec.source
+// Slurm or Open MPI), until the chief or rank 0 says the job is done
+// (ps.proto JobDone), then shuts the server down. Errors: the data's,
 // the config's (ps.shards fewer than ps tasks), the store's, the server's
 // (Unavailable when its address cannot be bound).
 absl::Status RunPsTask(const Config& config, const ClusterSpec& spec, int index, const std::atomic<bool>& stop,

@@ -530,5 +530,58 @@ TEST(AllreduceCli, MpirunStartsTheRanks) {
   EXPECT_EQ(prints[0], prints[1]);
 }
 
+// The hybrid under the real mpirun: of 3 ranks the last serves the
+// embedding tables (cluster.ps_tasks 1), the other two train; when they are
+// done rank 0 tells the ps task, which exits, so mpirun returns.
+TEST(AllreduceCli, MpirunRunsTheHybridAndItsPsTaskExits) {
+  if (!fs::exists("/usr/bin/mpirun")) GTEST_SKIP() << "mpirun (Debian's openmpi-bin) is not installed";
+  TempDir data;
+  MakeCriteo(data, "20000");
+  const int port = testing_ports::FreePorts(1).at(0);
+  std::vector<std::string> args = {"train", SHARDWILD_SOURCE_DIR "/configs/ctr_dlrm.yaml", "--set",
+                                   "cluster.ps_tasks=1", "--set", "cluster.base_port=" + std::to_string(port)};
+  const std::vector<std::string> sets = SmallDlrm(data, "ar-mpirun-hybrid");
+  args.insert(args.end(), sets.begin(), sets.end());
+  Child run(args, {"/usr/bin/env", "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+                   "OMPI_MCA_plm=isolated", "OMPI_MCA_btl_vader_single_copy_mechanism=none",
+                   "OMPI_MCA_rmaps_base_oversubscribe=1", "/usr/bin/mpirun", "-np", "3", "--oversubscribe",
+                   "--bind-to", "none"});
+  ASSERT_TRUE(WaitFor(run, std::chrono::seconds(300))) << "mpirun did not end:\n" << run.out() << run.err();
+  ASSERT_EQ(run.Wait(), 0) << run.err() << run.out();
+  const std::string out = run.out();
+  EXPECT_NE(out.find("allreduce: rank 0 of 2"), std::string::npos) << out;
+  EXPECT_NE(out.find("allreduce: rank 1 of 2"), std::string::npos) << out;
+  EXPECT_NE(out.find("(embedding tables only)"), std::string::npos) << out;
+  EXPECT_NE(out.find("ps:0 is told the job is done and exits"), std::string::npos) << out;
+  EXPECT_NE(out.find("ps:0: the job is done; stopping"), std::string::npos) << out;
+  std::vector<std::string> prints;
+  for (const std::string& line : Lines(out)) {
+    const size_t at = line.find("(fingerprint ");
+    if (at != std::string::npos) prints.push_back(line.substr(at));
+  }
+  ASSERT_EQ(prints.size(), 2u) << out;
+  EXPECT_EQ(prints[0], prints[1]);
+}
+
+// train.strategy ps under the real mpirun: rank 0 the chief, rank 1 the ps
+// task, rank 2 a worker task; when the chief is done the worker task exits
+// and the chief tells the ps task, which exits too, so mpirun returns.
+TEST(AllreduceCli, MpirunRunsAPsStrategyJobToItsEnd) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed";
+  if (!fs::exists("/usr/bin/mpirun")) GTEST_SKIP() << "mpirun (Debian's openmpi-bin) is not installed";
+  const int port = testing_ports::FreePorts(1).at(0);
+  Child run({"train", kConfig, "--json", "--set", "train.epochs=1", "--set", "data.max_train_records=12000", "--set",
+             "train.workers=1", "--set", "ps.job_name=mpirun-ps", "--set", "cluster.base_port=" + std::to_string(port)},
+            {"/usr/bin/env", "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMPI_MCA_plm=isolated",
+             "OMPI_MCA_btl_vader_single_copy_mechanism=none", "OMPI_MCA_rmaps_base_oversubscribe=1",
+             "/usr/bin/mpirun", "-np", "3", "--oversubscribe", "--bind-to", "none"});
+  ASSERT_TRUE(WaitFor(run, std::chrono::seconds(300))) << "mpirun did not end:\n" << run.out() << run.err();
+  ASSERT_EQ(run.Wait(), 0) << run.err() << run.out();
+  const std::string out = run.out();
+  EXPECT_NE(out.find("ps:0 is told the job is done and exits"), std::string::npos) << out;
+  EXPECT_NE(out.find("ps:0: the job is done; stopping"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"records_seen\":12000"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace shardwild::clitest
