@@ -4,9 +4,10 @@ this machine, in alternation, on the same config, data and epochs:
 
   allreduce  2 ranks of train.strategy allreduce (Open MPI's variables, loopback),
              one worker thread each; every step summed by Gloo's ring, a
-             collective per layer during the backward (allreduce-hd: by
-             halving-doubling; allreduce-whole: cluster.allreduce_overlap
-             false, one collective of the whole gradient after the backward);
+             collective per layer during the backward (cluster.allreduce_overlap
+             true; allreduce-hd: the same by halving-doubling; allreduce-whole:
+             overlap false, one collective of the whole gradient after the
+             backward);
   ps         the parameter-server way with the same 2 worker processes: a
              TF_CONFIG cluster of a chief, a ps task and 2 worker tasks (one
              worker thread each; the ps task on this host is reached through
@@ -68,6 +69,7 @@ def run_all(procs, timeout=1800):
 
 
 def allreduce(args, common, algorithm="ring", overlap=True):
+    # overlap is forced either way (the default, auto, depends on the machine's spare cores)
     port = free_ports(1)[0]
     procs = []
     for r in range(2):

@@ -928,7 +928,7 @@ int AllreduceInfo(const Config& config, const ClusterSpec& spec, bool as_json) {
               {"collective_timeout_s", config.cluster.collective_timeout_s},
               {"allreduce_algorithm",
                CollectiveAlgorithmName(config.cluster.allreduce_algorithm)},
-              {"allreduce_overlap", config.cluster.allreduce_overlap},
+              {"allreduce_overlap", AllreduceOverlapName(config.cluster.allreduce_overlap)},
               {"security",
                {{"bind_host", config.cluster.bind_host},
                 {"token", !config.cluster.token_file.empty()},
@@ -965,10 +965,14 @@ int AllreduceInfo(const Config& config, const ClusterSpec& spec, bool as_json) {
   } else {
     std::printf("this task: none given\n");
   }
-  std::printf("collectives: Gloo %s allreduce over TCP (cluster.allreduce_algorithm), %s (cluster.allreduce_overlap), "
+  std::printf("collectives: Gloo %s allreduce over TCP (cluster.allreduce_algorithm), %s (cluster.allreduce_overlap %s), "
               "deadline %g s (cluster.collective_timeout_s)\n",
               CollectiveAlgorithmName(config.cluster.allreduce_algorithm),
-              config.cluster.allreduce_overlap ? "one per layer during the backward" : "one per step after the backward",
+              config.cluster.allreduce_overlap == AllreduceOverlap::kOn    ? "one per layer during the backward"
+              : config.cluster.allreduce_overlap == AllreduceOverlap::kOff ? "one per step after the backward"
+                                                                            : "one per layer during the backward where "
+                                                                              "each rank has a spare core",
+              AllreduceOverlapName(config.cluster.allreduce_overlap),
               config.cluster.collective_timeout_s);
   return 0;
 }

@@ -246,6 +246,29 @@ TEST(AllreduceCli, TablesNeedPsTasksAndPsTasksNeedTables) {
   }
 }
 
+// cluster.allreduce_overlap auto: a collective per layer only where each
+// rank of the host has a core its workers leave free (2 ranks of 1 worker:
+// on 8 cores, not on 2).
+TEST(AllreduceCli, OverlapAutoNeedsASpareCorePerRank) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed";
+  for (const int cores : {2, 8}) {
+    AllreduceRanks job(2, kConfig,
+                       {"--set", "train.epochs=1", "--set", "train.workers=1", "--set", "train.intra_op_threads=1",
+                        "--set", "data.max_train_records=3000", "--set",
+                        "topology.synthetic=pack:1 numa:1 core:" + std::to_string(cores) + " pu:1"});
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(WaitFor(job.rank(r), std::chrono::seconds(240))) << "rank " << r << " did not end";
+      ASSERT_EQ(job.rank(r).Wait(), 0) << "rank " << r << ":\n" << job.rank(r).err() << job.rank(r).out();
+      const json j = LastLineJson(job.rank(r).out());
+      ASSERT_TRUE(j.is_object()) << job.rank(r).out();
+      EXPECT_EQ(j["allreduce"]["buckets_per_round"], cores == 8 ? 3 : 1) << job.rank(r).out();
+      const std::string why = std::to_string(cores) + " cores for 2 ranks on this host, 1 busy per rank: " +
+                              (cores == 8 ? "a spare core" : "no spare core");
+      EXPECT_NE(job.rank(r).out().find(why), std::string::npos) << job.rank(r).out();
+    }
+  }
+}
+
 TEST(AllreduceCli, ALayoutMismatchIsOneErrorOnEveryRank) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed";
   TempDir dir;

@@ -612,7 +612,9 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
   cluster.leaves["allreduce_algorithm"] = Enum(&c->cluster.allreduce_algorithm,
                                                {{"ring", CollectiveAlgorithm::kRing},
                                                 {"halving_doubling", CollectiveAlgorithm::kHalvingDoubling}});
-  cluster.leaves["allreduce_overlap"] = Bool(&c->cluster.allreduce_overlap);
+  cluster.leaves["allreduce_overlap"] = Enum(&c->cluster.allreduce_overlap, {{"auto", AllreduceOverlap::kAuto},
+                                                                           {"true", AllreduceOverlap::kOn},
+                                                                           {"false", AllreduceOverlap::kOff}});
 
   Section top;
   auto sub = [](const Section& s) {

@@ -430,6 +430,18 @@ const char* CollectiveAlgorithmName(CollectiveAlgorithm a) {
   return a == CollectiveAlgorithm::kRing ? "ring" : "halving_doubling";
 }
 
+const char* AllreduceOverlapName(AllreduceOverlap o) {
+  switch (o) {
+    case AllreduceOverlap::kAuto:
+      return "auto";
+    case AllreduceOverlap::kOn:
+      return "true";
+    case AllreduceOverlap::kOff:
+      return "false";
+  }
+  return "?";
+}
+
 const char* ClusterLauncherName(ClusterLauncher l) {
   switch (l) {
     case ClusterLauncher::kAuto:

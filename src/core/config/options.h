@@ -52,6 +52,9 @@ enum class ClusterLauncher { kAuto, kTfConfig, kSlurm, kMpi, kNone };
 // Gloo's allreduce for train.strategy allreduce (cluster.allreduce_algorithm).
 enum class CollectiveAlgorithm { kRing, kHalvingDoubling };
 const char* CollectiveAlgorithmName(CollectiveAlgorithm a);  // "ring", "halving_doubling"
+// cluster.allreduce_overlap: auto (when each rank has a spare core), true, false.
+enum class AllreduceOverlap { kAuto, kOn, kOff };
+const char* AllreduceOverlapName(AllreduceOverlap o);  // "auto", "true", "false"
 const char* ClusterLauncherName(ClusterLauncher l);
 enum class DataFormat { kIdx, kCriteo, kLibsvm, kText, kCsv };
 // What a reader does with a bad row (data.on_error): stop with an error that
@@ -525,12 +528,13 @@ struct ClusterOptions {
   int min_workers = 1;
   // ring or halving_doubling (CollectiveAlgorithm).
   CollectiveAlgorithm allreduce_algorithm = CollectiveAlgorithm::kRing;
-  // train.strategy allreduce: each layer's gradient goes across processes
-  // as soon as every worker of the process has finished that layer's
-  // backward, while the layers below are still being differentiated (one
-  // collective per layer a round); false = one collective of the whole
-  // gradient after the backward.
-  bool allreduce_overlap = true;
+  // train.strategy allreduce: true = each layer's gradient goes across
+  // processes as soon as every worker of the process has finished that
+  // layer's backward, while the layers below are still being differentiated
+  // (one collective per layer a round); false = one collective of the whole
+  // gradient after the backward; auto = true where each rank of a host has
+  // a core its workers leave free for the collectives (net/allreduce_task.h).
+  AllreduceOverlap allreduce_overlap = AllreduceOverlap::kAuto;
   absl::Status Validate() const;
 };
 
