@@ -23,7 +23,8 @@ and range over --repeats runs, and the allreduce bench's collective bytes/s
 next to the same-run loopback TCP bandwidth.
 
 Usage: bench/net/allreduce_compare.py [--binary build/shardwild] [--config CONFIG]
-       [--epochs 3] [--repeats 3] [--ways allreduce,allreduce-whole,...]"""
+       [--epochs 3] [--repeats 3] [--ways allreduce,allreduce-whole,...]
+       [--ps-tasks 1 --set data.train=... (a model with embedding tables: the hybrid)]"""
 import argparse
 import json
 import os
@@ -70,12 +71,17 @@ def run_all(procs, timeout=1800):
 
 def allreduce(args, common, algorithm="ring", overlap=True):
     # overlap is forced either way (the default, auto, depends on the machine's spare cores)
+    # With --ps-tasks P (a model with embedding tables) P more ranks serve the
+    # tables (the hybrid) and exit when rank 0 says the job is done.
     port = free_ports(1)[0]
     procs = []
-    for r in range(2):
-        env = dict(os.environ, OMPI_COMM_WORLD_RANK=str(r), OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_LOCAL_SIZE="2")
+    size = 2 + args.ps_tasks
+    for r in range(size):
+        env = dict(os.environ, OMPI_COMM_WORLD_RANK=str(r), OMPI_COMM_WORLD_SIZE=str(size),
+                   OMPI_COMM_WORLD_LOCAL_SIZE=str(size))
         procs.append(subprocess.Popen([args.binary, "train", args.config, "--json", "--set", "train.strategy=allreduce",
                                        "--set", f"cluster.base_port={port}", "--set", "train.workers=1",
+                                       "--set", f"cluster.ps_tasks={args.ps_tasks}",
                                        "--set", f"cluster.allreduce_algorithm={algorithm}",
                                        "--set", f"cluster.allreduce_overlap={'true' if overlap else 'false'}"] + common,
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
@@ -116,7 +122,8 @@ def bench(args):
     for r in range(2):
         env = dict(os.environ, OMPI_COMM_WORLD_RANK=str(r), OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_LOCAL_SIZE="2")
         procs.append(subprocess.Popen([args.binary, "bench", args.config, "--json", "--set", "train.strategy=allreduce",
-                                       "--set", f"cluster.base_port={port}"], env=env, stdout=subprocess.PIPE,
+                                       "--set", f"cluster.base_port={port}"] + sum((["--set", kv] for kv in args.set), []),
+                                      env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     return summary(run_all(procs)[0])
 
@@ -127,9 +134,14 @@ def main():
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "fashion_mnist_mlp.yaml"))
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--ps-tasks", type=int, default=0,
+                    help="allreduce ways: ranks that serve the embedding tables (a model with tables needs >= 1)")
+    ap.add_argument("--set", action="append", default=[], help="KEY=VALUE for every process (data paths, ...)")
     ap.add_argument("--ways", default="", help="comma-separated subset of the ways (default: all)")
     args = ap.parse_args()
     common = ["--set", f"train.epochs={args.epochs}", "--set", "train.intra_op_threads=1"]
+    for kv in args.set:
+        common += ["--set", kv]
     ways = {"allreduce": lambda: allreduce(args, common),
             "allreduce-whole": lambda: allreduce(args, common, overlap=False),
             "allreduce-hd": lambda: allreduce(args, common, "halving_doubling"), "ps": lambda: ps(args, common),

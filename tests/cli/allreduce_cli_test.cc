@@ -88,6 +88,23 @@ TEST(AllreduceCli, OverlappedLayersTrainTheSameBitsAsOneCollective) {
   EXPECT_EQ(fingerprint[0], fingerprint[1]);
 }
 
+// Debian's mpirun starting `np` ranks on this host (as root, Open MPI wants
+// to be told that is meant).
+std::vector<std::string> MpirunPrefix(int np) {
+  return {"/usr/bin/env", "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMPI_MCA_plm=isolated",
+          "OMPI_MCA_btl_vader_single_copy_mechanism=none", "OMPI_MCA_rmaps_base_oversubscribe=1",
+          "/usr/bin/mpirun", "-np", std::to_string(np), "--oversubscribe", "--bind-to", "none"};
+}
+
+// A --cluster spec of two allreduce ranks and one ps task on 127.0.0.1 at
+// `ports`, written to dir/cluster.json; its path.
+std::string WriteHybridSpec(const TempDir& dir, const std::vector<int>& ports) {
+  const std::string spec = (dir.path() / "cluster.json").string();
+  std::ofstream(spec) << "{\"cluster\": {\"worker\": [\"127.0.0.1:" << ports[0] << "\", \"127.0.0.1:" << ports[1]
+                      << "\"], \"ps\": [\"127.0.0.1:" << ports[2] << "\"]}}";
+  return spec;
+}
+
 // Generated Criteo-format data for the DLRM config (train.tsv, test.tsv).
 void MakeCriteo(const TempDir& data, const std::string& rows) {
   for (const auto& [name, n, seed] : {std::tuple{"train.tsv", rows, "1"}, std::tuple{"test.tsv", std::string("2000"), "2"}}) {
@@ -114,9 +131,7 @@ TEST(AllreduceCli, EmbeddingTablesLiveOnPsTasks) {
   MakeCriteo(data, "20000");
   const std::vector<int> ports = testing_ports::FreePorts(3);
   ASSERT_EQ(ports.size(), 3u);
-  const std::string spec = (data.path() / "cluster.json").string();
-  std::ofstream(spec) << "{\"cluster\": {\"worker\": [\"127.0.0.1:" << ports[0] << "\", \"127.0.0.1:" << ports[1]
-                      << "\"], \"ps\": [\"127.0.0.1:" << ports[2] << "\"]}}";
+  const std::string spec = WriteHybridSpec(data, ports);
   const std::string config = SHARDWILD_SOURCE_DIR "/configs/ctr_dlrm.yaml";
   const std::vector<std::string> sets = SmallDlrm(data, "ar-hybrid");
   auto args = [&](const std::string& command, const std::string& type, int index) {
@@ -159,9 +174,7 @@ TEST(AllreduceCli, HybridCheckpointsResumeWithTheirTables) {
   MakeCriteo(data, "20000");
   const std::vector<int> ports = testing_ports::FreePorts(3);
   ASSERT_EQ(ports.size(), 3u);
-  const std::string spec = (data.path() / "cluster.json").string();
-  std::ofstream(spec) << "{\"cluster\": {\"worker\": [\"127.0.0.1:" << ports[0] << "\", \"127.0.0.1:" << ports[1]
-                      << "\"], \"ps\": [\"127.0.0.1:" << ports[2] << "\"]}}";
+  const std::string spec = WriteHybridSpec(data, ports);
   const std::string config = SHARDWILD_SOURCE_DIR "/configs/ctr_dlrm.yaml";
   const std::string ckpt = (data.path() / "ckpt").string();
   auto args = [&](const std::string& command, const std::string& type, int index) {
@@ -234,9 +247,7 @@ TEST(AllreduceCli, TablesNeedPsTasksAndPsTasksNeedTables) {
   if (!HaveFashionMnist()) return;
   const std::vector<int> ports = testing_ports::FreePorts(3);
   ASSERT_EQ(ports.size(), 3u);
-  const std::string spec = (data.path() / "cluster.json").string();
-  std::ofstream(spec) << "{\"cluster\": {\"worker\": [\"127.0.0.1:" << ports[0] << "\", \"127.0.0.1:" << ports[1]
-                      << "\"], \"ps\": [\"127.0.0.1:" << ports[2] << "\"]}}";
+  const std::string spec = WriteHybridSpec(data, ports);
   for (int r = 0; r < 2; ++r) {
     const Result res = RunCli({"train", kConfig, "--cluster", spec, "--task-type", "worker", "--task-index",
                                std::to_string(r), "--set", "train.strategy=allreduce", "--set", "train.epochs=1"});
@@ -532,12 +543,9 @@ TEST(AllreduceCli, MpirunStartsTheRanks) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed";
   if (!fs::exists("/usr/bin/mpirun")) GTEST_SKIP() << "mpirun (Debian's openmpi-bin) is not installed";
   const int port = testing_ports::FreePorts(1).at(0);
-  // As root, Open MPI wants to be told that is meant.
   Child run({"train", kConfig, "--set", "train.strategy=allreduce", "--set", "train.epochs=1", "--set",
              "train.workers=1", "--set", "cluster.base_port=" + std::to_string(port)},
-            {"/usr/bin/env", "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMPI_MCA_plm=isolated",
-             "OMPI_MCA_btl_vader_single_copy_mechanism=none", "OMPI_MCA_rmaps_base_oversubscribe=1",
-             "/usr/bin/mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none"});
+            MpirunPrefix(2));
   ASSERT_TRUE(WaitFor(run, std::chrono::seconds(240))) << "mpirun did not end";
   ASSERT_EQ(run.Wait(), 0) << run.err() << run.out();
   const std::string out = run.out();
@@ -565,10 +573,7 @@ TEST(AllreduceCli, MpirunRunsTheHybridAndItsPsTaskExits) {
                                    "cluster.ps_tasks=1", "--set", "cluster.base_port=" + std::to_string(port)};
   const std::vector<std::string> sets = SmallDlrm(data, "ar-mpirun-hybrid");
   args.insert(args.end(), sets.begin(), sets.end());
-  Child run(args, {"/usr/bin/env", "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
-                   "OMPI_MCA_plm=isolated", "OMPI_MCA_btl_vader_single_copy_mechanism=none",
-                   "OMPI_MCA_rmaps_base_oversubscribe=1", "/usr/bin/mpirun", "-np", "3", "--oversubscribe",
-                   "--bind-to", "none"});
+  Child run(args, MpirunPrefix(3));
   ASSERT_TRUE(WaitFor(run, std::chrono::seconds(300))) << "mpirun did not end:\n" << run.out() << run.err();
   ASSERT_EQ(run.Wait(), 0) << run.err() << run.out();
   const std::string out = run.out();
@@ -595,9 +600,7 @@ TEST(AllreduceCli, MpirunRunsAPsStrategyJobToItsEnd) {
   const int port = testing_ports::FreePorts(1).at(0);
   Child run({"train", kConfig, "--json", "--set", "train.epochs=1", "--set", "data.max_train_records=12000", "--set",
              "train.workers=1", "--set", "ps.job_name=mpirun-ps", "--set", "cluster.base_port=" + std::to_string(port)},
-            {"/usr/bin/env", "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMPI_MCA_plm=isolated",
-             "OMPI_MCA_btl_vader_single_copy_mechanism=none", "OMPI_MCA_rmaps_base_oversubscribe=1",
-             "/usr/bin/mpirun", "-np", "3", "--oversubscribe", "--bind-to", "none"});
+            MpirunPrefix(3));
   ASSERT_TRUE(WaitFor(run, std::chrono::seconds(300))) << "mpirun did not end:\n" << run.out() << run.err();
   ASSERT_EQ(run.Wait(), 0) << run.err() << run.out();
   const std::string out = run.out();
