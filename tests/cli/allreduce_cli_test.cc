@@ -491,6 +491,37 @@ TEST(AllreduceCli, AKilledRankIsLeftBehindAndANewcomerJoins) {
   EXPECT_EQ(j["allreduce"]["params_fingerprint"], fingerprint);
 }
 
+// The hybrid is elastic too: of 3 training ranks (and a 4th serving the
+// tables, cluster.ps_tasks 1) one is killed mid-epoch; the others re-form,
+// finish with every record counted once and the same dense bits, and the
+// ps task exits when rank 0 is done.
+TEST(AllreduceCli, AKilledRankOfTheHybridIsLeftBehind) {
+  TempDir data;
+  MakeCriteo(data, "60000");
+  std::vector<std::string> extra = SmallDlrm(data, "ar-hybrid-kill");
+  extra.insert(extra.end(), {"--set", "cluster.ps_tasks=1", "--set", "cluster.collective_timeout_s=30", "--set",
+                             "train.log_every_s=0.05"});
+  AllreduceRanks job(4, SHARDWILD_SOURCE_DIR "/configs/ctr_dlrm.yaml", extra);
+  ASSERT_TRUE(WaitForOutput(job.rank(2), "epoch 1/2  step", std::chrono::seconds(120))) << job.rank(2).err();
+  kill(job.rank(2).pid(), SIGKILL);
+  job.rank(2).Wait();
+  std::string fingerprint;
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(WaitFor(job.rank(r), std::chrono::seconds(300))) << "rank " << r << " hangs";
+    ASSERT_EQ(job.rank(r).Wait(), 0) << "rank " << r << ":\n" << job.rank(r).err() << job.rank(r).out();
+    const json j = LastLineJson(job.rank(r).out());
+    ASSERT_TRUE(j.is_object()) << job.rank(r).out();
+    EXPECT_EQ(j["records_seen"], 2 * 60000) << "rank " << r;
+    EXPECT_EQ(j["worker_failures"], 1) << "rank " << r;
+    EXPECT_GE(j["membership_changes"].get<int>(), 1) << "rank " << r;
+    EXPECT_GT(j["test_auc"].get<double>(), 0.6) << "rank " << r;
+    if (r == 0) fingerprint = j["allreduce"]["params_fingerprint"];
+    EXPECT_EQ(j["allreduce"]["params_fingerprint"], fingerprint) << "rank " << r;
+  }
+  ASSERT_TRUE(WaitFor(job.rank(3), std::chrono::seconds(60))) << "the ps task did not exit:\n" << job.rank(3).out();
+  EXPECT_EQ(job.rank(3).Wait(), 0) << job.rank(3).err();
+}
+
 // Too few left: cluster.min_workers stops the survivors with one error.
 TEST(AllreduceCli, FewerThanMinWorkersStopsTheJob) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed";
