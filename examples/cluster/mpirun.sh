@@ -6,6 +6,11 @@
 # rank 0's, --set cluster.rendezvous=a:2222 (with cluster.bind_host and
 # cluster.token_file set, as for any server reachable from other machines).
 #
+# A model with embedding tables (configs/ctr_dlrm.yaml) keeps them on ps
+# tasks: RANKS=3 examples/cluster/mpirun.sh configs/ctr_dlrm.yaml
+# --set cluster.ps_tasks=1 makes the last rank serve the tables while the
+# first two train the dense towers; it exits when rank 0 is done.
+#
 # Usage: examples/cluster/mpirun.sh [CONFIG] [--set key=value]...
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
