@@ -126,6 +126,16 @@ class SyncAggregator {
   // contributions and their learning rates, and the mean over all of them
   // is pushed, so every process applies the same update. A process with
   // nothing to contribute to a round still takes part: PadRounds.
+  // Embedding rows across processes: every process pushes its own
+  // contributors' rows, divided by the number of contributions of all
+  // processes, with the mean of all their sparse learning rates, to its
+  // store; the tables must be shared by the processes (ps tasks: a Job's
+  // JobOptions::tables), since each process pushes only its own rows. After
+  // the pushes the processes meet once more (a 1-float allreduce), so that
+  // no process's next round pulls rows before every process's push of this
+  // one has landed, and a push that failed anywhere fails the round
+  // everywhere. (Rows of the same id pushed by several processes are
+  // applied once per process: for SGD the same as one push of their mean.)
   // `buckets` (may be empty: one collective per round, after the last
   // contribution) turns on overlap: the dense variables grouped in the order
   // the workers' backward passes finish them, each variable in exactly one
@@ -147,17 +157,6 @@ class SyncAggregator {
   // gradient list; FailedPrecondition without buckets or after Leave.
   absl::Status ContributeBucket(int worker, int bucket, absl::Span<const DenseGrad> grads, float lr,
                                 float sparse_lr = 0.0f);
-  // Embedding rows across processes: every process pushes its own
-  // contributors' rows, divided by the number of contributions of all
-  // processes, with the mean of all their sparse learning rates, to its
-  // store; the tables must be shared by the processes (ps tasks: a Job's
-  // JobOptions::tables), since each process pushes only its own rows. After
-  // the pushes the processes meet once more (a 1-float allreduce), so that
-  // no process's next round pulls rows before every process's push of this
-  // one has landed, and a push that failed anywhere fails the round
-  // everywhere. (Rows of the same id pushed by several processes are
-  // applied once per process: for SGD the same as one push of their mean.)
-  //
   // Takes part in `rounds` rounds with no contribution of this process (its
   // workers' parts of the epoch ran out before the other processes'): each
   // sums zeros with the others and pushes the mean when any process
