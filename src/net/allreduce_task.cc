@@ -243,30 +243,6 @@ OverlapChoice ChooseOverlap(const Config& config, const ClusterSpec& spec, const
                                         busy, " busy per rank: ", per_rank > busy ? "a spare core" : "no spare core")};
 }
 
-// The ps tasks' layout against the model's tables (the view's): tables
-// only, the same ones.
-absl::Status CheckTablesLayout(const StoreLayout& got, const std::vector<TableSpec>& want, const std::string& source) {
-  auto bad = [&](const std::string& what) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the ps tasks (from ", source, ") do not host this model's embedding tables: ", what,
-        " (every task must run the same config, with train.strategy allreduce)"));
-  };
-  if (!got.variables.empty()) {
-    return bad(absl::StrCat("they host ", got.variables.size(),
-                            " dense variables too (a ps task of a train.strategy ps config)"));
-  }
-  if (got.tables.size() != want.size()) return bad(absl::StrCat(got.tables.size(), " tables, the model has ", want.size()));
-  for (size_t t = 0; t < want.size(); ++t) {
-    const TableSpec& a = got.tables[t];
-    const TableSpec& b = want[t];
-    if (a.name != b.name || a.dim != b.dim || a.kind != b.kind || a.capacity != b.capacity) {
-      return bad(absl::StrCat("table ", t, " is '", a.name, "' (dim ", a.dim, ", ", a.capacity, " rows), the model's '",
-                              b.name, "' (dim ", b.dim, ", ", b.capacity, " rows)"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<TrainSummary> RunAllreduceRank(Job& job, const ClusterSpec& spec, ProgressReporter& progress,
@@ -291,7 +267,8 @@ absl::StatusOr<TrainSummary> RunAllreduceRank(Job& job, const ClusterSpec& spec,
   if (job.sync() == nullptr || !job.has_local_store()) {
     return absl::InternalError("allreduce: the job has no sync barrier or store of its own");
   }
-  if (tables != nullptr) SW_RETURN_IF_ERROR(CheckTablesLayout(tables->layout(), layout.tables, spec.source));
+  // Under allreduce the ps tasks host the model's tables only.
+  if (tables != nullptr) SW_RETURN_IF_ERROR(CheckPsLayout(tables->layout(), ModelLayout{{}, layout.tables}, "this rank"));
   SW_ASSIGN_OR_RETURN(std::unique_ptr<Collective> collective, ConnectRank(config, spec, progress));
   if (tables != nullptr && collective->rank() == 0 && !collective->joined_late()) {
     // A ps task starts closed: rank 0 opens them before the ranks first meet

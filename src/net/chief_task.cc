@@ -132,40 +132,6 @@ absl::Status CheckClusterCheckpoint(const CheckpointInfo& c, int num_ps, int sha
   return absl::OkStatus();
 }
 
-// The cluster's layout (ClusterParamStore::Connect has checked that every ps
-// task serves the same one, with the shard map's blocks) against the model
-// the chief's config describes.
-absl::Status CheckLayout(const StoreLayout& got, const ModelLayout& want) {
-  auto bad = [&](const std::string& what) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the ps tasks serve another model than the chief's config describes: ", what,
-        " (every task must run the same config)"));
-  };
-  if (got.variables.size() != want.variables.size()) {
-    return bad(absl::StrCat(got.variables.size(), " variables, the chief expects ", want.variables.size()));
-  }
-  for (size_t v = 0; v < want.variables.size(); ++v) {
-    const VariableSpec& a = got.variables[v];
-    const VariableSpec& b = want.variables[v];
-    if (a.name != b.name || a.rows != b.rows || a.cols != b.cols) {
-      return bad(absl::StrCat("variable ", v, " is ", a.name, " [", a.rows, ", ", a.cols, "], the chief's ", b.name,
-                              " [", b.rows, ", ", b.cols, "]"));
-    }
-  }
-  if (got.tables.size() != want.tables.size()) {
-    return bad(absl::StrCat(got.tables.size(), " tables, the chief expects ", want.tables.size()));
-  }
-  for (size_t t = 0; t < want.tables.size(); ++t) {
-    const TableSpec& a = got.tables[t];
-    const TableSpec& b = want.tables[t];
-    if (a.name != b.name || a.dim != b.dim || a.capacity != b.capacity || a.kind != b.kind) {
-      return bad(absl::StrCat("table ", t, " is ", a.name, " (dim ", a.dim, ", capacity ", a.capacity,
-                              "), the chief's ", b.name, " (dim ", b.dim, ", capacity ", b.capacity, ")"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<TrainSummary> RunChief(Job& job, const ClusterSpec& spec, ProgressReporter& progress,
@@ -208,7 +174,7 @@ absl::StatusOr<TrainSummary> RunChief(Job& job, const ClusterSpec& spec, Progres
   }
   SW_RETURN_IF_ERROR(connected.status());
   ClusterParamStore& cluster = **connected;
-  SW_RETURN_IF_ERROR(CheckLayout(cluster.layout(), model));
+  SW_RETURN_IF_ERROR(CheckPsLayout(cluster.layout(), model, "the chief"));
   std::vector<std::string> names;  // each ps task's store name, to tell a restart
   for (int i = 0; i < num_ps; ++i) {
     SW_ASSIGN_OR_RETURN(RemoteLayout layout, cluster.client(i).GetLayout());

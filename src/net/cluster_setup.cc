@@ -50,6 +50,37 @@ absl::StatusOr<std::unique_ptr<ClusterStoreConnection>> ConnectClusterStore(cons
   return c;
 }
 
+absl::Status CheckPsLayout(const StoreLayout& got, const ModelLayout& want, const std::string& who) {
+  auto bad = [&](const std::string& what) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ps tasks serve another model than ", who, "'s config describes: ", what,
+        " (every task must run the same config)"));
+  };
+  if (got.variables.size() != want.variables.size()) {
+    return bad(absl::StrCat(got.variables.size(), " variables, ", who, " expects ", want.variables.size()));
+  }
+  for (size_t v = 0; v < want.variables.size(); ++v) {
+    const VariableSpec& a = got.variables[v];
+    const VariableSpec& b = want.variables[v];
+    if (a.name != b.name || a.rows != b.rows || a.cols != b.cols) {
+      return bad(absl::StrCat("variable ", v, " is ", a.name, " [", a.rows, ", ", a.cols, "], ", who, "'s ", b.name,
+                              " [", b.rows, ", ", b.cols, "]"));
+    }
+  }
+  if (got.tables.size() != want.tables.size()) {
+    return bad(absl::StrCat(got.tables.size(), " tables, ", who, " expects ", want.tables.size()));
+  }
+  for (size_t t = 0; t < want.tables.size(); ++t) {
+    const TableSpec& a = got.tables[t];
+    const TableSpec& b = want.tables[t];
+    if (a.name != b.name || a.dim != b.dim || a.capacity != b.capacity || a.kind != b.kind) {
+      return bad(absl::StrCat("table ", t, " is ", a.name, " (dim ", a.dim, ", capacity ", a.capacity,
+                              "), ", who, "'s ", b.name, " (dim ", b.dim, ", capacity ", b.capacity, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 void TellPsTasksJobDone(ClusterParamStore& store, const std::string& from, const TaskLog& log) {
   for (int i = 0; i < store.num_ps(); ++i) {
     absl::StatusOr<bool> exiting = store.client(i).JobDone(from);

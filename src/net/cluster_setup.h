@@ -62,6 +62,12 @@ absl::StatusOr<std::unique_ptr<ClusterStoreConnection>> ConnectClusterStore(cons
                                                                             const TaskId& task, const TaskLog& log,
                                                                             int async_pushes = -1);
 
+// The ps tasks' layout (ClusterParamStore::Connect has checked that every
+// ps task serves the same one, with the shard map's blocks) against the
+// model `who` ("the chief", "rank 0") expects of them: FailedPrecondition
+// naming the first variable or table that differs.
+absl::Status CheckPsLayout(const StoreLayout& got, const ModelLayout& want, const std::string& who);
+
 // Tells every ps task of `store` that the job is done (ps.proto JobDone),
 // `from` naming the sender: those srun or mpirun started exit. A ps task
 // that cannot be told is reported on `log`; nothing fails.

@@ -88,6 +88,17 @@ TEST(AllreduceCli, OverlappedLayersTrainTheSameBitsAsOneCollective) {
   EXPECT_EQ(fingerprint[0], fingerprint[1]);
 }
 
+// The parameter fingerprints the ranks printed in `out` (mpirun's merged
+// output), one per training rank.
+std::vector<std::string> Fingerprints(const std::string& out) {
+  std::vector<std::string> prints;
+  for (const std::string& line : Lines(out)) {
+    const size_t at = line.find("(fingerprint ");
+    if (at != std::string::npos) prints.push_back(line.substr(at));
+  }
+  return prints;
+}
+
 // Debian's mpirun starting `np` ranks on this host (as root, Open MPI wants
 // to be told that is meant).
 std::vector<std::string> MpirunPrefix(int np) {
@@ -243,6 +254,29 @@ TEST(AllreduceCli, TablesNeedPsTasksAndPsTasksNeedTables) {
       EXPECT_NE(job.rank(r).Wait(), 0);
       EXPECT_NE(job.rank(r).err().find("has no ps task for them"), std::string::npos) << job.rank(r).err();
     }
+  }
+  {
+    // A ps task serving other tables (another table size) than the ranks'
+    // model: the rank says which, before meeting the others.
+    const std::vector<int> ports = testing_ports::FreePorts(3);
+    ASSERT_EQ(ports.size(), 3u);
+    const std::string spec = WriteHybridSpec(data, ports);
+    const std::string config = SHARDWILD_SOURCE_DIR "/configs/ctr_dlrm.yaml";
+    std::vector<std::string> ps_args = {"serve", config, "--cluster", spec, "--task-type", "ps", "--task-index", "0"};
+    std::vector<std::string> rank_args = {"train", config, "--cluster", spec, "--task-type", "worker", "--task-index",
+                                          "0"};
+    const std::vector<std::string> sets = SmallDlrm(data, "ar-other-tables");
+    ps_args.insert(ps_args.end(), sets.begin(), sets.end());
+    ps_args.insert(ps_args.end(), {"--set", "model.sparse.0.rows=500"});
+    rank_args.insert(rank_args.end(), sets.begin(), sets.end());
+    Child ps(ps_args);
+    const Result r = RunCli(rank_args);
+    EXPECT_NE(r.code(), 0);
+    EXPECT_NE(r.err.find("the ps tasks serve another model than this rank's config describes: table 0"),
+              std::string::npos)
+        << r.err;
+    kill(ps.pid(), SIGTERM);
+    ps.Wait();
   }
   if (!HaveFashionMnist()) return;
   const std::vector<int> ports = testing_ports::FreePorts(3);
@@ -582,12 +616,7 @@ TEST(AllreduceCli, MpirunStartsTheRanks) {
   const std::string out = run.out();
   EXPECT_NE(out.find("allreduce: rank 0 of 2"), std::string::npos) << out;
   EXPECT_NE(out.find("allreduce: rank 1 of 2"), std::string::npos) << out;
-  // Both ranks end with the same parameters.
-  std::vector<std::string> prints;
-  for (const std::string& line : Lines(out)) {
-    const size_t at = line.find("(fingerprint ");
-    if (at != std::string::npos) prints.push_back(line.substr(at));
-  }
+  const std::vector<std::string> prints = Fingerprints(out);
   ASSERT_EQ(prints.size(), 2u) << out;
   EXPECT_EQ(prints[0], prints[1]);
 }
@@ -613,11 +642,7 @@ TEST(AllreduceCli, MpirunRunsTheHybridAndItsPsTaskExits) {
   EXPECT_NE(out.find("(embedding tables only)"), std::string::npos) << out;
   EXPECT_NE(out.find("ps:0 is told the job is done and exits"), std::string::npos) << out;
   EXPECT_NE(out.find("ps:0: the job is done; stopping"), std::string::npos) << out;
-  std::vector<std::string> prints;
-  for (const std::string& line : Lines(out)) {
-    const size_t at = line.find("(fingerprint ");
-    if (at != std::string::npos) prints.push_back(line.substr(at));
-  }
+  const std::vector<std::string> prints = Fingerprints(out);
   ASSERT_EQ(prints.size(), 2u) << out;
   EXPECT_EQ(prints[0], prints[1]);
 }
