@@ -18,6 +18,7 @@
 #include "core/model/optimizer.h"
 #include "core/base/random.h"
 #include "core/base/status.h"
+#include "ps_shm/init_kernels.h"
 #include "ps_shm/row_seqlock.h"
 
 namespace shardwild {
@@ -259,12 +260,8 @@ uint64_t Checksum(const EmbeddingTableHeader& h) {
 
 // ---- Initial values -----------------------------------------------------------
 
-// Draw n of element j of the row keyed `row_key`: a pure function, so every
-// element is independent of every other and of the order of computation.
-inline uint64_t Draw(uint64_t row_key, int64_t j, uint64_t n) {
-  const uint64_t elem = Mix(row_key ^ (static_cast<uint64_t>(j) * 0xd1b54a32d192ed03ULL));
-  return Mix(elem + n * 0x9e3779b97f4a7c15ULL);
-}
+// Draw n of element j of the row keyed `row_key` (init_kernels.h).
+inline uint64_t Draw(uint64_t row_key, int64_t j, uint64_t n) { return RowElementDraw(row_key, j, n); }
 
 // Uniform in [0, 1) with 53 bits.
 inline double Unit(uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1.0p-53; }
@@ -285,8 +282,8 @@ void FillInitial(const RowInitializer& init, uint64_t row_key, int64_t j0, int64
       std::fill(out, out + n, 0.0f);
       return;
     case RowInitializer::Kind::kUniform: {
-      const double a = init.a, w = static_cast<double>(init.b) - init.a;
-      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(a + w * Unit(Draw(row_key, j0 + i, 0)));
+      // a + w * Unit(Draw(row_key, j, 0)), vectorised.
+      UniformRowValues(row_key, j0, n, init.a, static_cast<double>(init.b) - init.a, out);
       return;
     }
     case RowInitializer::Kind::kNormal:
