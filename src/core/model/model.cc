@@ -40,10 +40,13 @@ void ReserveOnHugePages(std::vector<T>* v, size_t n) {
   if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
 }
 
-// Asks for [begin, begin + bytes) to be brought into L2 (a hint: no fault, no effect on values).
+// Asks for [begin, begin + bytes) to be brought into L1 (a hint: no fault,
+// no effect on values). Locality 3, prefetcht0: with prefetcht1 the lines a
+// worker asked for after its forward were missed again at the next batch's
+// copy (text config on the Zen 4 VM: data phase 1.4 -> 0.85 us a step).
 inline void PrefetchLines(const void* begin, size_t bytes) {
   const char* p = static_cast<const char*>(begin);
-  for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 2);
+  for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
 }
 
 inline uint64_t StoreId(uint64_t raw, int64_t static_rows) {
@@ -541,9 +544,9 @@ void Model::FinishLoad(int64_t n) {
 void Model::PrefetchRecord(const Dataset& data, int64_t r, const PackedRecords* packed) const {
   // The label (or target) is a miss of its own once the data set outgrows the caches.
   if (head_ == HeadType::kRegression) {
-    if (!data.targets.empty()) __builtin_prefetch(data.targets.data() + r, 0, 2);
+    if (!data.targets.empty()) __builtin_prefetch(data.targets.data() + r, 0, 3);
   } else if (!data.labels.empty()) {
-    __builtin_prefetch(data.labels.data() + r, 0, 2);
+    __builtin_prefetch(data.labels.data() + r, 0, 3);
   }
   if (packed != nullptr && packed->has_dense_bytes()) {
     PrefetchLines(packed->dense_bytes.data() + r * dense_dim_, static_cast<size_t>(dense_dim_));
@@ -558,21 +561,37 @@ void Model::PrefetchRecord(const Dataset& data, int64_t r, const PackedRecords* 
 
 void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed) {
   for (LookupState& st : lookups_) st.count = 0;
-  // Records are scattered over the data set: keep the next few in flight
-  // while one is copied (a copy alone waits for each record's first lines).
-  // A packed record is found through start[r], itself a miss: its word is
-  // fetched twice as far ahead as the block it points to.
+  // Records are scattered over the data set. Their first lines (the start
+  // words, the labels, the packed blocks' counts) are loaded all at once
+  // first; then, while one record is copied, the next few's remaining lines
+  // (long blocks, dense rows) are in flight.
   constexpr int64_t kAhead = 3;
-  auto prefetch = [&](int64_t s) { PrefetchRecord(data, records[s], packed); };
-  auto prefetch_start = [&](int64_t s) { PrefetchRecordStart(records[s], packed); };
-  for (int64_t s = 0; s < std::min(2 * kAhead, n); ++s) prefetch_start(s);
-  for (int64_t s = 0; s < std::min(kAhead, n); ++s) prefetch(s);
+  TouchBatch(data, records, n, packed);
+  for (int64_t s = 0; s < std::min(kAhead, n); ++s) PrefetchRecord(data, records[s], packed);
   for (int64_t s = 0; s < n; ++s) {
-    if (s + 2 * kAhead < n) prefetch_start(s + 2 * kAhead);
-    if (s + kAhead < n) prefetch(s + kAhead);
+    if (s + kAhead < n) PrefetchRecord(data, records[s + kAhead], packed);
     LoadRecord(data, records[s], s, packed);
   }
   FinishLoad(n);
+}
+
+void Model::TouchBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed) const {
+  // Loads, not prefetches: LoadRecord waits for each record's first lines
+  // in turn, and prefetches issued a few records ahead still left it waiting.
+  // Independent loads of every record's first lines overlap all their misses
+  // (text config, 16-record batches: data phase 2.1 -> 1.5 us a step).
+  uint64_t sink = 0;
+  const bool ids = packed != nullptr && packed->has_ids();
+  const int32_t* labels = data.labels.empty() ? nullptr : data.labels.data();
+  for (int64_t s = 0; s < n; ++s) {
+    if (ids) sink += packed->start[records[s]];
+    if (labels != nullptr) sink += static_cast<uint32_t>(labels[records[s]]);
+  }
+  if (ids) {
+    // The block's first word (its counts), whose address the pass above loaded.
+    for (int64_t s = 0; s < n; ++s) sink += packed->words[packed->start[records[s]]];
+  }
+  asm volatile("" : : "r"(sink));
 }
 
 void Model::LoadRange(const Dataset& data, int64_t first, int64_t n) {

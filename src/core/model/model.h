@@ -205,10 +205,10 @@ class Model {
   // effect on any value.
   void PrefetchRecord(const Dataset& data, int64_t r, const PackedRecords* packed) const;
   // Only the word that locates record r's packed ids, which PrefetchRecord
-  // reads (a miss of its own): LoadBatch issues it twice as far ahead,
-  // a worker for a whole batch before PrefetchRecord.
+  // reads (a miss of its own): a worker issues it for a whole batch before
+  // PrefetchRecord (LoadBatch loads it, in TouchBatch).
   void PrefetchRecordStart(int64_t r, const PackedRecords* packed) const {
-    if (packed != nullptr && packed->has_ids()) __builtin_prefetch(packed->start.data() + r, 0, 2);
+    if (packed != nullptr && packed->has_ids()) __builtin_prefetch(packed->start.data() + r, 0, 3);
   }
   // `data` packed for this model (PackedRecords): the ids unless there are
   // no lookups or a weighted lookup's field carries weights (they stay in
@@ -266,6 +266,9 @@ class Model {
   // With `packed`, the lookups' ids come from its block of `record`.
   void LoadRecord(const Dataset& data, int64_t record, int64_t slot, const PackedRecords* packed = nullptr);
   void FinishLoad(int64_t n);
+  // Loads the first lines of the batch's records (labels, packed blocks) all
+  // at once, before LoadRecord copies them one by one.
+  void TouchBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed) const;
   void AddWide();  // adds the wide lookups' terms to the logits
 
   ModelSpec spec_;
