@@ -68,6 +68,7 @@ absl::Status PsServerOptions::Validate() const {
   }
   SW_RETURN_IF_ERROR(CheckMessageBytes("cluster.max_message_bytes", max_message_bytes));
   if (max_push_bytes < 1) return Bad("max_push_bytes", absl::StrCat("must be >= 1, got ", max_push_bytes));
+  if (checkpoint_keep < 1) return Bad("checkpoint_keep", absl::StrCat("must be >= 1, got ", checkpoint_keep));
   return CheckKeepalive(keepalive_s);
 }
 

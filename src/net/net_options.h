@@ -37,6 +37,9 @@ struct PsServerOptions {
   // Where SaveShard writes checkpoints and RestoreShard reads them; empty =
   // both answer FAILED_PRECONDITION. Requests name steps, never paths.
   std::string checkpoint_dir;
+  // Complete checkpoints SaveShard keeps there, oldest pruned first
+  // (checkpoint.keep of the job's config). >= 1.
+  int checkpoint_keep = 5;
   // This task's name for messages ("ps:0").
   std::string task_name = "ps";
   // Closed: pulls and pushes answer UNAVAILABLE (clients retry) and

@@ -33,6 +33,7 @@ class PsServer::Impl {
                             .max_chunk_floats = (options.max_message_bytes - 1024) / int64_t{sizeof(float)},
                             .max_push_bytes = options.max_push_bytes,
                             .checkpoint_dir = options.checkpoint_dir,
+                            .checkpoint_keep = options.checkpoint_keep,
                             .task_name = options.task_name,
                             .start_closed = options.start_closed,
                             .exit_when_done = options.exit_when_done}),

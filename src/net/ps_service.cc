@@ -488,7 +488,9 @@ absl::Status PsService::SaveShard(const net::SaveShardRequest& request, net::Sav
   MutexLock lock(&checkpoint_mu_);
   CheckpointState state;
   state.step = request.step();
-  SW_ASSIGN_OR_RETURN(const std::string path, WriteCheckpoint(options_.checkpoint_dir, *store_, state));
+  CheckpointWriteOptions write;
+  write.keep = options_.checkpoint_keep;
+  SW_ASSIGN_OR_RETURN(const std::string path, WriteCheckpoint(options_.checkpoint_dir, *store_, state, write));
   out->set_path(path);
   out->set_version(store_->version());
   return absl::OkStatus();

@@ -42,6 +42,8 @@ class PsService {
     int64_t max_push_bytes = int64_t{1} << 30;
     // SaveShard / RestoreShard directory; empty = FailedPrecondition.
     std::string checkpoint_dir;
+    // PsServerOptions::checkpoint_keep.
+    int checkpoint_keep = 5;
     // For messages ("ps:0").
     std::string task_name = "ps";
     // PsServerOptions::start_closed: pulls and pushes are UNAVAILABLE and

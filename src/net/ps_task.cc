@@ -71,6 +71,10 @@ absl::Status RunPsTask(const Config& config, const ClusterSpec& spec, int index,
   server_options.exit_when_done = launched;
   if (!config.checkpoint.dir.empty()) {
     server_options.checkpoint_dir = absl::StrCat(config.checkpoint.dir, "/ps-", index);
+    // One more than the chief keeps: a ps task saves before the chief commits
+    // the checkpoint that names its step, so when that commit never comes the
+    // chief's oldest kept checkpoint still finds its shards here.
+    server_options.checkpoint_keep = config.checkpoint.keep + 1;
   }
   SW_ASSIGN_OR_RETURN(std::unique_ptr<PsServer> server, PsServer::Start(server_options, store.get()));
   log(absl::StrCat(task.ToString(), ": serving shards [", map.first_shard(index), ", ",

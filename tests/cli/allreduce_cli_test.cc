@@ -194,7 +194,8 @@ TEST(AllreduceCli, HybridCheckpointsResumeWithTheirTables) {
     const std::vector<std::string> sets = SmallDlrm(data, "ar-hybrid-ckpt");
     a.insert(a.end(), sets.begin(), sets.end());
     // 78 rounds an epoch (20,000 records over 2 ranks, batch 128).
-    a.insert(a.end(), {"--set", "checkpoint.dir=" + ckpt, "--set", "checkpoint.every_steps=25"});
+    a.insert(a.end(), {"--set", "checkpoint.dir=" + ckpt, "--set", "checkpoint.every_steps=25", "--set",
+                       "checkpoint.keep=2"});
     if (command == "train") a.push_back("--json");
     return a;
   };
@@ -240,6 +241,13 @@ TEST(AllreduceCli, HybridCheckpointsResumeWithTheirTables) {
   }
   EXPECT_TRUE(killed) << "the first run ended before it could be killed after its first checkpoint";
   EXPECT_TRUE(fs::exists(fs::path(ckpt) / "ps-0"));
+  // checkpoint.keep=2 reaches the ps task, which keeps one more (it saves
+  // before rank 0 commits): the run saved more than that.
+  int ps_checkpoints = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(ckpt) / "ps-0")) {
+    if (e.path().filename().string().rfind("ckpt-", 0) == 0) ++ps_checkpoints;
+  }
+  EXPECT_EQ(ps_checkpoints, 3);
 }
 
 // Tables without ps tasks, and ps tasks without tables: one clear error on

@@ -7,6 +7,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 #include <cmath>
@@ -938,6 +939,36 @@ TEST(PsServerTest, SaveAndRestoreShard) {
   std::unique_ptr<PsClient> bare_client = Connect(ClientOptions(*bare));
   ASSERT_TRUE(bare_client);
   EXPECT_EQ(bare_client->SaveShard(1).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// SaveShard keeps PsServerOptions::checkpoint_keep checkpoints, the newest.
+TEST(PsServerTest, SaveShardKeepsItsCheckpointKeep) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("ps_server_test_keep_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  std::unique_ptr<ShmParamStore> store = MakeStore();
+  ASSERT_TRUE(store);
+  PsServerOptions o;
+  o.token = kToken;
+  o.task_name = "ps:0";
+  o.checkpoint_dir = dir.string();
+  o.checkpoint_keep = 2;
+  absl::StatusOr<std::unique_ptr<PsServer>> server = PsServer::Start(o, store.get());
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<PsClient> client = Connect(ClientOptions(**server));
+  ASSERT_TRUE(client);
+  for (int64_t step : {1, 2, 3, 4}) ASSERT_TRUE(client->SaveShard(step).ok()) << step;
+  std::vector<std::string> kept;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("ckpt-", 0) == 0) kept.push_back(name);
+  }
+  std::sort(kept.begin(), kept.end());
+  EXPECT_EQ(kept, (std::vector<std::string>{"ckpt-3", "ckpt-4"}));
+  fs::remove_all(dir);
+  o.checkpoint_keep = 0;
+  const absl::Status bad = PsServer::Start(o, store.get()).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(bad.message()).find("checkpoint_keep: must be >= 1, got 0"), std::string::npos) << bad;
 }
 
 // A server started closed (a ps task, until its chief opens it) serves no
