@@ -260,16 +260,11 @@ uint64_t Checksum(const EmbeddingTableHeader& h) {
 
 // ---- Initial values -----------------------------------------------------------
 
-// Draw n of element j of the row keyed `row_key` (init_kernels.h).
-inline uint64_t Draw(uint64_t row_key, int64_t j, uint64_t n) { return RowElementDraw(row_key, j, n); }
-
-// Uniform in [0, 1) with 53 bits.
-inline double Unit(uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1.0p-53; }
 
 // A standard normal by Box-Muller from draws n and n+1.
 inline double StdNormal(uint64_t row_key, int64_t j, uint64_t n) {
-  const double u1 = 1.0 - Unit(Draw(row_key, j, n));  // (0, 1]
-  const double u2 = Unit(Draw(row_key, j, n + 1));
+  const double u1 = 1.0 - RowUnit(RowElementDraw(row_key, j, n));  // (0, 1]
+  const double u2 = RowUnit(RowElementDraw(row_key, j, n + 1));
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
 }
 
@@ -282,7 +277,7 @@ void FillInitial(const RowInitializer& init, uint64_t row_key, int64_t j0, int64
       std::fill(out, out + n, 0.0f);
       return;
     case RowInitializer::Kind::kUniform: {
-      // a + w * Unit(Draw(row_key, j, 0)), vectorised.
+      // a + w * RowUnit(RowElementDraw(row_key, j, 0)), vectorised.
       UniformRowValues(row_key, j0, n, init.a, static_cast<double>(init.b) - init.a, out);
       return;
     }

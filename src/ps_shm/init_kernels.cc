@@ -12,26 +12,6 @@
 #include "core/base/random.h"
 #include "ps_shm/init_kernels.h"
 
-// Once, not per target.
-#ifndef SHARDWILD_PS_SHM_INIT_KERNELS_ONCE
-#define SHARDWILD_PS_SHM_INIT_KERNELS_ONCE
-namespace shardwild {
-namespace init_detail {
-
-constexpr uint64_t kElementMul = 0xd1b54a32d192ed03ULL;
-constexpr uint64_t kDrawMul = 0x9e3779b97f4a7c15ULL;
-
-// The scalar expression, for the tails and for RowElementDraw.
-inline float UniformScalar(uint64_t row_key, int64_t j, double a, double w) {
-  const uint64_t elem = SplitMix64Mix(row_key ^ (static_cast<uint64_t>(j) * kElementMul));
-  const double u = static_cast<double>(SplitMix64Mix(elem) >> 11) * 0x1.0p-53;
-  return static_cast<float>(a + w * u);
-}
-
-}  // namespace init_detail
-}  // namespace shardwild
-#endif  // SHARDWILD_PS_SHM_INIT_KERNELS_ONCE
-
 HWY_BEFORE_NAMESPACE();
 namespace shardwild {
 namespace HWY_NAMESPACE {
@@ -41,9 +21,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 // 32-bit ones elsewhere; both exact modulo 2^64).
 template <class D, class V>
 HWY_INLINE V MixLanes(D d, V x) {
-  x = hn::Add(x, hn::Set(d, 0x9e3779b97f4a7c15ULL));
-  x = hn::Mul(hn::Xor(x, hn::ShiftRight<30>(x)), hn::Set(d, 0xbf58476d1ce4e5b9ULL));
-  x = hn::Mul(hn::Xor(x, hn::ShiftRight<27>(x)), hn::Set(d, 0x94d049bb133111ebULL));
+  x = hn::Add(x, hn::Set(d, kSplitMix64Gamma));
+  x = hn::Mul(hn::Xor(x, hn::ShiftRight<30>(x)), hn::Set(d, kSplitMix64Mul1));
+  x = hn::Mul(hn::Xor(x, hn::ShiftRight<27>(x)), hn::Set(d, kSplitMix64Mul2));
   return hn::Xor(x, hn::ShiftRight<31>(x));
 }
 
@@ -54,7 +34,7 @@ void UniformRowValuesImpl(uint64_t row_key, int64_t j0, int64_t n, double a, dou
   const hn::Rebind<float, decltype(dd)> df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(du));
   const auto key = hn::Set(du, row_key);
-  const auto element_mul = hn::Set(du, init_detail::kElementMul);
+  const auto element_mul = hn::Set(du, kRowElementMul);
   const auto step = hn::Set(du, static_cast<uint64_t>(lanes));
   const auto scale = hn::Set(dd, 0x1.0p-53);
   const auto va = hn::Set(dd, a);
@@ -68,7 +48,8 @@ void UniformRowValuesImpl(uint64_t row_key, int64_t j0, int64_t n, double a, dou
     hn::StoreU(hn::DemoteTo(df, hn::Add(va, hn::Mul(vw, u))), df, out + i);
     j = hn::Add(j, step);
   }
-  for (; i < n; ++i) out[i] = init_detail::UniformScalar(row_key, j0 + i, a, w);
+  // The tail: the scalar expression (separate multiply and add, as above).
+  for (; i < n; ++i) out[i] = static_cast<float>(a + w * RowUnit(RowElementDraw(row_key, j0 + i, 0)));
 }
 
 }  // namespace HWY_NAMESPACE
@@ -79,11 +60,6 @@ HWY_AFTER_NAMESPACE();
 namespace shardwild {
 
 HWY_EXPORT(UniformRowValuesImpl);
-
-uint64_t RowElementDraw(uint64_t row_key, int64_t j, uint64_t n) {
-  const uint64_t elem = SplitMix64Mix(row_key ^ (static_cast<uint64_t>(j) * init_detail::kElementMul));
-  return SplitMix64Mix(elem + n * init_detail::kDrawMul);
-}
 
 void UniformRowValues(uint64_t row_key, int64_t j0, int64_t n, double a, double w, float* out) {
   if (n > 0) HWY_DYNAMIC_DISPATCH(UniformRowValuesImpl)(row_key, j0, n, a, w, out);
