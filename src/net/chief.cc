@@ -4,6 +4,7 @@
 #include <grpcpp/resource_quota.h>
 
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <thread>
@@ -11,6 +12,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/base/mutex.h"
 #include "core/base/status.h"
@@ -79,6 +82,8 @@ struct FunctionLink {
 struct SlotEntry {
   bool open = false;                 // a session may attach (Spawn'd, not reaped)
   bool opened_before = false;        // Spawn'd at least once (else the loop has not started it yet)
+  bool joined = false;               // a session attached at least once
+  bool told_over = false;            // a hello was answered "the job is over"
   std::shared_ptr<Inbox> inbox;      // this opening's incoming lines
   std::shared_ptr<SessionState> session;  // attached, until reaped
 };
@@ -105,6 +110,7 @@ class RemoteWorkers::Impl final : public net::Chief::Service {
  public:
   explicit Impl(const ChiefServerOptions& options)
       : options_(options),
+        started_(std::chrono::steady_clock::now()),
         slots_(static_cast<size_t>(options.worker_tasks * options.threads_per_task)),
         functions_(static_cast<size_t>(options.worker_tasks)) {}
 
@@ -186,17 +192,22 @@ class RemoteWorkers::Impl final : public net::Chief::Service {
     {
       MutexLock lock(&mu_);
       SlotEntry& e = slots_[index];
-      if (!shut_down_ && !e.open && !e.opened_before) {
+      if (!shut_down_ && !job_over_ && !e.open && !e.opened_before) {
         // The loop has not opened its slots yet (the chief is still setting
         // up, or running scheduled functions before training).
         return grpc::Status(grpc::StatusCode::ABORTED,
                             absl::StrCat(options_.server.task_name, ": worker:", task, " thread ", thread,
                                          ": the chief has not opened this slot yet; retry"));
       }
-      if (shut_down_ || !e.open) {
+      if (shut_down_ || job_over_ || !e.open) {
+        const bool over = shut_down_ || job_over_;
+        if (over && !e.told_over) {
+          e.told_over = true;
+          slots_changed_.SignalAll();
+        }
         return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                             absl::StrCat(options_.server.task_name, ": worker:", task, " thread ", thread,
-                                         shut_down_ ? ": the job is over" : ": the chief gave up on this slot"));
+                                         over ? ": the job is over" : ": the chief gave up on this slot"));
       }
       if (e.session != nullptr) {
         return grpc::Status(grpc::StatusCode::ABORTED,
@@ -209,6 +220,7 @@ class RemoteWorkers::Impl final : public net::Chief::Service {
         session->stream = stream;
       }
       e.session = session;
+      e.joined = true;
       inbox = e.inbox;
     }
     net::SessionLine msg;
@@ -327,6 +339,40 @@ class RemoteWorkers::Impl final : public net::Chief::Service {
 
   // ---- The loop's side ----
 
+  // The job is over: every hello from now on is answered so (its worker
+  // thread then exits cleanly).
+  void EndJob() {
+    MutexLock lock(&mu_);
+    job_over_ = true;
+  }
+
+  // Waits until every slot that never had a session has been told the job
+  // is over, or options.late_join_wait_s after Start; says what it waits
+  // for, and who it gave up on.
+  void WaitForLateJoiners() {
+    const auto deadline = started_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                         std::chrono::duration<double>(options_.late_join_wait_s));
+    std::vector<std::string> waiting = Untold();
+    if (waiting.empty()) return;
+    const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+    if (left > 0) {
+      Say(absl::StrFormat("%s: the job is over; waiting up to %.1f s more (train.task_timeout_s from the chief's "
+                          "start) for %s, which never joined, to hear so",
+                          options_.server.task_name, left, absl::StrJoin(waiting, ", ")));
+      {
+        MutexLock lock(&mu_);
+        slots_changed_.WaitFor(&mu_, deadline - std::chrono::steady_clock::now(),
+                               [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return UntoldLocked().empty(); });
+      }
+      waiting = Untold();
+    }
+    if (!waiting.empty()) {
+      Say(absl::StrCat("warning: ", options_.server.task_name, ": ", absl::StrJoin(waiting, ", "),
+                       " never joined; such a worker task stops on its own after train.task_timeout_s without the "
+                       "chief"));
+    }
+  }
+
   absl::StatusOr<std::shared_ptr<Inbox>> Open(int index) {
     SW_ASSIGN_OR_RETURN(std::shared_ptr<Inbox> inbox, Inbox::Create());
     MutexLock lock(&mu_);
@@ -366,7 +412,27 @@ class RemoteWorkers::Impl final : public net::Chief::Service {
   int worker_tasks() const { return options_.worker_tasks; }
 
  private:
+  std::string SlotName(int index) const {
+    return absl::StrCat("worker:", index / options_.threads_per_task, " thread ", index % options_.threads_per_task);
+  }
+  // The slots that never had a session and were not told the job is over.
+  std::vector<std::string> UntoldLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<std::string> names;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (!slots_[i].joined && !slots_[i].told_over) names.push_back(SlotName(static_cast<int>(i)));
+    }
+    return names;
+  }
+  std::vector<std::string> Untold() {
+    MutexLock lock(&mu_);
+    return UntoldLocked();
+  }
+  void Say(const std::string& line) const {
+    if (options_.log) options_.log(line);
+  }
+
   const ChiefServerOptions options_;
+  const std::chrono::steady_clock::time_point started_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 
@@ -375,6 +441,8 @@ class RemoteWorkers::Impl final : public net::Chief::Service {
   std::vector<std::shared_ptr<FunctionLink>> functions_ ABSL_GUARDED_BY(mu_);  // [worker task]: its open stream
   CondVar functions_changed_;  // a function stream opened or ended
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool job_over_ ABSL_GUARDED_BY(mu_) = false;  // ExitAll came: hellos are told so
+  CondVar slots_changed_;  // a slot's told_over became true
 };
 
 namespace {
@@ -388,6 +456,10 @@ bool SessionChannel::Send(const std::string& line) {
 
 absl::StatusOr<std::unique_ptr<RemoteWorkers>> RemoteWorkers::Start(const ChiefServerOptions& options) {
   SW_RETURN_IF_ERROR(options.server.Validate());
+  if (!(options.late_join_wait_s >= 0) || !std::isfinite(options.late_join_wait_s)) {
+    return absl::InvalidArgumentError(absl::StrCat("the chief's late_join_wait_s must be a finite number >= 0, got ",
+                                                   options.late_join_wait_s));
+  }
   if (options.worker_tasks < 1 || options.threads_per_task < 1) {
     return absl::InvalidArgumentError(absl::StrCat("the chief needs at least one worker task and thread, got ",
                                                    options.worker_tasks, " x ", options.threads_per_task));
@@ -423,6 +495,7 @@ int RemoteWorkers::Reap(Slot& slot, bool /*kill_first*/) {
 }
 
 void RemoteWorkers::ExitAll(double grace_s) {
+  impl_->EndJob();
   std::vector<std::shared_ptr<SessionState>> sessions;
   for (Slot& s : slots()) {
     if (s.pid <= 0) continue;
@@ -440,6 +513,7 @@ void RemoteWorkers::ExitAll(double grace_s) {
   for (Slot& s : slots()) {
     if (s.pid > 0) Reap(s, /*kill_first=*/true);
   }
+  impl_->WaitForLateJoiners();
 }
 
 bool RemoteWorkers::awaiting(const Slot& slot) const { return slot.pid > 0 && impl_->Awaiting(slot.index); }

@@ -33,6 +33,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -48,6 +49,15 @@ struct ChiefServerOptions {
   PsServerOptions server;
   int worker_tasks = 1;      // W >= 1
   int threads_per_task = 1;  // T >= 1
+  // When the job is over (ExitAll), how long after Start the chief keeps
+  // answering "the job is over" for the slots whose worker thread never
+  // joined, so a worker task that started late exits cleanly instead of
+  // finding no chief and failing after its own train.task_timeout_s. The
+  // chief task passes train.task_timeout_s, the worker tasks' patience; 0
+  // waits for no one.
+  double late_join_wait_s = 0;
+  // Where the chief says what it waits for (a progress line); may be empty.
+  std::function<void(const std::string&)> log;
 };
 
 class RemoteWorkers final : public TaskWorkers {
@@ -62,7 +72,10 @@ class RemoteWorkers final : public TaskWorkers {
   absl::Status Spawn(Slot& slot) override;
   int Reap(Slot& slot, bool kill_first) override;
   // Sends `exit` to every connected slot and waits up to `grace_s` for the
-  // sessions to end; then ends the rest.
+  // sessions to end; then ends the rest. From here on a hello is answered
+  // "the job is over" (FAILED_PRECONDITION, which a worker task takes as
+  // its end), and slots that never had a session are waited for until
+  // options.late_join_wait_s after Start.
   void ExitAll(double grace_s) override;
   bool processes() const override { return true; }
   bool start_failures_fatal() const override { return false; }

@@ -203,6 +203,8 @@ absl::StatusOr<TrainSummary> RunChief(Job& job, const ClusterSpec& spec, Progres
     SW_ASSIGN_OR_RETURN(co.server, MakePsServerOptions(config.cluster, spec, TaskId{Role::kChief, 0}));
     co.worker_tasks = workers_tasks;
     co.threads_per_task = threads;
+    co.late_join_wait_s = config.train.task_timeout_s;
+    co.log = [&progress](const std::string& line) { progress.Line(line); };
     SW_ASSIGN_OR_RETURN(std::unique_ptr<RemoteWorkers> w, RemoteWorkers::Start(co));
     progress.Line(absl::StrCat("chief: waiting for ", workers_tasks * threads, " worker threads on ",
                                co.server.bind_address));

@@ -6,11 +6,14 @@
 #include <poll.h>
 
 #include <chrono>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/base/mutex.h"
 #include "gtest/gtest.h"
 #include "net/chief.grpc.pb.h"
 #include "net/grpc_util.h"
@@ -24,13 +27,26 @@ using Session = grpc::ClientReaderWriter<net::SessionLine, net::SessionLine>;
 
 class ChiefTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { StartChief(/*late_join_wait_s=*/0); }
+
+  // (Re)starts the chief's service: 2 worker tasks of 1 thread.
+  void StartChief(double late_join_wait_s) {
+    workers_.reset();
+    {
+      MutexLock lock(&log_mu_);
+      log_.clear();
+    }
     ChiefServerOptions o;
     o.server.bind_address = "127.0.0.1:0";
     o.server.task_name = "chief:0";
     o.server.token = kToken;
     o.worker_tasks = 2;
     o.threads_per_task = 1;
+    o.late_join_wait_s = late_join_wait_s;
+    o.log = [this](const std::string& line) {
+      MutexLock lock(&log_mu_);
+      log_.push_back(line);
+    };
     absl::StatusOr<std::unique_ptr<RemoteWorkers>> w = RemoteWorkers::Start(o);
     ASSERT_TRUE(w.ok()) << w.status();
     workers_ = *std::move(w);
@@ -83,6 +99,23 @@ class ChiefTest : public ::testing::Test {
     return std::nullopt;
   }
 
+  // The chief's log so far, joined by newlines.
+  std::string Log() {
+    MutexLock lock(&log_mu_);
+    return absl::StrJoin(log_, "\n");
+  }
+  // Waits up to 10 s for a log line containing `text`.
+  bool WaitForLog(const std::string& text) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (Log().find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+  Mutex log_mu_;
+  std::vector<std::string> log_ ABSL_GUARDED_BY(log_mu_);
   std::unique_ptr<RemoteWorkers> workers_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<net::Chief::Stub> stub_;
@@ -148,6 +181,58 @@ TEST_F(ChiefTest, LinesFlowBothWaysAndTheEndIsSeen) {
   (void)back.stream->Finish();
   exiter.join();
   for (const Slot& s : workers_->slots()) EXPECT_LE(s.pid, 0);
+}
+
+TEST_F(ChiefTest, AWorkerTaskThatNeverJoinedHearsTheJobIsOver) {
+  // A worker task slow to start: the job ends before it joins. The chief
+  // waits for it (up to late_join_wait_s after its start) and tells it the
+  // job is over, so it exits cleanly instead of finding no chief.
+  StartChief(/*late_join_wait_s=*/120);
+  for (Slot& s : workers_->slots()) ASSERT_TRUE(workers_->Spawn(s).ok());
+  Slot& joined = workers_->slots()[1];
+  Open w = Connect({"hello 1 0 1", "ready 4242 100 10"});
+  ASSERT_EQ(NextLine(joined), "ready 4242 100 10");
+  std::future<void> exiter = std::async(std::launch::async, [&] { workers_->ExitAll(/*grace_s=*/5); });
+  EXPECT_EQ(w.Read(), "exit");
+  w.stream->WritesDone();
+  (void)w.stream->Finish();
+  ASSERT_TRUE(WaitForLog("for worker:0 thread 0, which never joined, to hear so")) << Log();
+  EXPECT_EQ(exiter.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout)
+      << "ExitAll did not wait for the worker task that never joined";
+  const grpc::Status late = Refused({"hello 0 0 1"});
+  EXPECT_EQ(late.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(late.error_message().find("worker:0 thread 0: the job is over"), std::string::npos)
+      << late.error_message();
+  // Told, it is waited for no longer (long before the 120 s).
+  ASSERT_EQ(exiter.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_EQ(Log().find("never joined; such a worker task stops on its own"), std::string::npos) << Log();
+  // The joined worker task was not waited for: it heard `exit`.
+  EXPECT_EQ(Log().find("worker:1 thread 0"), std::string::npos) << Log();
+}
+
+TEST_F(ChiefTest, TheWaitForAWorkerTaskThatNeverJoinsEnds) {
+  StartChief(/*late_join_wait_s=*/0.5);
+  for (Slot& s : workers_->slots()) ASSERT_TRUE(workers_->Spawn(s).ok());
+  std::future<void> exiter = std::async(std::launch::async, [&] { workers_->ExitAll(/*grace_s=*/5); });
+  ASSERT_EQ(exiter.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_TRUE(WaitForLog("warning: chief:0: worker:0 thread 0, worker:1 thread 0 never joined")) << Log();
+  // Without a wait (late_join_wait_s 0, past the deadline) it says so at once.
+  StartChief(/*late_join_wait_s=*/0);
+  for (Slot& s : workers_->slots()) ASSERT_TRUE(workers_->Spawn(s).ok());
+  workers_->ExitAll(/*grace_s=*/5);
+  EXPECT_EQ(Log().find("waiting up to"), std::string::npos) << Log();
+}
+
+TEST(ChiefOptionsTest, RejectsABadLateJoinWait) {
+  ChiefServerOptions o;
+  o.server.bind_address = "127.0.0.1:0";
+  o.server.task_name = "chief:0";
+  o.server.token = kToken;
+  o.late_join_wait_s = -1;
+  absl::StatusOr<std::unique_ptr<RemoteWorkers>> w = RemoteWorkers::Start(o);
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("late_join_wait_s must be a finite number >= 0, got -1"), std::string::npos)
+      << w.status();
 }
 
 }  // namespace
