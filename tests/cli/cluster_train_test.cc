@@ -241,6 +241,41 @@ TEST(ClusterTrainTest, TwoPsTwoWorkersTrainLikeOneNode) {
   EXPECT_TRUE(ShmEntriesContaining("cl-train").empty()) << "shared memory left behind";
 }
 
+// A worker task that starts only after training is over (slow to start, a
+// short job): the chief waits for it and tells it the job is over, and both
+// exit with 0, instead of the worker task finding no chief and failing after
+// train.task_timeout_s.
+TEST(ClusterTrainTest, AWorkerTaskThatComesAfterTheJobExitsCleanly) {
+  SKIP_WITHOUT_DATA();
+  Cluster c(1, 2, Settings("cl-late", {"train.epochs=1", "train.task_timeout_s=120"}));
+  ASSERT_TRUE(c.ok());
+  c.StartPs(0);
+  c.StartWorker(0);
+  c.StartChief();
+  auto chief_says = [&c](const std::string& part) {
+    return WaitForOutput(
+        c.chief(), [&](const std::string&) { return Has(c.chief().out() + c.chief().err(), part); },
+        std::chrono::seconds(120));
+  };
+  ASSERT_TRUE(chief_says("for worker:1 thread 0, which never joined, to hear so")) << Describe(c, 1, 1);
+  ASSERT_TRUE(c.chief().running()) << Describe(c, 1, 1);
+  c.StartWorker(1);
+  const int status = c.chief().Wait();
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << Describe(c, 1, 2);
+  EXPECT_FALSE(Has(c.chief().out() + c.chief().err(), "never joined; such a worker task")) << Describe(c, 1, 2);
+  const json j = LastLineJson(c.chief().out());
+  ASSERT_TRUE(j.is_object()) << c.chief().out();
+  EXPECT_EQ(j["records_seen"].get<int64_t>(), 12000);
+  for (int i = 0; i < 2; ++i) {
+    const int ws = c.worker(i).Wait();
+    EXPECT_TRUE(WIFEXITED(ws) && WEXITSTATUS(ws) == 0) << Describe(c, 1, 2);
+  }
+  EXPECT_TRUE(Has(c.worker(1).out() + c.worker(1).err(), "worker:1 thread 0: the job is over")) << Describe(c, 1, 2);
+  c.StopAll();
+  EXPECT_TRUE(WIFEXITED(c.ps(0).Wait())) << c.ps(0).err();
+  EXPECT_TRUE(ShmEntriesContaining("cl-late").empty()) << "shared memory left behind";
+}
+
 // Streamed data (data.stream) on a cluster: the chief (for the record
 // counts), the ps task (for the shape) and both worker tasks (for the
 // records) open data.train's columnar cache. On one machine they build it at
