@@ -499,6 +499,7 @@ TEST(AllreduceCli, AKilledRankIsLeftBehindAndANewcomerJoins) {
   ASSERT_TRUE(WaitForOutput(job.rank(2), "epoch 1/3  step", std::chrono::seconds(120))) << job.rank(2).err();
   kill(job.rank(2).pid(), SIGKILL);
   job.rank(2).Wait();
+  RemoveSegmentsOf("shardwild", job.rank(2).pid());  // the default ps.job_name
   // The survivors re-form as generation 1 (2 ranks); then a newcomer comes.
   ASSERT_TRUE(WaitForOutput(job.rank(0), "group generation 1: rank 0 of 2, 1 member(s) lost", std::chrono::seconds(60)))
       << job.rank(0).out() << job.rank(0).err();
@@ -547,6 +548,7 @@ TEST(AllreduceCli, AKilledRankOfTheHybridIsLeftBehind) {
   ASSERT_TRUE(WaitForOutput(job.rank(2), "epoch 1/2  step", std::chrono::seconds(120))) << job.rank(2).err();
   kill(job.rank(2).pid(), SIGKILL);
   job.rank(2).Wait();
+  RemoveSegmentsOf("ar-hybrid-kill", job.rank(2).pid());
   std::string fingerprint;
   for (int r = 0; r < 2; ++r) {
     ASSERT_TRUE(WaitFor(job.rank(r), std::chrono::seconds(300))) << "rank " << r << " hangs";
@@ -573,6 +575,7 @@ TEST(AllreduceCli, FewerThanMinWorkersStopsTheJob) {
   ASSERT_TRUE(WaitForOutput(job.rank(1), "epoch 1/3  step", std::chrono::seconds(120))) << job.rank(1).err();
   kill(job.rank(1).pid(), SIGKILL);
   job.rank(1).Wait();
+  RemoveSegmentsOf("shardwild", job.rank(1).pid());  // the default ps.job_name
   ASSERT_TRUE(WaitFor(job.rank(0), std::chrono::seconds(60))) << "rank 0 hangs";
   Result res;
   res.status = job.rank(0).Wait();

@@ -67,6 +67,21 @@ inline std::vector<std::string> ShmEntriesContaining(const std::string& part) {
   return found;
 }
 
+// Removes the shared-memory segments that process `pid` of job `job_name`
+// left when it was SIGKILLed ("<job>-<pid>-<nonce>-..."), as a test that
+// kills a process on purpose cleans up after it: otherwise the next test of
+// that job finds them stale and removes them with a warning on stderr, and a
+// failure of the killing test spills into the next one's output checks.
+inline void RemoveSegmentsOf(const std::string& job_name, pid_t pid) {
+  const std::string prefix = job_name + "-" + std::to_string(pid) + "-";
+  for (const std::string& name : ShmEntriesContaining(prefix)) {
+    if (name.rfind(prefix, 0) == 0) {
+      std::error_code ec;
+      fs::remove(fs::path("/dev/shm") / name, ec);
+    }
+  }
+}
+
 // A scratch directory, removed with everything in it.
 class TempDir {
  public:
