@@ -346,10 +346,15 @@ class RemoteWorkers::Impl final : public net::Chief::Service {
     job_over_ = true;
   }
 
-  // Waits until every slot that never had a session has been told the job
-  // is over, or options.late_join_wait_s after Start; says what it waits
-  // for, and who it gave up on.
+  // After EndJob: waits until every slot that never had a session has been
+  // told the job is over, or options.late_join_wait_s after Start; says what
+  // it waits for, and who it gave up on. Without EndJob (a failed job), at
+  // once.
   void WaitForLateJoiners() {
+    {
+      MutexLock lock(&mu_);
+      if (!job_over_) return;
+    }
     const auto deadline = started_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                          std::chrono::duration<double>(options_.late_join_wait_s));
     std::vector<std::string> waiting = Untold();
@@ -473,6 +478,8 @@ absl::StatusOr<std::unique_ptr<RemoteWorkers>> RemoteWorkers::Start(const ChiefS
 RemoteWorkers::RemoteWorkers(int slots, std::unique_ptr<Impl> impl) : TaskWorkers(slots), impl_(std::move(impl)) {}
 
 RemoteWorkers::~RemoteWorkers() {
+  // After a job that ended (ExitAll), not after a failed one.
+  impl_->WaitForLateJoiners();
   for (Slot& s : slots()) {
     if (s.pid > 0) Reap(s, /*kill_first=*/true);
   }
@@ -513,7 +520,6 @@ void RemoteWorkers::ExitAll(double grace_s) {
   for (Slot& s : slots()) {
     if (s.pid > 0) Reap(s, /*kill_first=*/true);
   }
-  impl_->WaitForLateJoiners();
 }
 
 bool RemoteWorkers::awaiting(const Slot& slot) const { return slot.pid > 0 && impl_->Awaiting(slot.index); }

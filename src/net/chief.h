@@ -49,12 +49,12 @@ struct ChiefServerOptions {
   PsServerOptions server;
   int worker_tasks = 1;      // W >= 1
   int threads_per_task = 1;  // T >= 1
-  // When the job is over (ExitAll), how long after Start the chief keeps
-  // answering "the job is over" for the slots whose worker thread never
-  // joined, so a worker task that started late exits cleanly instead of
-  // finding no chief and failing after its own train.task_timeout_s. The
-  // chief task passes train.task_timeout_s, the worker tasks' patience; 0
-  // waits for no one.
+  // When the job is over (ExitAll, then the destructor), how long after
+  // Start the chief keeps answering "the job is over" for the slots whose
+  // worker thread never joined, so a worker task that started late exits
+  // cleanly instead of finding no chief and failing after its own
+  // train.task_timeout_s. The chief task passes train.task_timeout_s, the
+  // worker tasks' patience; 0 waits for no one.
   double late_join_wait_s = 0;
   // Where the chief says what it waits for (a progress line); may be empty.
   std::function<void(const std::string&)> log;
@@ -66,7 +66,11 @@ class RemoteWorkers final : public TaskWorkers {
   // InvalidArgument for bad options; Unavailable when the address cannot be
   // bound.
   static absl::StatusOr<std::unique_ptr<RemoteWorkers>> Start(const ChiefServerOptions& options);
-  // Ends every session and shuts the server down.
+  // After ExitAll (a job that ended), first waits for the slots that never
+  // had a session, until options.late_join_wait_s after Start or until each
+  // has been told the job is over; then ends every session and shuts the
+  // server down. The trainer's summary is complete by then (its wall_s
+  // does not count this wait).
   ~RemoteWorkers() override;
 
   absl::Status Spawn(Slot& slot) override;
@@ -74,8 +78,7 @@ class RemoteWorkers final : public TaskWorkers {
   // Sends `exit` to every connected slot and waits up to `grace_s` for the
   // sessions to end; then ends the rest. From here on a hello is answered
   // "the job is over" (FAILED_PRECONDITION, which a worker task takes as
-  // its end), and slots that never had a session are waited for until
-  // options.late_join_wait_s after Start.
+  // its end); the destructor waits for the slots that never had one.
   void ExitAll(double grace_s) override;
   bool processes() const override { return true; }
   bool start_failures_fatal() const override { return false; }

@@ -192,19 +192,23 @@ TEST_F(ChiefTest, AWorkerTaskThatNeverJoinedHearsTheJobIsOver) {
   Slot& joined = workers_->slots()[1];
   Open w = Connect({"hello 1 0 1", "ready 4242 100 10"});
   ASSERT_EQ(NextLine(joined), "ready 4242 100 10");
-  std::future<void> exiter = std::async(std::launch::async, [&] { workers_->ExitAll(/*grace_s=*/5); });
+  std::thread exiter([&] { workers_->ExitAll(/*grace_s=*/5); });
   EXPECT_EQ(w.Read(), "exit");
   w.stream->WritesDone();
   (void)w.stream->Finish();
+  exiter.join();  // ExitAll itself does not wait for the late one
+  EXPECT_EQ(Log().find("never joined"), std::string::npos) << Log();
+  // Its end (the trainer's summary made) does.
+  std::future<void> ender = std::async(std::launch::async, [&] { workers_.reset(); });
   ASSERT_TRUE(WaitForLog("for worker:0 thread 0, which never joined, to hear so")) << Log();
-  EXPECT_EQ(exiter.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout)
-      << "ExitAll did not wait for the worker task that never joined";
+  EXPECT_EQ(ender.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout)
+      << "the chief did not wait for the worker task that never joined";
   const grpc::Status late = Refused({"hello 0 0 1"});
   EXPECT_EQ(late.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(late.error_message().find("worker:0 thread 0: the job is over"), std::string::npos)
       << late.error_message();
   // Told, it is waited for no longer (long before the 120 s).
-  ASSERT_EQ(exiter.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  ASSERT_EQ(ender.wait_for(std::chrono::seconds(30)), std::future_status::ready);
   EXPECT_EQ(Log().find("never joined; such a worker task stops on its own"), std::string::npos) << Log();
   // The joined worker task was not waited for: it heard `exit`.
   EXPECT_EQ(Log().find("worker:1 thread 0"), std::string::npos) << Log();
@@ -213,14 +217,27 @@ TEST_F(ChiefTest, AWorkerTaskThatNeverJoinedHearsTheJobIsOver) {
 TEST_F(ChiefTest, TheWaitForAWorkerTaskThatNeverJoinsEnds) {
   StartChief(/*late_join_wait_s=*/0.5);
   for (Slot& s : workers_->slots()) ASSERT_TRUE(workers_->Spawn(s).ok());
-  std::future<void> exiter = std::async(std::launch::async, [&] { workers_->ExitAll(/*grace_s=*/5); });
-  ASSERT_EQ(exiter.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  workers_->ExitAll(/*grace_s=*/5);
+  std::future<void> ender = std::async(std::launch::async, [&] { workers_.reset(); });
+  ASSERT_EQ(ender.wait_for(std::chrono::seconds(30)), std::future_status::ready);
   EXPECT_TRUE(WaitForLog("warning: chief:0: worker:0 thread 0, worker:1 thread 0 never joined")) << Log();
-  // Without a wait (late_join_wait_s 0, past the deadline) it says so at once.
+  // Past the deadline (late_join_wait_s 0) it says so at once.
   StartChief(/*late_join_wait_s=*/0);
   for (Slot& s : workers_->slots()) ASSERT_TRUE(workers_->Spawn(s).ok());
   workers_->ExitAll(/*grace_s=*/5);
+  workers_.reset();
   EXPECT_EQ(Log().find("waiting up to"), std::string::npos) << Log();
+  EXPECT_NE(Log().find("never joined"), std::string::npos) << Log();
+}
+
+TEST_F(ChiefTest, AFailedJobWaitsForNoOne) {
+  // No ExitAll: the job failed, and the chief neither waits nor tells anyone
+  // the job is over.
+  StartChief(/*late_join_wait_s=*/120);
+  for (Slot& s : workers_->slots()) ASSERT_TRUE(workers_->Spawn(s).ok());
+  std::future<void> ender = std::async(std::launch::async, [&] { workers_.reset(); });
+  ASSERT_EQ(ender.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_EQ(Log(), "");
 }
 
 TEST(ChiefOptionsTest, RejectsABadLateJoinWait) {
