@@ -351,25 +351,24 @@ class RemoteWorkers::Impl final : public net::Chief::Service {
   // it waits for, and who it gave up on. Without EndJob (a failed job), at
   // once.
   void WaitForLateJoiners() {
+    std::vector<std::string> waiting;
     {
       MutexLock lock(&mu_);
       if (!job_over_) return;
+      waiting = UntoldLocked();
     }
+    if (waiting.empty()) return;
     const auto deadline = started_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                          std::chrono::duration<double>(options_.late_join_wait_s));
-    std::vector<std::string> waiting = Untold();
-    if (waiting.empty()) return;
     const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
     if (left > 0) {
       Say(absl::StrFormat("%s: the job is over; waiting up to %.1f s more (train.task_timeout_s from the chief's "
                           "start) for %s, which never joined, to hear so",
                           options_.server.task_name, left, absl::StrJoin(waiting, ", ")));
-      {
-        MutexLock lock(&mu_);
-        slots_changed_.WaitFor(&mu_, deadline - std::chrono::steady_clock::now(),
-                               [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return UntoldLocked().empty(); });
-      }
-      waiting = Untold();
+      MutexLock lock(&mu_);
+      slots_changed_.WaitFor(&mu_, deadline - std::chrono::steady_clock::now(),
+                             [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return UntoldLocked().empty(); });
+      waiting = UntoldLocked();
     }
     if (!waiting.empty()) {
       Say(absl::StrCat("warning: ", options_.server.task_name, ": ", absl::StrJoin(waiting, ", "),
@@ -427,10 +426,6 @@ class RemoteWorkers::Impl final : public net::Chief::Service {
       if (!slots_[i].joined && !slots_[i].told_over) names.push_back(SlotName(static_cast<int>(i)));
     }
     return names;
-  }
-  std::vector<std::string> Untold() {
-    MutexLock lock(&mu_);
-    return UntoldLocked();
   }
   void Say(const std::string& line) const {
     if (options_.log) options_.log(line);

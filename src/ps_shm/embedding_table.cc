@@ -260,7 +260,6 @@ uint64_t Checksum(const EmbeddingTableHeader& h) {
 
 // ---- Initial values -----------------------------------------------------------
 
-
 // A standard normal by Box-Muller from draws n and n+1.
 inline double StdNormal(uint64_t row_key, int64_t j, uint64_t n) {
   const double u1 = 1.0 - RowUnit(RowElementDraw(row_key, j, n));  // (0, 1]

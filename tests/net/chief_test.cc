@@ -99,6 +99,11 @@ class ChiefTest : public ::testing::Test {
     return std::nullopt;
   }
 
+  // Ends the chief's service (destroys it) on another thread, as the trainer
+  // does once its summary is made; the future is ready when it has ended.
+  std::future<void> EndChiefInBackground() {
+    return std::async(std::launch::async, [this] { workers_.reset(); });
+  }
   // The chief's log so far, joined by newlines.
   std::string Log() {
     MutexLock lock(&log_mu_);
@@ -199,7 +204,7 @@ TEST_F(ChiefTest, AWorkerTaskThatNeverJoinedHearsTheJobIsOver) {
   exiter.join();  // ExitAll itself does not wait for the late one
   EXPECT_EQ(Log().find("never joined"), std::string::npos) << Log();
   // Its end (the trainer's summary made) does.
-  std::future<void> ender = std::async(std::launch::async, [&] { workers_.reset(); });
+  std::future<void> ender = EndChiefInBackground();
   ASSERT_TRUE(WaitForLog("for worker:0 thread 0, which never joined, to hear so")) << Log();
   EXPECT_EQ(ender.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout)
       << "the chief did not wait for the worker task that never joined";
@@ -218,7 +223,7 @@ TEST_F(ChiefTest, TheWaitForAWorkerTaskThatNeverJoinsEnds) {
   StartChief(/*late_join_wait_s=*/0.5);
   for (Slot& s : workers_->slots()) ASSERT_TRUE(workers_->Spawn(s).ok());
   workers_->ExitAll(/*grace_s=*/5);
-  std::future<void> ender = std::async(std::launch::async, [&] { workers_.reset(); });
+  std::future<void> ender = EndChiefInBackground();
   ASSERT_EQ(ender.wait_for(std::chrono::seconds(30)), std::future_status::ready);
   EXPECT_TRUE(WaitForLog("warning: chief:0: worker:0 thread 0, worker:1 thread 0 never joined")) << Log();
   // Past the deadline (late_join_wait_s 0) it says so at once.
@@ -231,11 +236,11 @@ TEST_F(ChiefTest, TheWaitForAWorkerTaskThatNeverJoinsEnds) {
 }
 
 TEST_F(ChiefTest, AFailedJobWaitsForNoOne) {
-  // No ExitAll: the job failed, and the chief neither waits nor tells anyone
-  // the job is over.
+  // No ExitAll: the job failed, and the chief ends at once, waiting for no
+  // worker task and saying nothing about those that never joined.
   StartChief(/*late_join_wait_s=*/120);
   for (Slot& s : workers_->slots()) ASSERT_TRUE(workers_->Spawn(s).ok());
-  std::future<void> ender = std::async(std::launch::async, [&] { workers_.reset(); });
+  std::future<void> ender = EndChiefInBackground();
   ASSERT_EQ(ender.wait_for(std::chrono::seconds(30)), std::future_status::ready);
   EXPECT_EQ(Log(), "");
 }
