@@ -13,6 +13,7 @@
 #include "core/data/data_kernels.h"
 #include "core/model/hogwild_kernels.h"
 #include "core/model/sparse_layers.h"
+#include "core/base/prefetch.h"
 #include "core/base/random.h"
 #include "core/base/status.h"
 
@@ -26,29 +27,6 @@ absl::Status Bad(const std::string& key, const std::string& what) {
 // The id the store sees: a static table takes the raw id modulo its rows
 // (DLRM's hex % max_ind_range); a dynamic one takes it as is, but for the
 // reserved empty-slot id 2^64-1, which moves to its neighbour.
-// Reserves room for n elements in *v (empty) and asks the kernel to back it
-// with transparent huge pages before it is written: a batch reads records
-// scattered over the whole array, and on 4 KiB pages each one costs a TLB
-// miss (a nested page walk under virtualisation), which software prefetches
-// do not hide. Only advice: where the kernel declines, nothing changes.
-template <typename T>
-void ReserveOnHugePages(std::vector<T>* v, size_t n) {
-  v->reserve(n);
-  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(v->data()) + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(v->data()) + n * sizeof(T)) & ~(kHuge - 1);
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-}
-
-// Asks for [begin, begin + bytes) to be brought into L1 (a hint: no fault,
-// no effect on values). Locality 3, prefetcht0: with prefetcht1 the lines a
-// worker asked for after its forward were missed again at the next batch's
-// copy (text config on the Zen 4 VM: data phase 1.4 -> 0.85 us a step).
-inline void PrefetchLines(const void* begin, size_t bytes) {
-  const char* p = static_cast<const char*>(begin);
-  for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
-}
-
 inline uint64_t StoreId(uint64_t raw, int64_t static_rows) {
   if (static_rows > 0) return raw % static_cast<uint64_t>(static_rows);
   return raw == ~uint64_t{0} ? ~uint64_t{0} - 1 : raw;
@@ -401,7 +379,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelOptions& given, 
   return m;
 }
 
-void Model::LoadRecord(const Dataset& data, int64_t r, int64_t slot, const PackedRecords* packed) {
+void Model::LoadRecordHead(const Dataset& data, int64_t r, int64_t slot, const PackedRecords* packed) {
   if (dense_dim_ > 0) {
     float* dst = input_.data() + slot * dense_dim_;
     if (packed != nullptr && packed->has_dense_bytes()) {
@@ -426,51 +404,68 @@ void Model::LoadRecord(const Dataset& data, int64_t r, int64_t slot, const Packe
       label_offsets_[slot + 1] = base + (e - b);
     } else {
       if (label_sets_.size() < static_cast<size_t>(base + 1)) label_sets_.resize(base + 1);
-      label_sets_[base] = data.labels[r];
+      label_sets_[base] = labels_[slot];
       label_offsets_[slot + 1] = base + 1;
     }
   }
-  // The packed block of record r: counts, then ids (PackedRecords).
-  const uint64_t* block = packed != nullptr && packed->has_ids() ? packed->words.data() + packed->start[r] : nullptr;
-  const uint64_t* packed_ids = block != nullptr ? block + (lookups_.size() + 1) / 2 : nullptr;
+}
+
+void Model::GrowLookup(size_t l, size_t need) {
+  LookupState& st = lookups_[l];
+  need += kIdSlack;
+  if (st.ids.size() >= need) return;
+  // Grows to the largest batch seen, then never again.
+  const Lookup& lk = spec_.lookups[l];
+  st.ids.resize(std::max(need, 2 * st.ids.size()));
+  st.rows.resize(st.ids.size() * lk.dim);
+  st.row_grads.resize(st.ids.size() * lk.dim);
+  st.addresses.resize(st.ids.size());
+  if (lk.weighted) st.weights.resize(st.ids.size());
+}
+
+void Model::LoadRecord(const Dataset& data, int64_t r, int64_t slot, const PackedRecords* packed) {
+  LoadRecordHead(data, r, slot, packed);
   for (size_t l = 0; l < lookups_.size(); ++l) {
     const Lookup& lk = spec_.lookups[l];
     LookupState& st = lookups_[l];
     const SparseField& f = data.fields[lk.data_field];
-    int64_t b = 0, e = 0;
-    if (block != nullptr) {
-      uint32_t c = 0;
-      std::memcpy(&c, reinterpret_cast<const char*>(block) + l * sizeof(uint32_t), sizeof(c));
-      e = c;
-    } else {
-      b = f.offsets[r];
-      e = f.offsets[r + 1];
-    }
+    const int64_t b = f.offsets[r], e = f.offsets[r + 1];
     const size_t need = st.count + static_cast<size_t>(e - b);
-    if (st.ids.size() < need) {
-      // Grows to the largest batch seen, then never again.
-      st.ids.resize(std::max(need, 2 * st.ids.size()));
-      st.rows.resize(st.ids.size() * lk.dim);
-      st.row_grads.resize(st.ids.size() * lk.dim);
-      st.addresses.resize(st.ids.size());
-      if (lk.weighted) st.weights.resize(st.ids.size());
-    }
-    if (block != nullptr) {
-      std::copy(packed_ids, packed_ids + e, st.ids.begin() + st.count);
-      packed_ids += e;
-    } else {
-      const int64_t rows = static_rows_[l];
-      for (int64_t i = b; i < e; ++i) st.ids[st.count + (i - b)] = StoreId(f.ids[i], rows);
-    }
-    if (lk.weighted) {
-      if (f.weights.empty()) {
-        std::fill(st.weights.begin() + st.count, st.weights.begin() + need, 1.0f);
-      } else {
-        std::copy(f.weights.begin() + b, f.weights.begin() + e, st.weights.begin() + st.count);
-      }
-    }
+    GrowLookup(l, need);
+    const int64_t rows = static_rows_[l];
+    for (int64_t i = b; i < e; ++i) st.ids[st.count + (i - b)] = StoreId(f.ids[i], rows);
+    if (st.has_weights) std::copy(f.weights.begin() + b, f.weights.begin() + e, st.weights.begin() + st.count);
     st.count = need;
     st.offsets[slot + 1] = static_cast<int64_t>(need);
+  }
+}
+
+void Model::LoadPackedRecords(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords& packed) {
+  const size_t nl = lookups_.size();
+  const size_t head = (nl + 1) / 2;
+  const uint64_t* words = packed.words.data();
+  const uint64_t* start = packed.start.data();
+  constexpr int64_t kAhead = 3;
+  for (int64_t s = 0; s < std::min(kAhead, n); ++s) PrefetchRecord(data, records[s], &packed);
+  for (int64_t s = 0; s < n; ++s) {
+    if (s + kAhead < n) PrefetchRecord(data, records[s + kAhead], &packed);
+    const int64_t r = records[s];
+    LoadRecordHead(data, r, s, &packed);
+    const uint64_t* block = words + start[r];
+    const uint64_t* ids = block + head;
+    for (size_t l = 0; l < nl; ++l) {
+      LookupState& st = lookups_[l];
+      const uint32_t c = BlockCount(block, l);
+      if (st.count + c + kIdSlack > st.ids.size()) GrowLookup(l, st.count + c);
+      // Whole chunks of kIdSlack + 1 ids (32 bytes): GrowLookup leaves room
+      // for the last one's overshoot, and PackRecords pads the words so the
+      // last block's chunk is in them.
+      uint64_t* to = st.ids.data() + st.count;
+      for (uint32_t i = 0; i < c; i += kIdSlack + 1) std::memcpy(to + i, ids + i, (kIdSlack + 1) * sizeof(uint64_t));
+      ids += c;
+      st.count += c;
+      st.offsets[s + 1] = static_cast<int64_t>(st.count);
+    }
   }
 }
 
@@ -488,10 +483,9 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data) const {
   if (pack_ids) {
     p.num_lookups = static_cast<int>(nl);
     const size_t head = (nl + 1) / 2;
-    ReserveOnHugePages(&p.start, static_cast<size_t>(data.count) + 1);
-    ReserveOnHugePages(&p.words, static_cast<size_t>(data.count) * head + total_ids);
+    // kIdSlack words of padding after the last block (LoadPackedRecords).
     p.start.resize(static_cast<size_t>(data.count) + 1);
-    p.words.assign(static_cast<size_t>(data.count) * head + total_ids, 0);
+    p.words.assign(static_cast<size_t>(data.count) * head + total_ids + kIdSlack, 0);
     uint64_t at = 0;
     for (int64_t r = 0; r < data.count; ++r) {
       p.start[r] = at;
@@ -511,9 +505,7 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data) const {
   // by value, so the loads give back the same floats).
   const size_t nd = static_cast<size_t>(data.count) * static_cast<size_t>(dense_dim_);
   if (nd > 0 && data.dense.size() == nd) {
-    std::vector<uint8_t> bytes;
-    ReserveOnHugePages(&bytes, nd);
-    bytes.resize(nd);
+    HugePageVector<uint8_t> bytes(nd);
     bool exact = true;
     for (size_t i = 0; i < nd && exact; ++i) {
       const float v = data.dense[i];
@@ -559,18 +551,30 @@ void Model::PrefetchRecord(const Dataset& data, int64_t r, const PackedRecords* 
   }
 }
 
+void Model::BeginLoad(const Dataset& data) {
+  for (size_t l = 0; l < lookups_.size(); ++l) {
+    const Lookup& lk = spec_.lookups[l];
+    lookups_[l].count = 0;
+    lookups_[l].has_weights = lk.weighted && !data.fields[lk.data_field].weights.empty();
+  }
+}
+
 void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed) {
-  for (LookupState& st : lookups_) st.count = 0;
+  BeginLoad(data);
   // Records are scattered over the data set. Their first lines (the start
   // words, the labels, the packed blocks' counts) are loaded all at once
   // first; then, while one record is copied, the next few's remaining lines
   // (long blocks, dense rows) are in flight.
   constexpr int64_t kAhead = 3;
   TouchBatch(data, records, n, packed);
-  for (int64_t s = 0; s < std::min(kAhead, n); ++s) PrefetchRecord(data, records[s], packed);
-  for (int64_t s = 0; s < n; ++s) {
-    if (s + kAhead < n) PrefetchRecord(data, records[s + kAhead], packed);
-    LoadRecord(data, records[s], s, packed);
+  if (packed != nullptr && packed->has_ids()) {
+    LoadPackedRecords(data, records, n, *packed);
+  } else {
+    for (int64_t s = 0; s < std::min(kAhead, n); ++s) PrefetchRecord(data, records[s], packed);
+    for (int64_t s = 0; s < n; ++s) {
+      if (s + kAhead < n) PrefetchRecord(data, records[s + kAhead], packed);
+      LoadRecord(data, records[s], s, packed);
+    }
   }
   FinishLoad(n);
 }
@@ -595,7 +599,7 @@ void Model::TouchBatch(const Dataset& data, const int32_t* records, int64_t n, c
 }
 
 void Model::LoadRange(const Dataset& data, int64_t first, int64_t n) {
-  for (LookupState& st : lookups_) st.count = 0;
+  BeginLoad(data);
   for (int64_t s = 0; s < n; ++s) LoadRecord(data, first + s, s);
   FinishLoad(n);
 }
@@ -628,7 +632,7 @@ void Model::Forward(bool training, const dnnl::stream& stream) {
     const Lookup& lk = spec_.lookups[l];
     if (lk.wide) continue;
     LookupState& st = lookups_[l];
-    const float* weights = lk.weighted ? st.weights.data() : nullptr;
+    const float* weights = BatchWeights(st);
     if (st.in_place && spec_.tables[lk.table].bf16) {
       any_in_place = true;
       HogwildEmbeddingBagForwardBf16(reinterpret_cast<const uint16_t* const*>(st.addresses.data()), lk.dim,
@@ -666,7 +670,7 @@ void Model::AddWide() {
     const Lookup& lk = spec_.lookups[l];
     if (!lk.wide) continue;
     LookupState& st = lookups_[l];
-    EmbeddingBagForward(st.rows.data(), k, st.offsets.data(), st.weights.data(), batch_, Pooling::kSum,
+    EmbeddingBagForward(st.rows.data(), k, st.offsets.data(), BatchWeights(st), batch_, Pooling::kSum,
                         wide_tmp_.data(), k);
     for (int64_t i = 0; i < batch_ * k; ++i) logits_[i] += wide_tmp_[i];
   }
@@ -713,7 +717,7 @@ LossResult Model::Backward(int64_t valid, const dnnl::stream& stream, GradientRe
     const Lookup& lk = spec_.lookups[l];
     if (!lk.wide) continue;
     LookupState& st = lookups_[l];
-    EmbeddingBagBackward(dlogits_, k, k, st.offsets.data(), st.weights.data(), batch_, valid, Pooling::kSum,
+    EmbeddingBagBackward(dlogits_, k, k, st.offsets.data(), BatchWeights(st), batch_, valid, Pooling::kSum,
                          st.row_grads.data(), sparse_scale);
   }
   if (dense_scale != 1.0f) {
@@ -742,7 +746,7 @@ LossResult Model::Backward(int64_t valid, const dnnl::stream& stream, GradientRe
     LookupState& st = lookups_[l];
     if (st.in_place) continue;  // ApplyRowSgd reads dz_
     EmbeddingBagBackward(dz_.data() + st.z_offset, zw, lk.dim, st.offsets.data(),
-                         lk.weighted ? st.weights.data() : nullptr, batch_, valid, lk.pooling, st.row_grads.data(),
+                         BatchWeights(st), batch_, valid, lk.pooling, st.row_grads.data(),
                          sparse_scale / dense_scale);
   }
   if (bottom_) {
@@ -783,11 +787,11 @@ void Model::ApplyRowSgd(int l, float lr) {
     // Stochastic rounding: a new seed per call, from this model's seed.
     const uint64_t seed = SplitMix64Mix(rng_seed_ + 0x9E3779B97F4A7C15ull * ++row_sgd_calls_);
     HogwildEmbeddingBagSgdBf16(reinterpret_cast<uint16_t* const*>(st.addresses.data()), lk.dim, st.offsets.data(),
-                               lk.weighted ? st.weights.data() : nullptr, batch_, valid_, lk.pooling,
+                               BatchWeights(st), batch_, valid_, lk.pooling,
                                dz_.data() + st.z_offset, zw, row_grad_scale_, lr, seed);
     return;
   }
-  HogwildEmbeddingBagSgd(st.addresses.data(), lk.dim, st.offsets.data(), lk.weighted ? st.weights.data() : nullptr,
+  HogwildEmbeddingBagSgd(st.addresses.data(), lk.dim, st.offsets.data(), BatchWeights(st),
                          batch_, valid_, lk.pooling, dz_.data() + st.z_offset, zw, row_grad_scale_, lr);
 }
 

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -27,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "core/base/huge_page_allocator.h"
 #include "core/data/dataset.h"
 #include "core/model/layers.h"
 #include "core/config/options.h"
@@ -79,6 +81,8 @@ struct ModelSpec {
 
 // A data set laid out for fast batch loads by one model (Model::PackRecords),
 // built once per job and read-only after: every worker of a job shares one.
+// Its arrays are on huge pages where the kernel grants them
+// (HugePageAllocator): a batch reads records scattered over all of them.
 // Either part may be absent (empty), and loads then read `Dataset` itself.
 //   * ids: each record's sparse ids, already mapped to store ids, in one
 //     contiguous block, instead of an offset and an id list per field
@@ -90,15 +94,16 @@ struct ModelSpec {
 struct PackedRecords {
   // Record r's id block is words[start[r], start[r + 1]): (num_lookups + 1)
   // / 2 words holding one uint32 count per lookup (lookup order, little end
-  // first), then those counts' store ids, lookup after lookup. Both empty
-  // when the ids are not packed.
-  std::vector<uint64_t> start;  // [records + 1]
-  std::vector<uint64_t> words;
+  // first), then those counts' store ids, lookup after lookup; after the
+  // last block, Model::kIdSlack words of padding. Both empty when the ids
+  // are not packed.
+  HugePageVector<uint64_t> start;  // [records + 1]
+  HugePageVector<uint64_t> words;
   int num_lookups = 0;
   int64_t records = 0;
   // [records x dense_dim] bytes k with dense value k / 255.0f; empty when
   // the dense values are not all of that form.
-  std::vector<uint8_t> dense_bytes;
+  HugePageVector<uint8_t> dense_bytes;
 
   bool has_ids() const { return !start.empty(); }
   bool has_dense_bytes() const { return !dense_bytes.empty(); }
@@ -256,6 +261,7 @@ class Model {
     std::vector<uint64_t> ids;
     std::vector<int64_t> offsets;     // [batch + 1], relative to ids
     std::vector<float> weights;       // empty when not weighted
+    bool has_weights = false;         // the batch's weights are in `weights`; otherwise each is 1 (BatchWeights)
     std::vector<float> rows, row_grads;
     std::vector<float*> addresses;    // [ids.size()] the rows in the store (in_place)
     bool in_place = false;            // UseRowAddresses
@@ -263,13 +269,35 @@ class Model {
     int64_t z_offset = 0;             // where its pooled vector goes in a row of z_ (deep lookups)
   };
   Model() = default;
-  // With `packed`, the lookups' ids come from its block of `record`.
+  // Record `record` into batch row `slot`: its dense values (from `packed`'s
+  // bytes where it has them) and label or target (LoadRecordHead), and its
+  // ids from `data`'s fields.
   void LoadRecord(const Dataset& data, int64_t record, int64_t slot, const PackedRecords* packed = nullptr);
+  void LoadRecordHead(const Dataset& data, int64_t record, int64_t slot, const PackedRecords* packed);
+  // The batch's records from `packed`, whose ids it has (LoadBatch).
+  void LoadPackedRecords(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords& packed);
+  // Room in lookup l for `need` ids and kIdSlack more (never shrinks).
+  void GrowLookup(size_t l, size_t need);
+  // LoadPackedRecords copies ids in chunks of kIdSlack + 1, so a lookup's
+  // ids may be written up to kIdSlack past its count.
+  static constexpr uint32_t kIdSlack = 3;
+  // Lookup l's id count in a packed block (PackedRecords).
+  static uint32_t BlockCount(const uint64_t* block, size_t l) {
+    uint32_t c = 0;
+    std::memcpy(&c, reinterpret_cast<const char*>(block) + l * sizeof(uint32_t), sizeof(c));
+    return c;
+  }
   void FinishLoad(int64_t n);
   // Loads the first lines of the batch's records (labels, packed blocks) all
   // at once, before LoadRecord copies them one by one.
   void TouchBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed) const;
   void AddWide();  // adds the wide lookups' terms to the logits
+  // Starts a batch from `data`: no ids yet, and whether its weights are read.
+  void BeginLoad(const Dataset& data);
+  // The loaded batch's weights of a lookup for the kernels: nullptr when
+  // each is 1 (not weighted, or a weighted field whose data has no weights;
+  // the kernels' `weights ? weights[i] : 1.0f` gives the same bits as 1s).
+  static const float* BatchWeights(const LookupState& st) { return st.has_weights ? st.weights.data() : nullptr; }
 
   ModelSpec spec_;
   HeadType head_ = HeadType::kSoftmax;

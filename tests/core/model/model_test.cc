@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -24,8 +25,8 @@ namespace shardwild {
 namespace {
 
 // A small data set: `dense` dense features, fields "a" (1..3 ids per record,
-// weighted), "b" (0..2 ids, unweighted) and "c" (exactly one id).
-Dataset SmallData(int64_t count, int64_t dense, int32_t classes, bool multi_label, uint32_t seed) {
+// weighted), "b" (0..max_b ids, unweighted) and "c" (exactly one id).
+Dataset SmallData(int64_t count, int64_t dense, int32_t classes, bool multi_label, uint32_t seed, int max_b = 2) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(-1, 1);
   Dataset d;
@@ -54,7 +55,7 @@ Dataset SmallData(int64_t count, int64_t dense, int32_t classes, bool multi_labe
     field.name = names[f];
     field.offsets.push_back(0);
     for (int64_t r = 0; r < count; ++r) {
-      const int n = f == 0 ? 1 + static_cast<int>(rng() % 3) : (f == 1 ? static_cast<int>(rng() % 3) : 1);
+      const int n = f == 0 ? 1 + static_cast<int>(rng() % 3) : (f == 1 ? static_cast<int>(rng() % (max_b + 1)) : 1);
       for (int k = 0; k < n; ++k) {
         field.ids.push_back(1000 + rng() % 7);  // repeats within a batch
         if (f == 0) field.weights.push_back(0.5f + static_cast<float>(rng() % 4) * 0.25f);
@@ -221,7 +222,9 @@ TEST_F(ModelTest, PackedRecordsLoadAsTheFieldsDo) {
   EXPECT_EQ(packed->records, d.count);
   EXPECT_EQ(packed->num_lookups, pm.num_lookups());
   ASSERT_EQ(packed->start.size(), static_cast<size_t>(d.count) + 1);
-  EXPECT_EQ(packed->start.back(), packed->words.size());
+  // The blocks, then a few words of padding (the loads copy whole chunks).
+  EXPECT_LE(packed->start.back(), packed->words.size());
+  EXPECT_LE(packed->words.size(), packed->start.back() + 8);
   const std::vector<std::vector<int32_t>> batches = {{39, 0, 17, 17, 5, 22, 8, 31}, {3}, {12, 1, 30}, {}};
   for (const std::vector<int32_t>& records : batches) {
     const int64_t n = static_cast<int64_t>(records.size());
@@ -245,6 +248,110 @@ TEST_F(ModelTest, PackedRecordsLoadAsTheFieldsDo) {
   }
   // A weighted lookup whose field carries weights keeps reading the fields.
   EXPECT_FALSE(pm.PackRecords(SmallData(5, 2, 3, false, 3)).has_value());
+}
+
+// Packed blocks are copied in chunks of several ids: bags of every length
+// from 0 to 13 ids, batch after batch into the same buffers, and the data
+// set's last record (whose chunk reads into the padding) load exactly as
+// from the fields, offsets included.
+TEST_F(ModelTest, PackedRecordsOfLongBagsLoadAsTheFieldsDo) {
+  Dataset d = SmallData(150, 2, 3, false, 5, /*max_b=*/13);
+  d.fields[0].weights.clear();
+  const ModelOptions opts = SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, false, true);
+  auto packed_model = Model::Create(opts, DataShape::Of(d), /*batch=*/6, engine_, 1);
+  auto plain_model = Model::Create(opts, DataShape::Of(d), /*batch=*/6, engine_, 1);
+  ASSERT_TRUE(packed_model.ok()) << packed_model.status();
+  ASSERT_TRUE(plain_model.ok()) << plain_model.status();
+  Model& pm = **packed_model;
+  Model& m = **plain_model;
+  const std::optional<PackedRecords> packed = pm.PackRecords(d);
+  ASSERT_TRUE(packed.has_value());
+  std::set<int64_t> lengths;
+  for (int64_t r = 0; r < d.count; ++r) lengths.insert(d.fields[1].size(r));
+  ASSERT_EQ(lengths.size(), 14u) << "the data should hold bags of every length 0..13";
+  std::vector<std::vector<int32_t>> batches;
+  for (int32_t r = 0; r < d.count; r += 6) {
+    std::vector<int32_t> b;
+    for (int32_t k = 0; k < 6; ++k) b.push_back((r + 7 * k) % static_cast<int32_t>(d.count));
+    batches.push_back(b);
+  }
+  batches.push_back({static_cast<int32_t>(d.count - 1)});
+  batches.push_back({static_cast<int32_t>(d.count - 1), 0, static_cast<int32_t>(d.count - 1)});
+  for (const std::vector<int32_t>& records : batches) {
+    const int64_t n = static_cast<int64_t>(records.size());
+    pm.LoadBatch(d, records.data(), n, &*packed);
+    m.LoadBatch(d, records.data(), n);
+    for (int l = 0; l < m.num_lookups(); ++l) {
+      ASSERT_EQ(std::vector<uint64_t>(pm.ids(l).begin(), pm.ids(l).end()),
+                std::vector<uint64_t>(m.ids(l).begin(), m.ids(l).end()))
+          << "lookup " << l << ", batch starting " << records[0];
+    }
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(pm.labels()[i], m.labels()[i]) << i;
+    // Same bags: pooling all-ones rows gives each bag's size in both (mean
+    // pooling of field b divides by it).
+    for (Model* x : {&pm, &m}) {
+      for (int l = 0; l < x->num_lookups(); ++l) {
+        std::fill(x->rows(l), x->rows(l) + x->ids(l).size() * x->lookup(l).dim, 1.0f);
+      }
+      for (int v = 0; v < x->num_variables(); ++v) std::fill(x->params(v), x->params(v) + x->variable(v).size(), 0.5f);
+      x->Forward(false, stream_);
+    }
+    for (int64_t i = 0; i < 6 * 3; ++i) EXPECT_EQ(pm.logits()[i], m.logits()[i]) << i;
+  }
+}
+
+// A weighted lookup whose data carries no weights weighs every id 1: the
+// same logits, gradients and row gradients, bit for bit, as the same data
+// with every weight written out as 1.
+TEST_F(ModelTest, AWeightedFieldWithoutWeightsWeighsEachIdOne) {
+  Dataset none = SmallData(12, 5, 3, false, 9, /*max_b=*/4);
+  none.fields[0].weights.clear();
+  Dataset ones = none;
+  ones.fields[0].weights.assign(ones.fields[0].ids.size(), 1.0f);
+  const ModelOptions opts = SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, true, true);
+  ASSERT_TRUE(opts.sparse[0].weighted);
+  constexpr int64_t kBatch = 5, kValid = 4;
+  auto a = Model::Create(opts, DataShape::Of(none), kBatch, engine_, 1);
+  auto b = Model::Create(opts, DataShape::Of(ones), kBatch, engine_, 1);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  const int32_t records[] = {7, 2, 11, 2};
+  std::vector<std::vector<float>> logits, grads, row_grads;
+  for (Model* x : {&**a, &**b}) {
+    std::mt19937 rng(4);
+    std::uniform_real_distribution<float> u(-0.8f, 0.8f);
+    for (int v = 0; v < x->num_variables(); ++v) {
+      for (int64_t i = 0; i < x->variable(v).size(); ++i) x->params(v)[i] = u(rng);
+    }
+    x->LoadBatch(x == &**a ? none : ones, records, kValid);
+    for (int l = 0; l < x->num_lookups(); ++l) {
+      for (size_t i = 0; i < x->ids(l).size() * x->lookup(l).dim; ++i) x->rows(l)[i] = u(rng);
+    }
+    x->Forward(true, stream_);
+    logits.emplace_back(x->logits(), x->logits() + kBatch * 3);
+    x->Backward(kValid, stream_);
+    std::vector<float> g, rg;
+    for (int v = 0; v < x->num_variables(); ++v) g.insert(g.end(), x->grads(v), x->grads(v) + x->variable(v).size());
+    for (int l = 0; l < x->num_lookups(); ++l) {
+      rg.insert(rg.end(), x->row_grads(l), x->row_grads(l) + x->ids(l).size() * x->lookup(l).dim);
+    }
+    grads.push_back(g);
+    row_grads.push_back(rg);
+  }
+  auto bits = [](const std::vector<float>& v) {
+    std::vector<uint32_t> out;
+    for (float f : v) out.push_back(std::bit_cast<uint32_t>(f));
+    return out;
+  };
+  EXPECT_EQ(bits(logits[0]), bits(logits[1]));
+  EXPECT_EQ(bits(grads[0]), bits(grads[1]));
+  EXPECT_EQ(bits(row_grads[0]), bits(row_grads[1]));
+  // And the weights do count where they are not all 1.
+  Dataset halves = ones;
+  halves.fields[0].weights.assign(halves.fields[0].ids.size(), 0.5f);
+  (*b)->LoadBatch(halves, records, kValid);
+  (*b)->Forward(true, stream_);
+  EXPECT_NE(bits(std::vector<float>((*b)->logits(), (*b)->logits() + kBatch * 3)), bits(logits[0]));
 }
 
 // Dense values that are all k / 255.0f (IDX pixels) pack as bytes and load
