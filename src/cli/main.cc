@@ -191,7 +191,8 @@ int ServeTask(const std::string& path, const std::vector<std::string>& sets, con
 int TrainAllreduce(const Config& config, const ClusterSpec& spec, bool as_json, bool fresh) {
   LiveMetrics live(MetricsRole::kChief);
   std::unique_ptr<MetricsServer> metrics_server;
-  const std::optional<int> rank = spec.task ? AllreduceRankOf(spec, *spec.task) : std::nullopt;
+  std::optional<int> rank;
+  if (spec.task) rank = AllreduceRankOf(spec, *spec.task);
   if (rank == 0) {  // one rank serves the live metrics (the others would want the same port)
     absl::StatusOr<std::unique_ptr<MetricsServer>> m = ServeChiefMetrics(config, live);
     if (!m.ok()) return Fail(m.status());
@@ -887,7 +888,8 @@ int GenerateDataCommand(const DataGenOptions& options, bool as_json) {
 // the shard map of the ps strategy).
 int AllreduceInfo(const Config& config, const ClusterSpec& spec, bool as_json) {
   const int world = AllreduceWorldSize(spec);
-  const std::optional<int> rank = spec.task ? AllreduceRankOf(spec, *spec.task) : std::nullopt;
+  std::optional<int> rank;
+  if (spec.task) rank = AllreduceRankOf(spec, *spec.task);
   auto address_of = [&](int r) {
     const HostPort& hp = spec.address(AllreduceTaskOfRank(spec, r));
     return hp.host.empty() ? absl::StrCat("(host unknown):", hp.port) : hp.ToString();
