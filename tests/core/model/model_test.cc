@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <memory>
 #include <optional>
 #include <cmath>
 #include <cstdint>
@@ -82,6 +83,33 @@ ModelOptions SmallOptions(Interaction interaction, HeadType head, int64_t output
 
 class ModelTest : public ::testing::Test {
  protected:
+  // A model of `options` on data shaped as `d`; null (and a failure) if it cannot be made.
+  std::unique_ptr<Model> Make(const ModelOptions& options, const Dataset& d, int64_t batch) {
+    absl::StatusOr<std::unique_ptr<Model>> m = Model::Create(options, DataShape::Of(d), batch, engine_, 1);
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m.ok() ? *std::move(m) : nullptr;
+  }
+
+  // The batches loaded into `a` and `b` are the same: every lookup's ids,
+  // the labels, and the bags (pooling all-ones rows gives each bag's size,
+  // which mean pooling also divides by).
+  void ExpectSameBatch(Model& a, Model& b, int64_t outputs, const std::string& what) {
+    for (int l = 0; l < b.num_lookups(); ++l) {
+      EXPECT_EQ(std::vector<uint64_t>(a.ids(l).begin(), a.ids(l).end()),
+                std::vector<uint64_t>(b.ids(l).begin(), b.ids(l).end()))
+          << "lookup " << l << ", " << what;
+    }
+    for (int64_t i = 0; i < b.batch(); ++i) EXPECT_EQ(a.labels()[i], b.labels()[i]) << i << ", " << what;
+    for (Model* x : {&a, &b}) {
+      for (int l = 0; l < x->num_lookups(); ++l) {
+        std::fill(x->rows(l), x->rows(l) + x->ids(l).size() * x->lookup(l).dim, 1.0f);
+      }
+      for (int v = 0; v < x->num_variables(); ++v) std::fill(x->params(v), x->params(v) + x->variable(v).size(), 0.5f);
+      x->Forward(false, stream_);
+    }
+    for (int64_t i = 0; i < b.batch() * outputs; ++i) EXPECT_EQ(a.logits()[i], b.logits()[i]) << i << ", " << what;
+  }
+
   dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream_{engine_};
 };
@@ -209,14 +237,11 @@ TEST_F(ModelTest, LoadBatchMapsIdsPoolsWeightsAndPads) {
 TEST_F(ModelTest, PackedRecordsLoadAsTheFieldsDo) {
   Dataset d = SmallData(40, 2, 3, false, 3);
   d.fields[0].weights.clear();  // a weighted field with weights is not packed (below)
-  auto packed_model = Model::Create(SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, true, true),
-                                    DataShape::Of(d), /*batch=*/8, engine_, 1);
-  auto plain_model = Model::Create(SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, true, true),
-                                   DataShape::Of(d), /*batch=*/8, engine_, 1);
-  ASSERT_TRUE(packed_model.ok()) << packed_model.status();
-  ASSERT_TRUE(plain_model.ok()) << plain_model.status();
-  Model& pm = **packed_model;
-  Model& m = **plain_model;
+  const ModelOptions opts = SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, true, true);
+  const std::unique_ptr<Model> packed_model = Make(opts, d, /*batch=*/8), plain_model = Make(opts, d, 8);
+  ASSERT_TRUE(packed_model && plain_model);
+  Model& pm = *packed_model;
+  Model& m = *plain_model;
   const std::optional<PackedRecords> packed = pm.PackRecords(d);
   ASSERT_TRUE(packed.has_value());
   EXPECT_EQ(packed->records, d.count);
@@ -230,21 +255,7 @@ TEST_F(ModelTest, PackedRecordsLoadAsTheFieldsDo) {
     const int64_t n = static_cast<int64_t>(records.size());
     pm.LoadBatch(d, records.data(), n, &*packed);
     m.LoadBatch(d, records.data(), n);
-    for (int l = 0; l < m.num_lookups(); ++l) {
-      EXPECT_EQ(std::vector<uint64_t>(pm.ids(l).begin(), pm.ids(l).end()),
-                std::vector<uint64_t>(m.ids(l).begin(), m.ids(l).end()))
-          << "lookup " << l << ", batch of " << n;
-    }
-    for (int64_t i = 0; i < 8; ++i) EXPECT_EQ(pm.labels()[i], m.labels()[i]) << i;
-    // Same bags: pooling all-ones rows gives each bag's size in both.
-    for (Model* x : {&pm, &m}) {
-      for (int l = 0; l < x->num_lookups(); ++l) {
-        std::fill(x->rows(l), x->rows(l) + x->ids(l).size() * x->lookup(l).dim, 1.0f);
-      }
-      for (int v = 0; v < x->num_variables(); ++v) std::fill(x->params(v), x->params(v) + x->variable(v).size(), 0.5f);
-      x->Forward(false, stream_);
-    }
-    for (int64_t i = 0; i < 8 * 3; ++i) EXPECT_EQ(pm.logits()[i], m.logits()[i]) << i;
+    ExpectSameBatch(pm, m, /*outputs=*/3, absl::StrCat("batch of ", n));
   }
   // A weighted lookup whose field carries weights keeps reading the fields.
   EXPECT_FALSE(pm.PackRecords(SmallData(5, 2, 3, false, 3)).has_value());
@@ -258,12 +269,10 @@ TEST_F(ModelTest, PackedRecordsOfLongBagsLoadAsTheFieldsDo) {
   Dataset d = SmallData(150, 2, 3, false, 5, /*max_b=*/13);
   d.fields[0].weights.clear();
   const ModelOptions opts = SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, false, true);
-  auto packed_model = Model::Create(opts, DataShape::Of(d), /*batch=*/6, engine_, 1);
-  auto plain_model = Model::Create(opts, DataShape::Of(d), /*batch=*/6, engine_, 1);
-  ASSERT_TRUE(packed_model.ok()) << packed_model.status();
-  ASSERT_TRUE(plain_model.ok()) << plain_model.status();
-  Model& pm = **packed_model;
-  Model& m = **plain_model;
+  const std::unique_ptr<Model> packed_model = Make(opts, d, /*batch=*/6), plain_model = Make(opts, d, 6);
+  ASSERT_TRUE(packed_model && plain_model);
+  Model& pm = *packed_model;
+  Model& m = *plain_model;
   const std::optional<PackedRecords> packed = pm.PackRecords(d);
   ASSERT_TRUE(packed.has_value());
   std::set<int64_t> lengths;
@@ -281,22 +290,7 @@ TEST_F(ModelTest, PackedRecordsOfLongBagsLoadAsTheFieldsDo) {
     const int64_t n = static_cast<int64_t>(records.size());
     pm.LoadBatch(d, records.data(), n, &*packed);
     m.LoadBatch(d, records.data(), n);
-    for (int l = 0; l < m.num_lookups(); ++l) {
-      ASSERT_EQ(std::vector<uint64_t>(pm.ids(l).begin(), pm.ids(l).end()),
-                std::vector<uint64_t>(m.ids(l).begin(), m.ids(l).end()))
-          << "lookup " << l << ", batch starting " << records[0];
-    }
-    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(pm.labels()[i], m.labels()[i]) << i;
-    // Same bags: pooling all-ones rows gives each bag's size in both (mean
-    // pooling of field b divides by it).
-    for (Model* x : {&pm, &m}) {
-      for (int l = 0; l < x->num_lookups(); ++l) {
-        std::fill(x->rows(l), x->rows(l) + x->ids(l).size() * x->lookup(l).dim, 1.0f);
-      }
-      for (int v = 0; v < x->num_variables(); ++v) std::fill(x->params(v), x->params(v) + x->variable(v).size(), 0.5f);
-      x->Forward(false, stream_);
-    }
-    for (int64_t i = 0; i < 6 * 3; ++i) EXPECT_EQ(pm.logits()[i], m.logits()[i]) << i;
+    ExpectSameBatch(pm, m, /*outputs=*/3, absl::StrCat("batch starting ", records[0]));
   }
 }
 
