@@ -362,9 +362,10 @@ class RemoteWorkers::Impl final : public net::Chief::Service {
                                          std::chrono::duration<double>(options_.late_join_wait_s));
     const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
     if (left > 0) {
-      Say(absl::StrFormat("%s: the job is over; waiting up to %.1f s more (train.task_timeout_s from the chief's "
-                          "start) for %s, which never joined, to hear so",
-                          options_.server.task_name, left, absl::StrJoin(waiting, ", ")));
+      Say(absl::StrFormat("%s: the job is over; waiting up to %.1f s more (%s from the chief's start) for %s, "
+                          "which never joined, to hear so",
+                          options_.server.task_name, left, options_.late_join_wait_setting,
+                          absl::StrJoin(waiting, ", ")));
       MutexLock lock(&mu_);
       slots_changed_.WaitFor(&mu_, deadline - std::chrono::steady_clock::now(),
                              [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return UntoldLocked().empty(); });
@@ -372,8 +373,8 @@ class RemoteWorkers::Impl final : public net::Chief::Service {
     }
     if (!waiting.empty()) {
       Say(absl::StrCat("warning: ", options_.server.task_name, ": ", absl::StrJoin(waiting, ", "),
-                       " never joined; such a worker task stops on its own after train.task_timeout_s without the "
-                       "chief"));
+                       " never joined; such a worker task stops on its own once it has found no chief for ",
+                       options_.late_join_wait_setting));
     }
   }
 

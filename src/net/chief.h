@@ -56,6 +56,9 @@ struct ChiefServerOptions {
   // train.task_timeout_s. The chief task passes train.task_timeout_s, the
   // worker tasks' patience; 0 waits for no one.
   double late_join_wait_s = 0;
+  // The setting late_join_wait_s came from, as the chief's log lines name it
+  // (the chief task: "train.task_timeout_s").
+  std::string late_join_wait_setting = "late_join_wait_s";
   // Where the chief says what it waits for (a progress line); may be empty.
   std::function<void(const std::string&)> log;
 };

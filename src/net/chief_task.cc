@@ -204,6 +204,7 @@ absl::StatusOr<TrainSummary> RunChief(Job& job, const ClusterSpec& spec, Progres
     co.worker_tasks = workers_tasks;
     co.threads_per_task = threads;
     co.late_join_wait_s = config.train.task_timeout_s;
+    co.late_join_wait_setting = "train.task_timeout_s";
     co.log = [&progress](const std::string& line) { progress.Line(line); };
     SW_ASSIGN_OR_RETURN(std::unique_ptr<RemoteWorkers> w, RemoteWorkers::Start(co));
     progress.Line(absl::StrCat("chief: waiting for ", workers_tasks * threads, " worker threads on ",

@@ -258,6 +258,8 @@ TEST(ClusterTrainTest, AWorkerTaskThatComesAfterTheJobExitsCleanly) {
         std::chrono::seconds(120));
   };
   ASSERT_TRUE(chief_says("for worker:1 thread 0, which never joined, to hear so")) << Describe(c, 1, 1);
+  EXPECT_TRUE(Has(c.chief().out() + c.chief().err(), "(train.task_timeout_s from the chief's start)"))
+      << Describe(c, 1, 1);
   ASSERT_TRUE(c.chief().running()) << Describe(c, 1, 1);
   c.StartWorker(1);
   const int status = c.chief().Wait();

@@ -206,6 +206,8 @@ TEST_F(ChiefTest, AWorkerTaskThatNeverJoinedHearsTheJobIsOver) {
   // Its end (the trainer's summary made) does.
   std::future<void> ender = EndChiefInBackground();
   ASSERT_TRUE(WaitForLog("for worker:0 thread 0, which never joined, to hear so")) << Log();
+  // The wait names the setting it came from (the options' default here).
+  EXPECT_NE(Log().find("(late_join_wait_s from the chief's start)"), std::string::npos) << Log();
   EXPECT_EQ(ender.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout)
       << "the chief did not wait for the worker task that never joined";
   const grpc::Status late = Refused({"hello 0 0 1"});
@@ -225,7 +227,9 @@ TEST_F(ChiefTest, TheWaitForAWorkerTaskThatNeverJoinsEnds) {
   workers_->ExitAll(/*grace_s=*/5);
   std::future<void> ender = EndChiefInBackground();
   ASSERT_EQ(ender.wait_for(std::chrono::seconds(30)), std::future_status::ready);
-  EXPECT_TRUE(WaitForLog("warning: chief:0: worker:0 thread 0, worker:1 thread 0 never joined")) << Log();
+  EXPECT_TRUE(WaitForLog("warning: chief:0: worker:0 thread 0, worker:1 thread 0 never joined; such a worker task "
+                         "stops on its own once it has found no chief for late_join_wait_s"))
+      << Log();
   // Past the deadline (late_join_wait_s 0) it says so at once.
   StartChief(/*late_join_wait_s=*/0);
   for (Slot& s : workers_->slots()) ASSERT_TRUE(workers_->Spawn(s).ok());
