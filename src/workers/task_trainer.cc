@@ -1036,12 +1036,15 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
       }
     }
     SW_RETURN_IF_ERROR(dispatcher->status());
+    // A streamed cache whose records were all readable before its build was
+    // over (data.max_train_records reached): the rest is built now, so the
+    // next run finds it whole and its bad rows are reported. Before ExitAll:
+    // a job that fails here is a failed job to its worker tasks too (a
+    // chief tells late worker tasks the job is over only after ExitAll).
+    SW_RETURN_IF_ERROR(job.FinishStream());
     procs.ExitAll(/*grace_s=*/5);
   }
-  // A streamed cache whose records were all readable before its build was
-  // over (data.max_train_records reached): the rest is built now, so the
-  // next run finds it whole and its bad rows are reported.
-  SW_RETURN_IF_ERROR(job.FinishStream());
+  SW_RETURN_IF_ERROR(job.FinishStream());  // without workers (nothing to train); a no-op after the above
   if (first_task_at) {
     summary.first_task_after_ready_s = std::chrono::duration<double>(*first_task_at - job.ready_at()).count();
   }
