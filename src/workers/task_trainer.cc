@@ -1043,8 +1043,9 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
     // chief tells late worker tasks the job is over only after ExitAll).
     SW_RETURN_IF_ERROR(job.FinishStream());
     procs.ExitAll(/*grace_s=*/5);
+  } else {
+    SW_RETURN_IF_ERROR(job.FinishStream());  // nothing to train: no worker to tell
   }
-  SW_RETURN_IF_ERROR(job.FinishStream());  // without workers (nothing to train); a no-op after the above
   if (first_task_at) {
     summary.first_task_after_ready_s = std::chrono::duration<double>(*first_task_at - job.ready_at()).count();
   }

@@ -35,7 +35,7 @@ constexpr CacheLines CacheLinesOf(uintptr_t begin, size_t bytes) {
 // doubled.
 inline void PrefetchLines(const void* begin, size_t bytes) {
   const CacheLines lines = CacheLinesOf(reinterpret_cast<uintptr_t>(begin), bytes);
-  const char* p = static_cast<const char*>(begin) - (reinterpret_cast<uintptr_t>(begin) - lines.first);
+  const char* p = reinterpret_cast<const char*>(lines.first);
   for (size_t i = 0; i < lines.count; ++i) {
 #if defined(__x86_64__)
     asm volatile("prefetcht0 %0" : : "m"(p[kCacheLineBytes * i]));

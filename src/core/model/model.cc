@@ -411,12 +411,10 @@ void Model::LoadRecordHead(const Dataset& data, int64_t r, int64_t slot, const P
 }
 
 void Model::GrowLookup(size_t l, size_t need) {
-  LookupState& st = lookups_[l];
-  need += kIdSlack;
-  if (st.ids.size() >= need) return;
   // Grows to the largest batch seen, then never again.
+  LookupState& st = lookups_[l];
   const Lookup& lk = spec_.lookups[l];
-  st.ids.resize(std::max(need, 2 * st.ids.size()));
+  st.ids.resize(std::max(need + kIdSlack, 2 * st.ids.size()));
   st.rows.resize(st.ids.size() * lk.dim);
   st.row_grads.resize(st.ids.size() * lk.dim);
   st.addresses.resize(st.ids.size());
@@ -425,13 +423,17 @@ void Model::GrowLookup(size_t l, size_t need) {
 
 void Model::LoadRecord(const Dataset& data, int64_t r, int64_t slot, const PackedRecords* packed) {
   LoadRecordHead(data, r, slot, packed);
+  if (packed != nullptr && packed->has_ids()) {
+    LoadPackedIds(*packed, r, slot);
+    return;
+  }
   for (size_t l = 0; l < lookups_.size(); ++l) {
     const Lookup& lk = spec_.lookups[l];
     LookupState& st = lookups_[l];
     const SparseField& f = data.fields[lk.data_field];
     const int64_t b = f.offsets[r], e = f.offsets[r + 1];
     const size_t need = st.count + static_cast<size_t>(e - b);
-    GrowLookup(l, need);
+    EnsureIds(l, need);
     const int64_t rows = static_rows_[l];
     for (int64_t i = b; i < e; ++i) st.ids[st.count + (i - b)] = StoreId(f.ids[i], rows);
     if (st.has_weights) std::copy(f.weights.begin() + b, f.weights.begin() + e, st.weights.begin() + st.count);
@@ -440,32 +442,21 @@ void Model::LoadRecord(const Dataset& data, int64_t r, int64_t slot, const Packe
   }
 }
 
-void Model::LoadPackedRecords(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords& packed) {
-  const size_t nl = lookups_.size();
-  const size_t head = (nl + 1) / 2;
-  const uint64_t* words = packed.words.data();
-  const uint64_t* start = packed.start.data();
-  constexpr int64_t kAhead = 3;
-  for (int64_t s = 0; s < std::min(kAhead, n); ++s) PrefetchRecord(data, records[s], &packed);
-  for (int64_t s = 0; s < n; ++s) {
-    if (s + kAhead < n) PrefetchRecord(data, records[s + kAhead], &packed);
-    const int64_t r = records[s];
-    LoadRecordHead(data, r, s, &packed);
-    const uint64_t* block = words + start[r];
-    const uint64_t* ids = block + head;
-    for (size_t l = 0; l < nl; ++l) {
-      LookupState& st = lookups_[l];
-      const uint32_t c = BlockCount(block, l);
-      if (st.count + c + kIdSlack > st.ids.size()) GrowLookup(l, st.count + c);
-      // Whole chunks of kIdSlack + 1 ids (32 bytes): GrowLookup leaves room
-      // for the last one's overshoot, and PackRecords pads the words so the
-      // last block's chunk is in them.
-      uint64_t* to = st.ids.data() + st.count;
-      for (uint32_t i = 0; i < c; i += kIdSlack + 1) std::memcpy(to + i, ids + i, (kIdSlack + 1) * sizeof(uint64_t));
-      ids += c;
-      st.count += c;
-      st.offsets[s + 1] = static_cast<int64_t>(st.count);
-    }
+void Model::LoadPackedIds(const PackedRecords& packed, int64_t r, int64_t slot) {
+  const uint64_t* block = packed.words.data() + packed.start[r];
+  const uint64_t* ids = block + (lookups_.size() + 1) / 2;
+  for (size_t l = 0; l < lookups_.size(); ++l) {
+    LookupState& st = lookups_[l];
+    const uint32_t c = BlockCount(block, l);
+    EnsureIds(l, st.count + c);
+    // Whole chunks of kIdSlack + 1 ids (32 bytes): EnsureIds leaves room for
+    // the last one's overshoot, and PackRecords pads the words so the last
+    // block's chunk is in them.
+    uint64_t* to = st.ids.data() + st.count;
+    for (uint32_t i = 0; i < c; i += kIdSlack + 1) std::memcpy(to + i, ids + i, (kIdSlack + 1) * sizeof(uint64_t));
+    ids += c;
+    st.count += c;
+    st.offsets[slot + 1] = static_cast<int64_t>(st.count);
   }
 }
 
@@ -483,7 +474,7 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data) const {
   if (pack_ids) {
     p.num_lookups = static_cast<int>(nl);
     const size_t head = (nl + 1) / 2;
-    // kIdSlack words of padding after the last block (LoadPackedRecords).
+    // kIdSlack words of padding after the last block (LoadPackedIds).
     p.start.resize(static_cast<size_t>(data.count) + 1);
     p.words.assign(static_cast<size_t>(data.count) * head + total_ids + kIdSlack, 0);
     uint64_t at = 0;
@@ -567,14 +558,10 @@ void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, co
   // (long blocks, dense rows) are in flight.
   constexpr int64_t kAhead = 3;
   TouchBatch(data, records, n, packed);
-  if (packed != nullptr && packed->has_ids()) {
-    LoadPackedRecords(data, records, n, *packed);
-  } else {
-    for (int64_t s = 0; s < std::min(kAhead, n); ++s) PrefetchRecord(data, records[s], packed);
-    for (int64_t s = 0; s < n; ++s) {
-      if (s + kAhead < n) PrefetchRecord(data, records[s + kAhead], packed);
-      LoadRecord(data, records[s], s, packed);
-    }
+  for (int64_t s = 0; s < std::min(kAhead, n); ++s) PrefetchRecord(data, records[s], packed);
+  for (int64_t s = 0; s < n; ++s) {
+    if (s + kAhead < n) PrefetchRecord(data, records[s + kAhead], packed);
+    LoadRecord(data, records[s], s, packed);
   }
   FinishLoad(n);
 }

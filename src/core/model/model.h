@@ -270,17 +270,20 @@ class Model {
   };
   Model() = default;
   // Record `record` into batch row `slot`: its dense values (from `packed`'s
-  // bytes where it has them) and label or target (LoadRecordHead), and its
-  // ids from `data`'s fields.
+  // bytes where it has them) and label or target (LoadRecordHead), then its
+  // ids, from `packed` where it has them (LoadPackedIds), else from `data`'s
+  // fields.
   void LoadRecord(const Dataset& data, int64_t record, int64_t slot, const PackedRecords* packed = nullptr);
   void LoadRecordHead(const Dataset& data, int64_t record, int64_t slot, const PackedRecords* packed);
-  // The batch's records from `packed`, whose ids it has (LoadBatch).
-  void LoadPackedRecords(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords& packed);
-  // Room in lookup l for `need` ids and kIdSlack more (never shrinks).
-  void GrowLookup(size_t l, size_t need);
-  // LoadPackedRecords copies ids in chunks of kIdSlack + 1, so a lookup's
-  // ids may be written up to kIdSlack past its count.
+  void LoadPackedIds(const PackedRecords& packed, int64_t record, int64_t slot);
+  // Room in lookup l for `need` ids and kIdSlack more: LoadPackedIds copies
+  // ids in chunks of kIdSlack + 1, so it may write up to kIdSlack past the
+  // lookup's count. GrowLookup (never shrinks) when there is not.
   static constexpr uint32_t kIdSlack = 3;
+  void EnsureIds(size_t l, size_t need) {
+    if (lookups_[l].ids.size() < need + kIdSlack) GrowLookup(l, need);
+  }
+  void GrowLookup(size_t l, size_t need);
   // Lookup l's id count in a packed block (PackedRecords).
   static uint32_t BlockCount(const uint64_t* block, size_t l) {
     uint32_t c = 0;

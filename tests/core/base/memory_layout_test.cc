@@ -1,7 +1,6 @@
-// CacheLinesOf and PrefetchLines (core/base/prefetch.h), HugePageAllocator
+// CacheLinesOf, the lines PrefetchLines asks for (core/base/prefetch.h); HugePageAllocator
 // (core/base/huge_page_allocator.h).
 #include <cstdint>
-#include <numeric>
 #include <vector>
 
 #include "core/base/huge_page_allocator.h"
@@ -41,15 +40,6 @@ TEST(CacheLinesTest, CountsEveryLineTheRangeTouches) {
       EXPECT_EQ(CacheLinesOf(0x4000 + off, bytes).count, want) << off << " " << bytes;
     }
   }
-}
-
-TEST(CacheLinesTest, PrefetchingChangesNothing) {
-  std::vector<uint64_t> v(100);
-  std::iota(v.begin(), v.end(), 7);
-  PrefetchLines(v.data() + 3, 61 * sizeof(uint64_t));
-  PrefetchLines(v.data(), 0);
-  PrefetchLines(nullptr, 0);
-  for (size_t i = 0; i < v.size(); ++i) EXPECT_EQ(v[i], i + 7);
 }
 
 TEST(HugePageAllocatorTest, LargeBlocksStartOnAHugePage) {
