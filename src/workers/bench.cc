@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/data/id_stream.h"
 #include "core/model/hogwild_kernels.h"
 #include "core/model/optimizer.h"
 #include "core/model/partitioner.h"
@@ -109,6 +111,73 @@ struct Bf16Matmul {
   }
 };
 
+// The random-row bound is measured between this many slices of the timed
+// steps (fewer with fewer steps).
+constexpr int kBoundSlices = 5;
+// Untimed steps before each slice after the first.
+constexpr int64_t kRewarmSteps = 2;
+// Rows each thread of the bound draws before timing and cycles through.
+constexpr int64_t kBoundRowsPerThread = int64_t{1} << 20;
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The time a step spends on its embedding rows: pulling them, pooling them
+// in place in the forward, and pushing them.
+double EmbeddingSeconds(const PhaseTimes& p) { return p.pull_rows + p.rows_in_forward + p.push_rows; }
+
+struct JobRows {
+  RandomRowBound bound;
+  int64_t row_bytes = 0;  // params and slots of one row
+};
+
+// The random-row bound on the job's own rows: every table as wide as the
+// first, uniform rows over all of them, one sequence per worker thread.
+// nullopt where there are no such rows to measure on in this process: no
+// local store (a cluster's worker task), tables kept elsewhere
+// (JobOptions::tables), a store of several replicas or hosting only some
+// shards, a dynamic table of that width (its unused rows may be untouched
+// pages), or tables of that width with different row sizes.
+absl::StatusOr<std::optional<JobRows>> JobRowBound(Job& job, uint64_t seed) {
+  if (!job.has_local_store() || job.tables_store() != nullptr || job.replicas().num_replicas() != 1) {
+    return std::nullopt;
+  }
+  const ShmParamStore& store = job.store();
+  const StoreLayout& layout = store.layout();
+  if (layout.tables.empty() || store.partial()) return std::nullopt;
+  const int64_t dim = layout.tables[0].dim;
+  std::vector<RowRegion> regions;
+  int64_t row_bytes = -1;
+  for (int table = 0; table < static_cast<int>(layout.tables.size()); ++table) {
+    const TableSpec& spec = layout.tables[table];
+    if (spec.dim != dim) continue;
+    if (spec.kind != EmbeddingKind::kStatic) return std::nullopt;
+    for (int shard = store.first_hosted_shard(); shard < store.first_hosted_shard() + store.num_hosted_shards();
+         ++shard) {
+      const EmbeddingTable& e = store.table_shard(table, shard);
+      const int64_t bytes = static_cast<int64_t>(e.params_bytes_per_row()) +
+                            e.num_slots() * dim * static_cast<int64_t>(sizeof(float));
+      if (row_bytes >= 0 && bytes != row_bytes) return std::nullopt;
+      row_bytes = bytes;
+      regions.push_back(RowRegion{reinterpret_cast<char*>(e.StaticRowParams(0)), e.capacity(),
+                                  static_cast<int64_t>(e.row_stride())});
+    }
+  }
+  int64_t total = 0;
+  for (const RowRegion& r : regions) total += r.rows;
+  if (total < job.num_workers()) return std::nullopt;
+  std::vector<std::vector<uint64_t>> rows_of;
+  for (int t = 0; t < job.num_workers(); ++t) {
+    rows_of.push_back(MakeIdStream(total, 0.0, kBoundRowsPerThread, seed * 1000003 + static_cast<uint64_t>(t)));
+  }
+  SW_ASSIGN_OR_RETURN(RandomRowBound bound, RandomRowBound::Create(regions, row_bytes, rows_of));
+  return JobRows{std::move(bound), row_bytes};
+}
+
 }  // namespace
 
 absl::StatusOr<MatmulPeak> MeasureMatmulPeak(WorkerPool& pool, int omp_threads_per_worker,
@@ -160,29 +229,68 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
   SW_RETURN_IF_ERROR(job.pool().RunAll([&](int i) {
     return job.worker(i).Train(order.data() + parts[i].begin, parts[i].size(), r.warmup_steps, opt, 0, 0, nullptr);
   }));
-  std::vector<PhaseTimes> times(r.workers);
-  int64_t pulls_before = 0, rows_before = 0;
-  for (int i = 0; i < r.workers; ++i) {
-    pulls_before += job.worker(i).counters().pulls.load(std::memory_order_relaxed);
-    rows_before += job.worker(i).counters().rows_pulled.load(std::memory_order_relaxed);
-  }
+  // With embedding rows the bound is measured between slices of the timed
+  // steps, on the store's own rows where it can (JobRowBound): each slice's
+  // embedding rate meets a bound measured right after it, on the same pages.
+  SW_ASSIGN_OR_RETURN(std::optional<JobRows> job_bound, JobRowBound(job, cfg.train.seed));
+  const int slices = job_bound ? static_cast<int>(std::clamp<int64_t>(r.steps, 1, kBoundSlices)) : 1;
+  auto counted = [&](std::atomic<int64_t> WorkerCounters::*counter) {
+    int64_t n = 0;
+    for (int i = 0; i < r.workers; ++i) n += (job.worker(i).counters().*counter).load(std::memory_order_relaxed);
+    return n;
+  };
   const uint64_t wire_before = wire_bytes ? wire_bytes() : 0;
-  const auto start = Clock::now();
-  SW_RETURN_IF_ERROR(job.pool().RunAll([&](int i) {
-    return job.worker(i).Train(order.data() + parts[i].begin, parts[i].size(), r.steps, opt, 0, 0, &times[i]);
-  }));
-  r.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
+  // Runs `steps` steps on every worker, each going on where its last call
+  // stopped in its part of the data; times them into `times` unless null.
+  std::vector<std::vector<int32_t>> part_order(r.workers);
+  int64_t done_steps = 0;  // per worker
+  auto run = [&](int64_t steps, std::vector<PhaseTimes>* times) {
+    for (int i = 0; i < r.workers; ++i) {
+      const int64_t size = parts[i].size();
+      part_order[i].resize(size);
+      const int64_t first = size > 0 ? done_steps * r.batch % size : 0;
+      for (int64_t j = 0; j < size; ++j) part_order[i][j] = order[parts[i].begin + (first + j) % size];
+    }
+    done_steps += steps;
+    return job.pool().RunAll([&](int i) {
+      return job.worker(i).Train(part_order[i].data(), parts[i].size(), steps, opt, 0, 0,
+                                 times ? &(*times)[i] : nullptr);
+    });
+  };
+  int64_t rows = 0;  // gathered in the timed steps, all workers
+  std::vector<double> slice_bounds, slice_ratios;
+  for (int slice = 0; slice < slices; ++slice) {
+    // The bound sweeps the caches and the TLB: a few untimed steps refill
+    // them before each slice after the first (which follows the warm-up).
+    if (slice > 0) SW_RETURN_IF_ERROR(run(kRewarmSteps, nullptr));
+    const int64_t steps = r.steps / slices + (slice < r.steps % slices ? 1 : 0);
+    std::vector<PhaseTimes> times(r.workers);
+    const int64_t rows_before = counted(&WorkerCounters::rows_pulled);
+    const int64_t pulls_before = counted(&WorkerCounters::pulls);
+    const auto start = Clock::now();
+    SW_RETURN_IF_ERROR(run(steps, &times));
+    r.wall_s += std::chrono::duration<double>(Clock::now() - start).count();
+    const int64_t slice_rows = counted(&WorkerCounters::rows_pulled) - rows_before;
+    rows += slice_rows;
+    r.pulls += counted(&WorkerCounters::pulls) - pulls_before;
+    PhaseTimes slice_phases;
+    for (const PhaseTimes& t : times) slice_phases.Add(t);
+    r.phases.Add(slice_phases);
+    if (job_bound) {
+      // A short untimed warm-up before the first slice's bound only.
+      SW_ASSIGN_OR_RETURN(const RandomRowBound::Rate rate,
+                          job_bound->bound.Measure(job.pool(), slice == 0 ? 0.1 : 0.0, cfg.bench.peak_seconds / slices));
+      const double embedding_s = EmbeddingSeconds(slice_phases) / r.workers;
+      const double rate_in_phases = embedding_s > 0 ? static_cast<double>(slice_rows) / embedding_s : 0;
+      slice_bounds.push_back(rate.rows_per_s);
+      slice_ratios.push_back(rate.rows_per_s > 0 ? rate_in_phases / rate.rows_per_s : 0);
+    }
+  }
   if (wire_bytes) {
-    r.wire_bytes_per_step = static_cast<double>(wire_bytes() - wire_before) / (static_cast<double>(r.steps) * r.workers);
+    // (with slices, the untimed steps between them are on the wire too)
+    r.wire_bytes_per_step = static_cast<double>(wire_bytes() - wire_before) /
+                            (static_cast<double>(done_steps) * r.workers);
   }
-  for (const PhaseTimes& t : times) r.phases.Add(t);
-  int64_t rows = 0;
-  for (int i = 0; i < r.workers; ++i) {
-    r.pulls += job.worker(i).counters().pulls.load(std::memory_order_relaxed);
-    rows += job.worker(i).counters().rows_pulled.load(std::memory_order_relaxed);
-  }
-  r.pulls -= pulls_before;
-  rows -= rows_before;
   r.update_mode = UpdateModeName(cfg.ps.update);
   const double total_steps = static_cast<double>(r.steps) * r.workers;
   r.samples_per_s = total_steps * r.batch / r.wall_s;
@@ -212,34 +320,54 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
     r.rows_per_s = static_cast<double>(rows) / r.wall_s;
     const TableSpec& t = layout.tables[0];
     r.embedding_dim = t.dim;
-    const OptimizerOptions& sparse = cfg.sparse_optimizer ? *cfg.sparse_optimizer : cfg.optimizer;
-    StoreBenchOptions so;
-    so.dim = t.dim;
-    // As many rows as the step's lookups spread over: every table of that
-    // width (26 tables of 1M rows for DLRM), so the bound misses the caches
-    // and TLB as often as the step does.
-    so.rows = 0;
-    for (const TableSpec& other : layout.tables) {
-      if (other.dim == t.dim) so.rows += other.capacity;
+    if (job_bound) {
+      r.bytes_per_row = job_bound->row_bytes;
+      r.bound_memory = "the job's rows";
+      r.bound_slices = slices;
+      r.bound_rows_per_s = Median(slice_bounds);
+      r.bound_rows_per_s_min = *std::min_element(slice_bounds.begin(), slice_bounds.end());
+      r.bound_rows_per_s_max = *std::max_element(slice_bounds.begin(), slice_bounds.end());
+      r.phase_rows_ratio = Median(slice_ratios);
+      r.phase_rows_ratio_min = *std::min_element(slice_ratios.begin(), slice_ratios.end());
+      r.phase_rows_ratio_max = *std::max_element(slice_ratios.begin(), slice_ratios.end());
+    } else {
+      // No local static rows to measure on (a cluster's tables, dynamic
+      // tables): the store benchmark's bound, once, on memory of its own.
+      const OptimizerOptions& sparse = cfg.sparse_optimizer ? *cfg.sparse_optimizer : cfg.optimizer;
+      StoreBenchOptions so;
+      so.dim = t.dim;
+      // As many rows as the step's lookups spread over: every table of that
+      // width (26 tables of 1M rows for DLRM), so the bound misses the caches
+      // and TLB as often as the step does.
+      so.rows = 0;
+      for (const TableSpec& other : layout.tables) {
+        if (other.dim == t.dim) so.rows += other.capacity;
+      }
+      so.optimizer = sparse.type;
+      so.bf16 = t.bf16;
+      so.threads = r.workers;
+      so.seconds = cfg.bench.peak_seconds;
+      so.warmup_seconds = 0.1;
+      so.seed = cfg.train.seed;
+      SW_ASSIGN_OR_RETURN(StoreBenchReport sb, RunStoreBench(so));
+      r.bytes_per_row = sb.row_bytes;
+      r.bound_memory = "a store of its own";
+      r.bound_slices = 1;
+      r.bound_rows_per_s = r.bound_rows_per_s_min = r.bound_rows_per_s_max = sb.bound_rows_per_s;
     }
-    so.optimizer = sparse.type;
-    so.bf16 = t.bf16;
-    so.threads = r.workers;
-    so.seconds = cfg.bench.peak_seconds;
-    so.warmup_seconds = 0.1;
-    so.seed = cfg.train.seed;
-    SW_ASSIGN_OR_RETURN(StoreBenchReport sb, RunStoreBench(so));
     // Bytes per id: the gathered row (f32, whatever the table's dtype), and
-    // the update reading and writing the row's params and slots (the store
-    // bench's row_bytes: bf16 params count 2 bytes each).
+    // the update reading and writing the row's params and slots (bf16
+    // params count 2 bytes each).
     r.embedding_bytes_per_s =
-        r.rows_per_s * (static_cast<double>(t.dim) * sizeof(float) + 2.0 * static_cast<double>(sb.row_bytes));
-    r.bound_rows_per_s = sb.bound_rows_per_s;
+        r.rows_per_s * (static_cast<double>(t.dim) * sizeof(float) + 2.0 * static_cast<double>(r.bytes_per_row));
     r.rows_ratio = r.bound_rows_per_s > 0 ? r.rows_per_s / r.bound_rows_per_s : 0;
     // Phase times are summed over the workers, which run at once.
-    const double embedding_s = (r.phases.pull_rows + r.phases.rows_in_forward + r.phases.push_rows) / r.workers;
+    const double embedding_s = EmbeddingSeconds(r.phases) / r.workers;
     r.phase_rows_per_s = embedding_s > 0 ? static_cast<double>(rows) / embedding_s : 0;
-    r.phase_rows_ratio = r.bound_rows_per_s > 0 ? r.phase_rows_per_s / r.bound_rows_per_s : 0;
+    if (!job_bound) {
+      r.phase_rows_ratio = r.bound_rows_per_s > 0 ? r.phase_rows_per_s / r.bound_rows_per_s : 0;
+      r.phase_rows_ratio_min = r.phase_rows_ratio_max = r.phase_rows_ratio;
+    }
   }
   return r;
 }
@@ -261,11 +389,20 @@ std::string FormatBenchReport(const BenchReport& r) {
   absl::StrAppendFormat(&s, "data: read and parsed %d records in %.2f s before training (%.0f records/s)\n",
                         r.data_records, r.data_load_s, r.data_load_s > 0 ? r.data_records / r.data_load_s : 0.0);
   if (r.rows_per_s > 0) {
+    const std::string bound_how =
+        r.bound_slices > 1
+            ? absl::StrFormat("median of %d, one after each slice of the steps, on %s; range %.3g-%.3g", r.bound_slices,
+                              r.bound_memory, r.bound_rows_per_s_min, r.bound_rows_per_s_max)
+            : absl::StrFormat("once after the steps, on %s", r.bound_memory);
+    const std::string ratio_range =
+        r.bound_slices > 1 ? absl::StrFormat(" (slices %.3f-%.3f)", r.phase_rows_ratio_min, r.phase_rows_ratio_max)
+                           : std::string();
     absl::StrAppendFormat(&s,
                           "embeddings: %.3g rows/s gathered and updated (dim %d), %.2f GB/s moved; same-run random-row "
-                          "bound %.3g rows/s: ratio %.3f; in the embedding phases alone %.3g rows/s: ratio %.3f%s\n",
-                          r.rows_per_s, r.embedding_dim, r.embedding_bytes_per_s / 1e9, r.bound_rows_per_s, r.rows_ratio,
-                          r.phase_rows_per_s, r.phase_rows_ratio,
+                          "bound %.3g rows/s (%s): ratio %.3f; in the embedding phases alone %.3g rows/s: ratio "
+                          "%.3f%s%s\n",
+                          r.rows_per_s, r.embedding_dim, r.embedding_bytes_per_s / 1e9, r.bound_rows_per_s, bound_how,
+                          r.rows_ratio, r.phase_rows_per_s, r.phase_rows_ratio, ratio_range,
                           r.phases.rows_in_forward > 0
                               ? absl::StrFormat(" (rows in place: the forward's pooling, %.1f%% of the step, counted too)",
                                                 pct(r.phases.rows_in_forward))

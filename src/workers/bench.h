@@ -85,14 +85,31 @@ struct BenchReport {
   // read-modify-write of rows with the first table's stride, over as many
   // rows as all tables of that width hold together, on as many pinned
   // threads as there are workers, uniform ids).
+  //
+  // Where the job's rows are local, static and of one size (bench.cc's
+  // JobRowBound), the bound runs on those rows themselves (it writes back
+  // the bits it read), so it meets the step's own pages, TLB reach and NUMA
+  // placement; it is measured after each of bound_slices slices of the
+  // timed steps, for bench.peak_seconds / bound_slices each. Elsewhere
+  // (a cluster's tables, dynamic tables) `shardwild bench store`'s bound
+  // runs once after the steps on an array of its own (bound_slices 1).
+  // bound_rows_per_s is the median over the slices; _min and _max their range.
   double bound_rows_per_s = 0;
+  double bound_rows_per_s_min = 0, bound_rows_per_s_max = 0;
+  int bound_slices = 0;
+  std::string bound_memory;           // "the job's rows" or "a store of its own"
+  int64_t bytes_per_row = 0;          // the params and slots one update reads and writes
   double rows_ratio = 0;              // rows_per_s / bound_rows_per_s
   // The same ids over the time spent in the embedding phases only (pull rows
   // + push rows, and with rows in place the forward's pooling of them,
   // PhaseTimes::rows_in_forward): how fast the store serves the model's rows, whatever the
   // share of the step the MLP takes.
   double phase_rows_per_s = 0;
-  double phase_rows_ratio = 0;        // phase_rows_per_s / bound_rows_per_s
+  // phase_rows_per_s / bound_rows_per_s: with slices, the median of each
+  // slice's ratio (the slice's rows over its embedding phases' time, over
+  // the bound measured right after it); _min and _max their range.
+  double phase_rows_ratio = 0;
+  double phase_rows_ratio_min = 0, phase_rows_ratio_max = 0;
   // Text data: tokens per second per worker thread.
   double tokens_per_s_per_worker = 0;
   // Reading and parsing the training data when the job was built (before

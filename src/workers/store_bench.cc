@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "core/model/optimizer.h"
 #include "core/data/id_stream.h"
+#include "core/base/prefetch.h"
 #include "core/base/status.h"
 #include "ps_shm/huge_pages.h"
 #include "ps_shm/shm_segment.h"
@@ -61,7 +62,122 @@ absl::Status TimedLoop(double seconds, int64_t num_batches, Step step, int64_t* 
   return absl::OkStatus();
 }
 
+// Asks for a row's lines (at most 16) with intent to write.
+void PrefetchRowForWrite(const char* row, int64_t bytes) {
+  const CacheLines lines = CacheLinesOf(reinterpret_cast<uintptr_t>(row), static_cast<size_t>(bytes));
+  const char* p = reinterpret_cast<const char*>(lines.first);
+  for (size_t l = 0; l < std::min<size_t>(lines.count, 16); ++l) {
+#if defined(__x86_64__)
+    // asm volatile, as PrefetchLines: a loop of __builtin_prefetch with a
+    // known bound may be deleted as free of side effects.
+    asm volatile("prefetchw %0" : : "m"(p[kCacheLineBytes * l]));
+#else
+    __builtin_prefetch(p + kCacheLineBytes * l, 1);
+#endif
+  }
+}
+
 }  // namespace
+
+absl::StatusOr<RandomRowBound> RandomRowBound::Create(const std::vector<RowRegion>& regions, int64_t row_bytes,
+                                                      const std::vector<std::vector<uint64_t>>& rows_of) {
+  uint64_t total = 0;
+  std::vector<uint64_t> ends;  // the row space index past each region
+  for (const RowRegion& r : regions) {
+    if (r.first == nullptr || r.rows < 0 || row_bytes > r.stride) {
+      return absl::InvalidArgumentError(absl::StrCat("random-row bound: a region of ", r.rows, " rows of stride ",
+                                                     r.stride, " cannot hold rows of ", row_bytes, " bytes"));
+    }
+    total += static_cast<uint64_t>(r.rows);
+    ends.push_back(total);
+  }
+  const uint64_t threads = rows_of.size();
+  if (threads == 0 || total < threads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("random-row bound: ", total, " rows for ", threads, " threads (at least one row each)"));
+  }
+  if (row_bytes <= 0 || row_bytes % 4 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("random-row bound: row_bytes must be a positive multiple of 4, got ", row_bytes));
+  }
+  RandomRowBound b;
+  b.row_bytes_ = row_bytes;
+  for (uint64_t t = 0; t < threads; ++t) {
+    std::vector<char*>& out = b.addresses_.emplace_back();
+    out.reserve(rows_of[t].size());
+    for (uint64_t index : rows_of[t]) {
+      if (index >= total) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("random-row bound: row ", index, " is past the ", total, " rows of the regions"));
+      }
+      uint64_t row = index - index % threads + t;
+      if (row >= total) row -= threads;
+      const size_t region = static_cast<size_t>(std::upper_bound(ends.begin(), ends.end(), row) - ends.begin());
+      const uint64_t local = row - (ends[region] - static_cast<uint64_t>(regions[region].rows));
+      out.push_back(regions[region].first + local * static_cast<uint64_t>(regions[region].stride));
+    }
+    if (out.empty()) return absl::InvalidArgumentError(absl::StrCat("random-row bound: no rows for thread ", t));
+  }
+  return b;
+}
+
+absl::StatusOr<RandomRowBound::Rate> RandomRowBound::Measure(WorkerPool& pool, double warmup_seconds,
+                                                            double seconds) const {
+  if (pool.size() != threads()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("random-row bound: ", threads(), " row sequences for a pool of ", pool.size(), " threads"));
+  }
+  // Rows between two looks at the clock.
+  constexpr int64_t kChunk = 1024;
+  std::vector<int64_t> rows(threads(), 0);
+  std::vector<double> elapsed(threads(), 0);
+  SW_RETURN_IF_ERROR(pool.RunAll([&](int t) -> absl::Status {
+    const std::vector<char*>& a = addresses_[t];
+    const int64_t n = static_cast<int64_t>(a.size());
+    const int64_t words = row_bytes_ / 4;
+    // XOR with a zero the compiler cannot see through: every word is read
+    // and written back, bit for bit (floats or bf16 pairs alike).
+    uint32_t zero = 0;
+    asm volatile("" : "+r"(zero));
+    int64_t next = 0;  // the sequence's next row
+    auto chunk = [&] {
+      for (int64_t c = 0; c < kChunk; ++c) {
+        int64_t ahead = next + kPrefetchDistance;
+        if (ahead >= n) ahead %= n;
+        PrefetchRowForWrite(a[ahead], row_bytes_);
+        char* p = a[next];
+        for (int64_t j = 0; j < words; ++j) {
+          uint32_t w;
+          std::memcpy(&w, p + 4 * j, 4);
+          w ^= zero;
+          std::memcpy(p + 4 * j, &w, 4);
+        }
+        if (++next == n) next = 0;
+      }
+    };
+    auto timed = [&](double limit, int64_t* done, double* e) {
+      const auto start = Clock::now();
+      int64_t k = 0;
+      do {
+        chunk();
+        k += kChunk;
+        *e = std::chrono::duration<double>(Clock::now() - start).count();
+      } while (*e < limit);
+      *done = k;
+    };
+    int64_t warm_rows = 0;
+    double warm_elapsed = 0;
+    if (warmup_seconds > 0) timed(warmup_seconds, &warm_rows, &warm_elapsed);
+    timed(seconds, &rows[t], &elapsed[t]);
+    return absl::OkStatus();
+  }));
+  Rate r;
+  for (int t = 0; t < threads(); ++t) {
+    r.rows_per_s += static_cast<double>(rows[t]) / elapsed[t];
+    r.wall_s = std::max(r.wall_s, elapsed[t]);
+  }
+  return r;
+}
 
 const char* IdDistributionName(IdDistribution d) { return d == IdDistribution::kUniform ? "uniform" : "zipf"; }
 
@@ -114,7 +230,6 @@ absl::StatusOr<StoreBenchReport> RunStoreBench(const StoreBenchOptions& options)
   r.row_bytes = static_cast<int64_t>(shard0.params_bytes_per_row()) + slots * o.dim * static_cast<int64_t>(sizeof(float));
   // The bound's read-modify-write covers the row's bytes as floats.
   const int64_t floats_per_row = r.row_bytes / static_cast<int64_t>(sizeof(float));
-  const int64_t params_floats = static_cast<int64_t>(shard0.params_bytes_per_row() / sizeof(float));
   r.row_stride = static_cast<int64_t>(shard0.row_stride());
   const float lr = so.optimizer.lr;
 
@@ -201,47 +316,11 @@ absl::StatusOr<StoreBenchReport> RunStoreBench(const StoreBenchOptions& options)
     return absl::OkStatus();
   }));
   if (r.huge_pages_requested) CollapseHugePages(segment->data(), segment->size());
-  // Every line a row touches (at least one: rows below 64 bytes share lines).
-  const int lines = static_cast<int>(std::clamp<size_t>((stride + 63) / 64, 1, 16));
-  SW_RETURN_IF_ERROR(pool.RunAll([&](int t) -> absl::Status {
-    const uint64_t threads = static_cast<uint64_t>(o.threads), me = static_cast<uint64_t>(t);
-    const uint64_t nrows = static_cast<uint64_t>(o.rows);
-    // Thread t keeps to rows = t (mod T): no data race in plain code.
-    auto row_of = [&](uint64_t id) {
-      const uint64_t row = id - id % threads + me;
-      return row >= nrows ? row - threads : row;
-    };
-    std::vector<float> grad(o.dim, 1e-3f);
-    const uint64_t* my_rows = rows_of[t].data();
-    char* base = array;
-    const int64_t dim = o.dim;
-    auto step = [&](int64_t b) {
-      const uint64_t* batch = my_rows + b * o.batch;
-      for (int64_t i = 0; i < o.batch; ++i) {
-        if (i + kPrefetchDistance < o.batch) {
-          const char* next = base + row_of(batch[i + kPrefetchDistance]) * stride;
-          for (int l = 0; l < lines; ++l) __builtin_prefetch(next + 64 * l, 1);
-        }
-        float* p = reinterpret_cast<float*>(base + row_of(batch[i]) * stride);
-        // The params' bytes (dim floats, or bf16 params' bytes as floats), then each slot.
-        for (int64_t j = 0; j < params_floats; ++j) p[j] = 0.999f * p[j] - 1e-3f * grad[j];
-        p += params_floats;
-        for (int a = 0; a < slots; ++a, p += dim) {
-          for (int64_t j = 0; j < dim; ++j) p[j] = 0.999f * p[j] - 1e-3f * grad[j];
-        }
-      }
-      std::atomic_signal_fence(std::memory_order_seq_cst);  // keep the stores in the loop
-      return absl::OkStatus();
-    };
-    int64_t warm_batches = 0;
-    double warm_elapsed = 0;
-    SW_RETURN_IF_ERROR(TimedLoop(o.warmup_seconds, num_batches, step, &warm_batches, &warm_elapsed));
-    return TimedLoop(o.seconds, num_batches, step, &batches[t], &elapsed[t]);
-  }));
-  for (int t = 0; t < o.threads; ++t) {
-    r.bound_rows_per_s += static_cast<double>(batches[t] * o.batch) / elapsed[t];
-    r.bound_wall_s = std::max(r.bound_wall_s, elapsed[t]);
-  }
+  SW_ASSIGN_OR_RETURN(const RandomRowBound bound,
+                      RandomRowBound::Create({RowRegion{array, o.rows, r.row_stride}}, r.row_bytes, rows_of));
+  SW_ASSIGN_OR_RETURN(const RandomRowBound::Rate rate, bound.Measure(pool, o.warmup_seconds, o.seconds));
+  r.bound_rows_per_s = rate.rows_per_s;
+  r.bound_wall_s = rate.wall_s;
   r.bytes_per_s = r.rows_per_s * 2.0 * static_cast<double>(r.row_bytes);
   r.ratio = r.bound_rows_per_s > 0 ? r.rows_per_s / r.bound_rows_per_s : 0;
   return r;

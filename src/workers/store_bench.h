@@ -9,13 +9,10 @@
 // before timing into a buffer it cycles through.
 //
 // In the same run, on the same pinned threads, with the same id sequences,
-// it measures the bound: a random-row read-modify-write of rows of the same
-// size (the table's row stride; params + slots floats touched) over an
-// array of the same number of rows (a shared-memory segment with the store's
-// huge-page treatment), by plain (non-atomic) code that
-// prefetches rows ahead as the table does. No index, no deduplication, no
-// optimizer arithmetic. Thread t of T keeps to rows = t (mod T) there, so the
-// plain code has no data race.
+// it measures the bound (RandomRowBound below): a random-row
+// read-modify-write of rows of the same size (the table's row stride; params
+// + slots bytes touched) over an array of the same number of rows (a
+// shared-memory segment with the store's huge-page treatment).
 //
 // rows_per_s counts the ids in the pushed batches (repeats included); the
 // push deduplicates them, the bound does not, so with Zipf ids the ratio may
@@ -26,10 +23,12 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/config/options.h"
 #include "ps_shm/embedding_table.h"
+#include "workers/worker_pool.h"
 
 namespace shardwild {
 
@@ -70,6 +69,49 @@ struct StoreBenchReport {
   uint64_t store_bytes = 0;                     // shared memory of the store
   bool huge_pages_requested = false;            // the store asked for THP (ps.huge_pages auto, kernel allows)
   std::optional<uint64_t> huge_pages_granted_bytes;  // of the store, measured; unset if unknown
+};
+
+// Row blocks in memory: `rows` blocks of `stride` bytes from `first`.
+struct RowRegion {
+  char* first = nullptr;
+  int64_t rows = 0;
+  int64_t stride = 0;
+};
+
+// The random-row bound: a plain (non-atomic) read-modify-write of the first
+// `row_bytes` bytes of random rows, prefetching rows ahead as the store does,
+// with no index, deduplication or optimizer arithmetic. The regions form one
+// row space, region after region. It writes back the bits it read, so it can
+// run on a live table's rows (while no worker runs) and leave them as they
+// were: the memory, its pages and its NUMA placement are the step's own.
+// Thread t of T keeps to rows = t (mod T) of the row space, so the plain code
+// has no data race.
+class RandomRowBound {
+ public:
+  // rows_of[t]: thread t's row sequence (indices into the row space, which
+  // must hold at least as many rows as there are threads; each index moves
+  // to its nearest row = t mod T), turned into addresses here, before timing.
+  // InvalidArgument for no rows, a row_bytes that is not a positive multiple
+  // of 4 within every region's stride, or an index past the row space.
+  static absl::StatusOr<RandomRowBound> Create(const std::vector<RowRegion>& regions, int64_t row_bytes,
+                                               const std::vector<std::vector<uint64_t>>& rows_of);
+
+  struct Rate {
+    double rows_per_s = 0;  // all threads
+    double wall_s = 0;      // the longest thread's timed seconds
+  };
+  // Runs thread t's sequence on pool thread t (pool.size() must equal the
+  // sequences) for `seconds`, after `warmup_seconds` untimed, cycling
+  // through the sequence.
+  absl::StatusOr<Rate> Measure(WorkerPool& pool, double warmup_seconds, double seconds) const;
+
+  int threads() const { return static_cast<int>(addresses_.size()); }
+  // Test hook: thread t's row addresses, in its sequence's order.
+  const std::vector<char*>& AddressesForTest(int t) const { return addresses_[t]; }
+
+ private:
+  std::vector<std::vector<char*>> addresses_;
+  int64_t row_bytes_ = 0;
 };
 
 // Runs the benchmark. Errors: InvalidArgument for bad options, and the

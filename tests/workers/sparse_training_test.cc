@@ -131,9 +131,48 @@ TEST_F(SparseTrainingTest, BenchReportsEmbeddingPhasesAgainstTheBound) {
   EXPECT_GT(r->phase_rows_per_s, r->rows_per_s);
   EXPECT_TRUE(std::isfinite(r->phase_rows_ratio));
   EXPECT_GT(r->data_load_s, 0);
+  // Static local tables: the bound runs on the job's own rows after each
+  // of 5 slices of the 10 steps; the figures are the slices' medians.
+  EXPECT_EQ(r->bound_memory, "the job's rows");
+  EXPECT_EQ(r->bound_slices, 5);
+  EXPECT_EQ(r->bytes_per_row, 16 * 4);  // SGD: the params alone
+  EXPECT_GT(r->bound_rows_per_s_min, 0);
+  EXPECT_LE(r->bound_rows_per_s_min, r->bound_rows_per_s);
+  EXPECT_LE(r->bound_rows_per_s, r->bound_rows_per_s_max);
+  EXPECT_GT(r->phase_rows_ratio_min, 0);
+  EXPECT_LE(r->phase_rows_ratio_min, r->phase_rows_ratio);
+  EXPECT_LE(r->phase_rows_ratio, r->phase_rows_ratio_max);
+  EXPECT_DOUBLE_EQ(r->rows_ratio, r->rows_per_s / r->bound_rows_per_s);
+  EXPECT_EQ(r->pulls, 2 * 10);  // every step pulls (fused with the push), the slices' first ones too
   const std::string text = FormatBenchReport(*r);
   EXPECT_NE(text.find("embeddings: "), std::string::npos) << text;
   EXPECT_NE(text.find("pull rows"), std::string::npos) << text;
+  EXPECT_NE(text.find("median of 5, one after each slice of the steps, on the job's rows"), std::string::npos) << text;
+}
+
+// Dynamic tables may hold untouched pages where no id has landed yet: the
+// bound runs once after the steps, on a store of its own, as `shardwild
+// bench store` measures it.
+TEST_F(SparseTrainingTest, BenchOfDynamicTablesTakesTheStoreBenchBound) {
+  std::vector<std::string> sets = SmallDlrm(dir_, "hogwild", 2);
+  sets.push_back("model.sparse.0.kind=dynamic");
+  sets.push_back("bench.warmup_steps=2");
+  sets.push_back("bench.steps=10");
+  sets.push_back("bench.peak_seconds=0.1");
+  absl::StatusOr<Config> config = Load("ctr_dlrm.yaml", sets);
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(*config);
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<BenchReport> r = RunBench(**job);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->bound_memory, "a store of its own");
+  EXPECT_EQ(r->bound_slices, 1);
+  EXPECT_GT(r->bound_rows_per_s, 0);
+  EXPECT_EQ(r->bound_rows_per_s_min, r->bound_rows_per_s);
+  EXPECT_EQ(r->bound_rows_per_s_max, r->bound_rows_per_s);
+  EXPECT_DOUBLE_EQ(r->phase_rows_ratio, r->phase_rows_per_s / r->bound_rows_per_s);
+  EXPECT_EQ(r->phase_rows_ratio_min, r->phase_rows_ratio);
+  EXPECT_NE(FormatBenchReport(*r).find("once after the steps, on a store of its own"), std::string::npos);
 }
 
 TEST_F(SparseTrainingTest, BadConfigsNameTheKey) {
