@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/status.h"
 #include "gtest/gtest.h"
 #include "tests/workers/sparse_test_util.h"
 #include "tests/workers/test_config.h"
@@ -110,16 +111,19 @@ TEST_F(SparseTrainingTest, ResumeWithTablesIsBitIdentical) {
   EXPECT_EQ(Metric(*rest, "test_auc"), Metric(*want, "test_auc"));
 }
 
+// A short bench of the small DLRM (2 hogwild workers, 2 + 10 steps) with
+// `extra` settings.
+absl::StatusOr<BenchReport> BenchSmallDlrm(const TempDir& dir, const std::vector<std::string>& extra) {
+  std::vector<std::string> sets = SmallDlrm(dir, "hogwild", 2);
+  for (const char* s : {"bench.warmup_steps=2", "bench.steps=10", "bench.peak_seconds=0.1"}) sets.push_back(s);
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  SW_ASSIGN_OR_RETURN(Config config, Load("ctr_dlrm.yaml", sets));
+  SW_ASSIGN_OR_RETURN(std::unique_ptr<Job> job, Job::Create(config));
+  return RunBench(*job);
+}
+
 TEST_F(SparseTrainingTest, BenchReportsEmbeddingPhasesAgainstTheBound) {
-  std::vector<std::string> sets = SmallDlrm(dir_, "hogwild", 2);
-  sets.push_back("bench.warmup_steps=2");
-  sets.push_back("bench.steps=10");
-  sets.push_back("bench.peak_seconds=0.1");
-  absl::StatusOr<Config> config = Load("ctr_dlrm.yaml", sets);
-  ASSERT_TRUE(config.ok()) << config.status();
-  absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(*config);
-  ASSERT_TRUE(job.ok()) << job.status();
-  absl::StatusOr<BenchReport> r = RunBench(**job);
+  absl::StatusOr<BenchReport> r = BenchSmallDlrm(dir_, {});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_GT(r->phases.pull_rows, 0);
   EXPECT_GT(r->phases.push_rows, 0);
@@ -154,16 +158,7 @@ TEST_F(SparseTrainingTest, BenchReportsEmbeddingPhasesAgainstTheBound) {
 // bound runs once after the steps, on a store of its own, as `shardwild
 // bench store` measures it.
 TEST_F(SparseTrainingTest, BenchOfDynamicTablesTakesTheStoreBenchBound) {
-  std::vector<std::string> sets = SmallDlrm(dir_, "hogwild", 2);
-  sets.push_back("model.sparse.0.kind=dynamic");
-  sets.push_back("bench.warmup_steps=2");
-  sets.push_back("bench.steps=10");
-  sets.push_back("bench.peak_seconds=0.1");
-  absl::StatusOr<Config> config = Load("ctr_dlrm.yaml", sets);
-  ASSERT_TRUE(config.ok()) << config.status();
-  absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(*config);
-  ASSERT_TRUE(job.ok()) << job.status();
-  absl::StatusOr<BenchReport> r = RunBench(**job);
+  absl::StatusOr<BenchReport> r = BenchSmallDlrm(dir_, {"model.sparse.0.kind=dynamic"});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->bound_memory, "a store of its own");
   EXPECT_EQ(r->bound_slices, 1);
