@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "core/model/hogwild_kernels.h"
 #include "core/model/optimizer.h"
+#include "core/base/prefetch.h"
 #include "core/base/random.h"
 #include "core/base/status.h"
 #include "ps_shm/init_kernels.h"
@@ -696,22 +697,23 @@ void EmbeddingTable::Touch(RowMeta* meta, uint64_t tick) const {
 // speculative read of the home slot (relaxed; a wrong or stale guess costs a
 // useless prefetch, never a wrong answer).
 void EmbeddingTable::PrefetchAhead(absl::Span<const uint64_t> ids, size_t i, int lines) const {
+  // `lines` lines from the one holding the block's start (LinesFor).
   auto row_lines = [&](const char* b) {
-    const uintptr_t first = reinterpret_cast<uintptr_t>(b) & ~uintptr_t{63};
-    for (int l = 0; l < lines; ++l) __builtin_prefetch(reinterpret_cast<const char*>(first + 64 * l), 1);
+    const uintptr_t first = reinterpret_cast<uintptr_t>(b) & ~uintptr_t{kCacheLineBytes - 1};
+    PrefetchLinesForWrite(reinterpret_cast<const void*>(first), static_cast<size_t>(lines) * kCacheLineBytes);
   };
   if (kind_ == EmbeddingKind::kStatic) {
     if (i + kPrefetchDistance < ids.size()) {
       const uint64_t id = ids[i + kPrefetchDistance];
       if (id < static_cast<uint64_t>(capacity_)) {
         row_lines(RowBlock(static_cast<int64_t>(id)));
-        if (side_stride_ > 0) __builtin_prefetch(MetaWords(static_cast<int64_t>(id)), 1);
+        if (side_stride_ > 0) PrefetchLineForWrite(MetaWords(static_cast<int64_t>(id)));
       }
     }
     return;
   }
   if (i + 2 * kPrefetchDistance < ids.size()) {
-    __builtin_prefetch(&index_[HomeHash(ids[i + 2 * kPrefetchDistance]) & index_mask_], 0);
+    PrefetchLine(&index_[HomeHash(ids[i + 2 * kPrefetchDistance]) & index_mask_]);
   }
   if (i + kPrefetchDistance < ids.size()) {
     const uint64_t id = ids[i + kPrefetchDistance];

@@ -62,21 +62,6 @@ absl::Status TimedLoop(double seconds, int64_t num_batches, Step step, int64_t* 
   return absl::OkStatus();
 }
 
-// Asks for a row's lines (at most 16) with intent to write.
-void PrefetchRowForWrite(const char* row, int64_t bytes) {
-  const CacheLines lines = CacheLinesOf(reinterpret_cast<uintptr_t>(row), static_cast<size_t>(bytes));
-  const char* p = reinterpret_cast<const char*>(lines.first);
-  for (size_t l = 0; l < std::min<size_t>(lines.count, 16); ++l) {
-#if defined(__x86_64__)
-    // asm volatile, as PrefetchLines: a loop of __builtin_prefetch with a
-    // known bound may be deleted as free of side effects.
-    asm volatile("prefetchw %0" : : "m"(p[kCacheLineBytes * l]));
-#else
-    __builtin_prefetch(p + kCacheLineBytes * l, 1);
-#endif
-  }
-}
-
 }  // namespace
 
 absl::StatusOr<RandomRowBound> RandomRowBound::Create(const std::vector<RowRegion>& regions, int64_t row_bytes,
@@ -144,7 +129,7 @@ absl::StatusOr<RandomRowBound::Rate> RandomRowBound::Measure(WorkerPool& pool, d
       for (int64_t c = 0; c < kChunk; ++c) {
         int64_t ahead = next + kPrefetchDistance;
         if (ahead >= n) ahead %= n;
-        PrefetchRowForWrite(a[ahead], row_bytes_);
+        PrefetchLinesForWrite(a[ahead], static_cast<size_t>(row_bytes_));
         char* p = a[next];
         for (int64_t j = 0; j < words; ++j) {
           uint32_t w;

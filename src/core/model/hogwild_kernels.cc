@@ -25,6 +25,7 @@
 
 #include <type_traits>
 
+#include "core/base/prefetch.h"
 #include "core/model/hogwild_kernels.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -380,13 +381,6 @@ SHARDWILD_HOGWILD_KERNEL void GatherRowsImpl(const float* const* rows, int64_t c
   }
 }
 
-// Every cache line of a row of dim floats, for writing.
-HWY_INLINE void PrefetchRowForWrite(const void* row, int64_t bytes) {
-  const uintptr_t first = reinterpret_cast<uintptr_t>(row) & ~uintptr_t{63};
-  const uintptr_t last = reinterpret_cast<uintptr_t>(row) + static_cast<uintptr_t>(bytes) - 1;
-  for (uintptr_t a = first; a <= last; a += 64) __builtin_prefetch(reinterpret_cast<const void*>(a), 1);
-}
-
 // A row's elements as f32 lanes: f32 rows as they are, bf16 rows widened.
 template <class D>
 HWY_INLINE auto LoadRow(D d, const float* p) {
@@ -459,7 +453,7 @@ HWY_INLINE void EmbeddingBagForwardRows(const T* const* rows, int64_t dim, const
     const int64_t begin = offsets[b], end = offsets[b + 1];
     for (int64_t i = begin; i < end; ++i) {
       // With intent to write: the step's fused update follows.
-      if (i + kAhead < total) PrefetchRowForWrite(rows[i + kAhead], bytes);
+      if (i + kAhead < total) PrefetchLinesForWrite(rows[i + kAhead], static_cast<size_t>(bytes));
       Run(AxpyOp<T>{weights ? weights[i] : 1.0f, rows[i], o}, dim);
     }
     if (pooling == Pooling::kMean && end > begin) Run(ScaleOp{1.0f / static_cast<float>(end - begin), o}, dim);
@@ -480,7 +474,7 @@ HWY_INLINE void EmbeddingBagSgdRows(T* const* rows, int64_t dim, const int64_t* 
     const float* g = dout + b * out_stride;
     const float pool = pooling == Pooling::kMean && end > begin ? 1.0f / static_cast<float>(end - begin) : 1.0f;
     for (int64_t i = begin; i < end; ++i) {
-      if (i + kAhead < total) PrefetchRowForWrite(rows[i + kAhead], bytes);
+      if (i + kAhead < total) PrefetchLinesForWrite(rows[i + kAhead], static_cast<size_t>(bytes));
       const uint32_t salt = std::is_same_v<T, uint16_t> ? BagSgdBf16Salt(seed, i) : 0u;
       Run(BagSgdOp<T>{(weights ? weights[i] : 1.0f) * pool * scale, lr, rows[i], g, salt}, dim);
     }

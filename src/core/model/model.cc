@@ -527,9 +527,9 @@ void Model::FinishLoad(int64_t n) {
 void Model::PrefetchRecord(const Dataset& data, int64_t r, const PackedRecords* packed) const {
   // The label (or target) is a miss of its own once the data set outgrows the caches.
   if (head_ == HeadType::kRegression) {
-    if (!data.targets.empty()) __builtin_prefetch(data.targets.data() + r, 0, 3);
+    if (!data.targets.empty()) PrefetchLine(data.targets.data() + r);
   } else if (!data.labels.empty()) {
-    __builtin_prefetch(data.labels.data() + r, 0, 3);
+    PrefetchLine(data.labels.data() + r);
   }
   if (packed != nullptr && packed->has_dense_bytes()) {
     PrefetchLines(packed->dense_bytes.data() + r * dense_dim_, static_cast<size_t>(dense_dim_));
@@ -762,7 +762,7 @@ bool Model::UseRowAddresses(int l, bool use) {
 
 void Model::PrefetchRowsInPlace(int l) const {
   const LookupState& st = lookups_[l];
-  for (size_t i = 0; i < st.count; ++i) __builtin_prefetch(st.addresses[i], 1, 3);
+  for (size_t i = 0; i < st.count; ++i) PrefetchLineForWrite(st.addresses[i]);
 }
 
 void Model::ApplyRowSgd(int l, float lr) {

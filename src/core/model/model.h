@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/base/huge_page_allocator.h"
+#include "core/base/prefetch.h"
 #include "core/data/dataset.h"
 #include "core/model/layers.h"
 #include "core/config/options.h"
@@ -213,7 +214,7 @@ class Model {
   // reads (a miss of its own): a worker issues it for a whole batch before
   // PrefetchRecord (LoadBatch loads it, in TouchBatch).
   void PrefetchRecordStart(int64_t r, const PackedRecords* packed) const {
-    if (packed != nullptr && packed->has_ids()) __builtin_prefetch(packed->start.data() + r, 0, 3);
+    if (packed != nullptr && packed->has_ids()) PrefetchLine(packed->start.data() + r);
   }
   // `data` packed for this model (PackedRecords): the ids unless there are
   // no lookups or a weighted lookup's field carries weights (they stay in
