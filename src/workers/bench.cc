@@ -241,10 +241,11 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
   };
   const uint64_t wire_before = wire_bytes ? wire_bytes() : 0;
   // Runs `steps` steps on every worker, each going on where its last call
-  // stopped in its part of the data; times them into `times` unless null.
+  // stopped in its part of the data. With `times`, times them into it and
+  // their wall time into r.wall_s (the data's rotation before the clock).
   std::vector<std::vector<int32_t>> part_order(r.workers);
   int64_t done_steps = 0;  // per worker
-  auto run = [&](int64_t steps, std::vector<PhaseTimes>* times) {
+  auto run = [&](int64_t steps, std::vector<PhaseTimes>* times) -> absl::Status {
     for (int i = 0; i < r.workers; ++i) {
       const int64_t size = parts[i].size();
       part_order[i].resize(size);
@@ -252,10 +253,13 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
       for (int64_t j = 0; j < size; ++j) part_order[i][j] = order[parts[i].begin + (first + j) % size];
     }
     done_steps += steps;
-    return job.pool().RunAll([&](int i) {
+    const auto start = Clock::now();
+    SW_RETURN_IF_ERROR(job.pool().RunAll([&](int i) {
       return job.worker(i).Train(part_order[i].data(), parts[i].size(), steps, opt, 0, 0,
                                  times ? &(*times)[i] : nullptr);
-    });
+    }));
+    if (times) r.wall_s += std::chrono::duration<double>(Clock::now() - start).count();
+    return absl::OkStatus();
   };
   int64_t rows = 0;  // gathered in the timed steps, all workers
   std::vector<double> slice_bounds, slice_ratios;
@@ -267,9 +271,7 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
     std::vector<PhaseTimes> times(r.workers);
     const int64_t rows_before = counted(&WorkerCounters::rows_pulled);
     const int64_t pulls_before = counted(&WorkerCounters::pulls);
-    const auto start = Clock::now();
     SW_RETURN_IF_ERROR(run(steps, &times));
-    r.wall_s += std::chrono::duration<double>(Clock::now() - start).count();
     const int64_t slice_rows = counted(&WorkerCounters::rows_pulled) - rows_before;
     rows += slice_rows;
     r.pulls += counted(&WorkerCounters::pulls) - pulls_before;

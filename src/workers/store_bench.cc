@@ -124,12 +124,14 @@ absl::StatusOr<RandomRowBound::Rate> RandomRowBound::Measure(WorkerPool& pool, d
     // and written back, bit for bit (floats or bf16 pairs alike).
     uint32_t zero = 0;
     asm volatile("" : "+r"(zero));
+    // At most 16 lines ahead, as EmbeddingTable::PrefetchAhead.
+    const size_t prefetch_bytes = static_cast<size_t>(std::min<int64_t>(row_bytes_, 16 * kCacheLineBytes));
     int64_t next = 0;  // the sequence's next row
-    auto chunk = [&] {
+    auto chunk = [&](int64_t /*chunk index*/) {
       for (int64_t c = 0; c < kChunk; ++c) {
         int64_t ahead = next + kPrefetchDistance;
         if (ahead >= n) ahead %= n;
-        PrefetchLinesForWrite(a[ahead], static_cast<size_t>(row_bytes_));
+        PrefetchLinesForWrite(a[ahead], prefetch_bytes);
         char* p = a[next];
         for (int64_t j = 0; j < words; ++j) {
           uint32_t w;
@@ -139,21 +141,13 @@ absl::StatusOr<RandomRowBound::Rate> RandomRowBound::Measure(WorkerPool& pool, d
         }
         if (++next == n) next = 0;
       }
+      return absl::OkStatus();
     };
-    auto timed = [&](double limit, int64_t* done, double* e) {
-      const auto start = Clock::now();
-      int64_t k = 0;
-      do {
-        chunk();
-        k += kChunk;
-        *e = std::chrono::duration<double>(Clock::now() - start).count();
-      } while (*e < limit);
-      *done = k;
-    };
-    int64_t warm_rows = 0;
+    int64_t warm_chunks = 0, chunks = 0;
     double warm_elapsed = 0;
-    if (warmup_seconds > 0) timed(warmup_seconds, &warm_rows, &warm_elapsed);
-    timed(seconds, &rows[t], &elapsed[t]);
+    if (warmup_seconds > 0) SW_RETURN_IF_ERROR(TimedLoop(warmup_seconds, 1, chunk, &warm_chunks, &warm_elapsed));
+    SW_RETURN_IF_ERROR(TimedLoop(seconds, 1, chunk, &chunks, &elapsed[t]));
+    rows[t] = chunks * kChunk;
     return absl::OkStatus();
   }));
   Rate r;
