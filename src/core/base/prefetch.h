@@ -44,13 +44,6 @@ inline void PrefetchLine(const void* p) {
 #endif
 }
 
-// Every line of [begin, begin + bytes), for reading.
-inline void PrefetchLines(const void* begin, size_t bytes) {
-  const CacheLines lines = CacheLinesOf(reinterpret_cast<uintptr_t>(begin), bytes);
-  const char* p = reinterpret_cast<const char*>(lines.first);
-  for (size_t i = 0; i < lines.count; ++i) PrefetchLine(p + kCacheLineBytes * i);
-}
-
 // Asks for the line holding `p` with intent to write (prefetchw: the line
 // comes in exclusive, so the store that follows needs no second request).
 // Through asm volatile on x86 for the reason above. On x86 CPUs without
@@ -63,11 +56,16 @@ inline void PrefetchLineForWrite(const void* p) {
 #endif
 }
 
-// Every line of [begin, begin + bytes), for writing.
-inline void PrefetchLinesForWrite(const void* begin, size_t bytes) {
+// Line(a) for every line a of [begin, begin + bytes).
+template <void (*Line)(const void*)>
+inline void EachLine(const void* begin, size_t bytes) {
   const CacheLines lines = CacheLinesOf(reinterpret_cast<uintptr_t>(begin), bytes);
   const char* p = reinterpret_cast<const char*>(lines.first);
-  for (size_t i = 0; i < lines.count; ++i) PrefetchLineForWrite(p + kCacheLineBytes * i);
+  for (size_t i = 0; i < lines.count; ++i) Line(p + kCacheLineBytes * i);
 }
+
+// Every line of [begin, begin + bytes), for reading or for writing.
+inline void PrefetchLines(const void* begin, size_t bytes) { EachLine<PrefetchLine>(begin, bytes); }
+inline void PrefetchLinesForWrite(const void* begin, size_t bytes) { EachLine<PrefetchLineForWrite>(begin, bytes); }
 
 }  // namespace shardwild

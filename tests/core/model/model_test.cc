@@ -110,6 +110,27 @@ class ModelTest : public ::testing::Test {
     for (int64_t i = 0; i < b.batch() * outputs; ++i) EXPECT_EQ(a.logits()[i], b.logits()[i]) << i << ", " << what;
   }
 
+  // A model of `options` packs `d` (PackRecords); each of `batches` loaded
+  // from those packed records is then the same batch as a second model
+  // loads from d's fields (ExpectSameBatch). Returns the packed records, or
+  // nullopt (and a failure) where d is not packed.
+  std::optional<PackedRecords> ExpectPackedLoadsAsFields(const ModelOptions& options, const Dataset& d, int64_t batch,
+                                                         int64_t outputs,
+                                                         const std::vector<std::vector<int32_t>>& batches) {
+    const std::unique_ptr<Model> packed_model = Make(options, d, batch), plain_model = Make(options, d, batch);
+    if (!packed_model || !plain_model) return std::nullopt;
+    std::optional<PackedRecords> packed = packed_model->PackRecords(d);
+    EXPECT_TRUE(packed.has_value());
+    if (!packed) return std::nullopt;
+    for (size_t b = 0; b < batches.size(); ++b) {
+      const int64_t n = static_cast<int64_t>(batches[b].size());
+      packed_model->LoadBatch(d, batches[b].data(), n, &*packed);
+      plain_model->LoadBatch(d, batches[b].data(), n);
+      ExpectSameBatch(*packed_model, *plain_model, outputs, absl::StrCat("batch ", b, " of ", n, " records"));
+    }
+    return packed;
+  }
+
   dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream_{engine_};
 };
@@ -238,27 +259,19 @@ TEST_F(ModelTest, PackedRecordsLoadAsTheFieldsDo) {
   Dataset d = SmallData(40, 2, 3, false, 3);
   d.fields[0].weights.clear();  // a weighted field with weights is not packed (below)
   const ModelOptions opts = SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, true, true);
-  const std::unique_ptr<Model> packed_model = Make(opts, d, /*batch=*/8), plain_model = Make(opts, d, 8);
-  ASSERT_TRUE(packed_model && plain_model);
-  Model& pm = *packed_model;
-  Model& m = *plain_model;
-  const std::optional<PackedRecords> packed = pm.PackRecords(d);
+  const std::optional<PackedRecords> packed = ExpectPackedLoadsAsFields(
+      opts, d, /*batch=*/8, /*outputs=*/3, {{39, 0, 17, 17, 5, 22, 8, 31}, {3}, {12, 1, 30}, {}});
   ASSERT_TRUE(packed.has_value());
+  const std::unique_ptr<Model> m = Make(opts, d, 8);
+  ASSERT_TRUE(m);
   EXPECT_EQ(packed->records, d.count);
-  EXPECT_EQ(packed->num_lookups, pm.num_lookups());
+  EXPECT_EQ(packed->num_lookups, m->num_lookups());
   ASSERT_EQ(packed->start.size(), static_cast<size_t>(d.count) + 1);
   // The blocks, then a few words of padding (the loads copy whole chunks).
   EXPECT_LE(packed->start.back(), packed->words.size());
   EXPECT_LE(packed->words.size(), packed->start.back() + 8);
-  const std::vector<std::vector<int32_t>> batches = {{39, 0, 17, 17, 5, 22, 8, 31}, {3}, {12, 1, 30}, {}};
-  for (const std::vector<int32_t>& records : batches) {
-    const int64_t n = static_cast<int64_t>(records.size());
-    pm.LoadBatch(d, records.data(), n, &*packed);
-    m.LoadBatch(d, records.data(), n);
-    ExpectSameBatch(pm, m, /*outputs=*/3, absl::StrCat("batch of ", n));
-  }
   // A weighted lookup whose field carries weights keeps reading the fields.
-  EXPECT_FALSE(pm.PackRecords(SmallData(5, 2, 3, false, 3)).has_value());
+  EXPECT_FALSE(m->PackRecords(SmallData(5, 2, 3, false, 3)).has_value());
 }
 
 // Packed blocks are copied in chunks of several ids: bags of every length
@@ -269,12 +282,6 @@ TEST_F(ModelTest, PackedRecordsOfLongBagsLoadAsTheFieldsDo) {
   Dataset d = SmallData(150, 2, 3, false, 5, /*max_b=*/13);
   d.fields[0].weights.clear();
   const ModelOptions opts = SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, false, true);
-  const std::unique_ptr<Model> packed_model = Make(opts, d, /*batch=*/6), plain_model = Make(opts, d, 6);
-  ASSERT_TRUE(packed_model && plain_model);
-  Model& pm = *packed_model;
-  Model& m = *plain_model;
-  const std::optional<PackedRecords> packed = pm.PackRecords(d);
-  ASSERT_TRUE(packed.has_value());
   std::set<int64_t> lengths;
   for (int64_t r = 0; r < d.count; ++r) lengths.insert(d.fields[1].size(r));
   ASSERT_EQ(lengths.size(), 14u) << "the data should hold bags of every length 0..13";
@@ -286,12 +293,7 @@ TEST_F(ModelTest, PackedRecordsOfLongBagsLoadAsTheFieldsDo) {
   }
   batches.push_back({static_cast<int32_t>(d.count - 1)});
   batches.push_back({static_cast<int32_t>(d.count - 1), 0, static_cast<int32_t>(d.count - 1)});
-  for (const std::vector<int32_t>& records : batches) {
-    const int64_t n = static_cast<int64_t>(records.size());
-    pm.LoadBatch(d, records.data(), n, &*packed);
-    m.LoadBatch(d, records.data(), n);
-    ExpectSameBatch(pm, m, /*outputs=*/3, absl::StrCat("batch starting ", records[0]));
-  }
+  EXPECT_TRUE(ExpectPackedLoadsAsFields(opts, d, /*batch=*/6, /*outputs=*/3, batches).has_value());
 }
 
 // A weighted lookup whose data carries no weights weighs every id 1: the
