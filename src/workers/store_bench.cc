@@ -62,6 +62,34 @@ absl::Status TimedLoop(double seconds, int64_t num_batches, Step step, int64_t* 
   return absl::OkStatus();
 }
 
+// The bound's inner loop: `count` rows of the cyclic sequence a[0, n) from
+// a[next] on, each one's first `words` words read and written back as they
+// were, with the row kPrefetchDistance ahead asked for (prefetch_bytes of
+// it) first; returns where the sequence goes on. Its own function, with
+// every value a local, so no store into a row can alias them (a lambda
+// over the caller's variables, called through TimedLoop, reloaded them
+// after each store and ran at half the rate).
+int64_t RewriteRows(char* const* a, int64_t n, int64_t next, int64_t count, int64_t words, size_t prefetch_bytes) {
+  // XOR with a zero the compiler cannot see through: every word is read
+  // and written back, bit for bit (floats or bf16 pairs alike).
+  uint32_t zero = 0;
+  asm volatile("" : "+r"(zero));
+  for (int64_t c = 0; c < count; ++c) {
+    int64_t ahead = next + kPrefetchDistance;
+    if (ahead >= n) ahead %= n;
+    PrefetchLinesForWrite(a[ahead], prefetch_bytes);
+    char* p = a[next];
+    for (int64_t j = 0; j < words; ++j) {
+      uint32_t w;
+      std::memcpy(&w, p + 4 * j, 4);
+      w ^= zero;
+      std::memcpy(p + 4 * j, &w, 4);
+    }
+    if (++next == n) next = 0;
+  }
+  return next;
+}
+
 }  // namespace
 
 absl::StatusOr<RandomRowBound> RandomRowBound::Create(const std::vector<RowRegion>& regions, int64_t row_bytes,
@@ -118,29 +146,11 @@ absl::StatusOr<RandomRowBound::Rate> RandomRowBound::Measure(WorkerPool& pool, d
   std::vector<double> elapsed(threads(), 0);
   SW_RETURN_IF_ERROR(pool.RunAll([&](int t) -> absl::Status {
     const std::vector<char*>& a = addresses_[t];
-    const int64_t n = static_cast<int64_t>(a.size());
-    const int64_t words = row_bytes_ / 4;
-    // XOR with a zero the compiler cannot see through: every word is read
-    // and written back, bit for bit (floats or bf16 pairs alike).
-    uint32_t zero = 0;
-    asm volatile("" : "+r"(zero));
     // At most 16 lines ahead, as EmbeddingTable::PrefetchAhead.
     const size_t prefetch_bytes = static_cast<size_t>(std::min<int64_t>(row_bytes_, 16 * kCacheLineBytes));
     int64_t next = 0;  // the sequence's next row
     auto chunk = [&](int64_t /*chunk index*/) {
-      for (int64_t c = 0; c < kChunk; ++c) {
-        int64_t ahead = next + kPrefetchDistance;
-        if (ahead >= n) ahead %= n;
-        PrefetchLinesForWrite(a[ahead], prefetch_bytes);
-        char* p = a[next];
-        for (int64_t j = 0; j < words; ++j) {
-          uint32_t w;
-          std::memcpy(&w, p + 4 * j, 4);
-          w ^= zero;
-          std::memcpy(p + 4 * j, &w, 4);
-        }
-        if (++next == n) next = 0;
-      }
+      next = RewriteRows(a.data(), static_cast<int64_t>(a.size()), next, kChunk, row_bytes_ / 4, prefetch_bytes);
       return absl::OkStatus();
     };
     int64_t warm_chunks = 0, chunks = 0;
