@@ -1,14 +1,21 @@
 // Dense layer and MLP step throughput, next to the sgemm peak measured in the
 // same binary run (BM_Sgemm). Compare the FLOP/s counters of the two. Also
 // the sparse models' memory-bound kernels (EmbeddingBag, dot interaction),
-// reported in bytes/s.
+// reported in bytes/s, and the in-place embedding kernels on rows outside the
+// caches next to a plain random-row read-modify-write of the same rows
+// (BM_InPlaceRows: compare their rows/s).
 //
 //   build/bench/core/model/dense_benchmark --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
 
+#include <sys/mman.h>
+
 #include <cstdint>
+#include <random>
 #include <vector>
 
+#include "core/base/prefetch.h"
+#include "core/model/hogwild_kernels.h"
 #include "core/model/layers.h"
 #include "core/model/model.h"
 #include "core/model/sparse_layers.h"
@@ -161,6 +168,87 @@ void BM_DotInteractionBackward(benchmark::State& state) {
       benchmark::Counter(4.0 * batch * d * (n * (n - 1) / 2), benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_DotInteractionBackward)->ArgNames({"n", "d", "batch"})->Args({27, 16, 2048})->Args({9, 64, 2048});
+
+// The in-place embedding path of a DLRM step (Model::Forward's pooling and
+// the fused backward and SGD, reading the store's rows where they lie): 26
+// lookups of 128 one-id bags a step into z's rows of 27 vectors, over one
+// array of `rows` rows (256 MB: outside any cache), uniform random ids, a new
+// step's ids each iteration. The bound is the same rows read, changed and
+// written by a plain loop that prefetches them as the kernels do (16 ahead
+// within a lookup). Args: dim, rows, what (0 the forward's pooling, 1 the
+// fused backward and SGD, 2 the bound). Counter: rows/s.
+constexpr int64_t kLookups = 26, kBags = 128, kStreamSteps = 64;
+
+struct InPlaceRows {
+  int64_t dim = 0, rows = 0;
+  float* base = nullptr;
+  std::vector<std::vector<float*>> addresses;  // [step * kLookups + lookup][bag]
+  std::vector<int64_t> offsets;
+  std::vector<float> z;
+  InPlaceRows(int64_t d, int64_t n) : dim(d), rows(n), offsets(kBags + 1), z(kBags * (kLookups + 1) * d, 0.5f) {
+    void* p = mmap(nullptr, Bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return;
+    base = static_cast<float*>(p);
+    std::fill_n(base, rows * dim, 0.01f);
+    std::mt19937_64 rng(7);
+    for (int64_t i = 0; i < kStreamSteps * kLookups; ++i) {
+      std::vector<float*> bags(kBags);
+      for (float*& row : bags) row = base + static_cast<int64_t>(rng() % static_cast<uint64_t>(rows)) * dim;
+      addresses.push_back(std::move(bags));
+    }
+    for (int64_t b = 0; b <= kBags; ++b) offsets[b] = b;
+  }
+  ~InPlaceRows() {
+    if (base != nullptr) munmap(base, Bytes());
+  }
+  InPlaceRows(const InPlaceRows&) = delete;
+  InPlaceRows& operator=(const InPlaceRows&) = delete;
+  size_t Bytes() const { return static_cast<size_t>(rows * dim) * sizeof(float); }
+};
+
+// The bound's loop, a function of its arguments only (a lambda over the
+// caller's variables would reload them after every store to a row).
+void RewriteRows(float* const* rows, int64_t count, int64_t dim) {
+  const size_t bytes = static_cast<size_t>(dim) * sizeof(float);
+  for (int64_t i = 0; i < count; ++i) {
+    if (i + 16 < count) PrefetchLinesForWrite(rows[i + 16], bytes);
+    float* p = rows[i];
+    for (int64_t j = 0; j < dim; ++j) p[j] = p[j] * 0.5f + 0.005f;
+  }
+}
+
+void BM_InPlaceRows(benchmark::State& state) {
+  const int64_t dim = state.range(0), what = state.range(2);
+  InPlaceRows d(dim, state.range(1));
+  if (d.base == nullptr) {
+    state.SkipWithError("mmap failed");
+    return;
+  }
+  const int64_t zw = (kLookups + 1) * dim;
+  int64_t step = 0;
+  for (auto _ : state) {
+    for (int64_t l = 0; l < kLookups; ++l) {
+      std::vector<float*>& rows = d.addresses[step * kLookups + l];
+      float* z = d.z.data() + (l + 1) * dim;
+      if (what == 0) {
+        HogwildEmbeddingBagForward(rows.data(), dim, d.offsets.data(), nullptr, kBags, Pooling::kSum, z, zw);
+      } else if (what == 1) {
+        HogwildEmbeddingBagSgd(rows.data(), dim, d.offsets.data(), nullptr, kBags, kBags, Pooling::kSum, z, zw,
+                               /*scale=*/1.0f, /*lr=*/1e-6f);
+      } else {
+        RewriteRows(rows.data(), kBags, dim);
+      }
+    }
+    benchmark::ClobberMemory();
+    step = (step + 1) % kStreamSteps;
+  }
+  state.counters["rows/s"] = benchmark::Counter(kLookups * kBags, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(what == 0 ? "pooling" : what == 1 ? "fused sgd" : "bound: plain rmw");
+}
+BENCHMARK(BM_InPlaceRows)
+    ->ArgNames({"dim", "rows", "what"})
+    ->ArgsProduct({{16}, {1 << 22}, {0, 1, 2}})
+    ->ArgsProduct({{64}, {1 << 20}, {0, 1, 2}});
 
 }  // namespace
 }  // namespace shardwild

@@ -23,6 +23,7 @@
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 
+#include <algorithm>
 #include <type_traits>
 
 #include "core/base/prefetch.h"
@@ -439,6 +440,48 @@ struct BagSgdOp {
   }
 };
 
+// One bag's pooled vector: out[0, dim) = s * sum_i w_i * rows[i][0, dim),
+// summed in registers, a group of vectors at a time, and stored once.
+// Filling the output with zeros and adding each row into it instead (a
+// store, then a load and a store a row) pooled rows outside the caches at
+// about half the rate: dense_benchmark's BM_InPlaceRows (DLRM's shape, dim
+// 16, 2-core VM) 28-35M rows/s that way, 51-57M this way, against 60M for a
+// plain read-modify-write of the same rows.
+// The sums are the same floats: 0 + w_0 r_0 + w_1 r_1 ..., then * s.
+// (Named accumulators, not an array: scalable vectors cannot be array elements.)
+template <class D, typename T>
+HWY_INLINE void PoolFourVectors(D d, const T* const* rows, const float* weights, int64_t begin, int64_t end,
+                                bool scale, float s, int64_t c, float* o) {
+  const int64_t n = static_cast<int64_t>(hn::Lanes(d));
+  auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+  for (int64_t i = begin; i < end; ++i) {
+    const auto w = hn::Set(d, weights ? weights[i] : 1.0f);
+    const T* r = rows[i] + c;
+    a0 = hn::Add(a0, hn::Mul(w, LoadRow(d, r)));
+    a1 = hn::Add(a1, hn::Mul(w, LoadRow(d, r + n)));
+    a2 = hn::Add(a2, hn::Mul(w, LoadRow(d, r + 2 * n)));
+    a3 = hn::Add(a3, hn::Mul(w, LoadRow(d, r + 3 * n)));
+  }
+  if (scale) {
+    const auto vs = hn::Set(d, s);
+    a0 = hn::Mul(a0, vs), a1 = hn::Mul(a1, vs), a2 = hn::Mul(a2, vs), a3 = hn::Mul(a3, vs);
+  }
+  hn::StoreU(a0, d, o + c);
+  hn::StoreU(a1, d, o + c + n);
+  hn::StoreU(a2, d, o + c + 2 * n);
+  hn::StoreU(a3, d, o + c + 3 * n);
+}
+
+template <class D, typename T>
+HWY_INLINE void PoolVector(D d, const T* const* rows, const float* weights, int64_t begin, int64_t end, bool scale,
+                           float s, int64_t c, float* o) {
+  auto a = hn::Zero(d);
+  for (int64_t i = begin; i < end; ++i) {
+    a = hn::Add(a, hn::Mul(hn::Set(d, weights ? weights[i] : 1.0f), LoadRow(d, rows[i] + c)));
+  }
+  hn::StoreU(scale ? hn::Mul(a, hn::Set(d, s)) : a, d, o + c);
+}
+
 // The in-place embedding-bag forward over rows of T (float or bf16).
 template <typename T>
 HWY_INLINE void EmbeddingBagForwardRows(const T* const* rows, int64_t dim, const int64_t* offsets,
@@ -446,17 +489,21 @@ HWY_INLINE void EmbeddingBagForwardRows(const T* const* rows, int64_t dim, const
                                         int64_t out_stride) {
   constexpr int64_t kAhead = 16;
   const int64_t total = offsets[batch];
-  const int64_t bytes = dim * static_cast<int64_t>(sizeof(T));
+  const size_t bytes = static_cast<size_t>(dim) * sizeof(T);
+  const hn::ScalableTag<float> d;
+  const hn::CappedTag<float, 1> d1;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(d));
   for (int64_t b = 0; b < batch; ++b) {
     float* o = out + b * out_stride;
-    Run(FillOp{0.0f, o}, dim);
     const int64_t begin = offsets[b], end = offsets[b + 1];
-    for (int64_t i = begin; i < end; ++i) {
-      // With intent to write: the step's fused update follows.
-      if (i + kAhead < total) PrefetchLinesForWrite(rows[i + kAhead], static_cast<size_t>(bytes));
-      Run(AxpyOp<T>{weights ? weights[i] : 1.0f, rows[i], o}, dim);
-    }
-    if (pooling == Pooling::kMean && end > begin) Run(ScaleOp{1.0f / static_cast<float>(end - begin), o}, dim);
+    // With intent to write: the step's fused update follows.
+    for (int64_t i = begin + kAhead; i < std::min(end + kAhead, total); ++i) PrefetchLinesForWrite(rows[i], bytes);
+    const bool scale = pooling == Pooling::kMean && end > begin;
+    const float s = scale ? 1.0f / static_cast<float>(end - begin) : 1.0f;
+    int64_t c = 0;
+    for (; c + 4 * n <= dim; c += 4 * n) PoolFourVectors(d, rows, weights, begin, end, scale, s, c, o);
+    for (; c + n <= dim; c += n) PoolVector(d, rows, weights, begin, end, scale, s, c, o);
+    for (; c < dim; ++c) PoolVector(d1, rows, weights, begin, end, scale, s, c, o);
   }
 }
 
