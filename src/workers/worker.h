@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -223,6 +224,10 @@ class Worker {
   // A training step's row updates: PushRowsBatch of the pulled lookups,
   // then the in-place lookups' fused backward and SGD.
   absl::Status UpdateRows(float lr);
+  // The model's rows_ready hook: UpdateRows(step_sparse_lr_) inside the
+  // backward when update_rows_in_backward_, timed into rows_in_backward_,
+  // its error kept in rows_status_.
+  void RowsReady();
   // Between the forward and the backward: prefetches the records of the
   // next batch (order[cursor..], wrapping when `cycle`), so their misses
   // overlap the backward instead of the next data phase.
@@ -259,6 +264,11 @@ class Worker {
   float step_lr_ = 0;
   float step_sparse_lr_ = 0;
   absl::Status bucket_status_;
+  // Rows updated as soon as the backward has their gradients (TrainSteps,
+  // when no sync round takes them): the time that took this step and its error.
+  bool update_rows_in_backward_ = false;
+  std::chrono::steady_clock::duration rows_in_backward_{};
+  absl::Status rows_status_;
   uint64_t version_at_pull_ = 0;
   const std::atomic<bool>* stop_ = nullptr;  // set_stop      // store->version() read just before the last training pull
   const PackedRecords* packed_ = nullptr;  // set_packed_records

@@ -1,11 +1,13 @@
 // The fused embedding path in a worker's step (WorkerUpdateOptions::
 // rows_in_place): rows pooled from the store's memory and updated in place
 // by the fused embedding-bag backward and SGD train the same model as rows
-// pulled into a copy and pushed from a gradient buffer.
+// pulled into a copy and pushed from a gradient buffer. Either way a step
+// updates its rows inside the backward, before the dense push.
 #include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/model/model.h"
@@ -127,6 +129,116 @@ TEST(RowsInPlaceTest, TrainsTheModelThatPulledRowsTrain) {
       ASSERT_NE(untrained.store, nullptr);
       ExpectSameModel(*in_place.store, *pulled.store, *untrained.store);
     }
+  }
+}
+
+// Forwards to a ShmParamStore and records a worker's store calls: 'P' for a
+// step's row pull (PullRowsBatch), 'R' for its row push (PushRowsBatch), 'D'
+// for its dense push (Push or PushPull). At each 'P' and 'D' it also copies
+// every row of static table "ta" (the one that goes in place).
+class StepOrderStore final : public ParamStore {
+ public:
+  explicit StepOrderStore(ShmParamStore* base) : base_(base) {
+    for (size_t t = 0; t < base->layout().tables.size(); ++t) {
+      if (base->layout().tables[t].name == "ta") table_ = static_cast<int>(t);
+    }
+    for (uint64_t id = 0; id < static_cast<uint64_t>(base->layout().tables[table_].capacity); ++id) ids_.push_back(id);
+  }
+  const StoreLayout& layout() const override { return base_->layout(); }
+  const std::string& name() const override { return base_->name(); }
+  uint64_t version() const override { return base_->version(); }
+  absl::Status Pull(absl::Span<const PullSlice> slices) override { return base_->Pull(slices); }
+  absl::Status Push(absl::Span<const DenseGrad> grads, float lr) override {
+    Record('D');
+    return base_->Push(grads, lr);
+  }
+  absl::Status PushPull(absl::Span<const DenseGrad> grads, float lr, absl::Span<const PullSlice> pulls) override {
+    Record('D');
+    return base_->PushPull(grads, lr, pulls);
+  }
+  absl::Status PullRows(int table, absl::Span<const uint64_t> ids, float* out, PullMode mode,
+                        RowScratch* scratch) override {
+    return base_->PullRows(table, ids, out, mode, scratch);
+  }
+  absl::Status PushRows(int table, absl::Span<const uint64_t> ids, const float* grads, float lr,
+                        RowScratch* scratch) override {
+    return base_->PushRows(table, ids, grads, lr, scratch);
+  }
+  absl::Status PullRowsBatch(absl::Span<const RowPull> parts, PullMode mode, RowScratch* scratch) override {
+    Record('P');
+    return base_->PullRowsBatch(parts, mode, scratch);
+  }
+  absl::Status PushRowsBatch(absl::Span<const RowGrad> parts, float lr, RowScratch* scratch) override {
+    events_ += 'R';
+    return base_->PushRowsBatch(parts, lr, scratch);
+  }
+  absl::StatusOr<bool> RowAddresses(int table, absl::Span<const uint64_t> ids, float** out) override {
+    return base_->RowAddresses(table, ids, out);
+  }
+
+  const std::string& events() const { return events_; }
+  // The copies of table "ta", one per 'P' and 'D' in events() order.
+  const std::vector<std::vector<float>>& snapshots() const { return snapshots_; }
+
+ private:
+  void Record(char event) {
+    events_ += event;
+    std::vector<float> rows(ids_.size() * base_->layout().tables[table_].dim);
+    RowScratch scratch;
+    EXPECT_TRUE(base_->PullRows(table_, ids_, rows.data(), PullMode::kReadOnly, &scratch).ok());
+    snapshots_.push_back(std::move(rows));
+  }
+
+  ShmParamStore* base_;
+  int table_ = 0;
+  std::vector<uint64_t> ids_;
+  std::string events_;
+  std::vector<std::vector<float>> snapshots_;
+};
+
+// A step's rows are updated as soon as the backward has their gradients,
+// before the dense push (their lines are still in the caches then), and only
+// once: nothing moves them between the dense push and the next step.
+TEST(RowsInPlaceTest, RowsAreUpdatedOnceBeforeTheDensePush) {
+  const SparseCase c = MakeCase(Pooling::kSum);
+  for (bool in_place : {true, false}) {
+    SCOPED_TRACE(in_place ? "in place" : "pulled");
+    OpenStoreOptions so;
+    so.store.job_name = "sw-inplace-order";
+    so.num_shards = 2;
+    so.optimizer.type = OptimizerType::kSgd;
+    so.optimizer.lr = 0.2f;
+    so.tables = c.tables;
+    so.seed = 5;
+    auto store = ShmParamStore::Create(so, c.variables);
+    ASSERT_TRUE(store.ok()) << store.status();
+    StepOrderStore recorder(store->get());
+    dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+    auto worker = Worker::Create(0, c.model, /*batch=*/32, c.data, &recorder, engine, /*seed=*/3);
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    WorkerUpdateOptions u;
+    u.rows_in_place = in_place;
+    (*worker)->set_update_options(u);
+    std::vector<int32_t> order(c.data.count);
+    for (int64_t i = 0; i < c.data.count; ++i) order[i] = static_cast<int32_t>(i);
+    PhaseTimes times;
+    constexpr int kSteps = 3;
+    ASSERT_TRUE((*worker)->Train(order.data(), c.data.count, kSteps, so.optimizer, 0, 1, &times).ok());
+    // Per step: the rows of the dynamic table and the wide lookup pulled, then
+    // pushed, then the dense push.
+    EXPECT_EQ(recorder.events(), "PRDPRDPRD");
+    ASSERT_EQ(recorder.snapshots().size(), 2u * kSteps);
+    for (int step = 0; step < kSteps; ++step) {
+      const std::vector<float>& pulled = recorder.snapshots()[2 * step];
+      const std::vector<float>& at_dense_push = recorder.snapshots()[2 * step + 1];
+      EXPECT_TRUE(pulled != at_dense_push) << "step " << step << ": the static table's rows had not moved yet";
+      if (step + 1 < kSteps) {
+        EXPECT_TRUE(at_dense_push == recorder.snapshots()[2 * step + 2])
+            << "step " << step << ": the rows moved after the dense push";
+      }
+    }
+    EXPECT_GT(times.push_rows, 0.0);
+    EXPECT_EQ(times.rows_in_forward > 0.0, in_place);
   }
 }
 

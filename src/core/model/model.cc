@@ -712,6 +712,7 @@ LossResult Model::Backward(int64_t valid, const dnnl::stream& stream, GradientRe
   }
   top_->Backward(stream, gradients_ready_);
   if (direct_) {
+    if (rows_ready_) rows_ready_();  // only wide rows here, their gradients taken above
     if (bottom_) bottom_->Backward(stream, gradients_ready_);  // the top wrote its input gradient into the bottom's dout
     return r;
   }
@@ -736,6 +737,7 @@ LossResult Model::Backward(int64_t valid, const dnnl::stream& stream, GradientRe
                          BatchWeights(st), batch_, valid, lk.pooling, st.row_grads.data(),
                          sparse_scale / dense_scale);
   }
+  if (rows_ready_) rows_ready_();
   if (bottom_) {
     // Gather the gradient wrt the dense vector into the bottom's output gradient.
     const float* from = interaction_ == Interaction::kDotNoDense ? dinter_.data() : dz_.data();

@@ -239,6 +239,11 @@ class Model {
   void set_gradients_ready(std::function<void(int first_var, int count)> ready) {
     gradients_ready_ = std::move(ready);
   }
+  // Called by Backward once every lookup's row gradient is known (row_grads(),
+  // and the pooled gradient ApplyRowSgd reads) and before the bottom tower's
+  // backward, on Backward's thread: the rows can be updated while the lines
+  // the forward's pooling read are still in the caches. Empty = none.
+  void set_rows_ready(std::function<void()> ready) { rows_ready_ = std::move(ready); }
   // The dense variables grouped by layer ({kernel, bias}), in the order
   // Backward finishes them: the top tower's layers from the last, then the
   // bottom tower's. Every variable is in exactly one group.
@@ -325,6 +330,7 @@ class Model {
   std::vector<std::vector<uint16_t>> params16_;  // params_bf16
   std::unique_ptr<Tower> bottom_, top_;
   std::function<void(int, int)> gradients_ready_;  // set_gradients_ready
+  std::function<void()> rows_ready_;              // set_rows_ready
   float* logits_ = nullptr;
   float* dlogits_ = nullptr;
   uint64_t rng_ = 0;
