@@ -300,6 +300,8 @@ class Model {
   // Loads the first lines of the batch's records (labels, packed blocks) all
   // at once, before LoadRecord copies them one by one.
   void TouchBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed) const;
+  // Pools every deep lookup's rows into its columns of z_.
+  void PoolLookups();
   void AddWide();  // adds the wide lookups' terms to the logits
   // Starts a batch from `data`: no ids yet, and whether its weights are read.
   void BeginLoad(const Dataset& data);
