@@ -593,10 +593,10 @@ void Model::LoadRange(const Dataset& data, int64_t first, int64_t n) {
 
 void Model::Forward(bool training, const dnnl::stream& stream) {
   const float* b_out = input_.data();
-  // The rows first: the worker asked for their lines just before this call
-  // (PrepareRows), and the bottom tower's forward, run first, had pushed
-  // them out of L2 before the pooling read them (DLRM, 2 workers on 2
-  // cores, alternating runs: pooling 110 -> 62 us a step).
+  // The rows first, while the lines the worker asked for just before this
+  // call (PrepareRows) are in L2: pooled after the bottom tower's forward,
+  // they had been pushed out by it (DLRM, 2 workers on 2 cores, alternating
+  // runs: pooling 110 -> 62 us a step).
   if (!direct_) PoolLookups();
   if (bottom_) {
     bottom_->Forward(training, &rng_, stream);
