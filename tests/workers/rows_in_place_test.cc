@@ -47,15 +47,22 @@ struct Trained {
   PhaseTimes times;
 };
 
-Trained Train(const SparseCase& c, bool in_place, int shards, int epochs = 2) {
-  Trained out;
+// The store of every test here: plain SGD (rows go in place) at lr 0.2.
+OpenStoreOptions StoreOptions(const SparseCase& c, const char* job_name, int shards) {
   OpenStoreOptions so;
-  so.store.job_name = epochs == 0 ? "sw-inplace-0" : in_place ? "sw-inplace-a" : "sw-inplace-b";
+  so.store.job_name = job_name;
   so.num_shards = shards;
   so.optimizer.type = OptimizerType::kSgd;
   so.optimizer.lr = 0.2f;
   so.tables = c.tables;
   so.seed = 5;
+  return so;
+}
+
+Trained Train(const SparseCase& c, bool in_place, int shards, int epochs = 2) {
+  Trained out;
+  const OpenStoreOptions so =
+      StoreOptions(c, epochs == 0 ? "sw-inplace-0" : in_place ? "sw-inplace-a" : "sw-inplace-b", shards);
   auto store = ShmParamStore::Create(so, c.variables);
   EXPECT_TRUE(store.ok()) << store.status();
   if (!store.ok()) return out;
@@ -203,13 +210,7 @@ TEST(RowsInPlaceTest, RowsAreUpdatedOnceBeforeTheDensePush) {
   const SparseCase c = MakeCase(Pooling::kSum);
   for (bool in_place : {true, false}) {
     SCOPED_TRACE(in_place ? "in place" : "pulled");
-    OpenStoreOptions so;
-    so.store.job_name = "sw-inplace-order";
-    so.num_shards = 2;
-    so.optimizer.type = OptimizerType::kSgd;
-    so.optimizer.lr = 0.2f;
-    so.tables = c.tables;
-    so.seed = 5;
+    const OpenStoreOptions so = StoreOptions(c, "sw-inplace-order", /*shards=*/2);
     auto store = ShmParamStore::Create(so, c.variables);
     ASSERT_TRUE(store.ok()) << store.status();
     StepOrderStore recorder(store->get());
