@@ -138,6 +138,7 @@ absl::Status Worker::UpdateRows(float lr) {
     }
   }
   if (!row_pushes_.empty()) SW_RETURN_IF_ERROR(store_->PushRowsBatch(row_pushes_, lr, &row_scratch_));
+  model_->PrefetchRowsForUpdate();
   for (int l = 0; l < lookups; ++l) {
     if (model_->uses_row_addresses(l)) model_->ApplyRowSgd(l, lr);
   }

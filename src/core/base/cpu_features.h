@@ -1,8 +1,12 @@
 // The instruction sets this CPU offers and the operating system has enabled,
 // read from CPUID and XCR0: what `shardwild topology` reports and what the
-// bf16 paths need. x86-64 only; elsewhere every flag is false.
+// bf16 paths need. x86-64 only; elsewhere every flag is false. Also the size
+// of a core's L2 cache.
 #pragma once
 
+#include <unistd.h>
+
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -69,6 +73,13 @@ inline CpuFeatures DetectCpuFeatures() {
   }
 #endif
   return f;
+}
+
+// One core's L2 cache in bytes, as glibc's sysconf tells it (from CPUID);
+// 1 MiB where it cannot be told.
+inline size_t L2CacheBytes() {
+  const long bytes = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  return bytes > 0 ? static_cast<size_t>(bytes) : size_t{1} << 20;
 }
 
 }  // namespace shardwild

@@ -13,6 +13,7 @@
 #include "core/data/data_kernels.h"
 #include "core/model/hogwild_kernels.h"
 #include "core/model/sparse_layers.h"
+#include "core/base/cpu_features.h"
 #include "core/base/prefetch.h"
 #include "core/base/random.h"
 #include "core/base/status.h"
@@ -372,8 +373,14 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelOptions& given, 
     top_in = m->bottom_ ? m->bottom_->out() : m->input_.data();
     top_din = m->bottom_ ? m->bottom_->dout() : nullptr;  // the input needs no gradient
   }
+  const size_t top_first = static_cast<size_t>(var);
   SW_RETURN_IF_ERROR(m->top_->Build(engine, batch, m->spec_.interaction_width, options.layers, top_in, top_din,
                                     m->params_, m->grads_, m->params16_, var, options.precision));
+  // The top tower's parameters and gradients (grads_ has every variable's
+  // size; params_ is empty under bf16, whose 2-byte parameters count as 4).
+  size_t top_bytes = 0;
+  for (size_t v = top_first; v < m->grads_.size(); ++v) top_bytes += 2 * m->grads_[v].size() * sizeof(float);
+  m->prefetch_rows_for_update_ = top_bytes > L2CacheBytes();
   m->logits_ = m->top_->out();
   m->dlogits_ = m->top_->dout();
   return m;
@@ -774,6 +781,13 @@ bool Model::UseRowAddresses(int l, bool use) {
 void Model::PrefetchRowsInPlace(int l) const {
   const LookupState& st = lookups_[l];
   for (size_t i = 0; i < st.count; ++i) PrefetchLineForWrite(st.addresses[i]);
+}
+
+void Model::PrefetchRowsForUpdate() const {
+  if (!prefetch_rows_for_update_) return;
+  for (size_t l = 0; l < lookups_.size(); ++l) {
+    if (lookups_[l].in_place) PrefetchRowsInPlace(static_cast<int>(l));
+  }
 }
 
 void Model::ApplyRowSgd(int l, float lr) {

@@ -1,15 +1,16 @@
 // Tests for Model: what Describe declares, batch loading (ids, modulo,
 // weights, padding), and the whole model's gradients (towers, EmbeddingBag,
 // concat/dot interactions, wide part, each head) against central finite
-// differences of the mean loss.
+// differences of the mean loss, and when the rows are prefetched for the
+// fused update.
 #include "core/model/model.h"
 
 #include <algorithm>
 #include <bit>
-#include <memory>
-#include <optional>
 #include <cmath>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/cpu_features.h"
 #include "core/data/dataset.h"
 #include "core/config/options.h"
 #include "gtest/gtest.h"
@@ -553,6 +555,24 @@ TEST_F(ModelTest, DropoutOnlyWhileTraining) {
   const std::vector<float> train2(m.logits(), m.logits() + 4);
   EXPECT_NE(train1, eval1);
   EXPECT_NE(train1, train2);  // a new mask each step
+}
+
+// The rows are asked for again before the fused update only where the top
+// tower moves more than a core's L2 between the pooling and the update.
+TEST_F(ModelTest, RowsArePrefetchedForTheUpdateOnlyBehindALargeTopTower) {
+  const Dataset d = SmallData(8, 5, 2, false, 5);
+  ModelOptions opts = SmallOptions(Interaction::kConcat, HeadType::kBinary, 1, false, true);
+  opts.layers = {{"dense", 8, Activation::kRelu}, {"dense", 1, Activation::kNone}};
+  auto small = Model::Create(opts, DataShape::Of(d), 4, engine_, 1);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_FALSE((*small)->prefetches_rows_for_update());
+  // Parameters and gradients of a tower 16x wider than L2 holds (its
+  // second layer alone is `width` squared floats of each).
+  const int64_t width = static_cast<int64_t>(std::sqrt(static_cast<double>(L2CacheBytes()) * 16 / 8));
+  opts.layers = {{"dense", width, Activation::kRelu}, {"dense", width, Activation::kRelu}, {"dense", 1, Activation::kNone}};
+  auto large = Model::Create(opts, DataShape::Of(d), 4, engine_, 1);
+  ASSERT_TRUE(large.ok()) << large.status();
+  EXPECT_TRUE((*large)->prefetches_rows_for_update());
 }
 
 }  // namespace
