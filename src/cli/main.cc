@@ -583,6 +583,7 @@ int Bench(const std::string& path, const std::vector<std::string>& sets, bool as
                           {"backward", frac(r->phases.backward)},
                           {"push", frac(r->phases.push)},
                           {"push_rows", frac(r->phases.push_rows)}}},
+              {"in_place_pooling", frac(r->phases.rows_in_forward)},
               {"data_load_s", r->data_load_s},
               {"embedding_rows_per_s", r->rows_per_s},
               {"embedding_bytes_per_s", r->embedding_bytes_per_s},
