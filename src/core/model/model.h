@@ -308,6 +308,11 @@ class Model {
     return c;
   }
   void FinishLoad(int64_t n);
+  // A record's mean bytes in the batch loads (dense values, packed id
+  // block); LoadBatch asks for every record's lines at once up to
+  // kFewRecordBytes, a few lines a record.
+  int64_t RecordBytes(const Dataset& data, const PackedRecords* packed) const;
+  static constexpr int64_t kFewRecordBytes = 512;
   // Loads the first lines of the batch's records (labels, packed blocks) all
   // at once, before LoadRecord copies them one by one.
   void TouchBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed) const;
