@@ -4,7 +4,6 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <memory>
 #include <random>
 #include <vector>
@@ -14,6 +13,7 @@
 #include "core/model/optimizer.h"
 #include "core/data/id_stream.h"
 #include "core/base/prefetch.h"
+#include "core/base/row_bound.h"
 #include "core/base/status.h"
 #include "ps_shm/huge_pages.h"
 #include "ps_shm/shm_segment.h"
@@ -60,34 +60,6 @@ absl::Status TimedLoop(double seconds, int64_t num_batches, Step step, int64_t* 
   *batches = b;
   *elapsed = e;
   return absl::OkStatus();
-}
-
-// The bound's inner loop: `count` rows of the cyclic sequence a[0, n) from
-// a[next] on, each one's first `words` words read and written back as they
-// were, with the row kPrefetchDistance ahead asked for (prefetch_bytes of
-// it) first; returns where the sequence goes on. Its own function, with
-// every value a local, so no store into a row can alias them (a lambda
-// over the caller's variables, called through TimedLoop, reloaded them
-// after each store and ran at half the rate).
-int64_t RewriteRows(char* const* a, int64_t n, int64_t next, int64_t count, int64_t words, size_t prefetch_bytes) {
-  // XOR with a zero the compiler cannot see through: every word is read
-  // and written back, bit for bit (floats or bf16 pairs alike).
-  uint32_t zero = 0;
-  asm volatile("" : "+r"(zero));
-  for (int64_t c = 0; c < count; ++c) {
-    int64_t ahead = next + kPrefetchDistance;
-    if (ahead >= n) ahead %= n;
-    PrefetchLinesForWrite(a[ahead], prefetch_bytes);
-    char* p = a[next];
-    for (int64_t j = 0; j < words; ++j) {
-      uint32_t w;
-      std::memcpy(&w, p + 4 * j, 4);
-      w ^= zero;
-      std::memcpy(p + 4 * j, &w, 4);
-    }
-    if (++next == n) next = 0;
-  }
-  return next;
 }
 
 }  // namespace
@@ -150,7 +122,8 @@ absl::StatusOr<RandomRowBound::Rate> RandomRowBound::Measure(WorkerPool& pool, d
     const size_t prefetch_bytes = static_cast<size_t>(std::min<int64_t>(row_bytes_, 16 * kCacheLineBytes));
     int64_t next = 0;  // the sequence's next row
     auto chunk = [&](int64_t /*chunk index*/) {
-      next = RewriteRows(a.data(), static_cast<int64_t>(a.size()), next, kChunk, row_bytes_ / 4, prefetch_bytes);
+      next = RewriteRows(a.data(), static_cast<int64_t>(a.size()), next, kChunk, row_bytes_ / 4, prefetch_bytes,
+                         kPrefetchDistance);
       return absl::OkStatus();
     };
     int64_t warm_chunks = 0, chunks = 0;

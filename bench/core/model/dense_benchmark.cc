@@ -10,11 +10,13 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <vector>
 
 #include "core/base/prefetch.h"
+#include "core/base/row_bound.h"
 #include "core/model/hogwild_kernels.h"
 #include "core/model/layers.h"
 #include "core/model/model.h"
@@ -173,16 +175,18 @@ BENCHMARK(BM_DotInteractionBackward)->ArgNames({"n", "d", "batch"})->Args({27, 1
 // the fused backward and SGD, reading the store's rows where they lie): 26
 // lookups of 128 one-id bags a step into z's rows of 27 vectors, over one
 // array of `rows` rows (256 MB: outside any cache), uniform random ids, a new
-// step's ids each iteration. The bound is the same rows read, changed and
-// written by a plain loop that prefetches them as the kernels do (16 ahead
-// within a lookup). Args: dim, rows, what (0 the forward's pooling, 1 the
-// fused backward and SGD, 2 the bound). Counter: rows/s.
-constexpr int64_t kLookups = 26, kBags = 128, kStreamSteps = 64;
+// step's ids each iteration. The bound is RewriteRows (core/base/row_bound.h,
+// the loop `shardwild bench` measures its bound with) over the same step's
+// rows, prefetching 16 rows ahead as the kernels do. Args: dim, rows, what (0
+// the forward's pooling, 1 the fused backward and SGD, 2 the bound).
+// Counter: rows/s.
+constexpr int64_t kLookups = 26, kBags = 128, kStreamSteps = 64, kKernelAhead = 16;
 
 struct InPlaceRows {
   int64_t dim = 0, rows = 0;
   float* base = nullptr;
   std::vector<std::vector<float*>> addresses;  // [step * kLookups + lookup][bag]
+  std::vector<std::vector<char*>> step_rows;   // [step]: its lookups' rows, in order (the bound's)
   std::vector<int64_t> offsets;
   std::vector<float> z;
   InPlaceRows(int64_t d, int64_t n) : dim(d), rows(n), offsets(kBags + 1), z(kBags * (kLookups + 1) * d, 0.5f) {
@@ -191,9 +195,13 @@ struct InPlaceRows {
     base = static_cast<float*>(p);
     std::fill_n(base, rows * dim, 0.01f);
     std::mt19937_64 rng(7);
+    step_rows.resize(kStreamSteps);
     for (int64_t i = 0; i < kStreamSteps * kLookups; ++i) {
       std::vector<float*> bags(kBags);
-      for (float*& row : bags) row = base + static_cast<int64_t>(rng() % static_cast<uint64_t>(rows)) * dim;
+      for (float*& row : bags) {
+        row = base + static_cast<int64_t>(rng() % static_cast<uint64_t>(rows)) * dim;
+        step_rows[i / kLookups].push_back(reinterpret_cast<char*>(row));
+      }
       addresses.push_back(std::move(bags));
     }
     for (int64_t b = 0; b <= kBags; ++b) offsets[b] = b;
@@ -206,17 +214,6 @@ struct InPlaceRows {
   size_t Bytes() const { return static_cast<size_t>(rows * dim) * sizeof(float); }
 };
 
-// The bound's loop, a function of its arguments only (a lambda over the
-// caller's variables would reload them after every store to a row).
-void RewriteRows(float* const* rows, int64_t count, int64_t dim) {
-  const size_t bytes = static_cast<size_t>(dim) * sizeof(float);
-  for (int64_t i = 0; i < count; ++i) {
-    if (i + 16 < count) PrefetchLinesForWrite(rows[i + 16], bytes);
-    float* p = rows[i];
-    for (int64_t j = 0; j < dim; ++j) p[j] = p[j] * 0.5f + 0.005f;
-  }
-}
-
 void BM_InPlaceRows(benchmark::State& state) {
   const int64_t dim = state.range(0), what = state.range(2);
   InPlaceRows d(dim, state.range(1));
@@ -225,25 +222,30 @@ void BM_InPlaceRows(benchmark::State& state) {
     return;
   }
   const int64_t zw = (kLookups + 1) * dim;
+  const size_t row_bytes = static_cast<size_t>(dim) * sizeof(float);
   int64_t step = 0;
   for (auto _ : state) {
-    for (int64_t l = 0; l < kLookups; ++l) {
-      std::vector<float*>& rows = d.addresses[step * kLookups + l];
-      float* z = d.z.data() + (l + 1) * dim;
-      if (what == 0) {
-        HogwildEmbeddingBagForward(rows.data(), dim, d.offsets.data(), nullptr, kBags, Pooling::kSum, z, zw);
-      } else if (what == 1) {
-        HogwildEmbeddingBagSgd(rows.data(), dim, d.offsets.data(), nullptr, kBags, kBags, Pooling::kSum, z, zw,
-                               /*scale=*/1.0f, /*lr=*/1e-6f);
-      } else {
-        RewriteRows(rows.data(), kBags, dim);
+    if (what == 2) {
+      const std::vector<char*>& rows = d.step_rows[step];
+      const int64_t n = static_cast<int64_t>(rows.size());
+      RewriteRows(rows.data(), n, 0, n, dim, std::min(row_bytes, 16 * kCacheLineBytes), kKernelAhead);
+    } else {
+      for (int64_t l = 0; l < kLookups; ++l) {
+        std::vector<float*>& rows = d.addresses[step * kLookups + l];
+        float* z = d.z.data() + (l + 1) * dim;
+        if (what == 0) {
+          HogwildEmbeddingBagForward(rows.data(), dim, d.offsets.data(), nullptr, kBags, Pooling::kSum, z, zw);
+        } else {
+          HogwildEmbeddingBagSgd(rows.data(), dim, d.offsets.data(), nullptr, kBags, kBags, Pooling::kSum, z, zw,
+                                 /*scale=*/1.0f, /*lr=*/1e-6f);
+        }
       }
     }
     benchmark::ClobberMemory();
     step = (step + 1) % kStreamSteps;
   }
   state.counters["rows/s"] = benchmark::Counter(kLookups * kBags, benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(what == 0 ? "pooling" : what == 1 ? "fused sgd" : "bound: plain rmw");
+  state.SetLabel(what == 0 ? "pooling" : what == 1 ? "fused sgd" : "bound: RewriteRows");
 }
 BENCHMARK(BM_InPlaceRows)
     ->ArgNames({"dim", "rows", "what"})
