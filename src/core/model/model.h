@@ -308,9 +308,10 @@ class Model {
     return c;
   }
   void FinishLoad(int64_t n);
-  // A record's mean bytes in the batch loads (dense values, packed id
-  // block); LoadBatch asks for every record's lines at once up to
-  // kFewRecordBytes, a few lines a record.
+  // A record's mean bytes that PrefetchRecord asks for (dense values, and the
+  // packed id block where ids are packed; unpacked ids are not prefetched);
+  // LoadBatch asks for every record's lines at once up to kFewRecordBytes, a
+  // few lines a record. O(1): sizes of arrays that do not change.
   int64_t RecordBytes(const Dataset& data, const PackedRecords* packed) const;
   static constexpr int64_t kFewRecordBytes = 512;
   // Loads the first lines of the batch's records (labels, packed blocks) all
