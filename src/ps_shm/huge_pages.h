@@ -10,11 +10,13 @@
 //   - otherwise the huge= option of the /dev/shm mount ("never" when the
 //     mount has none): always and within_size allocate huge pages by
 //     themselves, advise only inside mappings marked MADV_HUGEPAGE.
-// ShmSegment reserves a shard's pages with posix_fallocate before anyone maps
-// it, and that reservation sees no MADV_HUGEPAGE, so under "advise" the pages
-// start small. The store therefore follows MADV_HUGEPAGE with MADV_COLLAPSE
-// (Linux 6.1+), which replaces them with huge pages synchronously where
-// memory allows; both are requests, and the kernel may grant less.
+// The store marks a shard's mapping MADV_HUGEPAGE before its threads reserve
+// the pages (ShmSegment::Reserve), so under "advise" they can be huge from
+// the start. Pages that came small (on a kernel that reserves by
+// posix_fallocate, which sees no advice, or when no huge page was free) are
+// then asked for with MADV_COLLAPSE (Linux 6.1+), which replaces them with
+// huge pages synchronously where memory allows; both are requests, and the
+// kernel may grant less.
 //
 // The parsing functions take file contents, so tests can feed them any
 // machine's files; the Read* functions read this machine's.

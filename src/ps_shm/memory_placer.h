@@ -17,8 +17,8 @@ class MemoryPlacer {
   // The NUMA node (logical index) that shard `shard` of `num_shards` lives on.
   virtual int NodeForShard(int shard, int num_shards) const = 0;
   // Runs `fn` on a thread whose CPUs and memory policy are bound to `node`,
-  // so memory it allocates or first touches (including tmpfs pages reserved
-  // by posix_fallocate) lands on that node. Blocks until `fn` returns and
+  // so memory it allocates, reserves (tmpfs pages: ShmSegment) or first
+  // touches lands on that node. Blocks until `fn` returns and
   // returns its status.
   virtual absl::Status RunOnNode(int node, const std::function<absl::Status()>& fn) = 0;
   // Sets the policy of [addr, addr + bytes) to `node`, for pages allocated

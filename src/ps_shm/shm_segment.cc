@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -11,8 +12,14 @@
 
 #include "absl/strings/str_cat.h"
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+
 namespace shardwild {
 namespace {
+
+constexpr const char* kTooSmall = "(is /dev/shm large enough?)";
 
 // Names of the segments this process owns, for removal from a signal
 // handler. A slot is claimed with a CAS on `state` (0 free, 1 being written,
@@ -74,7 +81,8 @@ absl::Status CheckName(const std::string& name) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string& name, size_t bytes) {
+absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string& name, size_t bytes,
+                                                               Reservation reservation) {
   if (absl::Status s = CheckName(name); !s.ok()) return s;
   if (bytes == 0) return absl::InvalidArgumentError("shared memory segment of 0 bytes");
   const std::string shm_name = "/" + name;
@@ -89,13 +97,57 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string
   };
   // The umask may have removed bits but never adds any; make the mode exact.
   if (fchmod(fd, 0600) != 0) return fail("cannot set mode 0600", errno);
-  if (int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
-    return fail(absl::StrCat("cannot reserve ", bytes, " bytes (is /dev/shm large enough?)"), err);
+  const std::string reserve_what = absl::StrCat("cannot reserve ", bytes, " bytes ", kTooSmall);
+  if (reservation == Reservation::kAll) {
+    if (int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) return fail(reserve_what, err);
+  } else {
+    // Only sized here: the owner's threads reserve the pages (Reserve), a
+    // range each, in parallel. posix_fallocate would allocate and zero them
+    // all on this thread (DLRM's 1.67 GB: 0.36-0.48 s of a 1.2 s set-up).
+    // The free space is checked first, so a store that cannot fit fails
+    // before anything is allocated.
+    struct statvfs vfs;
+    if (fstatvfs(fd, &vfs) == 0 && static_cast<unsigned __int128>(vfs.f_bavail) * vfs.f_frsize < bytes) {
+      return fail(reserve_what, ENOSPC);
+    }
+    if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) return fail(reserve_what, errno);
   }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return fail("cannot map", errno);
-  close(fd);
-  return std::unique_ptr<ShmSegment>(new ShmSegment(name, p, bytes, /*owner=*/true));
+  if (reservation == Reservation::kAll) {
+    close(fd);
+    return std::unique_ptr<ShmSegment>(new ShmSegment(name, p, bytes, /*owner=*/true));
+  }
+  return std::unique_ptr<ShmSegment>(new ShmSegment(name, p, bytes, /*owner=*/true, fd));
+}
+
+absl::Status ShmSegment::Reserve(size_t offset, size_t bytes) const {
+  if (fd_ < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shared memory /", name_, ": Reserve on a segment not created with Reservation::kByOwner"));
+  }
+  if (offset > size_ || bytes > size_ - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("shared memory /", name_, ": cannot reserve [", offset, ", ",
+                                                   offset + bytes, "): the segment has ", size_, " bytes"));
+  }
+  if (bytes == 0) return absl::OkStatus();
+  // madvise wants a page-aligned start; the range is widened to the page
+  // holding `offset` (the segment's start is page aligned).
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t begin = offset / page * page;
+  char* const start = static_cast<char*>(data_) + begin;
+  const size_t len = offset + bytes - begin;
+  if (madvise(start, len, MADV_POPULATE_WRITE) == 0) return absl::OkStatus();
+  int err = errno;
+  if (err == EINVAL) {
+    // A kernel before 5.14: the pages are allocated, not yet mapped.
+    err = posix_fallocate(fd_, static_cast<off_t>(begin), static_cast<off_t>(len));
+    if (err == 0) return absl::OkStatus();
+  }
+  // A page that cannot be allocated (tmpfs full) makes the populate fail
+  // with EFAULT, where a plain write would have raised SIGBUS.
+  if (err == EFAULT) err = ENOSPC;
+  return Errno(absl::StrCat("cannot reserve ", len, " bytes at offset ", begin, " ", kTooSmall), name_, err);
 }
 
 absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Attach(const std::string& name) {
@@ -123,6 +175,7 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Attach(const std::string
 
 ShmSegment::~ShmSegment() {
   munmap(data_, size_);
+  if (fd_ >= 0) close(fd_);
   if (owner_) {
     shm_unlink(("/" + name_).c_str());
     UnregisterOwned(name_);

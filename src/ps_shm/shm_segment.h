@@ -1,5 +1,6 @@
-// One POSIX shared-memory segment: created exclusively, sized with
-// posix_fallocate, mapped, and unlinked by its owner.
+// One POSIX shared-memory segment: created exclusively, its memory reserved
+// (posix_fallocate, or by its owner's threads, a range each), mapped, and
+// unlinked by its owner.
 //
 // A segment is named "/<name>" (shm_open's convention; on Linux it appears as
 // /dev/shm/<name>). Create() refuses a name that exists already, so two runs
@@ -27,7 +28,23 @@ class ShmSegment {
   // handles (see UnlinkAllOwnedSegmentsFromSignal) and is unlinked when the
   // returned object is destroyed.
   // AlreadyExists if the name is taken; ResourceExhausted if /dev/shm is full.
-  static absl::StatusOr<std::unique_ptr<ShmSegment>> Create(const std::string& name, size_t bytes);
+  //
+  // With Reservation::kByOwner the pages are not reserved here: /dev/shm's
+  // free space is checked (ResourceExhausted if it is smaller than `bytes`),
+  // and the owner must Reserve every range before its first use, which
+  // several threads may do at once (each range's pages are then allocated,
+  // zeroed and mapped by the thread that reserves it, on its NUMA node).
+  enum class Reservation { kAll, kByOwner };
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> Create(const std::string& name, size_t bytes,
+                                                            Reservation reservation = Reservation::kAll);
+
+  // Reserves [offset, offset + bytes) of a segment created with
+  // Reservation::kByOwner: allocates its pages and maps them into this
+  // process (MADV_POPULATE_WRITE; posix_fallocate on a kernel without it), so
+  // that using them later can never fault for want of memory. The range
+  // reads as zeros. Thread-safe. ResourceExhausted if /dev/shm has filled
+  // up; InvalidArgument for a range outside the segment.
+  absl::Status Reserve(size_t offset, size_t bytes) const;
 
   // Maps an existing segment read-write, without owning it (it is not
   // unlinked on destruction). NotFound if there is no such segment.
@@ -50,13 +67,14 @@ class ShmSegment {
   static void UnlinkAllOwnedSegmentsFromSignal();
 
  private:
-  ShmSegment(std::string name, void* data, size_t size, bool owner)
-      : name_(std::move(name)), data_(data), size_(size), owner_(owner) {}
+  ShmSegment(std::string name, void* data, size_t size, bool owner, int fd = -1)
+      : name_(std::move(name)), data_(data), size_(size), owner_(owner), fd_(fd) {}
 
   const std::string name_;
   void* const data_;
   const size_t size_;
   const bool owner_;
+  const int fd_;  // open while its memory is reserved by its owner (Reserve's fallback), else -1
 };
 
 }  // namespace shardwild

@@ -289,37 +289,33 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Create(const OpenS
 
     std::unique_ptr<ShmSegment> seg;
     auto create = [&]() -> absl::Status {
-      SW_ASSIGN_OR_RETURN(seg, ShmSegment::Create(SegmentName(st->name_, k), total));
+      SW_ASSIGN_OR_RETURN(seg, ShmSegment::Create(SegmentName(st->name_, k), total,
+                                                  ShmSegment::Reservation::kByOwner));
+      // Advised before any page exists, so where /dev/shm allows huge
+      // pages the reservation below takes them directly.
       if (want_huge_pages && !AdviseHugePages(seg->data(), seg->size())) st->huge_pages_requested_ = false;
-      // Touch every page from threads bound to this node (this one and the
-      // helpers it starts, which inherit its binding), a chunk at a time.
-      char* base = static_cast<char*>(seg->data());
+      // Every page is reserved (allocated zeroed, and mapped) by threads
+      // bound to this node (this one and the helpers it starts, which
+      // inherit its binding), a chunk at a time: in parallel, where
+      // posix_fallocate would take them all on one thread, and in one call
+      // a chunk, not one fault a page when InitRows first touches them
+      // (DLRM, 1.67 GB on 2 threads, alternating runs: store set-up
+      // 1.17-1.29 -> 0.92-1.07 s).
       const uint64_t size = seg->size();
-      constexpr uint64_t kTouchChunk = uint64_t{4} << 20;
-      // Static rows are written whole by InitRows below, on these same
-      // threads: a chunk that lies wholly inside them is left to that first
-      // touch (the segment's pages start zeroed, so the memset only places
-      // them), which saves a pass over most of a large table's memory.
-      std::vector<std::pair<uint64_t, uint64_t>> row_areas;  // [begin, end) in the segment
-      for (int t = 0; t < ntables; ++t) {
-        if (table_options[t].kind != EmbeddingKind::kStatic) continue;
-        const auto [first, bytes] = EmbeddingTable::RowsRange(table_options[t]);
-        row_areas.emplace_back(table_entries[t].offset + first, table_entries[t].offset + first + bytes);
-      }
-      ParallelFor(init_threads, static_cast<int64_t>((size + kTouchChunk - 1) / kTouchChunk), [&](int64_t c) {
-        const uint64_t begin = static_cast<uint64_t>(c) * kTouchChunk;
-        const uint64_t end = std::min(begin + kTouchChunk, size);
-        for (const auto& [a, b] : row_areas) {
-          if (begin >= a && end <= b) return;
-        }
-        std::memset(base + begin, 0, end - begin);
-      });
-      // posix_fallocate reserved the pages before the mapping was marked, so
-      // under huge=advise they are small: ask for them to be collapsed (on
-      // this thread, so the huge pages come from this node too).
+      constexpr uint64_t kReserveChunk = uint64_t{4} << 20;
+      SW_RETURN_IF_ERROR(
+          ParallelForStatus(init_threads, static_cast<int64_t>((size + kReserveChunk - 1) / kReserveChunk),
+                            [&](int64_t c) {
+                              const uint64_t begin = static_cast<uint64_t>(c) * kReserveChunk;
+                              return seg->Reserve(begin, std::min(kReserveChunk, size - begin));
+                            }));
+      char* base = static_cast<char*>(seg->data());
+      // Pages reserved small (a /dev/shm whose huge pages came after the
+      // advice, or none free then): ask for them to be collapsed (on this
+      // thread, so the huge pages come from this node too).
       if (want_huge_pages) CollapseHugePages(seg->data(), seg->size());
-      // Format the tables here too, and initialise (so first touch) their
-      // static rows on the same node-bound threads, in pieces of kRowPiece
+      // Format the tables here too, and initialise their static rows on the
+      // same node-bound threads, in pieces of kRowPiece
       // rows. A row's values depend only on (seed, table_id, id), so the
       // split does not change them.
       std::vector<EmbeddingTable> formatted;

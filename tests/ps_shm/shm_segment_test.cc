@@ -12,6 +12,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -243,6 +244,67 @@ TEST(ShmSegmentTest, HugeCreateFailsCleanly) {
   EXPECT_FALSE(ShmSegment::Exists(name));
   // Nothing left registered either: the name can be created normally.
   absl::StatusOr<std::unique_ptr<ShmSegment>> small = ShmSegment::Create(name, 4096);
+  EXPECT_TRUE(small.ok()) << small.status();
+}
+
+// Bytes of /dev/shm/<name> that have pages (st_blocks), or -1.
+int64_t AllocatedBytes(const std::string& name) {
+  struct stat st;
+  if (stat(("/dev/shm/" + name).c_str(), &st) != 0) return -1;
+  return static_cast<int64_t>(st.st_blocks) * 512;
+}
+
+// A segment reserved by its owner has no pages until Reserve; two threads
+// reserving halves (one range not page aligned) allocate them all, the
+// memory reads as zeros, and what is written is what another mapping reads.
+TEST(ShmSegmentTest, ReservedByOwnerHasItsPagesOnlyOnceReserved) {
+  const std::string name = UniqueName("byowner");
+  constexpr size_t kBytes = (size_t{3} << 20) + 100;
+  absl::StatusOr<std::unique_ptr<ShmSegment>> seg =
+      ShmSegment::Create(name, kBytes, ShmSegment::Reservation::kByOwner);
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  EXPECT_EQ(AllocatedBytes(name), 0);
+  constexpr size_t kHalf = (size_t{3} << 19) + 10;
+  absl::Status first, second;
+  std::thread t([&] { first = (*seg)->Reserve(0, kHalf); });
+  second = (*seg)->Reserve(kHalf, kBytes - kHalf);
+  t.join();
+  ASSERT_TRUE(first.ok()) << first;
+  ASSERT_TRUE(second.ok()) << second;
+  EXPECT_GE(AllocatedBytes(name), static_cast<int64_t>(kBytes));
+  auto* bytes = static_cast<unsigned char*>((*seg)->data());
+  size_t nonzero = 0;
+  for (size_t i = 0; i < kBytes; ++i) nonzero += bytes[i] != 0;
+  EXPECT_EQ(nonzero, 0u);
+  bytes[0] = 7;
+  bytes[kBytes - 1] = 9;
+  absl::StatusOr<std::unique_ptr<ShmSegment>> other = ShmSegment::Attach(name);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(static_cast<unsigned char*>((*other)->data())[0], 7);
+  EXPECT_EQ(static_cast<unsigned char*>((*other)->data())[kBytes - 1], 9);
+  // Ranges outside the segment, and Reserve where Create reserved all.
+  EXPECT_EQ((*seg)->Reserve(kBytes - 10, 11).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*seg)->Reserve(kBytes + 1, 0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*seg)->Reserve(kBytes, 0).ok());
+  absl::StatusOr<std::unique_ptr<ShmSegment>> all = ShmSegment::Create(UniqueName("all"), 4096);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ((*all)->Reserve(0, 4096).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// A segment larger than /dev/shm fails at Create with the reservation left
+// to its owner too, before any page is allocated, and leaves nothing behind.
+TEST(ShmSegmentTest, HugeCreateReservedByOwnerFailsCleanly) {
+  const std::string name = UniqueName("hugebyowner");
+  constexpr size_t kOnePiB = size_t{1} << 50;
+  absl::StatusOr<std::unique_ptr<ShmSegment>> seg =
+      ShmSegment::Create(name, kOnePiB, ShmSegment::Reservation::kByOwner);
+  ASSERT_FALSE(seg.ok());
+  EXPECT_EQ(seg.status().code(), absl::StatusCode::kResourceExhausted) << seg.status();
+  EXPECT_NE(seg.status().message().find(name), absl::string_view::npos) << seg.status();
+  EXPECT_NE(seg.status().message().find("/dev/shm large enough"), absl::string_view::npos) << seg.status();
+  EXPECT_FALSE(ShmSegment::Exists(name));
+  absl::StatusOr<std::unique_ptr<ShmSegment>> small =
+      ShmSegment::Create(name, 4096, ShmSegment::Reservation::kByOwner);
   EXPECT_TRUE(small.ok()) << small.status();
 }
 
