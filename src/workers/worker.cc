@@ -216,10 +216,7 @@ int64_t TakeRecords(const int32_t* order, int64_t count, int64_t batch, bool cyc
 
 void Worker::PrefetchNextBatch(const int32_t* order, int64_t count, int64_t cursor, bool cycle) {
   const int64_t n = TakeRecords(order, count, model_->batch(), cycle, &cursor, next_records_.data());
-  // The words that locate the records' packed ids first, all in flight at
-  // once, then the records, whose prefetch reads those words.
-  for (int64_t i = 0; i < n; ++i) model_->PrefetchRecordStart(next_records_[i], packed_);
-  for (int64_t i = 0; i < n; ++i) model_->PrefetchRecord(*train_, next_records_[i], packed_);
+  model_->PrefetchBatch(*train_, next_records_.data(), n, packed_);
 }
 
 absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max_steps,
@@ -263,7 +260,8 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
     // Data: gather this batch's records (the last of a range run short and
     // padded).
     const int64_t valid = TakeRecords(order, count, batch, cycle, &cursor, batch_records_.data());
-    model_->LoadBatch(*train_, batch_records_.data(), valid, packed_);
+    // From the second step on, PrefetchNextBatch asked for them a step ago.
+    model_->LoadBatch(*train_, batch_records_.data(), valid, packed_, /*asked_for=*/step > 0);
     const auto t1 = Clock::now();
     // Read params: refresh the local copy on the first step of the call, every
     // pull_every steps, when the store has moved more than max_staleness
@@ -291,7 +289,10 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
     const auto t3 = Clock::now();
     model_->Forward(/*training=*/true, stream_);
     const auto t4 = Clock::now();
+    // The next batch's prefetch is part of the data phase: its time moves
+    // from the backward's share to the data's.
     PrefetchNextBatch(order, count, cursor, cycle);
+    const auto t4_prefetched = Clock::now();
     next_bucket_ = 0;
     step_lr_ = lr;
     step_sparse_lr_ = sparse_lr;
@@ -329,11 +330,15 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
       ns[p] = std::chrono::duration_cast<std::chrono::nanoseconds>(marks[p + 1] - marks[p]).count();
     }
     // The rows updated inside the backward count as push rows, not backward.
-    static_assert(kStepPhaseFields[4] == &PhaseTimes::backward && kStepPhaseFields[6] == &PhaseTimes::push_rows);
+    static_assert(kStepPhaseFields[0] == &PhaseTimes::data && kStepPhaseFields[4] == &PhaseTimes::backward &&
+                  kStepPhaseFields[6] == &PhaseTimes::push_rows);
     const int64_t rows_ns =
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::exchange(rows_in_backward_, {})).count();
     ns[4] -= rows_ns;
     ns[6] += rows_ns;
+    const int64_t prefetch_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t4_prefetched - t4).count();
+    ns[4] -= prefetch_ns;
+    ns[0] += prefetch_ns;
     for (int p = 0; p < kNumStepPhases; ++p) {
       t.*kStepPhaseFields[p] += static_cast<double>(ns[p]) * 1e-9;
       WorkerCounters::Bump(counters_.phase_ns[p], ns[p]);

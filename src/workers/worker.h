@@ -230,7 +230,8 @@ class Worker {
   void RowsReady();
   // Between the forward and the backward: prefetches the records of the
   // next batch (order[cursor..], wrapping when `cycle`), so their misses
-  // overlap the backward instead of the next data phase.
+  // overlap the backward instead of the next data phase
+  // (Model::PrefetchBatch). Timed as data.
   void PrefetchNextBatch(const int32_t* order, int64_t count, int64_t cursor, bool cycle);
   // Rejects evaluation or prediction data whose shape differs from the training data's.
   absl::Status CheckShape(const Dataset& data, const char* what) const;

@@ -3,7 +3,8 @@
 // the sparse models' memory-bound kernels (EmbeddingBag, dot interaction),
 // reported in bytes/s, and the in-place embedding kernels on rows outside the
 // caches next to a plain random-row read-modify-write of the same rows
-// (BM_InPlaceRows: compare their rows/s).
+// (BM_InPlaceRows: compare their rows/s), and the text model's data phase
+// next to the same bytes read in sequence (BM_TextDataPhase: records/s).
 //
 //   build/bench/core/model/dense_benchmark --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
@@ -11,12 +12,17 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstring>
+#include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/base/prefetch.h"
 #include "core/base/row_bound.h"
+#include "core/data/dataset.h"
 #include "core/model/hogwild_kernels.h"
 #include "core/model/layers.h"
 #include "core/model/model.h"
@@ -251,6 +257,83 @@ BENCHMARK(BM_InPlaceRows)
     ->ArgNames({"dim", "rows", "what"})
     ->ArgsProduct({{16}, {1 << 22}, {0, 1, 2}})
     ->ArgsProduct({{64}, {1 << 20}, {0, 1, 2}});
+
+// The text model's data phase (configs/text_bow.yaml's shape, batches of 16
+// records of 1..35 token ids, 18 on average) over 1M packed records (about
+// 150 MB: outside the caches), in a shuffled order. what 0: LoadBatch alone,
+// nothing asked for before; 1: as a worker runs it, PrefetchBatch of the
+// next batch after LoadBatch, then (untimed) a dependent chain of 1000
+// multiply-adds that touches no memory, as a step's compute; both calls
+// timed. 2: the same batch loaded again (every line in L1). 3, the bound: the
+// same bytes (blocks and labels) copied from a sequential layout, as a data
+// set already gathered in the epoch's order would be read. Counter:
+// records/s.
+void BM_TextDataPhase(benchmark::State& state) {
+  const int64_t what = state.range(0);
+  constexpr int64_t kRecords = 1000000, kBatch = 16;
+  Dataset data;
+  data.count = kRecords;
+  data.num_classes = 4;
+  std::mt19937_64 rng(3);
+  SparseField f;
+  f.name = "tokens";
+  f.offsets.push_back(0);
+  for (int64_t r = 0; r < kRecords; ++r) {
+    data.labels.push_back(static_cast<int32_t>(rng() % 4));
+    const int64_t n = 1 + static_cast<int64_t>(rng() % 35);
+    for (int64_t i = 0; i < n; ++i) f.ids.push_back(rng() % 2000000);
+    f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
+  }
+  data.fields.push_back(std::move(f));
+  ModelOptions opts;
+  opts.tables = {{"tokens", 2000000, 64, false, false, 0.015625f}};
+  opts.sparse = {{"tokens", "tokens", Pooling::kMean, true}};
+  opts.layers = {{"dense", 4, Activation::kNone}};
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  auto m = Model::Create(opts, DataShape::Of(data), kBatch, engine, 1);
+  if (!m.ok()) {
+    state.SkipWithError(std::string(m.status().message()).c_str());
+    return;
+  }
+  const std::optional<PackedRecords> packed = (*m)->PackRecords(data);
+  if (!packed) {
+    state.SkipWithError("the records were not packed");
+    return;
+  }
+  std::vector<int32_t> order(kRecords);
+  for (int64_t i = 0; i < kRecords; ++i) order[i] = static_cast<int32_t>(i);
+  std::shuffle(order.begin(), order.end(), rng);
+  const size_t batch_words = kBatch * (packed->start.back() / kRecords + 1);
+  std::vector<uint64_t> copy(batch_words + kBatch);
+  const int64_t batches = kRecords / kBatch - 1;
+  int64_t b = 0;
+  float spin = 1.0f;
+  if (what == 1) (*m)->PrefetchBatch(data, order.data(), kBatch, &*packed);
+  for (auto _ : state) {
+    const int32_t* records = order.data() + b * kBatch;
+    const auto start = std::chrono::steady_clock::now();
+    if (what == 3) {
+      // One batch's worth of a sequential stream, new lines each time.
+      const uint64_t* from = packed->words.data() + (b * batch_words) % (packed->words.size() - batch_words);
+      std::memcpy(copy.data(), from, batch_words * sizeof(uint64_t));
+      std::memcpy(copy.data() + batch_words, data.labels.data() + b * kBatch, kBatch * sizeof(int32_t));
+    } else {
+      (*m)->LoadBatch(data, records, kBatch, &*packed, /*asked_for=*/what == 1);
+    }
+    if (what == 1) (*m)->PrefetchBatch(data, records + kBatch, kBatch, &*packed);
+    benchmark::ClobberMemory();
+    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    if (what == 1) {
+      for (int i = 0; i < 1000; ++i) spin = spin * 0.999f + 0.5f;
+      benchmark::DoNotOptimize(spin);
+    }
+    if (what != 2) b = (b + 1) % batches;
+  }
+  state.counters["records/s"] = benchmark::Counter(kBatch, benchmark::Counter::kIsIterationInvariantRate);
+  const char* labels[] = {"load, cold", "prefetch a step ahead + load", "load, in L1", "bound: sequential copy"};
+  state.SetLabel(labels[what]);
+}
+BENCHMARK(BM_TextDataPhase)->ArgName("what")->DenseRange(0, 3)->UseManualTime();
 
 }  // namespace
 }  // namespace shardwild

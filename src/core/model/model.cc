@@ -397,7 +397,16 @@ void Model::LoadRecordHead(const Dataset& data, int64_t r, int64_t slot, const P
       std::memcpy(dst, data.dense.data() + r * dense_dim_, dense_dim_ * sizeof(float));
     }
   }
-  if (head_ == HeadType::kRegression) {
+  if (packed != nullptr && packed->inline_label) {
+    // In the record's block, after its counts (PackedRecords).
+    const char* label = reinterpret_cast<const char*>(packed->words.data() + packed->start[r]) +
+                        static_cast<size_t>(packed->num_lookups) * sizeof(uint32_t);
+    if (head_ == HeadType::kRegression) {
+      std::memcpy(&targets_[slot], label, sizeof(float));
+    } else {
+      std::memcpy(&labels_[slot], label, sizeof(int32_t));
+    }
+  } else if (head_ == HeadType::kRegression) {
     targets_[slot] = data.targets[r];
   } else {
     labels_[slot] = data.labels[r];
@@ -451,17 +460,27 @@ void Model::LoadRecord(const Dataset& data, int64_t r, int64_t slot, const Packe
 
 void Model::LoadPackedIds(const PackedRecords& packed, int64_t r, int64_t slot) {
   const uint64_t* block = packed.words.data() + packed.start[r];
-  const uint64_t* ids = block + (lookups_.size() + 1) / 2;
+  const char* ids = reinterpret_cast<const char*>(block + packed.head_words);
+  // Whole chunks of kIdSlack + 1 ids: EnsureIds leaves room for the last
+  // one's overshoot, and PackRecords pads the words so the last block's
+  // chunk is in them (kIdSlack words hold kIdSlack narrow ids and more).
+  constexpr uint32_t kChunk = kIdSlack + 1;
   for (size_t l = 0; l < lookups_.size(); ++l) {
     LookupState& st = lookups_[l];
     const uint32_t c = BlockCount(block, l);
     EnsureIds(l, st.count + c);
-    // Whole chunks of kIdSlack + 1 ids (32 bytes): EnsureIds leaves room for
-    // the last one's overshoot, and PackRecords pads the words so the last
-    // block's chunk is in them.
     uint64_t* to = st.ids.data() + st.count;
-    for (uint32_t i = 0; i < c; i += kIdSlack + 1) std::memcpy(to + i, ids + i, (kIdSlack + 1) * sizeof(uint64_t));
-    ids += c;
+    if (packed.narrow_ids) {
+      for (uint32_t i = 0; i < c; i += kChunk) {
+        uint32_t chunk[kChunk];
+        std::memcpy(chunk, ids + i * sizeof(uint32_t), sizeof(chunk));
+        for (uint32_t k = 0; k < kChunk; ++k) to[i + k] = chunk[k];
+      }
+      ids += c * sizeof(uint32_t);
+    } else {
+      for (uint32_t i = 0; i < c; i += kChunk) std::memcpy(to + i, ids + i * sizeof(uint64_t), kChunk * sizeof(uint64_t));
+      ids += c * sizeof(uint64_t);
+    }
     st.count += c;
     st.offsets[slot + 1] = static_cast<int64_t>(st.count);
   }
@@ -480,22 +499,55 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data) const {
   }
   if (pack_ids) {
     p.num_lookups = static_cast<int>(nl);
-    const size_t head = (nl + 1) / 2;
+    p.narrow_ids = true;
+    for (size_t l = 0; l < nl; ++l) {
+      p.narrow_ids = p.narrow_ids && static_rows_[l] > 0 && static_rows_[l] <= (int64_t{1} << 32);
+    }
+    const bool regression = head_ == HeadType::kRegression;
+    p.inline_label = regression ? !data.targets.empty() : !data.labels.empty();
+    p.head_words = static_cast<int>((nl + (p.inline_label ? 1 : 0) + 1) / 2);
+    // Each block's words: its head, then its ids (two a word when narrow).
+    auto id_words = [&](uint64_t ids) { return p.narrow_ids ? (ids + 1) / 2 : ids; };
+    uint64_t total_words = 0;
+    for (int64_t r = 0; r < data.count; ++r) {
+      uint64_t ids = 0;
+      for (size_t l = 0; l < nl; ++l) ids += static_cast<uint64_t>(data.fields[spec_.lookups[l].data_field].size(r));
+      total_words += static_cast<uint64_t>(p.head_words) + id_words(ids);
+    }
     // kIdSlack words of padding after the last block (LoadPackedIds).
     p.start.resize(static_cast<size_t>(data.count) + 1);
-    p.words.assign(static_cast<size_t>(data.count) * head + total_ids + kIdSlack, 0);
+    p.words.assign(total_words + kIdSlack, 0);
     uint64_t at = 0;
     for (int64_t r = 0; r < data.count; ++r) {
       p.start[r] = at;
-      char* counts = reinterpret_cast<char*>(p.words.data() + at);
-      at += head;
+      char* head = reinterpret_cast<char*>(p.words.data() + at);
+      char* ids = head + p.head_words * sizeof(uint64_t);
+      uint64_t n = 0;
       for (size_t l = 0; l < nl; ++l) {
         const SparseField& f = data.fields[spec_.lookups[l].data_field];
         const int64_t b = f.offsets[r], e = f.offsets[r + 1];
         const uint32_t c = static_cast<uint32_t>(e - b);
-        std::memcpy(counts + l * sizeof(uint32_t), &c, sizeof(c));
-        for (int64_t i = b; i < e; ++i) p.words[at++] = StoreId(f.ids[i], static_rows_[l]);
+        std::memcpy(head + l * sizeof(uint32_t), &c, sizeof(c));
+        for (int64_t i = b; i < e; ++i, ++n) {
+          const uint64_t id = StoreId(f.ids[i], static_rows_[l]);
+          if (p.narrow_ids) {
+            const uint32_t narrow = static_cast<uint32_t>(id);
+            std::memcpy(ids + n * sizeof(uint32_t), &narrow, sizeof(narrow));
+          } else {
+            std::memcpy(ids + n * sizeof(uint64_t), &id, sizeof(id));
+          }
+        }
       }
+      if (p.inline_label) {
+        uint32_t label = 0;
+        if (regression) {
+          std::memcpy(&label, &data.targets[r], sizeof(label));
+        } else {
+          std::memcpy(&label, &data.labels[r], sizeof(label));
+        }
+        std::memcpy(head + nl * sizeof(uint32_t), &label, sizeof(label));
+      }
+      at += static_cast<uint64_t>(p.head_words) + id_words(n);
     }
     p.start[data.count] = at;
   }
@@ -532,10 +584,12 @@ void Model::FinishLoad(int64_t n) {
 }
 
 void Model::PrefetchRecord(const Dataset& data, int64_t r, const PackedRecords* packed) const {
-  // The label (or target) is a miss of its own once the data set outgrows the caches.
-  if (head_ == HeadType::kRegression) {
+  // The label (or target) is a miss of its own once the data set outgrows
+  // the caches, unless it is in the record's packed block.
+  const bool label_in_block = packed != nullptr && packed->inline_label;
+  if (!label_in_block && head_ == HeadType::kRegression) {
     if (!data.targets.empty()) PrefetchLine(data.targets.data() + r);
-  } else if (!data.labels.empty()) {
+  } else if (!label_in_block && !data.labels.empty()) {
     PrefetchLine(data.labels.data() + r);
   }
   if (packed != nullptr && packed->has_dense_bytes()) {
@@ -549,6 +603,12 @@ void Model::PrefetchRecord(const Dataset& data, int64_t r, const PackedRecords* 
   }
 }
 
+void Model::PrefetchBatch(const Dataset& data, const int32_t* records, int64_t n,
+                          const PackedRecords* packed) const {
+  for (int64_t i = 0; i < n; ++i) PrefetchRecordStart(records[i], packed);
+  for (int64_t i = 0; i < n; ++i) PrefetchRecord(data, records[i], packed);
+}
+
 void Model::BeginLoad(const Dataset& data) {
   for (size_t l = 0; l < lookups_.size(); ++l) {
     const Lookup& lk = spec_.lookups[l];
@@ -557,18 +617,22 @@ void Model::BeginLoad(const Dataset& data) {
   }
 }
 
-void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed) {
+void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed,
+                      bool asked_for) {
   BeginLoad(data);
   // Records are scattered over the data set. Their first lines (the start
   // words, the labels, the packed blocks' counts) are loaded all at once
-  // first; then their remaining lines (long blocks, dense rows) are asked
-  // for: all of them at once where a record is a few lines (text: data 0.87
-  // -> 0.79 us a step; DLRM 73 -> 60 us), otherwise the next few's while one
-  // record is copied (an image of 784 bytes: all at once spilled L1, 27 ->
-  // 39 us).
+  // first, unless they are a few lines each and PrefetchBatch asked for them
+  // a step ahead (then those loads only stall: text, alternating runs, data
+  // 1.16 -> 1.02 us a step; the MLP's images, 784 bytes, keep them: 27 ->
+  // 24 us). Then their lines are asked for: all of them at once where a
+  // record is a few lines (text: data 0.87 -> 0.79 us a step; DLRM 73 -> 60
+  // us), otherwise the next few's while one record is copied (an image: all
+  // at once spilled L1, 27 -> 39 us).
   constexpr int64_t kAhead = 3;
-  const int64_t ahead = RecordBytes(data, packed) <= kFewRecordBytes ? n : kAhead;
-  TouchBatch(data, records, n, packed);
+  const bool few_lines = RecordBytes(data, packed) <= kFewRecordBytes;
+  const int64_t ahead = few_lines ? n : kAhead;
+  if (!(asked_for && few_lines)) TouchBatch(data, records, n, packed);
   for (int64_t s = 0; s < std::min(ahead, n); ++s) PrefetchRecord(data, records[s], packed);
   for (int64_t s = 0; s < n; ++s) {
     if (s + ahead < n) PrefetchRecord(data, records[s + ahead], packed);
@@ -593,7 +657,7 @@ void Model::TouchBatch(const Dataset& data, const int32_t* records, int64_t n, c
   // (text config, 16-record batches: data phase 2.1 -> 1.5 us a step).
   uint64_t sink = 0;
   const bool ids = packed != nullptr && packed->has_ids();
-  const int32_t* labels = data.labels.empty() ? nullptr : data.labels.data();
+  const int32_t* labels = data.labels.empty() || (ids && packed->inline_label) ? nullptr : data.labels.data();
   for (int64_t s = 0; s < n; ++s) {
     if (ids) sink += packed->start[records[s]];
     if (labels != nullptr) sink += static_cast<uint32_t>(labels[records[s]]);

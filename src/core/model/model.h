@@ -93,14 +93,22 @@ struct ModelSpec {
 //     memory traffic of the floats; a load computes k / 255.0f again, so the
 //     batch holds the very same floats.
 struct PackedRecords {
-  // Record r's id block is words[start[r], start[r + 1]): (num_lookups + 1)
-  // / 2 words holding one uint32 count per lookup (lookup order, little end
-  // first), then those counts' store ids, lookup after lookup; after the
-  // last block, Model::kIdSlack words of padding. Both empty when the ids
-  // are not packed.
+  // Record r's block is words[start[r], start[r + 1]): head_words words of
+  // uint32 slots, one count per lookup (lookup order, little end first) and,
+  // where `inline_label`, the record's label (int32; a regression head's
+  // target as float bits) after them; then those counts' store ids, lookup
+  // after lookup: uint32 each where `narrow_ids` (every lookup's table is
+  // static with at most 2^32 rows, so its store ids fit; the block padded to
+  // whole words), else uint64. After the last block, Model::kIdSlack words
+  // of padding. Both empty when the ids are not packed. The narrow ids and
+  // the label in the block take a text record from about 5 random lines
+  // (its start word, 3 of ids, its label) to 3.
   HugePageVector<uint64_t> start;  // [records + 1]
   HugePageVector<uint64_t> words;
   int num_lookups = 0;
+  int head_words = 0;
+  bool narrow_ids = false;
+  bool inline_label = false;
   int64_t records = 0;
   // [records x dense_dim] bytes k with dense value k / 255.0f; empty when
   // the dense values are not all of that form.
@@ -212,7 +220,10 @@ class Model {
   // inputs, labels and each lookup's ids; rows n..batch are padding (zero
   // inputs, empty bags). `data` must have the shape the model was made for.
   // With `packed` (PackRecords(data), or null) the ids come from there.
-  void LoadBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed = nullptr);
+  // `asked_for`: PrefetchBatch was called for these records a step before
+  // (a hint: the values loaded are the same either way).
+  void LoadBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed = nullptr,
+                 bool asked_for = false);
   // The same for the consecutive records [first, first + n).
   void LoadRange(const Dataset& data, int64_t first, int64_t n);
   // Asks for record r's inputs (its label or target, its dense values or
@@ -222,11 +233,15 @@ class Model {
   // effect on any value.
   void PrefetchRecord(const Dataset& data, int64_t r, const PackedRecords* packed) const;
   // Only the word that locates record r's packed ids, which PrefetchRecord
-  // reads (a miss of its own): a worker issues it for a whole batch before
-  // PrefetchRecord (LoadBatch loads it, in TouchBatch).
+  // reads (a miss of its own): PrefetchBatch issues it for a whole batch
+  // before PrefetchRecord (LoadBatch loads it, in TouchBatch).
   void PrefetchRecordStart(int64_t r, const PackedRecords* packed) const {
     if (packed != nullptr && packed->has_ids()) PrefetchLine(packed->start.data() + r);
   }
+  // A step ahead of LoadBatch(records, n): the words that locate the
+  // records' packed ids, all in flight at once, then PrefetchRecord for each
+  // (which reads those words).
+  void PrefetchBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed) const;
   // `data` packed for this model (PackedRecords): the ids unless there are
   // no lookups or a weighted lookup's field carries weights (they stay in
   // `data`), the dense bytes where every value is k / 255.0f. nullopt when

@@ -101,7 +101,10 @@ class ModelTest : public ::testing::Test {
                 std::vector<uint64_t>(b.ids(l).begin(), b.ids(l).end()))
           << "lookup " << l << ", " << what;
     }
-    for (int64_t i = 0; i < b.batch(); ++i) EXPECT_EQ(a.labels()[i], b.labels()[i]) << i << ", " << what;
+    for (int64_t i = 0; i < b.batch(); ++i) {
+      EXPECT_EQ(a.labels()[i], b.labels()[i]) << i << ", " << what;
+      EXPECT_EQ(std::bit_cast<uint32_t>(a.targets()[i]), std::bit_cast<uint32_t>(b.targets()[i])) << i << ", " << what;
+    }
     for (Model* x : {&a, &b}) {
       for (int l = 0; l < x->num_lookups(); ++l) {
         std::fill(x->rows(l), x->rows(l) + x->ids(l).size() * x->lookup(l).dim, 1.0f);
@@ -113,7 +116,8 @@ class ModelTest : public ::testing::Test {
   }
 
   // A model of `options` packs `d` (PackRecords); each of `batches` loaded
-  // from those packed records is then the same batch as a second model
+  // from those packed records (every other one after PrefetchBatch, as a
+  // worker loads it) is then the same batch as a second model
   // loads from d's fields (ExpectSameBatch). Returns the packed records, or
   // nullopt (and a failure) where d is not packed.
   std::optional<PackedRecords> ExpectPackedLoadsAsFields(const ModelOptions& options, const Dataset& d, int64_t batch,
@@ -126,7 +130,10 @@ class ModelTest : public ::testing::Test {
     if (!packed) return std::nullopt;
     for (size_t b = 0; b < batches.size(); ++b) {
       const int64_t n = static_cast<int64_t>(batches[b].size());
-      packed_model->LoadBatch(d, batches[b].data(), n, &*packed);
+      // Every other batch as a worker loads it, asked for a step ahead.
+      const bool asked_for = b % 2 == 1;
+      if (asked_for) packed_model->PrefetchBatch(d, batches[b].data(), n, &*packed);
+      packed_model->LoadBatch(d, batches[b].data(), n, &*packed, asked_for);
       plain_model->LoadBatch(d, batches[b].data(), n);
       ExpectSameBatch(*packed_model, *plain_model, outputs, absl::StrCat("batch ", b, " of ", n, " records"));
     }
@@ -274,6 +281,47 @@ TEST_F(ModelTest, PackedRecordsLoadAsTheFieldsDo) {
   EXPECT_LE(packed->words.size(), packed->start.back() + 8);
   // A weighted lookup whose field carries weights keeps reading the fields.
   EXPECT_FALSE(m->PackRecords(SmallData(5, 2, 3, false, 3)).has_value());
+}
+
+// Where every table is static with at most 2^32 rows, the packed ids are
+// uint32 and each record's label (a regression head's target) is in its
+// block: they load as from the fields, for each head, bags of 0..13 ids
+// (odd and even counts, so blocks padded to whole words), the data set's
+// last record included. A dynamic table, or a static one past 2^32 rows,
+// keeps 64-bit ids.
+TEST_F(ModelTest, NarrowPackedIdsAndTheLabelInTheBlockLoadAsTheFieldsDo) {
+  std::vector<std::vector<int32_t>> batches;
+  for (int32_t r = 0; r < 60; r += 6) batches.push_back({r, (r + 13) % 60, (r + 29) % 60, 59, (r + 7) % 60, r});
+  batches.push_back({59});
+  for (HeadType head : {HeadType::kSoftmax, HeadType::kBinary, HeadType::kRegression}) {
+    const int32_t classes = head == HeadType::kSoftmax ? 3 : head == HeadType::kBinary ? 2 : 0;
+    const int64_t outputs = head == HeadType::kSoftmax ? 3 : 1;
+    Dataset d = SmallData(60, 2, classes, false, 11, /*max_b=*/13);
+    d.fields[0].weights.clear();
+    ModelOptions opts = SmallOptions(Interaction::kConcat, head, outputs, false, true);
+    opts.tables[1].dynamic = false;  // tc: static, 2^20 rows
+    const std::optional<PackedRecords> packed =
+        ExpectPackedLoadsAsFields(opts, d, /*batch=*/6, outputs, batches);
+    ASSERT_TRUE(packed.has_value()) << static_cast<int>(head);
+    EXPECT_TRUE(packed->narrow_ids) << static_cast<int>(head);
+    EXPECT_TRUE(packed->inline_label) << static_cast<int>(head);
+    // 3 counts and the label: 2 words of head.
+    EXPECT_EQ(packed->head_words, 2);
+    int64_t ids = 0;
+    for (const SparseField& f : d.fields) ids += static_cast<int64_t>(f.ids.size());
+    EXPECT_LE(packed->start.back(), static_cast<uint64_t>(2 * d.count + (ids + d.count) / 2)) << static_cast<int>(head);
+  }
+  Dataset d = SmallData(10, 2, 3, false, 11);
+  d.fields[0].weights.clear();
+  ModelOptions opts = SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, false, true);
+  const std::unique_ptr<Model> dynamic = Make(opts, d, 4);
+  ASSERT_TRUE(dynamic);
+  EXPECT_FALSE(dynamic->PackRecords(d)->narrow_ids);
+  opts.tables[1] = {"tc", (int64_t{1} << 32) + 1, 3, false, false, 0.5f};
+  const std::unique_ptr<Model> wide_rows = Make(opts, d, 4);
+  ASSERT_TRUE(wide_rows);
+  EXPECT_FALSE(wide_rows->PackRecords(d)->narrow_ids);
+  EXPECT_TRUE(wide_rows->PackRecords(d)->inline_label);
 }
 
 // Packed blocks are copied in chunks of several ids: bags of every length
