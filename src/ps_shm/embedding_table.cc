@@ -501,7 +501,20 @@ void EmbeddingTable::InitRows(int64_t begin, int64_t end) const {
     auto* words = reinterpret_cast<uint32_t*>(side);
     for (size_t i = 0; i < n; ++i) Atomic(words[i]).store(0, std::memory_order_relaxed);
   }
-  for (int64_t r = begin; r < end; ++r) InitRowValues(r, static_cast<uint64_t>(r));
+  if (bf16_) {
+    for (int64_t r = begin; r < end; ++r) InitRowValues(r, static_cast<uint64_t>(r));
+    return;
+  }
+  // Drawn straight into the rows, with no copy through a buffer: no other
+  // thread reads them before Publish, which follows the join of the threads
+  // that run this (DLRM's 26M rows of 16 floats on 2 threads, 3 alternating
+  // runs: store set-up 0.74-0.86 -> 0.68-0.80 s).
+  for (int64_t r = begin; r < end; ++r) {
+    char* block = RowBlock(r);
+    FillInitial(options_.init, RowKey(options_.seed, options_.table_id, static_cast<uint64_t>(r)), 0, dim_,
+                reinterpret_cast<float*>(block));
+    for (int k = 0; k < num_slots_; ++k) HogwildFill(options_.slot_init[k], Slot(block, k), dim_);
+  }
 }
 
 void EmbeddingTable::Publish() const {
