@@ -491,11 +491,9 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data) const {
   p.records = data.count;
   const size_t nl = lookups_.size();
   bool pack_ids = nl > 0;
-  size_t total_ids = 0;
   for (size_t l = 0; l < nl; ++l) {
     const SparseField& f = data.fields[spec_.lookups[l].data_field];
     if (spec_.lookups[l].weighted && !f.weights.empty()) pack_ids = false;
-    total_ids += f.ids.size();
   }
   if (pack_ids) {
     p.num_lookups = static_cast<int>(nl);
