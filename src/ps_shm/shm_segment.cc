@@ -137,8 +137,14 @@ absl::Status ShmSegment::Reserve(size_t offset, size_t bytes) const {
   const size_t begin = offset / page * page;
   char* const start = static_cast<char*>(data_) + begin;
   const size_t len = offset + bytes - begin;
-  if (madvise(start, len, MADV_POPULATE_WRITE) == 0) return absl::OkStatus();
-  int err = errno;
+  int err = 0;
+  // EINTR (a signal while populating) and EAGAIN (a transient failure to
+  // fault a page in) are retried: the pages already populated stay.
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    if (madvise(start, len, MADV_POPULATE_WRITE) == 0) return absl::OkStatus();
+    err = errno;
+    if (err != EINTR && err != EAGAIN) break;
+  }
   if (err == EINVAL) {
     // A kernel before 5.14: the pages are allocated, not yet mapped.
     err = posix_fallocate(fd_, static_cast<off_t>(begin), static_cast<off_t>(len));
