@@ -419,12 +419,6 @@ size_t EmbeddingTable::BytesFor(const EmbeddingTableOptions& options) {
   return ComputeLayout(options).total_bytes;
 }
 
-std::pair<uint64_t, uint64_t> EmbeddingTable::RowsRange(const EmbeddingTableOptions& options) {
-  if (!options.Validate().ok()) return {0, 0};
-  const Layout l = ComputeLayout(options);
-  return {l.rows_offset, static_cast<uint64_t>(options.capacity) * l.row_stride};
-}
-
 absl::StatusOr<EmbeddingTable> EmbeddingTable::Create(void* region, size_t bytes,
                                                       const EmbeddingTableOptions& options) {
   SW_ASSIGN_OR_RETURN(EmbeddingTable t, Format(region, bytes, options));

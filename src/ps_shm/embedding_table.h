@@ -291,10 +291,6 @@ class EmbeddingTable {
   // Bytes of region a table with `options` needs (a multiple of 64), or 0 if
   // the options do not pass Validate().
   static size_t BytesFor(const EmbeddingTableOptions& options);
-  // Where the rows of a table with `options` lie in its region: bytes
-  // [first, first + second) (capacity() blocks of row_stride() bytes; the
-  // last part of the region). {0, 0} if the options do not pass Validate().
-  static std::pair<uint64_t, uint64_t> RowsRange(const EmbeddingTableOptions& options);
 
   // Formats `region` ([region, region + bytes), 64-byte aligned, at least
   // BytesFor(options)) as a new table: writes the header and the empty index
