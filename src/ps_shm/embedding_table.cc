@@ -495,20 +495,7 @@ void EmbeddingTable::InitRows(int64_t begin, int64_t end) const {
     auto* words = reinterpret_cast<uint32_t*>(side);
     for (size_t i = 0; i < n; ++i) Atomic(words[i]).store(0, std::memory_order_relaxed);
   }
-  if (bf16_) {
-    for (int64_t r = begin; r < end; ++r) InitRowValues(r, static_cast<uint64_t>(r));
-    return;
-  }
-  // Drawn straight into the rows, with no copy through a buffer: no other
-  // thread reads them before Publish, which follows the join of the threads
-  // that run this (DLRM's 26M rows of 16 floats on 2 threads, 3 alternating
-  // runs: store set-up 0.74-0.86 -> 0.68-0.80 s).
-  for (int64_t r = begin; r < end; ++r) {
-    char* block = RowBlock(r);
-    FillInitial(options_.init, RowKey(options_.seed, options_.table_id, static_cast<uint64_t>(r)), 0, dim_,
-                reinterpret_cast<float*>(block));
-    for (int k = 0; k < num_slots_; ++k) HogwildFill(options_.slot_init[k], Slot(block, k), dim_);
-  }
+  for (int64_t r = begin; r < end; ++r) InitRowValues(r, static_cast<uint64_t>(r), /*published=*/false);
 }
 
 void EmbeddingTable::Publish() const {
@@ -645,25 +632,32 @@ void EmbeddingTable::Bind(const EmbeddingTableOptions& o, char* base) {
 
 // ---- Rows -------------------------------------------------------------------------
 
-void EmbeddingTable::InitRowValues(int64_t row, uint64_t id) const {
+void EmbeddingTable::InitRowValues(int64_t row, uint64_t id, bool published) const {
   char* block = RowBlock(row);
   const uint64_t key = RowKey(options_.seed, options_.table_id, id);
-  alignas(64) float chunk[64];
-  for (int64_t j = 0; j < dim_; j += 64) {
-    const int64_t n = std::min<int64_t>(64, dim_ - j);
-    FillInitial(options_.init, key, j, n, chunk);
-    if (bf16_) {
-      // Rounded to nearest: an initial value is a draw, not an update.
-      HogwildCopyFromAsBf16(chunk, reinterpret_cast<uint16_t*>(block) + j, n);
-    } else {
-      HogwildCopyTo(chunk, reinterpret_cast<float*>(block) + j, n);
+  if (!bf16_ && !published) {
+    // Drawn straight into the row, with no copy through a buffer: no other
+    // thread reads it before Publish (DLRM's 26M rows of 16 floats on 2
+    // threads, 3 alternating runs: store set-up 0.74-0.86 -> 0.68-0.80 s).
+    FillInitial(options_.init, key, 0, dim_, reinterpret_cast<float*>(block));
+  } else {
+    alignas(64) float chunk[64];
+    for (int64_t j = 0; j < dim_; j += 64) {
+      const int64_t n = std::min<int64_t>(64, dim_ - j);
+      FillInitial(options_.init, key, j, n, chunk);
+      if (bf16_) {
+        // Rounded to nearest: an initial value is a draw, not an update.
+        HogwildCopyFromAsBf16(chunk, reinterpret_cast<uint16_t*>(block) + j, n);
+      } else {
+        HogwildCopyTo(chunk, reinterpret_cast<float*>(block) + j, n);
+      }
     }
   }
   for (int k = 0; k < num_slots_; ++k) HogwildFill(options_.slot_init[k], Slot(block, k), dim_);
 }
 
 void EmbeddingTable::InitRow(int64_t row, uint64_t id) {
-  InitRowValues(row, id);
+  InitRowValues(row, id, /*published=*/true);
   RowMeta* meta = Meta(row);
   // No reader or writer can be inside the row here: a new row is not yet
   // published, and an evicted one is held in state evicting with no pins.

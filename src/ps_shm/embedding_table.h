@@ -475,8 +475,11 @@ class EmbeddingTable {
   void RemoveFromIndexLocked(uint64_t id);
   int64_t ProbeLocked(uint64_t id) const;  // index slot of id, or -1
 
-  // Params and slots of `row` to their initial values for `id`.
-  void InitRowValues(int64_t row, uint64_t id) const;
+  // Params and slots of `row` to their initial values for `id`. `published`:
+  // other threads may have read the row's memory (a dynamic row inserted or
+  // recycled), so its f32 values are written through the Hogwild kernels;
+  // otherwise (InitRows, before Publish) they are drawn straight into it.
+  void InitRowValues(int64_t row, uint64_t id, bool published) const;
   // Dynamic: InitRowValues plus the RowMeta (key, zero count and seqlock);
   // an LRU row's state word is left to the caller.
   void InitRow(int64_t row, uint64_t id);
