@@ -232,12 +232,6 @@ class Model {
   // overlap it instead of stalling the next data phase. A hint only: no
   // effect on any value.
   void PrefetchRecord(const Dataset& data, int64_t r, const PackedRecords* packed) const;
-  // Only the word that locates record r's packed ids, which PrefetchRecord
-  // reads (a miss of its own): PrefetchBatch issues it for a whole batch
-  // before PrefetchRecord (LoadBatch loads it, in TouchBatch).
-  void PrefetchRecordStart(int64_t r, const PackedRecords* packed) const {
-    if (packed != nullptr && packed->has_ids()) PrefetchLine(packed->start.data() + r);
-  }
   // A step ahead of LoadBatch(records, n): the words that locate the
   // records' packed ids, all in flight at once, then PrefetchRecord for each
   // (which reads those words).
@@ -329,6 +323,12 @@ class Model {
   // few lines a record. O(1): sizes of arrays that do not change.
   int64_t RecordBytes(const Dataset& data, const PackedRecords* packed) const;
   static constexpr int64_t kFewRecordBytes = 512;
+  // Only the word that locates record r's packed ids, which PrefetchRecord
+  // reads (a miss of its own): PrefetchBatch issues it for a whole batch
+  // before PrefetchRecord (LoadBatch loads it, in TouchBatch).
+  void PrefetchRecordStart(int64_t r, const PackedRecords* packed) const {
+    if (packed != nullptr && packed->has_ids()) PrefetchLine(packed->start.data() + r);
+  }
   // Loads the first lines of the batch's records (labels, packed blocks) all
   // at once, before LoadRecord copies them one by one.
   void TouchBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed) const;
