@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/base/prefetch.h"
 #include "core/base/row_bound.h"
 #include "core/data/dataset.h"
@@ -266,10 +267,13 @@ BENCHMARK(BM_InPlaceRows)
 // multiply-adds that touches no memory, as a step's compute; both calls
 // timed. 2: the same batch loaded again (every line in L1). 3, the bound: the
 // same bytes (blocks and labels) copied from a sequential layout, as a data
-// set already gathered in the epoch's order would be read. Counter:
-// records/s.
+// set already gathered in the epoch's order would be read. layout 0: the
+// packed blocks one after the other, each found through its start word; 1:
+// as PackRecords chooses (here 128-byte slots, the records of more than 30
+// ids after them). Counter: records/s.
 void BM_TextDataPhase(benchmark::State& state) {
   const int64_t what = state.range(0);
+  const int64_t layout = state.range(1);
   constexpr int64_t kRecords = 1000000, kBatch = 16;
   Dataset data;
   data.count = kRecords;
@@ -295,7 +299,7 @@ void BM_TextDataPhase(benchmark::State& state) {
     state.SkipWithError(std::string(m.status().message()).c_str());
     return;
   }
-  const std::optional<PackedRecords> packed = (*m)->PackRecords(data);
+  const std::optional<PackedRecords> packed = (*m)->PackRecords(data, layout == 0 ? 0 : Model::kAutoStride);
   if (!packed) {
     state.SkipWithError("the records were not packed");
     return;
@@ -303,7 +307,7 @@ void BM_TextDataPhase(benchmark::State& state) {
   std::vector<int32_t> order(kRecords);
   for (int64_t i = 0; i < kRecords; ++i) order[i] = static_cast<int32_t>(i);
   std::shuffle(order.begin(), order.end(), rng);
-  const size_t batch_words = kBatch * (packed->start.back() / kRecords + 1);
+  const size_t batch_words = kBatch * (packed->words.size() / kRecords + 1);
   std::vector<uint64_t> copy(batch_words + kBatch);
   const int64_t batches = kRecords / kBatch - 1;
   int64_t b = 0;
@@ -331,9 +335,11 @@ void BM_TextDataPhase(benchmark::State& state) {
   }
   state.counters["records/s"] = benchmark::Counter(kBatch, benchmark::Counter::kIsIterationInvariantRate);
   const char* labels[] = {"load, cold", "prefetch a step ahead + load", "load, in L1", "bound: sequential copy"};
-  state.SetLabel(labels[what]);
+  state.SetLabel(absl::StrCat(labels[what], ", ",
+                              packed->stride_words > 0 ? absl::StrCat(packed->stride_words * 8, "-byte slots")
+                                                       : std::string("blocks one after the other")));
 }
-BENCHMARK(BM_TextDataPhase)->ArgName("what")->DenseRange(0, 3)->UseManualTime();
+BENCHMARK(BM_TextDataPhase)->ArgNames({"what", "layout"})->ArgsProduct({{0, 1, 2, 3}, {0, 1}})->UseManualTime();
 
 }  // namespace
 }  // namespace shardwild

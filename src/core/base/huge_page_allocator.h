@@ -6,8 +6,10 @@
 // of it does not also miss the TLB. A request only: the kernel may back the
 // block with small pages, and the values are the same either way.
 //
-// Smaller blocks come from operator new, as std::allocator's do: rounding
-// them up to 2 MiB would cost more memory than the few TLB entries save.
+// Smaller blocks come from operator new, as std::allocator's do (rounding
+// them up to 2 MiB would cost more memory than the few TLB entries save),
+// aligned to a cache line: either way a block starts on one, which
+// PackedRecords' slots rely on for speed (never for correctness).
 //
 // Thread safety: stateless.
 #pragma once
@@ -31,6 +33,7 @@ template <typename T>
 struct HugePageAllocator {
   using value_type = T;
   static_assert(alignof(T) <= kHugePageBytes);
+  static constexpr size_t kSmallAlign = alignof(T) > 64 ? alignof(T) : 64;
 
   HugePageAllocator() = default;
   template <typename U>
@@ -39,7 +42,7 @@ struct HugePageAllocator {
   T* allocate(size_t n) {
     if (n > static_cast<size_t>(-1) / sizeof(T)) throw std::bad_array_new_length();
     const size_t bytes = n * sizeof(T);
-    if (!OnHugePages(bytes)) return static_cast<T*>(::operator new(bytes, std::align_val_t{alignof(T)}));
+    if (!OnHugePages(bytes)) return static_cast<T*>(::operator new(bytes, std::align_val_t{kSmallAlign}));
     const size_t rounded = (bytes + kHugePageBytes - 1) & ~(kHugePageBytes - 1);
     void* p = std::aligned_alloc(kHugePageBytes, rounded);
     if (p == nullptr) throw std::bad_alloc();
@@ -50,7 +53,7 @@ struct HugePageAllocator {
 
   void deallocate(T* p, size_t n) noexcept {
     if (!OnHugePages(n * sizeof(T))) {
-      ::operator delete(p, std::align_val_t{alignof(T)});
+      ::operator delete(p, std::align_val_t{kSmallAlign});
     } else {
       std::free(p);
     }

@@ -399,7 +399,7 @@ void Model::LoadRecordHead(const Dataset& data, int64_t r, int64_t slot, const P
   }
   if (packed != nullptr && packed->inline_label) {
     // In the record's block, after its counts (PackedRecords).
-    const char* label = reinterpret_cast<const char*>(packed->words.data() + packed->start[r]) +
+    const char* label = reinterpret_cast<const char*>(packed->Block(r)) +
                         static_cast<size_t>(packed->num_lookups) * sizeof(uint32_t);
     if (head_ == HeadType::kRegression) {
       std::memcpy(&targets_[slot], label, sizeof(float));
@@ -459,7 +459,7 @@ void Model::LoadRecord(const Dataset& data, int64_t r, int64_t slot, const Packe
 }
 
 void Model::LoadPackedIds(const PackedRecords& packed, int64_t r, int64_t slot) {
-  const uint64_t* block = packed.words.data() + packed.start[r];
+  const uint64_t* block = packed.Block(r);
   const char* ids = reinterpret_cast<const char*>(block + packed.head_words);
   // Whole chunks of kIdSlack + 1 ids: EnsureIds leaves room for the last
   // one's overshoot, and PackRecords pads the words so the last block's
@@ -486,7 +486,51 @@ void Model::LoadPackedIds(const PackedRecords& packed, int64_t r, int64_t slot) 
   }
 }
 
-std::optional<PackedRecords> Model::PackRecords(const Dataset& data) const {
+int64_t Model::ChooseStrideWords(const std::vector<int64_t>& words_histogram, uint64_t total_words) {
+  const int64_t top = static_cast<int64_t>(words_histogram.size()) - 1;
+  int64_t n = 0;
+  uint64_t below_top_words = 0;  // the words of the blocks shorter than the last entry's
+  for (int64_t w = 0; w <= top; ++w) {
+    n += words_histogram[w];
+    if (w < top) below_top_words += static_cast<uint64_t>(words_histogram[w]) * static_cast<uint64_t>(w);
+  }
+  if (n == 0) return 0;
+  // Lines a block of w words touches where it starts at a uniformly placed
+  // word. (Blocks in the last entry are counted as that entry's size: both
+  // layouts read them whole, so the comparison hardly moves.)
+  auto block_lines = [](int64_t w) { return 1.0 + (static_cast<double>(w) * 8.0 - 8.0) / 64.0; };
+  double best_lines = 0;
+  for (int64_t w = 0; w <= top; ++w) best_lines += static_cast<double>(words_histogram[w]) * (1.0 + block_lines(w));
+  const double one_after_another_bytes = (static_cast<double>(total_words) + static_cast<double>(n) + 1.0) * 8.0;
+  int64_t best = 0;
+  // Powers of two up to a line (no slot crosses one), then whole lines.
+  std::vector<int64_t> strides = {2, 4, 8};
+  for (int64_t s = 16; s <= kMaxStrideWords; s += 8) strides.push_back(s);
+  for (int64_t stride : strides) {
+    const double slot_lines = stride <= 8 ? 1.0 : static_cast<double>(stride / 8);
+    double lines = 0;
+    uint64_t overflow_words = 0;
+    for (int64_t w = 0; w <= top; ++w) {
+      if (words_histogram[w] == 0) continue;
+      const double count = static_cast<double>(words_histogram[w]);
+      lines += count * slot_lines;
+      if (w > stride) {
+        lines += count * block_lines(w);
+        overflow_words += w < top ? static_cast<uint64_t>(words_histogram[w]) * static_cast<uint64_t>(w)
+                                  : total_words - below_top_words;
+      }
+    }
+    const double bytes = (static_cast<double>(n) * static_cast<double>(stride) + static_cast<double>(overflow_words)) * 8.0;
+    if (bytes > 2.0 * one_after_another_bytes) continue;
+    if (lines < best_lines) {
+      best_lines = lines;
+      best = stride;
+    }
+  }
+  return best;
+}
+
+std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t stride_bytes) const {
   PackedRecords p;
   p.records = data.count;
   const size_t nl = lookups_.size();
@@ -505,20 +549,58 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data) const {
     p.inline_label = regression ? !data.targets.empty() : !data.labels.empty();
     p.head_words = static_cast<int>((nl + (p.inline_label ? 1 : 0) + 1) / 2);
     // Each block's words: its head, then its ids (two a word when narrow).
-    auto id_words = [&](uint64_t ids) { return p.narrow_ids ? (ids + 1) / 2 : ids; };
-    uint64_t total_words = 0;
-    for (int64_t r = 0; r < data.count; ++r) {
+    auto block_words = [&](int64_t r) {
       uint64_t ids = 0;
       for (size_t l = 0; l < nl; ++l) ids += static_cast<uint64_t>(data.fields[spec_.lookups[l].data_field].size(r));
-      total_words += static_cast<uint64_t>(p.head_words) + id_words(ids);
-    }
-    // kIdSlack words of padding after the last block (LoadPackedIds).
-    p.start.resize(static_cast<size_t>(data.count) + 1);
-    p.words.assign(total_words + kIdSlack, 0);
-    uint64_t at = 0;
+      return static_cast<uint64_t>(p.head_words) + (p.narrow_ids ? (ids + 1) / 2 : ids);
+    };
+    // The blocks' sizes, for the layout.
+    std::vector<int64_t> histogram(4 * kMaxStrideWords + 1, 0);
+    uint64_t total_words = 0;
+    bool overflow_mark_free = true;  // no block can begin with kOverflowSlot's bits
+    const SparseField& first = data.fields[spec_.lookups[0].data_field];
     for (int64_t r = 0; r < data.count; ++r) {
-      p.start[r] = at;
-      char* head = reinterpret_cast<char*>(p.words.data() + at);
+      const uint64_t w = block_words(r);
+      total_words += w;
+      ++histogram[std::min<uint64_t>(w, histogram.size() - 1)];
+      overflow_mark_free = overflow_mark_free && first.size(r) < 0xffffffffu;
+    }
+    int64_t stride = 0;
+    if (stride_bytes == kAutoStride) {
+      stride = ChooseStrideWords(histogram, total_words);
+    } else if (stride_bytes > 0) {
+      stride = std::clamp<int64_t>(stride_bytes / static_cast<int64_t>(sizeof(uint64_t)), 2, kMaxStrideWords);
+    }
+    if (!overflow_mark_free) stride = 0;
+    p.stride_words = stride;
+    uint64_t at = 0;  // where the next block one after another (or past the slots) goes
+    if (stride == 0) {
+      p.start.resize(static_cast<size_t>(data.count) + 1);
+      p.words.assign(total_words + kIdSlack, 0);
+    } else {
+      at = static_cast<uint64_t>(data.count) * static_cast<uint64_t>(stride);
+      // The blocks longer than a slot: every block less those that fit
+      // (the histogram counts each size up to past the longest slot).
+      uint64_t overflow_words = total_words;
+      for (int64_t w = 0; w <= stride; ++w) overflow_words -= static_cast<uint64_t>(histogram[w] * w);
+      // kIdSlack words of padding after the last block (LoadPackedIds).
+      p.words.assign(at + overflow_words + kIdSlack, 0);
+    }
+    for (int64_t r = 0; r < data.count; ++r) {
+      const uint64_t w = block_words(r);
+      uint64_t to = at;
+      if (stride == 0) {
+        p.start[r] = at;
+        at += w;
+      } else if (w <= static_cast<uint64_t>(stride)) {
+        to = static_cast<uint64_t>(r) * static_cast<uint64_t>(stride);
+      } else {
+        uint64_t* slot = p.words.data() + r * stride;
+        slot[0] = PackedRecords::kOverflowSlot;
+        slot[1] = at;
+        at += w;
+      }
+      char* head = reinterpret_cast<char*>(p.words.data() + to);
       char* ids = head + p.head_words * sizeof(uint64_t);
       uint64_t n = 0;
       for (size_t l = 0; l < nl; ++l) {
@@ -545,9 +627,8 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data) const {
         }
         std::memcpy(head + nl * sizeof(uint32_t), &label, sizeof(label));
       }
-      at += static_cast<uint64_t>(p.head_words) + id_words(n);
     }
-    p.start[data.count] = at;
+    if (stride == 0) p.start[data.count] = at;
   }
   // Dense bytes, only if every value is exactly k / 255.0f (checked value
   // by value, so the loads give back the same floats).
@@ -596,8 +677,13 @@ void Model::PrefetchRecord(const Dataset& data, int64_t r, const PackedRecords* 
     PrefetchLines(data.dense.data() + r * dense_dim_, static_cast<size_t>(dense_dim_) * sizeof(float));
   }
   if (packed != nullptr && packed->has_ids()) {
-    const uint64_t b = packed->start[r], e = packed->start[r + 1];
-    PrefetchLines(packed->words.data() + b, (e - b) * sizeof(uint64_t));
+    if (packed->stride_words > 0) {
+      // The slot (a block after the slots is found only once the slot is read).
+      PrefetchLines(packed->words.data() + r * packed->stride_words, packed->stride_words * sizeof(uint64_t));
+    } else {
+      const uint64_t b = packed->start[r], e = packed->start[r + 1];
+      PrefetchLines(packed->words.data() + b, (e - b) * sizeof(uint64_t));
+    }
   }
 }
 
@@ -630,7 +716,14 @@ void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, co
   constexpr int64_t kAhead = 3;
   const bool few_lines = RecordBytes(data, packed) <= kFewRecordBytes;
   const int64_t ahead = few_lines ? n : kAhead;
-  if (!(asked_for && few_lines)) TouchBatch(data, records, n, packed);
+  if (!(asked_for && few_lines)) {
+    TouchBatch(data, records, n, packed);
+  } else if (packed != nullptr && packed->has_ids() && packed->stride_words > 0) {
+    // The slots are in the caches (PrefetchBatch asked for them); a block
+    // after the slots is found only now. Its lines are asked for first, so
+    // that their misses overlap each other and the loads of the others.
+    PrefetchOverflowBlocks(records, n, *packed);
+  }
   for (int64_t s = 0; s < std::min(ahead, n); ++s) PrefetchRecord(data, records[s], packed);
   for (int64_t s = 0; s < n; ++s) {
     if (s + ahead < n) PrefetchRecord(data, records[s + ahead], packed);
@@ -648,6 +741,16 @@ int64_t Model::RecordBytes(const Dataset& data, const PackedRecords* packed) con
   return b;
 }
 
+void Model::PrefetchOverflowBlocks(const int32_t* records, int64_t n, const PackedRecords& packed) const {
+  // Longer than a slot, so a slot's bytes and a line more cover its start
+  // (and, in the text config, all of it).
+  const size_t bytes = static_cast<size_t>(packed.stride_words) * sizeof(uint64_t) + 64;
+  for (int64_t s = 0; s < n; ++s) {
+    const uint64_t* slot = packed.words.data() + records[s] * packed.stride_words;
+    if (slot[0] == PackedRecords::kOverflowSlot) PrefetchLines(packed.words.data() + slot[1], bytes);
+  }
+}
+
 void Model::TouchBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed) const {
   // Loads, not prefetches: LoadRecord waits for each record's first lines
   // in turn, and prefetches issued a few records ahead still left it waiting.
@@ -656,13 +759,16 @@ void Model::TouchBatch(const Dataset& data, const int32_t* records, int64_t n, c
   uint64_t sink = 0;
   const bool ids = packed != nullptr && packed->has_ids();
   const int32_t* labels = data.labels.empty() || (ids && packed->inline_label) ? nullptr : data.labels.data();
+  const bool start_words = ids && packed->stride_words == 0;
   for (int64_t s = 0; s < n; ++s) {
-    if (ids) sink += packed->start[records[s]];
+    if (start_words) sink += packed->start[records[s]];
     if (labels != nullptr) sink += static_cast<uint32_t>(labels[records[s]]);
   }
   if (ids) {
-    // The block's first word (its counts), whose address the pass above loaded.
-    for (int64_t s = 0; s < n; ++s) sink += packed->words[packed->start[records[s]]];
+    // The block's first word (its counts): in slots, the slot's first word
+    // (and a longer block's, after the slots); else at the address the pass
+    // above loaded.
+    for (int64_t s = 0; s < n; ++s) sink += *packed->Block(records[s]);
   }
   asm volatile("" : : "r"(sink));
 }

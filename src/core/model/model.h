@@ -93,18 +93,32 @@ struct ModelSpec {
 //     memory traffic of the floats; a load computes k / 255.0f again, so the
 //     batch holds the very same floats.
 struct PackedRecords {
-  // Record r's block is words[start[r], start[r + 1]): head_words words of
-  // uint32 slots, one count per lookup (lookup order, little end first) and,
-  // where `inline_label`, the record's label (int32; a regression head's
-  // target as float bits) after them; then those counts' store ids, lookup
-  // after lookup: uint32 each where `narrow_ids` (every lookup's table is
-  // static with at most 2^32 rows, so its store ids fit; the block padded to
-  // whole words), else uint64. After the last block, Model::kIdSlack words
-  // of padding. Both empty when the ids are not packed. The narrow ids and
-  // the label in the block take a text record from about 5 random lines
-  // (its start word, 3 of ids, its label) to 3.
-  HugePageVector<uint64_t> start;  // [records + 1]
+  // Record r's block: head_words words of uint32 slots, one count per lookup
+  // (lookup order, little end first) and, where `inline_label`, the record's
+  // label (int32; a regression head's target as float bits) after them;
+  // then those counts' store ids, lookup after lookup: uint32 each where
+  // `narrow_ids` (every lookup's table is static with at most 2^32 rows, so
+  // its store ids fit; the block padded to whole words), else uint64. The
+  // narrow ids and the label in the block take a text record from about 5
+  // random lines (its start word, 3 of ids, its label) to 3.
+  //
+  // The blocks are laid out one of two ways (PackRecords chooses, by the
+  // lines a record's load touches; Block(r) finds one either way):
+  //   * in slots (stride_words > 0, `start` empty): record r's slot is
+  //     words[r * stride_words, (r + 1) * stride_words), starting on a cache
+  //     line where the stride is a power of two up to a line or whole lines
+  //     (HugePageAllocator aligns `words`). A block that fits its slot is in
+  //     it: no word to look up first, and at most the slot's lines. A longer
+  //     one (a long tail of long records) goes after the slots: its slot
+  //     holds kOverflowSlot, then the block's offset in `words`.
+  //   * one after the other (stride_words == 0): record r's block is
+  //     words[start[r], start[r + 1]).
+  // After the last block, Model::kIdSlack words of padding. `words` is
+  // empty when the ids are not packed.
+  static constexpr uint64_t kOverflowSlot = ~uint64_t{0};
+  HugePageVector<uint64_t> start;  // [records + 1] when stride_words == 0, else empty
   HugePageVector<uint64_t> words;
+  int64_t stride_words = 0;
   int num_lookups = 0;
   int head_words = 0;
   bool narrow_ids = false;
@@ -114,8 +128,14 @@ struct PackedRecords {
   // the dense values are not all of that form.
   HugePageVector<uint8_t> dense_bytes;
 
-  bool has_ids() const { return !start.empty(); }
+  bool has_ids() const { return !words.empty(); }
   bool has_dense_bytes() const { return !dense_bytes.empty(); }
+  // Record r's block (has_ids()).
+  const uint64_t* Block(int64_t r) const {
+    if (stride_words == 0) return words.data() + start[r];
+    const uint64_t* slot = words.data() + r * stride_words;
+    return slot[0] == kOverflowSlot ? words.data() + slot[1] : slot;
+  }
 };
 
 // How Model::Backward reduces the records' gradients over a batch, for the
@@ -232,16 +252,31 @@ class Model {
   // overlap it instead of stalling the next data phase. A hint only: no
   // effect on any value.
   void PrefetchRecord(const Dataset& data, int64_t r, const PackedRecords* packed) const;
-  // A step ahead of LoadBatch(records, n): the words that locate the
-  // records' packed ids, all in flight at once, then PrefetchRecord for each
-  // (which reads those words).
+  // A step ahead of LoadBatch(records, n): where the packed blocks are one
+  // after the other, the words that locate them, all in flight at once;
+  // then PrefetchRecord for each (which reads those words; slots need none).
   void PrefetchBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed) const;
   // `data` packed for this model (PackedRecords): the ids unless there are
   // no lookups or a weighted lookup's field carries weights (they stay in
   // `data`), the dense bytes where every value is k / 255.0f. nullopt when
-  // neither part applies. One pass over `data`, which must have the shape
-  // the model was made for.
-  std::optional<PackedRecords> PackRecords(const Dataset& data) const;
+  // neither part applies. Two passes over `data`, which must have the shape
+  // the model was made for. `stride_bytes`: the blocks' layout, kAutoStride
+  // (ChooseStrideWords), 0 (one after the other, with start words) or slots
+  // of that many bytes (whole words, from 16 to 8 * kMaxStrideWords: the
+  // tests' and benchmarks' way to pick one).
+  static constexpr int64_t kAutoStride = -1;
+  std::optional<PackedRecords> PackRecords(const Dataset& data, int64_t stride_bytes = kAutoStride) const;
+  // The slot stride (in words) whose loads touch the fewest cache lines for
+  // blocks of these sizes (words_histogram[w]: how many blocks are w words;
+  // its last entry counts every block of that size or more), or 0 where
+  // blocks one after the other touch fewer, or slots would take more than
+  // twice their memory (`total_words`: every block's words). Lines a load
+  // touches: an aligned slot's lines, plus 1 + (bytes - 8) / 64 for a
+  // block after the slots or after another block (a uniformly placed
+  // start), plus the start word's line for blocks one after the other.
+  // Slots are at most kMaxStrideWords (512 bytes).
+  static constexpr int64_t kMaxStrideWords = 64;
+  static int64_t ChooseStrideWords(const std::vector<int64_t>& words_histogram, uint64_t total_words);
 
   // Forward pass over the loaded batch and pulled rows. `training` applies dropout.
   void Forward(bool training, const dnnl::stream& stream);
@@ -323,12 +358,17 @@ class Model {
   // few lines a record. O(1): sizes of arrays that do not change.
   int64_t RecordBytes(const Dataset& data, const PackedRecords* packed) const;
   static constexpr int64_t kFewRecordBytes = 512;
-  // Only the word that locates record r's packed ids, which PrefetchRecord
-  // reads (a miss of its own): PrefetchBatch issues it for a whole batch
-  // before PrefetchRecord (LoadBatch loads it, in TouchBatch).
+  // Only the word that locates record r's packed ids where the blocks are one
+  // after the other, which PrefetchRecord reads (a miss of its own):
+  // PrefetchBatch issues it for a whole batch before PrefetchRecord
+  // (LoadBatch loads it, in TouchBatch). Slots have no such word.
   void PrefetchRecordStart(int64_t r, const PackedRecords* packed) const {
-    if (packed != nullptr && packed->has_ids()) PrefetchLine(packed->start.data() + r);
+    if (packed != nullptr && packed->has_ids() && packed->stride_words == 0) PrefetchLine(packed->start.data() + r);
   }
+  // For the records whose packed block is after the slots
+  // (PackedRecords::kOverflowSlot in their slot, which must be in the
+  // caches): asks for the block's first lines.
+  void PrefetchOverflowBlocks(const int32_t* records, int64_t n, const PackedRecords& packed) const;
   // Loads the first lines of the batch's records (labels, packed blocks) all
   // at once, before LoadRecord copies them one by one.
   void TouchBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed) const;

@@ -9,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -115,31 +116,74 @@ class ModelTest : public ::testing::Test {
     for (int64_t i = 0; i < b.batch() * outputs; ++i) EXPECT_EQ(a.logits()[i], b.logits()[i]) << i << ", " << what;
   }
 
-  // A model of `options` packs `d` (PackRecords); each of `batches` loaded
-  // from those packed records (every other one after PrefetchBatch, as a
-  // worker loads it) is then the same batch as a second model
-  // loads from d's fields (ExpectSameBatch). Returns the packed records, or
-  // nullopt (and a failure) where d is not packed.
+  // A model of `options` packs `d` (PackRecords) in each layout: its own
+  // choice, blocks one after the other, and slots of 16, 24, 64 and 128
+  // bytes (the short ones too short for most blocks, which then go after
+  // the slots). Each of `batches` loaded from those packed records (every
+  // other one after PrefetchBatch, as a worker loads it) is then the same
+  // batch as a second model loads from d's fields (ExpectSameBatch).
+  // Records, by stride asked for, how many records each layout put after
+  // its slots (overflowing_). Returns the records packed as PackRecords
+  // chooses, or nullopt (and a failure) where d is not packed.
   std::optional<PackedRecords> ExpectPackedLoadsAsFields(const ModelOptions& options, const Dataset& d, int64_t batch,
                                                          int64_t outputs,
                                                          const std::vector<std::vector<int32_t>>& batches) {
     const std::unique_ptr<Model> packed_model = Make(options, d, batch), plain_model = Make(options, d, batch);
     if (!packed_model || !plain_model) return std::nullopt;
-    std::optional<PackedRecords> packed = packed_model->PackRecords(d);
-    EXPECT_TRUE(packed.has_value());
-    if (!packed) return std::nullopt;
-    for (size_t b = 0; b < batches.size(); ++b) {
-      const int64_t n = static_cast<int64_t>(batches[b].size());
-      // Every other batch as a worker loads it, asked for a step ahead.
-      const bool asked_for = b % 2 == 1;
-      if (asked_for) packed_model->PrefetchBatch(d, batches[b].data(), n, &*packed);
-      packed_model->LoadBatch(d, batches[b].data(), n, &*packed, asked_for);
-      plain_model->LoadBatch(d, batches[b].data(), n);
-      ExpectSameBatch(*packed_model, *plain_model, outputs, absl::StrCat("batch ", b, " of ", n, " records"));
+    std::optional<PackedRecords> chosen;
+    overflowing_.clear();
+    for (int64_t stride : {Model::kAutoStride, int64_t{0}, int64_t{16}, int64_t{24}, int64_t{64}, int64_t{128}}) {
+      const std::string layout = absl::StrCat("stride ", stride, " bytes asked for");
+      std::optional<PackedRecords> packed = packed_model->PackRecords(d, stride);
+      EXPECT_TRUE(packed.has_value()) << layout;
+      if (!packed) return std::nullopt;
+      if (!packed->has_ids()) {
+        chosen = std::move(packed);
+        break;
+      }
+      int64_t overflowing = 0;
+      if (stride == 0) {
+        EXPECT_EQ(packed->stride_words, 0);
+      } else if (stride > 0) {
+        EXPECT_EQ(packed->stride_words, stride / 8) << layout;
+      }
+      if (packed->stride_words == 0) {
+        EXPECT_EQ(packed->start.size(), static_cast<size_t>(d.count) + 1) << layout;
+        // The blocks, then a few words of padding (the loads copy whole chunks).
+        EXPECT_LE(packed->start.back(), packed->words.size()) << layout;
+        EXPECT_LE(packed->words.size(), packed->start.back() + 8) << layout;
+      } else {
+        EXPECT_TRUE(packed->start.empty()) << layout;
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(packed->words.data()) % 64, 0u) << layout;
+        const uint64_t slots = static_cast<uint64_t>(d.count * packed->stride_words);
+        for (int64_t r = 0; r < d.count; ++r) {
+          const uint64_t* slot = packed->words.data() + r * packed->stride_words;
+          if (slot[0] != PackedRecords::kOverflowSlot) {
+            EXPECT_EQ(packed->Block(r), slot) << layout;
+            continue;
+          }
+          ++overflowing;
+          EXPECT_GE(slot[1], slots) << "record " << r << ", " << layout;
+          EXPECT_LT(slot[1], packed->words.size()) << "record " << r << ", " << layout;
+        }
+      }
+      overflowing_[stride] = overflowing;
+      for (size_t b = 0; b < batches.size(); ++b) {
+        const int64_t n = static_cast<int64_t>(batches[b].size());
+        // Every other batch as a worker loads it, asked for a step ahead.
+        const bool asked_for = b % 2 == 1;
+        if (asked_for) packed_model->PrefetchBatch(d, batches[b].data(), n, &*packed);
+        packed_model->LoadBatch(d, batches[b].data(), n, &*packed, asked_for);
+        plain_model->LoadBatch(d, batches[b].data(), n);
+        ExpectSameBatch(*packed_model, *plain_model, outputs,
+                        absl::StrCat("batch ", b, " of ", n, " records, ", layout));
+      }
+      if (stride == Model::kAutoStride) chosen = std::move(packed);
     }
-    return packed;
+    return chosen;
   }
 
+  std::map<int64_t, int64_t> overflowing_;
   dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream_{engine_};
 };
@@ -275,10 +319,6 @@ TEST_F(ModelTest, PackedRecordsLoadAsTheFieldsDo) {
   ASSERT_TRUE(m);
   EXPECT_EQ(packed->records, d.count);
   EXPECT_EQ(packed->num_lookups, m->num_lookups());
-  ASSERT_EQ(packed->start.size(), static_cast<size_t>(d.count) + 1);
-  // The blocks, then a few words of padding (the loads copy whole chunks).
-  EXPECT_LE(packed->start.back(), packed->words.size());
-  EXPECT_LE(packed->words.size(), packed->start.back() + 8);
   // A weighted lookup whose field carries weights keeps reading the fields.
   EXPECT_FALSE(m->PackRecords(SmallData(5, 2, 3, false, 3)).has_value());
 }
@@ -309,7 +349,11 @@ TEST_F(ModelTest, NarrowPackedIdsAndTheLabelInTheBlockLoadAsTheFieldsDo) {
     EXPECT_EQ(packed->head_words, 2);
     int64_t ids = 0;
     for (const SparseField& f : d.fields) ids += static_cast<int64_t>(f.ids.size());
-    EXPECT_LE(packed->start.back(), static_cast<uint64_t>(2 * d.count + (ids + d.count) / 2)) << static_cast<int>(head);
+    const std::unique_ptr<Model> m = Make(opts, d, 6);
+    ASSERT_TRUE(m);
+    const std::optional<PackedRecords> one_after_another = m->PackRecords(d, 0);
+    EXPECT_LE(one_after_another->start.back(), static_cast<uint64_t>(2 * d.count + (ids + d.count) / 2))
+        << static_cast<int>(head);
   }
   Dataset d = SmallData(10, 2, 3, false, 11);
   d.fields[0].weights.clear();
@@ -344,6 +388,57 @@ TEST_F(ModelTest, PackedRecordsOfLongBagsLoadAsTheFieldsDo) {
   batches.push_back({static_cast<int32_t>(d.count - 1)});
   batches.push_back({static_cast<int32_t>(d.count - 1), 0, static_cast<int32_t>(d.count - 1)});
   EXPECT_TRUE(ExpectPackedLoadsAsFields(opts, d, /*batch=*/6, /*outputs=*/3, batches).has_value());
+  // Slots of 64 and 128 bytes hold some blocks (64-bit ids: tc is dynamic)
+  // and send others after them.
+  for (int64_t stride : {64, 128}) {
+    EXPECT_GT(overflowing_[stride], 0) << stride;
+    EXPECT_LT(overflowing_[stride], d.count) << stride;
+  }
+}
+
+// PackRecords' layout: the fewest lines a load touches, within twice the
+// memory of blocks one after the other.
+TEST(PackedLayout, ChoosesTheStrideWhoseLoadsTouchTheFewestLines) {
+  auto histogram = [](std::initializer_list<std::pair<int64_t, int64_t>> counts) {
+    std::vector<int64_t> h(4 * Model::kMaxStrideWords + 1, 0);
+    uint64_t total = 0;
+    for (auto [words, n] : counts) {
+      h[std::min<int64_t>(words, static_cast<int64_t>(h.size()) - 1)] += n;
+      total += static_cast<uint64_t>(words * n);
+    }
+    return std::make_pair(h, total);
+  };
+  auto choose = [&](std::initializer_list<std::pair<int64_t, int64_t>> counts) {
+    auto [h, total] = histogram(counts);
+    return Model::ChooseStrideWords(h, total);
+  };
+  // The text config's records: 5..30 narrow ids and a head word, 4..16
+  // words. 128-byte slots (2 lines) beat 64-byte ones (1 line, and a block
+  // after them for most records) and the blocks one after the other (their
+  // start word and about 2.1 lines).
+  EXPECT_EQ(choose({{4, 1}, {5, 2}, {6, 2}, {7, 2}, {8, 2}, {9, 2}, {10, 2}, {11, 2}, {12, 2}, {13, 2}, {14, 2},
+                    {15, 2}, {16, 3}}),
+            16);
+  // DLRM's: 27 words (216 bytes) each: 256-byte slots, 4 lines, against 1 + 4.25.
+  EXPECT_EQ(choose({{27, 1000}}), 32);
+  // Two words each: four to a line.
+  EXPECT_EQ(choose({{2, 1000}}), 2);
+  // Three words: 32-byte slots, two to a line (16-byte ones would put every
+  // block after them).
+  EXPECT_EQ(choose({{3, 1000}}), 4);
+  // A long tail: short slots send the few long blocks after them (1.84
+  // lines a record), fewer than slots long enough for them (8 lines) or a
+  // start word for every record (3.08).
+  EXPECT_EQ(choose({{4, 900}, {60, 100}}), 4);
+  // Records past 512 bytes: no slots hold them, and slots plus a block
+  // after them read more lines than blocks one after the other.
+  EXPECT_EQ(choose({{100, 1000}}), 0);
+  // Memory: 64-byte slots would hold every block of these, 1 line each,
+  // but take 3.3 times the memory of the blocks one after the other; 16-byte
+  // ones hold 90% of them (1.15 lines a record) in 1.25 times.
+  EXPECT_EQ(choose({{1, 90}, {5, 10}}), 2);
+  // No records: nothing to lay out.
+  EXPECT_EQ(choose({}), 0);
 }
 
 // A weighted lookup whose data carries no weights weighs every id 1: the
