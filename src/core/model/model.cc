@@ -486,14 +486,25 @@ void Model::LoadPackedIds(const PackedRecords& packed, int64_t r, int64_t slot) 
   }
 }
 
+namespace {
+
+// The words of the blocks that do not fit slots of `stride` words (they go
+// after the slots): every block's words less those of the blocks that fit.
+// Exact while the histogram's last entry (every block of that size or more)
+// is longer than the slot.
+uint64_t WordsPastSlots(const std::vector<int64_t>& words_histogram, uint64_t total_words, int64_t stride) {
+  uint64_t fit = 0;
+  for (int64_t w = 0; w <= stride; ++w) fit += static_cast<uint64_t>(words_histogram[w]) * static_cast<uint64_t>(w);
+  return total_words - fit;
+}
+
+}  // namespace
+
 int64_t Model::ChooseStrideWords(const std::vector<int64_t>& words_histogram, uint64_t total_words) {
   const int64_t top = static_cast<int64_t>(words_histogram.size()) - 1;
+  if (top != kStrideHistogramWords) return 0;
   int64_t n = 0;
-  uint64_t below_top_words = 0;  // the words of the blocks shorter than the last entry's
-  for (int64_t w = 0; w <= top; ++w) {
-    n += words_histogram[w];
-    if (w < top) below_top_words += static_cast<uint64_t>(words_histogram[w]) * static_cast<uint64_t>(w);
-  }
+  for (int64_t w = 0; w <= top; ++w) n += words_histogram[w];
   if (n == 0) return 0;
   // Lines a block of w words touches where it starts at a uniformly placed
   // word. (Blocks in the last entry are counted as that entry's size: both
@@ -508,19 +519,10 @@ int64_t Model::ChooseStrideWords(const std::vector<int64_t>& words_histogram, ui
   for (int64_t s = 16; s <= kMaxStrideWords; s += 8) strides.push_back(s);
   for (int64_t stride : strides) {
     const double slot_lines = stride <= 8 ? 1.0 : static_cast<double>(stride / 8);
-    double lines = 0;
-    uint64_t overflow_words = 0;
-    for (int64_t w = 0; w <= top; ++w) {
-      if (words_histogram[w] == 0) continue;
-      const double count = static_cast<double>(words_histogram[w]);
-      lines += count * slot_lines;
-      if (w > stride) {
-        lines += count * block_lines(w);
-        overflow_words += w < top ? static_cast<uint64_t>(words_histogram[w]) * static_cast<uint64_t>(w)
-                                  : total_words - below_top_words;
-      }
-    }
-    const double bytes = (static_cast<double>(n) * static_cast<double>(stride) + static_cast<double>(overflow_words)) * 8.0;
+    double lines = static_cast<double>(n) * slot_lines;
+    for (int64_t w = stride + 1; w <= top; ++w) lines += static_cast<double>(words_histogram[w]) * block_lines(w);
+    const uint64_t past_slots = WordsPastSlots(words_histogram, total_words, stride);
+    const double bytes = (static_cast<double>(n) * static_cast<double>(stride) + static_cast<double>(past_slots)) * 8.0;
     if (bytes > 2.0 * one_after_another_bytes) continue;
     if (lines < best_lines) {
       best_lines = lines;
@@ -555,7 +557,7 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
       return static_cast<uint64_t>(p.head_words) + (p.narrow_ids ? (ids + 1) / 2 : ids);
     };
     // The blocks' sizes, for the layout.
-    std::vector<int64_t> histogram(4 * kMaxStrideWords + 1, 0);
+    std::vector<int64_t> histogram(kStrideHistogramWords + 1, 0);
     uint64_t total_words = 0;
     bool overflow_mark_free = true;  // no block can begin with kOverflowSlot's bits
     const SparseField& first = data.fields[spec_.lookups[0].data_field];
@@ -579,12 +581,8 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
       p.words.assign(total_words + kIdSlack, 0);
     } else {
       at = static_cast<uint64_t>(data.count) * static_cast<uint64_t>(stride);
-      // The blocks longer than a slot: every block less those that fit
-      // (the histogram counts each size up to past the longest slot).
-      uint64_t overflow_words = total_words;
-      for (int64_t w = 0; w <= stride; ++w) overflow_words -= static_cast<uint64_t>(histogram[w] * w);
       // kIdSlack words of padding after the last block (LoadPackedIds).
-      p.words.assign(at + overflow_words + kIdSlack, 0);
+      p.words.assign(at + WordsPastSlots(histogram, total_words, stride) + kIdSlack, 0);
     }
     for (int64_t r = 0; r < data.count; ++r) {
       const uint64_t w = block_words(r);
@@ -595,7 +593,7 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
       } else if (w <= static_cast<uint64_t>(stride)) {
         to = static_cast<uint64_t>(r) * static_cast<uint64_t>(stride);
       } else {
-        uint64_t* slot = p.words.data() + r * stride;
+        uint64_t* slot = p.words.data() + r * stride;  // (Slot(r) is read-only)
         slot[0] = PackedRecords::kOverflowSlot;
         slot[1] = at;
         at += w;
@@ -679,7 +677,7 @@ void Model::PrefetchRecord(const Dataset& data, int64_t r, const PackedRecords* 
   if (packed != nullptr && packed->has_ids()) {
     if (packed->stride_words > 0) {
       // The slot (a block after the slots is found only once the slot is read).
-      PrefetchLines(packed->words.data() + r * packed->stride_words, packed->stride_words * sizeof(uint64_t));
+      PrefetchLines(packed->Slot(r), packed->stride_words * sizeof(uint64_t));
     } else {
       const uint64_t b = packed->start[r], e = packed->start[r + 1];
       PrefetchLines(packed->words.data() + b, (e - b) * sizeof(uint64_t));
@@ -689,7 +687,12 @@ void Model::PrefetchRecord(const Dataset& data, int64_t r, const PackedRecords* 
 
 void Model::PrefetchBatch(const Dataset& data, const int32_t* records, int64_t n,
                           const PackedRecords* packed) const {
-  for (int64_t i = 0; i < n; ++i) PrefetchRecordStart(records[i], packed);
+  if (packed != nullptr && packed->has_ids() && packed->stride_words == 0) {
+    // The words that locate the blocks, which PrefetchRecord reads (a miss
+    // of its own), all in flight first (LoadBatch loads them, in TouchBatch).
+    // Slots have no such word.
+    for (int64_t i = 0; i < n; ++i) PrefetchLine(packed->start.data() + records[i]);
+  }
   for (int64_t i = 0; i < n; ++i) PrefetchRecord(data, records[i], packed);
 }
 
@@ -746,7 +749,7 @@ void Model::PrefetchOverflowBlocks(const int32_t* records, int64_t n, const Pack
   // (and, in the text config, all of it).
   const size_t bytes = static_cast<size_t>(packed.stride_words) * sizeof(uint64_t) + 64;
   for (int64_t s = 0; s < n; ++s) {
-    const uint64_t* slot = packed.words.data() + records[s] * packed.stride_words;
+    const uint64_t* slot = packed.Slot(records[s]);
     if (slot[0] == PackedRecords::kOverflowSlot) PrefetchLines(packed.words.data() + slot[1], bytes);
   }
 }

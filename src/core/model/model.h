@@ -130,10 +130,12 @@ struct PackedRecords {
 
   bool has_ids() const { return !words.empty(); }
   bool has_dense_bytes() const { return !dense_bytes.empty(); }
+  // Record r's slot (stride_words > 0).
+  const uint64_t* Slot(int64_t r) const { return words.data() + r * stride_words; }
   // Record r's block (has_ids()).
   const uint64_t* Block(int64_t r) const {
     if (stride_words == 0) return words.data() + start[r];
-    const uint64_t* slot = words.data() + r * stride_words;
+    const uint64_t* slot = Slot(r);
     return slot[0] == kOverflowSlot ? words.data() + slot[1] : slot;
   }
 };
@@ -267,8 +269,9 @@ class Model {
   static constexpr int64_t kAutoStride = -1;
   std::optional<PackedRecords> PackRecords(const Dataset& data, int64_t stride_bytes = kAutoStride) const;
   // The slot stride (in words) whose loads touch the fewest cache lines for
-  // blocks of these sizes (words_histogram[w]: how many blocks are w words;
-  // its last entry counts every block of that size or more), or 0 where
+  // blocks of these sizes (words_histogram[w]: how many blocks are w words,
+  // kStrideHistogramWords + 1 entries, the last counting every block of that
+  // size or more; 0 for any other size), or 0 where
   // blocks one after the other touch fewer, or slots would take more than
   // twice their memory (`total_words`: every block's words). Lines a load
   // touches: an aligned slot's lines, plus 1 + (bytes - 8) / 64 for a
@@ -276,6 +279,7 @@ class Model {
   // start), plus the start word's line for blocks one after the other.
   // Slots are at most kMaxStrideWords (512 bytes).
   static constexpr int64_t kMaxStrideWords = 64;
+  static constexpr int64_t kStrideHistogramWords = 4 * kMaxStrideWords;
   static int64_t ChooseStrideWords(const std::vector<int64_t>& words_histogram, uint64_t total_words);
 
   // Forward pass over the loaded batch and pulled rows. `training` applies dropout.
@@ -358,13 +362,6 @@ class Model {
   // few lines a record. O(1): sizes of arrays that do not change.
   int64_t RecordBytes(const Dataset& data, const PackedRecords* packed) const;
   static constexpr int64_t kFewRecordBytes = 512;
-  // Only the word that locates record r's packed ids where the blocks are one
-  // after the other, which PrefetchRecord reads (a miss of its own):
-  // PrefetchBatch issues it for a whole batch before PrefetchRecord
-  // (LoadBatch loads it, in TouchBatch). Slots have no such word.
-  void PrefetchRecordStart(int64_t r, const PackedRecords* packed) const {
-    if (packed != nullptr && packed->has_ids() && packed->stride_words == 0) PrefetchLine(packed->start.data() + r);
-  }
   // For the records whose packed block is after the slots
   // (PackedRecords::kOverflowSlot in their slot, which must be in the
   // caches): asks for the block's first lines.

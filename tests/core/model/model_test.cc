@@ -400,7 +400,7 @@ TEST_F(ModelTest, PackedRecordsOfLongBagsLoadAsTheFieldsDo) {
 // memory of blocks one after the other.
 TEST(PackedLayout, ChoosesTheStrideWhoseLoadsTouchTheFewestLines) {
   auto histogram = [](std::initializer_list<std::pair<int64_t, int64_t>> counts) {
-    std::vector<int64_t> h(4 * Model::kMaxStrideWords + 1, 0);
+    std::vector<int64_t> h(Model::kStrideHistogramWords + 1, 0);
     uint64_t total = 0;
     for (auto [words, n] : counts) {
       h[std::min<int64_t>(words, static_cast<int64_t>(h.size()) - 1)] += n;
@@ -439,6 +439,41 @@ TEST(PackedLayout, ChoosesTheStrideWhoseLoadsTouchTheFewestLines) {
   EXPECT_EQ(choose({{1, 90}, {5, 10}}), 2);
   // No records: nothing to lay out.
   EXPECT_EQ(choose({}), 0);
+  // A histogram of another length cannot tell which blocks fit: no slots.
+  EXPECT_EQ(Model::ChooseStrideWords(std::vector<int64_t>(Model::kMaxStrideWords + 1, 10), 10 * 2080), 0);
+}
+
+// PackRecords lays a data set out as ChooseStrideWords says: text-like
+// records (one bag of 5..30 ids, 32-bit, and the label: 4..16 words) in
+// 128-byte slots; records of 200 ids (over 512 bytes) one after the other.
+TEST(PackedLayout, PackRecordsUsesTheChosenStride) {
+  for (const auto& [min_ids, max_ids, want] : {std::tuple<int, int, int64_t>{5, 30, 16}, {200, 200, 0}}) {
+    Dataset d;
+    d.count = 260;
+    d.num_classes = 4;
+    SparseField f;
+    f.name = "tokens";
+    f.offsets.push_back(0);
+    for (int64_t r = 0; r < d.count; ++r) {
+      d.labels.push_back(static_cast<int32_t>(r % 4));
+      const int64_t n = min_ids + r % (max_ids - min_ids + 1);
+      for (int64_t i = 0; i < n; ++i) f.ids.push_back((r * 31 + i) % 5000);
+      f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
+    }
+    d.fields.push_back(std::move(f));
+    ModelOptions opts;
+    opts.tables = {{"tokens", 5000, 8, false, false, 0.125f}};
+    opts.sparse = {{"tokens", "tokens", Pooling::kMean, false}};
+    opts.layers = {{"dense", 4, Activation::kNone}};
+    dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+    auto m = Model::Create(opts, DataShape::Of(d), 8, engine, 1);
+    ASSERT_TRUE(m.ok()) << m.status();
+    const std::optional<PackedRecords> packed = (*m)->PackRecords(d);
+    ASSERT_TRUE(packed.has_value());
+    EXPECT_TRUE(packed->narrow_ids);
+    EXPECT_EQ(packed->stride_words, want) << min_ids << ".." << max_ids << " ids";
+    EXPECT_EQ(packed->start.empty(), want > 0);
+  }
 }
 
 // A weighted lookup whose data carries no weights weighs every id 1: the
