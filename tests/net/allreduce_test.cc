@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <functional>
+#include <future>
 #include <thread>
 #include <vector>
 
@@ -119,14 +120,24 @@ TEST(Collective, AMissingRankIsADeadlineNotAHang) {
 
 TEST(Collective, ALostRankFailsThePeersCollective) {
   const int port = FreePorts(1)[0];
+  // Rank 1 leaves only once rank 0's Connect has returned: Gloo's mesh is
+  // complete on a rank before it is on its peer, so a rank that left at once
+  // could fail its peer's Connect instead of its first collective (CI saw
+  // "Connection closed by peer" from rank 0's Connect).
+  std::promise<void> rank0_connected;
+  std::shared_future<void> connected = rank0_connected.get_future().share();
+  absl::Status rank1_connect;
   std::thread rank1([&] {
     absl::StatusOr<std::unique_ptr<Collective>> c = Collective::Connect(Options(1, 2, port, 5));
-    ASSERT_TRUE(c.ok()) << c.status();
+    rank1_connect = c.status();
+    connected.wait();
     // Leaves without taking part: its sockets close.
   });
   absl::StatusOr<std::unique_ptr<Collective>> c = Collective::Connect(Options(0, 2, port, 5));
-  ASSERT_TRUE(c.ok()) << c.status();
+  rank0_connected.set_value();
   rank1.join();
+  ASSERT_TRUE(rank1_connect.ok()) << rank1_connect;
+  ASSERT_TRUE(c.ok()) << c.status();
   std::vector<float> data(1000, 1.0f);
   const absl::Status s = (*c)->AllreduceSum(data.data(), data.size());
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
