@@ -304,11 +304,55 @@ class Collective::Impl {
   }
 
   // Waits for a generation after `after` holding this member, then
-  // connects its mesh: rank = this member's index, size = the members.
+  // connects its mesh: rank = this member's index, size = the members. A
+  // member that dies meanwhile closes its sockets under the connect: this
+  // member then asks for the next generation and connects that one, until
+  // the timeout (lost counts the members every forming on the way left out).
   absl::Status JoinGeneration(int64_t after) {
+    const auto until = Clock::now() + timeout();
+    int lost_on_the_way = 0;
+    std::string first_failure;  // the first connect that failed, for the error
+    while (true) {
+      if (absl::Status s = AwaitGeneration(after, until); !s.ok()) {
+        if (first_failure.empty()) return s;
+        return absl::UnavailableError(absl::StrCat(s.message(), " (re-forming because ", first_failure, ")"));
+      }
+      lost_on_the_way += lost;
+      // This host's device: its failure (gloo_host is no address here) is
+      // no peer's, and another generation would not mend it.
+      SW_RETURN_IF_ERROR(Run("connecting", [this] {
+        gloo::transport::tcp::attr attr;
+        attr.hostname = options.gloo_host;
+        device = gloo::transport::tcp::CreateDevice(attr);
+      }));
+      const absl::Status connected = Run("connecting", [this] {
+        context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.size);
+        context->setTimeout(timeout());
+        gloo::rendezvous::PrefixStore prefixed(absl::StrCat("g", generation), *store);
+        context->connectFullMesh(prefixed, device);
+        if (options.after_connect_for_test) options.after_connect_for_test(generation);
+      });
+      lost = lost_on_the_way;
+      if (connected.ok()) return connected;
+      if (first_failure.empty()) first_failure = std::string(connected.message());
+      // Close what did connect: the members whose mesh is whole fail their
+      // next collective at once, and re-form too.
+      context.reset();
+      if (Clock::now() >= until) return connected;
+      net::ReformRequest req;
+      req.set_member(member);
+      req.set_generation(generation);
+      net::RendezvousReply reply;
+      if (!store->Call(&net::Rendezvous::Stub::RequestReform, req, &reply, until).ok()) return connected;
+      after = generation;
+    }
+  }
+
+  // Waits until a generation after `after` forms holding this member (rank
+  // and size become its index and the members), or `until`.
+  absl::Status AwaitGeneration(int64_t after, Clock::time_point until) {
     const std::string prefix = absl::StrCat("allreduce: ", after < 0 ? "connecting" : "re-forming", " over ",
                                             options.size, " ranks failed on rank ", options.rank, ": ");
-    const auto until = Clock::now() + timeout();
     net::GenerationReply g;
     while (true) {
       net::GenerationRequest req;
@@ -342,15 +386,7 @@ class Collective::Impl {
     generation = g.generation();
     lost = g.lost();
     failed = false;
-    return Run("connecting", [this] {
-      gloo::transport::tcp::attr attr;
-      attr.hostname = options.gloo_host;
-      device = gloo::transport::tcp::CreateDevice(attr);
-      context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.size);
-      context->setTimeout(timeout());
-      gloo::rendezvous::PrefixStore prefixed(absl::StrCat("g", generation), *store);
-      context->connectFullMesh(prefixed, device);
-    });
+    return absl::OkStatus();
   }
 
   // Runs one Gloo call; its exceptions become Unavailable naming `what`.

@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +53,9 @@ struct CollectiveOptions {
   // Connecting and every collective; > 0.
   double timeout_s = 60;
   AllreduceAlgorithm algorithm = AllreduceAlgorithm::kRing;
+  // Tests only: called with the generation each time this rank's mesh has
+  // connected; an exception it throws counts as that connect failing.
+  std::function<void(int64_t generation)> after_connect_for_test;
 };
 
 class Collective final : public GradientReducer {
@@ -77,6 +81,12 @@ class Collective final : public GradientReducer {
   // and every process that joined since (joined_late()). The mesh of the new
   // generation is then connected. Unavailable when no generation forms
   // within timeout_s, or this member was left out.
+  //
+  // A member that dies while a generation's mesh is being connected (the
+  // first one included) closes its sockets under the others' connect. A
+  // rank whose connect fails so asks for the next generation itself and
+  // connects that one, within the same timeout_s: Connect and Reform then
+  // succeed without the dead member (lost_at_last_forming counts it).
   absl::Status Reform();
   int64_t generation() const;
   int64_t member() const;

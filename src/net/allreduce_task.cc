@@ -116,8 +116,19 @@ absl::StatusOr<std::unique_ptr<Collective>> ConnectRank(const Config& config, co
 // The trainer's group (workers/trainer.h ElasticGroup) over a Collective.
 class GlooGroup final : public ElasticGroup {
  public:
+  // Counts the formings Connect went through (a member that died while the
+  // first generation connected), unless this rank joined late.
   GlooGroup(Collective& collective, Job& job, ProgressReporter& progress)
-      : c_(collective), job_(job), progress_(progress) {}
+      : c_(collective), job_(job), progress_(progress),
+        changes_(collective.joined_late() ? 0 : collective.generation()),
+        failures_(collective.joined_late() ? 0 : collective.lost_at_last_forming()) {}
+
+  // The group as Connect formed it: said when a member was lost on the way,
+  // and FailedPrecondition below cluster.min_workers.
+  absl::Status CheckFirstForming() {
+    if (changes_ > 0) SayGeneration();
+    return CheckMinWorkers();
+  }
 
   int rank() const override { return c_.rank(); }
   int world() const override { return c_.size(); }
@@ -196,10 +207,18 @@ class GlooGroup final : public ElasticGroup {
     SW_RETURN_IF_ERROR(c_.Reform());
     ++changes_;
     failures_ += c_.lost_at_last_forming();
+    SayGeneration();
+    return CheckMinWorkers();
+  }
+
+  void SayGeneration() {
     progress_.Line(absl::StrCat("allreduce: group generation ", c_.generation(), ": rank ", c_.rank(), " of ",
                                 c_.size(), c_.lost_at_last_forming() > 0
                                                ? absl::StrCat(", ", c_.lost_at_last_forming(), " member(s) lost")
                                                : std::string()));
+  }
+
+  absl::Status CheckMinWorkers() const {
     const int min = job_.config().cluster.min_workers;
     if (c_.size() < min) {
       return absl::FailedPreconditionError(absl::StrCat("cluster.min_workers: ", c_.size(),
@@ -211,8 +230,8 @@ class GlooGroup final : public ElasticGroup {
   Collective& c_;
   Job& job_;
   ProgressReporter& progress_;
-  int64_t changes_ = 0;
-  int64_t failures_ = 0;
+  int64_t changes_;
+  int64_t failures_;
 };
 
 // cluster.allreduce_overlap auto: the layers' collectives run on the sync
@@ -277,16 +296,25 @@ absl::StatusOr<TrainSummary> RunAllreduceRank(Job& job, const ClusterSpec& spec,
     progress.Line(absl::StrCat("allreduce: embedding tables on ", tables->num_ps(), " ps task",
                                tables->num_ps() == 1 ? "" : "s"));
   }
+  GlooGroup group(*collective, job, progress);
+  SW_RETURN_IF_ERROR(group.CheckFirstForming());
   if (!collective->joined_late()) {
     // The first generation: the same model, and the same initial values
     // (train.seed, model and data). A checkpoint is restored inside
     // RunTraining, from checkpoint.dir, which every rank must read alike (a
     // shared directory); the comparison after training catches ranks that
-    // did not. A joiner takes rank 0's state instead (SyncState).
-    SW_RETURN_IF_ERROR(collective->CheckSame(LayoutFingerprint(job.param_store().layout()),
-                                             "the model layout (variables and their shapes)"));
+    // did not. A joiner takes rank 0's state instead (SyncState). A member
+    // lost meanwhile fails these collectives: the others re-form and
+    // compare again, from the first.
     SW_ASSIGN_OR_RETURN(const uint64_t before, ParamsFingerprint(job.param_store()));
-    SW_RETURN_IF_ERROR(collective->CheckSame(before, "the initial parameters (train.seed, model or data)"));
+    while (true) {
+      absl::Status same = collective->CheckSame(LayoutFingerprint(job.param_store().layout()),
+                                                "the model layout (variables and their shapes)");
+      if (same.ok()) same = collective->CheckSame(before, "the initial parameters (train.seed, model or data)");
+      if (same.ok()) break;
+      SW_ASSIGN_OR_RETURN(const bool reformed, group.Recover(same));
+      if (!reformed) return same;
+    }
   }
 
   // cluster.allreduce_overlap: a bucket per layer, in the order the
@@ -303,7 +331,6 @@ absl::StatusOr<TrainSummary> RunAllreduceRank(Job& job, const ClusterSpec& spec,
     Job& job;
     ~ReducerGuard() { (void)job.sync()->set_reducer(nullptr); }
   } guard{job};
-  GlooGroup group(*collective, job, progress);
   options.elastic = &group;
   // Checkpoints: the ps tasks save their tables (in checkpoint.dir/ps-<i>,
   // as under the ps strategy) when rank 0 writes one, and rank 0 restores

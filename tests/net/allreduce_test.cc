@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <functional>
+#include <stdexcept>
 #include <future>
 #include <thread>
 #include <vector>
@@ -142,6 +143,81 @@ TEST(Collective, ALostRankFailsThePeersCollective) {
   const absl::Status s = (*c)->AllreduceSum(data.data(), data.size());
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(s.message(), HasSubstr("allreduce: allreduce over 2 ranks failed on rank 0"));
+}
+
+// Sums 1 over the group, re-forming once if the first try fails (a member
+// left, or closed its sockets): the group's size, or -1 on failure.
+int SumAfterAtMostOneReform(Collective& c) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    float x = 1.0f;
+    const absl::Status s = c.AllreduceSum(&x, 1);
+    if (s.ok()) return static_cast<int>(x);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_TRUE(c.failed());
+    if (attempt == 0) {
+      const absl::Status re = c.Reform();
+      EXPECT_TRUE(re.ok()) << re;
+      if (!re.ok()) return -1;
+    }
+  }
+  return -1;
+}
+
+// A rank whose mesh fails to connect (as when a peer dies under the
+// connect) asks for the next generation and connects that one: its Connect
+// succeeds. The others' meshes of generation 0 lose it and re-form too.
+TEST(Collective, AFailedConnectFormsTheNextGeneration) {
+  const int port = FreePorts(1)[0];
+  std::unique_ptr<Collective> c[3];
+  std::vector<std::thread> threads;
+  int sizes[3] = {0, 0, 0};
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      CollectiveOptions o = Options(r, 3, port, 10);
+      if (r == 1) {
+        o.after_connect_for_test = [](int64_t generation) {
+          if (generation == 0) throw std::runtime_error("Connection closed by peer (test)");
+        };
+      }
+      absl::StatusOr<std::unique_ptr<Collective>> got = Collective::Connect(o);
+      ASSERT_TRUE(got.ok()) << "rank " << r << ": " << got.status();
+      c[r] = *std::move(got);
+      sizes[r] = SumAfterAtMostOneReform(*c[r]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_TRUE(c[0] && c[1] && c[2]);
+  EXPECT_EQ(c[1]->generation(), 1);  // generation 0's connect failed on it
+  EXPECT_EQ(c[1]->lost_at_last_forming(), 0);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(sizes[r], 3) << "rank " << r;
+    EXPECT_EQ(c[r]->generation(), 1) << "rank " << r;
+    EXPECT_EQ(c[r]->size(), 3);
+  }
+}
+
+// A rank that dies as soon as its own Connect returns may close its
+// sockets while the others still connect: whichever way the race goes,
+// the survivors' Connect succeeds and they go on as 2.
+TEST(Collective, ARankThatDiesWhileOthersConnectIsLeftBehind) {
+  const int port = FreePorts(1)[0];
+  std::vector<std::thread> threads;
+  int sizes[2] = {0, 0};
+  int lost[2] = {0, 0};
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      absl::StatusOr<std::unique_ptr<Collective>> got = Collective::Connect(Options(r, 3, port, 4));
+      ASSERT_TRUE(got.ok()) << "rank " << r << ": " << got.status();
+      if (r == 2) return;  // dies: its sockets close
+      sizes[r] = SumAfterAtMostOneReform(**got);
+      lost[r] = (*got)->lost_at_last_forming();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(sizes[r], 2) << "rank " << r;
+    EXPECT_EQ(lost[r], 1) << "rank " << r;
+  }
 }
 
 // Rank 2 of 3 leaves; the others' next allreduce fails, they re-form as 2
