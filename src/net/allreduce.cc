@@ -335,17 +335,28 @@ class Collective::Impl {
       lost = lost_on_the_way;
       if (connected.ok()) return connected;
       if (first_failure.empty()) first_failure = std::string(connected.message());
-      // Close what did connect: the members whose mesh is whole fail their
+      // What did connect closes: the members whose mesh is whole fail their
       // next collective at once, and re-form too.
-      context.reset();
-      if (Clock::now() >= until) return connected;
-      net::ReformRequest req;
-      req.set_member(member);
-      req.set_generation(generation);
-      net::RendezvousReply reply;
-      if (!store->Call(&net::Rendezvous::Stub::RequestReform, req, &reply, until).ok()) return connected;
+      if (Clock::now() >= until || !AskForNextGeneration(until).ok()) {
+        context.reset();
+        return connected;
+      }
       after = generation;
     }
+  }
+
+  // Closes this member's sockets (peers still blocked on them fail at once,
+  // not at their deadline) and asks rank 0 for the generation after this
+  // one, by `until`.
+  absl::Status AskForNextGeneration(Clock::time_point until) {
+    bound.clear();
+    ring.clear();
+    context.reset();
+    net::ReformRequest req;
+    req.set_member(member);
+    req.set_generation(generation);
+    net::RendezvousReply reply;
+    return store->Call(&net::Rendezvous::Stub::RequestReform, req, &reply, until);
   }
 
   // Waits until a generation after `after` forms holding this member (rank
@@ -413,18 +424,7 @@ Collective::~Collective() {
 
 absl::Status Collective::Reform() {
   Impl* const im = impl_.get();
-  // Close this member's sockets first: peers still blocked on them fail at
-  // once instead of at their deadline.
-  im->bound.clear();
-  im->ring.clear();
-  im->context.reset();
-  net::ReformRequest req;
-  req.set_member(im->member);
-  req.set_generation(im->generation);
-  net::RendezvousReply reply;
-  if (absl::Status s = im->store->Call(&net::Rendezvous::Stub::RequestReform, req, &reply,
-                                       Clock::now() + im->timeout());
-      !s.ok()) {
+  if (absl::Status s = im->AskForNextGeneration(Clock::now() + im->timeout()); !s.ok()) {
     return absl::UnavailableError(absl::StrCat("allreduce: re-forming failed on rank ", im->options.rank, ": ",
                                                s.message()));
   }

@@ -7,8 +7,8 @@
 
 #include <chrono>
 #include <functional>
-#include <stdexcept>
 #include <future>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
