@@ -18,7 +18,7 @@ pkgs=(build-essential cmake pkg-config ninja-build g++ python3 libgloo-dev openm
 
 for arg in "$@"; do
   case "$arg" in
-    --sanitizers) pkgs+=(clang libclang-rt-14-dev) ;;
+    --sanitizers) pkgs+=(clang libclang-rt-14-dev libomp-dev) ;;  # clang's OpenMP for the ASan+UBSan build
     *) echo "deps.sh: unknown argument: $arg" >&2; exit 2 ;;
   esac
 done

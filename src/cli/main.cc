@@ -57,6 +57,7 @@
 #include "core/data/data_gen.h"
 #include "core/io/atomic_file.h"
 #include "core/base/mutex.h"
+#include "core/base/sanitizers.h"
 #include "net/chief_task.h"
 #include "net/allreduce_task.h"
 #include "net/cluster_setup.h"
@@ -1159,7 +1160,7 @@ int ServeTask(const std::string& path, const std::vector<std::string>& sets, con
 }  // namespace
 }  // namespace shardwild
 
-#ifdef __SANITIZE_ADDRESS__
+#ifdef SHARDWILD_ASAN
 // LeakSanitizer (the ASan build): c-ares, gRPC's DNS resolver (a system
 // library, not instrumented), keeps a small allocation from resolving a
 // host name (a Slurm node's, "localhost") until gRPC's deferred shutdown,

@@ -14,13 +14,7 @@
 // are still reported: the suppression does not match them. Linked into the
 // net tests and, in TSan builds, the shardwild binary (whose cluster tasks
 // run gRPC); nothing else is affected.
-#if defined(__SANITIZE_THREAD__)
-#define SHARDWILD_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define SHARDWILD_TSAN 1
-#endif
-#endif
+#include "core/base/sanitizers.h"
 
 #ifdef SHARDWILD_TSAN
 extern "C" const char* __tsan_default_suppressions() {

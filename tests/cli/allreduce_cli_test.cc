@@ -30,7 +30,10 @@ bool WaitFor(Child& c, std::chrono::seconds limit) {
 
 TEST(AllreduceCli, ThreeRanksTrainOneModelOnEveryRecordOnce) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not installed";
-  AllreduceRanks job(3, kConfig, {"--set", "train.epochs=1", "--set", "train.workers=1"});
+  // A fifth of the training set: enough to learn (chance is 0.1), and the
+  // test runs under both sanitizers, where a full epoch of 3 ranks takes minutes.
+  AllreduceRanks job(3, kConfig,
+                     {"--set", "train.epochs=1", "--set", "train.workers=1", "--set", "data.max_train_records=12000"});
   std::string fingerprint;
   int64_t local_sum = 0;
   for (int r = 0; r < 3; ++r) {
@@ -38,8 +41,8 @@ TEST(AllreduceCli, ThreeRanksTrainOneModelOnEveryRecordOnce) {
     ASSERT_EQ(job.rank(r).Wait(), 0) << "rank " << r << ":\n" << job.rank(r).err() << job.rank(r).out();
     const json j = LastLineJson(job.rank(r).out());
     ASSERT_TRUE(j.is_object()) << job.rank(r).out();
-    EXPECT_EQ(j["records_seen"], 60000) << "rank " << r;
-    EXPECT_GT(j["test_accuracy"].get<double>(), 0.80) << "rank " << r;
+    EXPECT_EQ(j["records_seen"], 12000) << "rank " << r;
+    EXPECT_GT(j["test_accuracy"].get<double>(), 0.70) << "rank " << r;
     const json& a = j["allreduce"];
     EXPECT_EQ(a["rank"], r);
     EXPECT_EQ(a["world"], 3);
@@ -52,7 +55,7 @@ TEST(AllreduceCli, ThreeRanksTrainOneModelOnEveryRecordOnce) {
     EXPECT_EQ(a["params_fingerprint"], fingerprint) << "rank " << r;
     EXPECT_NE(job.rank(r).out().find("parameters identical on every rank"), std::string::npos);
   }
-  EXPECT_EQ(local_sum, 60000);
+  EXPECT_EQ(local_sum, 12000);
 }
 
 // cluster.allreduce_overlap: a collective per layer, each started while the
@@ -620,7 +623,8 @@ TEST(AllreduceCli, MpirunStartsTheRanks) {
   if (!fs::exists("/usr/bin/mpirun")) GTEST_SKIP() << "mpirun (Debian's openmpi-bin) is not installed";
   const int port = testing_ports::FreePorts(1).at(0);
   Child run({"train", kConfig, "--set", "train.strategy=allreduce", "--set", "train.epochs=1", "--set",
-             "train.workers=1", "--set", "cluster.base_port=" + std::to_string(port)},
+             "data.max_train_records=12000", "--set", "train.workers=1", "--set",
+             "cluster.base_port=" + std::to_string(port)},
             MpirunPrefix(2));
   ASSERT_TRUE(WaitFor(run, std::chrono::seconds(240))) << "mpirun did not end";
   ASSERT_EQ(run.Wait(), 0) << run.err() << run.out();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cli_child.h"
+#include "core/base/sanitizers.h"
 #include "gtest/gtest.h"
 
 namespace shardwild {
@@ -321,7 +322,7 @@ TEST_F(SparseCliTest, ColdStreamedRunTrainsWhileItsCacheIsBuilt) {
 // loaded whole does not fit, streamed it trains with exact counts (the page
 // cache holds the data, not the process).
 TEST_F(SparseCliTest, StreamedFromACacheLargerThanTheProcessMemoryLimit) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#ifdef SHARDWILD_SANITIZED
   GTEST_SKIP() << "sanitizer runtimes reserve more address space than the limit this test sets";
 #endif
   if (!std::filesystem::exists("/usr/bin/prlimit")) GTEST_SKIP() << "prlimit (util-linux) is not installed";

@@ -13,7 +13,7 @@
 //    pieces, ends (no endless loop) and agrees with the one-thread read:
 //    the same bytes when that succeeds, an error when it fails.
 // Build with -DSHARDWILD_FUZZ=ON (clang), then e.g.
-//   build-fuzz/tests/fuzz/compressed_fuzz CORPUS_COPY -max_total_time=60
+//   build-asan/tests/fuzz/compressed_fuzz CORPUS_COPY -max_total_time=60
 // from a copy of tests/fuzz/corpus/compressed.
 #include <sys/mman.h>
 #include <unistd.h>

@@ -12,7 +12,7 @@
 //    both; a kFail error names a line of the input and a column inside it,
 //    and moves with the first line number.
 // Build with -DSHARDWILD_FUZZ=ON (clang), then e.g.
-//   build-fuzz/tests/fuzz/csv_parser_fuzz CORPUS_COPY -max_total_time=60
+//   build-asan/tests/fuzz/csv_parser_fuzz CORPUS_COPY -max_total_time=60
 // from a copy of tests/fuzz/corpus/csv_parser.
 #include <charconv>
 #include <cmath>

@@ -4,7 +4,7 @@
 // safe to read and to insert into. Lookups in a dynamic table are not run: an
 // index slot claimed but never published (a writer that died mid-insert) makes
 // a reader of that slot wait for it by design, which a fuzzer sees as a hang. Build with -DSHARDWILD_FUZZ=ON (clang), then run e.g.
-//   build-fuzz/tests/fuzz/embedding_table_fuzz -max_total_time=60
+//   build-asan/tests/fuzz/embedding_table_fuzz -max_total_time=60
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>

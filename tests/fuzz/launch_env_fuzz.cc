@@ -6,7 +6,7 @@
 // parses is consistent (its rank inside it, one host per rank or none) and
 // maps to a cluster spec whose task is that rank.
 // Build with -DSHARDWILD_FUZZ=ON (clang), then e.g.
-//   build-fuzz/tests/fuzz/launch_env_fuzz CORPUS_COPY -max_total_time=60
+//   build-asan/tests/fuzz/launch_env_fuzz CORPUS_COPY -max_total_time=60
 // from a copy of tests/fuzz/corpus/launch_env.
 #include <cstdint>
 #include <cstdlib>

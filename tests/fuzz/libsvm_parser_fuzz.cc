@@ -9,7 +9,7 @@
 //    then both give the same data set; a kFail error names a line of the
 //    input and a column inside it, and moves with the first line number.
 // Build with -DSHARDWILD_FUZZ=ON (clang), then e.g.
-//   build-fuzz/tests/fuzz/libsvm_parser_fuzz CORPUS_COPY -max_total_time=60
+//   build-asan/tests/fuzz/libsvm_parser_fuzz CORPUS_COPY -max_total_time=60
 // from a copy of tests/fuzz/corpus/libsvm_parser.
 #include <charconv>
 #include <cmath>

@@ -16,7 +16,7 @@
 //   * a pull that succeeds answered exactly the floats asked for, in
 //     contiguous chunks no larger than the chunk limit.
 // Build with -DSHARDWILD_FUZZ=ON (clang), then run e.g.
-//   build-fuzz/tests/fuzz/ps_request_fuzz tests/fuzz/corpus/ps_request -max_total_time=60
+//   build-asan/tests/fuzz/ps_request_fuzz tests/fuzz/corpus/ps_request -max_total_time=60
 // Seeds: tests/fuzz/corpus/ps_request (one valid request of each call, and
 // the pushes with bf16 / fp16 gradients;
 // write them again with SHARDWILD_FUZZ_WRITE_SEEDS=<dir>).

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs every libFuzzer target from its seed corpus for a bounded time; exits 1
 # if any finds a crash, a leak, undefined behaviour or a timeout. `make fuzz`
-# builds the targets (clang, ASan+UBSan; CMake preset `fuzz`) and calls this.
+# builds the targets (clang, ASan+UBSan; CMake preset `asan`, the tree that
+# also holds the ASan test suite) and calls this.
 #
-# Usage: tests/fuzz/run.sh [BUILD_DIR]    (default build-fuzz)
+# Usage: tests/fuzz/run.sh [BUILD_DIR]    (default build-asan)
 #   FUZZ_SECONDS  time per target (default 60)
 #   FUZZ_JOBS     targets run at once (default: the number of cores)
 #
@@ -14,7 +15,7 @@
 # the fix) is a regression test from then on.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-build=${1:-build-fuzz}
+build=${1:-build-asan}
 seconds=${FUZZ_SECONDS:-60}
 jobs=${FUZZ_JOBS:-$(nproc)}
 out="$build/fuzz-run"

@@ -3,7 +3,7 @@
 // with a Status; for a file it accepts, every tensor's bytes (Get, and GetAs
 // of its dtype) and the metadata must be readable without leaving the
 // mapping. Build with -DSHARDWILD_FUZZ=ON (clang), then run e.g.
-//   build-fuzz/tests/fuzz/safetensors_fuzz tests/fuzz/corpus/safetensors -max_total_time=60
+//   build-asan/tests/fuzz/safetensors_fuzz tests/fuzz/corpus/safetensors -max_total_time=60
 // Seeds: tests/fuzz/corpus/safetensors, written by safetensors_corpus_gen
 // (SafetensorsWriter) plus a few broken files.
 #include <unistd.h>

@@ -9,7 +9,7 @@
 // are not overwritten (embedding_table_fuzz covers them), so lookups in the
 // dynamic table cannot wait on a half-inserted slot. Build with
 // -DSHARDWILD_FUZZ=ON (clang), then run e.g.
-//   build-fuzz/tests/fuzz/shard_header_fuzz tests/fuzz/corpus/shard_header -max_total_time=60
+//   build-asan/tests/fuzz/shard_header_fuzz tests/fuzz/corpus/shard_header -max_total_time=60
 // Seeds: tests/fuzz/corpus/shard_header (the valid header of this very
 // store; write it again with SHARDWILD_FUZZ_WRITE_SEED=<file>).
 #include <algorithm>

@@ -4,7 +4,7 @@
 // accepts can be summarised, written as CSV and compared with itself, where
 // every common point has the ratio 1 (or 0 for a zero median) within noise.
 // Build with -DSHARDWILD_FUZZ=ON (clang), then e.g.
-//   build-fuzz/tests/fuzz/sweep_results_fuzz CORPUS_COPY -max_total_time=60
+//   build-asan/tests/fuzz/sweep_results_fuzz CORPUS_COPY -max_total_time=60
 // from a copy of tests/fuzz/corpus/sweep_results.
 #include <cstdint>
 #include <cstdlib>

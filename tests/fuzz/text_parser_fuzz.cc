@@ -15,7 +15,7 @@
 //  - reading again with the class names found as the dictionary gives the
 //    same data set (the same rows skipped, perhaps for other reasons).
 // Build with -DSHARDWILD_FUZZ=ON (clang), then e.g.
-//   build-fuzz/tests/fuzz/text_parser_fuzz CORPUS_COPY -max_total_time=60
+//   build-asan/tests/fuzz/text_parser_fuzz CORPUS_COPY -max_total_time=60
 // from a copy of tests/fuzz/corpus/text_parser.
 #include <algorithm>
 #include <charconv>

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "core/base/sanitizers.h"
 #include "core/model/optimizer.h"
 #include "core/config/options.h"
 #include "core/model/variable.h"
@@ -20,14 +21,6 @@
 #include "ps_shm/param_store.h"
 #include "ps_shm/shard_format.h"
 #include "ps_shm/shm_store.h"
-
-#if defined(__SANITIZE_THREAD__)
-#define SHARDWILD_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define SHARDWILD_TSAN 1
-#endif
-#endif
 
 namespace shardwild {
 namespace {

@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "core/base/sanitizers.h"
 #include "core/model/optimizer.h"
 #include "core/config/options.h"
 #include "gtest/gtest.h"
@@ -36,13 +37,6 @@
 // Allocation counting for the steady-state test: operator new is replaced
 // (malloc-backed) and counts while the calling thread asks it to. Sanitizers
 // interpose the allocator themselves, so that test is skipped under them.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define SHARDWILD_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define SHARDWILD_SANITIZED 1
-#endif
-#endif
 
 #ifndef SHARDWILD_SANITIZED
 namespace {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "core/base/sanitizers.h"
 #include "core/model/model.h"
 #include "oneapi/dnnl/dnnl.h"
 #include "ps_shm/shm_store.h"
@@ -29,14 +30,6 @@
 #include "tests/workers/sparse_test_util.h"
 #include "workers/job.h"
 #include "workers/worker.h"
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define SHARDWILD_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define SHARDWILD_SANITIZED 1
-#endif
-#endif
 
 #ifndef SHARDWILD_SANITIZED
 namespace {
