@@ -151,7 +151,8 @@ print("slurm.sbatch: 2 tasks ok")
 if os.path.exists("/usr/bin/mpirun"):
     port = free_ports(1)[0]
     r = subprocess.run([os.path.join(HERE, "mpirun.sh"), CONFIG, "--set", "train.epochs=1",
-                        "--set", "data.max_train_records=12000", "--set", f"cluster.base_port={port}"], env=dict(os.environ, SHARDWILD=binary),
+                        "--set", "data.max_train_records=12000", "--set", f"cluster.base_port={port}"],
+                       env=dict(os.environ, SHARDWILD=binary),
                        capture_output=True, text=True, timeout=TIMEOUT)
     assert r.returncode == 0, f"mpirun.sh failed ({r.returncode}):\n{r.stderr}\n{r.stdout}"
     assert "allreduce: rank 0 of 2" in r.stdout and "allreduce: rank 1 of 2" in r.stdout, r.stdout
