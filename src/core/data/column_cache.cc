@@ -432,6 +432,11 @@ struct ColumnCache::Build {
   int64_t total_bytes ABSL_GUARDED_BY(mu) = 0;  // column bytes published
   ColumnCacheStats stats ABSL_GUARDED_BY(mu);
   bool waited ABSL_GUARDED_BY(mu) = false;
+
+  // Makes the built parts readable in `cache`, in order, as far as they go.
+  void Publish(ColumnCache& cache) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  absl::Status PublishSlot(ColumnCache& cache, size_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  absl::Status AddPart(ColumnCache& cache, size_t slot, const std::string& open_dir) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 };
 
 ColumnCache::ColumnCache() = default;
@@ -537,7 +542,7 @@ absl::StatusOr<std::unique_ptr<ColumnCache>> ColumnCache::Plan(const std::vector
     b.threads = ResolveThreads(read.threads);
     b.stats.build_threads = std::min<int>(b.threads, static_cast<int>(b.work.size()));
   }
-  cache->PublishLocked();  // what valid indexes hold, up to the first part to build
+  b.Publish(*cache);  // what valid indexes hold, up to the first part to build
   return cache;
 }
 
@@ -584,7 +589,7 @@ void ColumnCache::RunBuild() {
     }
     MutexLock lock(&b.mu);
     b.done[slot] = 1;
-    if (!b.cancel.load(std::memory_order_relaxed)) PublishLocked();
+    if (!b.cancel.load(std::memory_order_relaxed)) b.Publish(*this);
   });
   MutexLock lock(&b.mu);
   if (!b.error.ok() || b.next < b.slots.size()) {
@@ -596,37 +601,35 @@ void ColumnCache::RunBuild() {
   }
 }
 
-void ColumnCache::PublishLocked() {
-  Build& b = *build_;
-  while (b.error.ok() && b.next < b.slots.size() && (!b.slots[b.next].build || b.done[b.next])) {
-    absl::Status s = PublishSlotLocked(b.next);
+void ColumnCache::Build::Publish(ColumnCache& cache) {
+  while (error.ok() && next < slots.size() && (!slots[next].build || done[next])) {
+    absl::Status s = PublishSlot(cache, next);
     if (!s.ok()) {
-      b.error = std::move(s);
-      b.cancel.store(true, std::memory_order_relaxed);
+      error = std::move(s);
+      cancel.store(true, std::memory_order_relaxed);
       return;
     }
-    ++b.next;
-    if (b.next == b.slots.size()) {
-      b.stats.build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - b.t0).count();
+    ++next;
+    if (next == slots.size()) {
+      stats.build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
   }
 }
 
-absl::Status ColumnCache::PublishSlotLocked(size_t slot) {
-  Build& b = *build_;
-  const Build::Slot& s = b.slots[slot];
-  FileJob& j = b.jobs[s.file];
+absl::Status ColumnCache::Build::PublishSlot(ColumnCache& cache, size_t slot) {
+  const Slot& s = slots[slot];
+  FileJob& j = jobs[s.file];
   if (!s.build) {
-    SW_RETURN_IF_ERROR(AddPartLocked(slot, j.dir));
+    SW_RETURN_IF_ERROR(AddPart(cache, slot, j.dir));
     return absl::OkStatus();
   }
   PartBuilt& pb = j.built[s.part];
-  b.stats.text_bytes += pb.text_bytes;
+  stats.text_bytes += pb.text_bytes;
   if (!pb.error.ok()) return pb.error;
   if (pb.bad) {
     // The exact message of the first bad row: its piece parsed again with
     // its true first line (the lines of the parts before it are known now).
-    ReadOptions o = b.read;
+    ReadOptions o = read;
     o.max_records = 0;
     const std::string with_header = j.csv_header + pb.bad_piece;
     absl::StatusOr<Dataset> again =
@@ -636,25 +639,24 @@ absl::Status ColumnCache::PublishSlotLocked(size_t slot) {
   }
   j.lines += pb.lines;
   j.parts.push_back(PartJson(pb));
-  SW_RETURN_IF_ERROR(AddPartLocked(slot, j.tmp));
+  SW_RETURN_IF_ERROR(AddPart(cache, slot, j.tmp));
   if (s.part + 1 < j.plans.size()) return absl::OkStatus();
   // The file's last part: its index, then the directory into place (the
   // columns already open stay readable through their descriptors).
   json index = {{"version", kFormatVersion}, {"source", j.path},   {"source_size", j.size},
-                {"source_mtime_ns", j.mtime}, {"options", b.key},  {"parts", j.parts}};
+                {"source_mtime_ns", j.mtime}, {"options", key},  {"parts", j.parts}};
   SW_RETURN_IF_ERROR(WriteFileAtomically(j.tmp + "/index.json", index.dump()));
-  PutInPlace(j.tmp, j.dir, [&](const std::string& d) { return !ValidIndex(d, j.size, j.mtime, b.key).is_null(); });
+  PutInPlace(j.tmp, j.dir, [&](const std::string& d) { return !ValidIndex(d, j.size, j.mtime, key).is_null(); });
   j.tmp.clear();
-  j.index = ValidIndex(j.dir, j.size, j.mtime, b.key);
+  j.index = ValidIndex(j.dir, j.size, j.mtime, key);
   if (j.index.is_null()) return absl::InvalidArgumentError(absl::StrCat(j.dir, ": the cache could not be put in place"));
-  ++b.stats.files_built;
+  ++stats.files_built;
   return absl::OkStatus();
 }
 
-absl::Status ColumnCache::AddPartLocked(size_t slot, const std::string& open_dir) {
-  Build& b = *build_;
-  const Build::Slot& s = b.slots[slot];
-  FileJob& j = b.jobs[s.file];
+absl::Status ColumnCache::Build::AddPart(ColumnCache& cache, size_t slot, const std::string& open_dir) {
+  const Slot& s = slots[slot];
+  FileJob& j = jobs[s.file];
   const json& pj = s.build ? j.parts.back() : j.index["parts"][s.part];
   const int64_t records = pj.value("records", int64_t{-1});
   if (records < 0) return absl::DataLossError(absl::StrCat(j.dir, "/index.json: a part without its record count"));
@@ -666,7 +668,7 @@ absl::Status ColumnCache::AddPartLocked(size_t slot, const std::string& open_dir
     }
   }
   j.skipped += skipped.total();
-  shape_.skipped.Add(skipped);
+  cache.shape_.skipped.Add(skipped);
   auto part = std::make_unique<Part>();
   part->records = records;
   if (records > 0) {
@@ -674,23 +676,26 @@ absl::Status ColumnCache::AddPartLocked(size_t slot, const std::string& open_dir
     // the others must match it.
     const int dense_dim = shape.value("dense_dim", -1);
     const json& fields = shape["fields"];
-    if (!b.layout_set) {
-      dense_dim_ = dense_dim;
-      num_classes_ = shape.value("num_classes", 0);
-      for (const json& f : fields) field_names_.push_back(f.value("name", ""));
-      shape_.dense_names = shape.value("dense_names", std::vector<std::string>{});
-      b.layout_set = true;
-    } else if (dense_dim != dense_dim_ || fields.size() != field_names_.size()) {
+    if (!layout_set) {
+      cache.dense_dim_ = dense_dim;
+      cache.num_classes_ = shape.value("num_classes", 0);
+      for (const json& f : fields) cache.field_names_.push_back(f.value("name", ""));
+      cache.shape_.dense_names = shape.value("dense_names", std::vector<std::string>{});
+      layout_set = true;
+    } else if (dense_dim != cache.dense_dim_ || fields.size() != cache.field_names_.size()) {
       return absl::InvalidArgumentError(absl::StrCat(
           j.path, ": ", dense_dim, " dense features and ", fields.size(), " sparse fields, ",
-          b.expected && b.published == 0 ? "the first lines of the data have " : "the records before it have ",
-          dense_dim_, " and ", field_names_.size()));
+          expected && published == 0 ? "the first lines of the data have " : "the records before it have ",
+          cache.dense_dim_, " and ", cache.field_names_.size()));
     }
-    if (!b.expected) num_classes_ = std::max(num_classes_, shape.value("num_classes", 0));
-    shape_.num_classes = std::max(shape_.num_classes, shape.value("num_classes", 0));
-    if (shape_.dense_names.empty()) shape_.dense_names = shape.value("dense_names", std::vector<std::string>{});
+    if (!expected) cache.num_classes_ = std::max(cache.num_classes_, shape.value("num_classes", 0));
+    cache.shape_.num_classes = std::max(cache.shape_.num_classes, shape.value("num_classes", 0));
+    if (cache.shape_.dense_names.empty()) {
+      cache.shape_.dense_names = shape.value("dense_names", std::vector<std::string>{});
+    }
     const std::string dir = open_dir + PartDir(s.part) + "/";
     const std::string shown = j.dir + PartDir(s.part) + "/";  // where it is once the build is over
+    int64_t opened_bytes = 0;
     auto open = [&](const std::string& file) -> absl::StatusOr<std::unique_ptr<Column>> {
       auto c = std::make_unique<Column>();
       c->fd = ::open((dir + file).c_str(), O_RDONLY | O_CLOEXEC);
@@ -699,13 +704,13 @@ absl::Status ColumnCache::AddPartLocked(size_t slot, const std::string& open_dir
       struct stat sb;
       if (::fstat(c->fd, &sb) != 0) return absl::DataLossError(absl::StrCat(c->path, ": cannot stat"));
       c->bytes = sb.st_size;
-      b.total_bytes += c->bytes;
+      opened_bytes += c->bytes;
       return c;
     };
     const std::string damaged =
         absl::StrCat(shown, ": column sizes do not match the index (a damaged cache: remove ", j.dir, ")");
     SW_ASSIGN_OR_RETURN(part->dense, open("dense.f32"));
-    SW_ASSIGN_OR_RETURN(part->labels, open(regression_ ? "targets.f32" : "labels.i32"));
+    SW_ASSIGN_OR_RETURN(part->labels, open(cache.regression_ ? "targets.f32" : "labels.i32"));
     if (part->dense->bytes != records * dense_dim * 4 || part->labels->bytes != records * 4) {
       return absl::DataLossError(damaged);
     }
@@ -723,17 +728,18 @@ absl::Status ColumnCache::AddPartLocked(size_t slot, const std::string& open_dir
       part->ids.push_back(std::move(ids));
       part->w.push_back(w->bytes > 0 ? std::move(w) : nullptr);
     }
+    total_bytes += opened_bytes;
   }
   // Readable from here: the entries first, then the counts that admit them.
-  parts_[slot] = std::move(part);
-  b.published += records;
-  b.published_weight += s.weight;
-  part_first_[slot + 1] = b.published;
-  const int64_t cap = b.read.max_records;
-  const bool capped = cap > 0 && b.published >= cap;
-  ready_parts_.store(slot + 1, std::memory_order_release);
-  ready_records_.store(cap > 0 ? std::min(b.published, cap) : b.published, std::memory_order_release);
-  if (capped || slot + 1 == b.slots.size()) all_ready_.store(true, std::memory_order_release);
+  cache.parts_[slot] = std::move(part);
+  published += records;
+  published_weight += s.weight;
+  cache.part_first_[slot + 1] = published;
+  const int64_t cap = read.max_records;
+  const bool capped = cap > 0 && published >= cap;
+  cache.ready_parts_.store(slot + 1, std::memory_order_release);
+  cache.ready_records_.store(cap > 0 ? std::min(published, cap) : published, std::memory_order_release);
+  if (capped || slot + 1 == slots.size()) cache.all_ready_.store(true, std::memory_order_release);
   return absl::OkStatus();
 }
 
@@ -783,8 +789,8 @@ absl::Status ColumnCache::build_error() const {
 
 int64_t ColumnCache::estimated_records() const {
   if (all_ready()) return records();
-  MutexLock lock(&build_->mu);
   const Build& b = *build_;
+  MutexLock lock(&b.mu);
   if (b.published == 0 || b.published_weight <= 0) return b.published;
   const double total = static_cast<double>(b.published) * b.total_weight / b.published_weight;
   const int64_t est = std::max(b.published, static_cast<int64_t>(std::llround(total)));

@@ -171,10 +171,6 @@ class ColumnCache {
                                                            const ColumnCacheExpectation* expected);
   // Builds every part to build (on the builder thread, or the caller's).
   void RunBuild();
-  // Makes the built parts readable, in order, as far as they go.
-  void PublishLocked();
-  absl::Status PublishSlotLocked(size_t slot);
-  absl::Status AddPartLocked(size_t slot, const std::string& open_dir);
 
   std::unique_ptr<Build> build_;
   std::thread builder_;
