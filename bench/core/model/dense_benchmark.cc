@@ -269,10 +269,10 @@ BENCHMARK(BM_InPlaceRows)
 // as a step's compute. A prefetch that costs nothing to issue makes 1 and 2
 // small beside 0. (On the 2-core KVM guest, 2026-11-28, with a build beside
 // it: 0 740 ns, 1 300 ns, 2 140 ns; a standalone loop gave 750, 330-470 and
-// 170-240: issuing the prefetch of a line outside the caches costs 10-14 ns
-// there, about half of an overlapped miss, which is why the text config's
-// data phase follows the lines a batch reads even when they were asked
-// for.) Counter: lines/s.
+// 170-240; each figure includes one clock read of 34 ns. Issuing the
+// prefetch of a line outside the caches costs 8-14 ns there, about half of
+// an overlapped miss, which is why the text config's data phase follows the
+// lines a batch reads even when they were asked for.) Counter: lines/s.
 void BM_PrefetchLines(benchmark::State& state) {
   const int64_t what = state.range(0);
   constexpr size_t kBytes = size_t{128} << 20, kLines = kBytes / 64;
