@@ -316,7 +316,8 @@ BENCHMARK(BM_PrefetchLines)->ArgName("what")->DenseRange(0, 2)->UseManualTime();
 // multiply-adds that touches no memory, as a step's compute; both calls
 // timed. 2: the same batch loaded again (every line in L1). 3, the bound: the
 // same bytes (blocks and labels) copied from a sequential layout, as a data
-// set already gathered in the epoch's order would be read. layout 0: the
+// set already gathered in the epoch's order would be read. 4 and 5: what 1
+// with only its LoadBatch timed (4) or only its PrefetchBatch (5). layout 0: the
 // packed blocks one after the other, each found through its start word; 1:
 // as PackRecords chooses (here 128-byte slots, the records of more than 30
 // ids after them). Counter: records/s.
@@ -361,8 +362,22 @@ void BM_TextDataPhase(benchmark::State& state) {
   const int64_t batches = kRecords / kBatch - 1;
   int64_t b = 0;
   float spin = 1.0f;
-  if (what == 1) (*m)->PrefetchBatch(data, order.data(), kBatch, &*packed);
+  if (what == 1 || what >= 4) (*m)->PrefetchBatch(data, order.data(), kBatch, &*packed);
   for (auto _ : state) {
+    if (what >= 4) {
+      // What 1 does, one of its two calls timed.
+      const int32_t* records = order.data() + b * kBatch;
+      const auto s0 = std::chrono::steady_clock::now();
+      (*m)->LoadBatch(data, records, kBatch, &*packed, /*asked_for=*/true);
+      const auto s1 = std::chrono::steady_clock::now();
+      (*m)->PrefetchBatch(data, records + kBatch, kBatch, &*packed);
+      const auto s2 = std::chrono::steady_clock::now();
+      state.SetIterationTime(std::chrono::duration<double>(what == 4 ? s1 - s0 : s2 - s1).count());
+      for (int i = 0; i < 1000; ++i) spin = spin * 0.999f + 0.5f;
+      benchmark::DoNotOptimize(spin);
+      b = (b + 1) % batches;
+      continue;
+    }
     const int32_t* records = order.data() + b * kBatch;
     const auto start = std::chrono::steady_clock::now();
     if (what == 3) {
@@ -383,12 +398,13 @@ void BM_TextDataPhase(benchmark::State& state) {
     if (what != 2) b = (b + 1) % batches;
   }
   state.counters["records/s"] = benchmark::Counter(kBatch, benchmark::Counter::kIsIterationInvariantRate);
-  const char* labels[] = {"load, cold", "prefetch a step ahead + load", "load, in L1", "bound: sequential copy"};
+  const char* labels[] = {"load, cold", "prefetch a step ahead + load", "load, in L1", "bound: sequential copy", "load, asked for a step ahead",
+                          "prefetch a step ahead"};
   state.SetLabel(absl::StrCat(labels[what], ", ",
                               packed->stride_words > 0 ? absl::StrCat(packed->stride_words * 8, "-byte slots")
                                                        : std::string("blocks one after the other")));
 }
-BENCHMARK(BM_TextDataPhase)->ArgNames({"what", "layout"})->ArgsProduct({{0, 1, 2, 3}, {0, 1}})->UseManualTime();
+BENCHMARK(BM_TextDataPhase)->ArgNames({"what", "layout"})->ArgsProduct({{0, 1, 2, 3, 4, 5}, {0, 1}})->UseManualTime();
 
 }  // namespace
 }  // namespace shardwild

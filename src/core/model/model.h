@@ -119,6 +119,9 @@ struct PackedRecords {
   HugePageVector<uint64_t> start;  // [records + 1] when stride_words == 0, else empty
   HugePageVector<uint64_t> words;
   int64_t stride_words = 0;
+  // Blocks after the slots (stride_words > 0): LoadBatch looks for them only
+  // where there are some.
+  int64_t overflow_blocks = 0;
   int num_lookups = 0;
   int head_words = 0;
   bool narrow_ids = false;
@@ -341,6 +344,11 @@ class Model {
   void LoadRecord(const Dataset& data, int64_t record, int64_t slot, const PackedRecords* packed = nullptr);
   void LoadRecordHead(const Dataset& data, int64_t record, int64_t slot, const PackedRecords* packed);
   void LoadPackedIds(const PackedRecords& packed, int64_t record, int64_t slot);
+  // LoadRecord for every record of a batch, for the one layout of a bag of
+  // words: one lookup's narrow ids in slots, the label in them, no dense
+  // values, one label a record. LoadsSlots says whether it is that layout.
+  bool LoadsSlots(const Dataset& data, const PackedRecords* packed) const;
+  void LoadSlots(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords& packed);
   // Room in lookup l for `need` ids and kIdSlack more: LoadPackedIds copies
   // ids in chunks of kIdSlack + 1, so it may write up to kIdSlack past the
   // lookup's count. GrowLookup (never shrinks) when there is not.

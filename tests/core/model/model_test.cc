@@ -396,6 +396,61 @@ TEST_F(ModelTest, PackedRecordsOfLongBagsLoadAsTheFieldsDo) {
   }
 }
 
+// A bag of words (one lookup, no dense values, narrow ids and the label in
+// the block: the text config's layout, which LoadBatch copies slot by slot
+// with no branch on a record's count): bags of 0 to 34 ids, in slots that
+// hold all of them, some or few (the rest after the slots), and blocks one
+// after the other, load as from the fields, for a softmax and a binary head,
+// batch after batch into the same buffers, the data set's last record
+// included.
+TEST_F(ModelTest, PackedBagsOfWordsLoadAsTheFieldsDo) {
+  for (HeadType head : {HeadType::kSoftmax, HeadType::kBinary}) {
+    const int32_t classes = head == HeadType::kSoftmax ? 4 : 2;
+    const int64_t outputs = head == HeadType::kSoftmax ? 4 : 1;
+    std::mt19937 rng(7);
+    Dataset d;
+    d.count = 200;
+    d.num_classes = classes;
+    SparseField tokens;
+    tokens.name = "tokens";
+    tokens.offsets.push_back(0);
+    for (int64_t r = 0; r < d.count; ++r) {
+      d.labels.push_back(static_cast<int32_t>(rng() % classes));
+      const int64_t n = r % 35;  // every length, in turn
+      for (int64_t k = 0; k < n; ++k) tokens.ids.push_back(rng() % 10000);  // mapped to 4096 rows
+      tokens.offsets.push_back(static_cast<int64_t>(tokens.ids.size()));
+    }
+    d.fields.push_back(tokens);
+    ModelOptions opts;
+    opts.head = head;
+    opts.interaction = Interaction::kConcat;
+    opts.tables = {{"tokens", 4096, 3, false, false, 0.5f}};
+    opts.sparse = {{"tokens", "tokens", Pooling::kMean, true}};
+    opts.layers = {{"dense", outputs, Activation::kNone}};
+    std::vector<std::vector<int32_t>> batches;
+    for (int32_t r = 0; r < d.count; r += 16) {
+      std::vector<int32_t> b;
+      for (int32_t k = 0; k < 16; ++k) b.push_back((r + 37 * k) % static_cast<int32_t>(d.count));
+      batches.push_back(b);
+    }
+    batches.push_back({static_cast<int32_t>(d.count - 1)});
+    batches.push_back({34, static_cast<int32_t>(d.count - 1), 0, 33});
+    const std::optional<PackedRecords> packed =
+        ExpectPackedLoadsAsFields(opts, d, /*batch=*/16, outputs, batches);
+    ASSERT_TRUE(packed.has_value()) << static_cast<int>(head);
+    EXPECT_TRUE(packed->narrow_ids);
+    EXPECT_TRUE(packed->inline_label);
+    EXPECT_EQ(packed->head_words, 1);
+    // 64-byte slots hold 14 ids and 128-byte ones 30: the longer bags go
+    // after them, and PackRecords counts them.
+    EXPECT_GT(overflowing_[64], overflowing_[128]);
+    EXPECT_GT(overflowing_[128], 0);
+    const std::unique_ptr<Model> m = Make(opts, d, 16);
+    ASSERT_TRUE(m);
+    for (int64_t stride : {64, 128}) EXPECT_EQ(m->PackRecords(d, stride)->overflow_blocks, overflowing_[stride]);
+  }
+}
+
 // PackRecords' layout: the fewest lines a load touches, within twice the
 // memory of blocks one after the other.
 TEST(PackedLayout, ChoosesTheStrideWhoseLoadsTouchTheFewestLines) {
