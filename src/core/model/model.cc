@@ -481,6 +481,11 @@ void Model::LoadPackedIds(const PackedRecords& packed, int64_t r, int64_t slot) 
       for (uint32_t i = 0; i < c; i += kChunk) std::memcpy(to + i, ids + i * sizeof(uint64_t), kChunk * sizeof(uint64_t));
       ids += c * sizeof(uint64_t);
     }
+    if (packed.any_weighted && packed.weighted[l]) {
+      // (GrowLookup keeps a weighted lookup's weights as long as its ids.)
+      std::memcpy(st.weights.data() + st.count, ids, c * sizeof(float));
+      ids += c * sizeof(float);
+    }
     st.count += c;
     st.offsets[slot + 1] = static_cast<int64_t>(st.count);
   }
@@ -536,13 +541,14 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
   PackedRecords p;
   p.records = data.count;
   const size_t nl = lookups_.size();
-  bool pack_ids = nl > 0;
-  for (size_t l = 0; l < nl; ++l) {
-    const SparseField& f = data.fields[spec_.lookups[l].data_field];
-    if (spec_.lookups[l].weighted && !f.weights.empty()) pack_ids = false;
-  }
-  if (pack_ids) {
+  if (nl > 0) {
     p.num_lookups = static_cast<int>(nl);
+    // A weighted lookup's weights, where its field has them, follow its ids.
+    p.weighted.assign(nl, 0);
+    for (size_t l = 0; l < nl; ++l) {
+      p.weighted[l] = spec_.lookups[l].weighted && !data.fields[spec_.lookups[l].data_field].weights.empty();
+      p.any_weighted = p.any_weighted || p.weighted[l] != 0;
+    }
     p.narrow_ids = true;
     for (size_t l = 0; l < nl; ++l) {
       p.narrow_ids = p.narrow_ids && static_rows_[l] > 0 && static_rows_[l] <= (int64_t{1} << 32);
@@ -550,11 +556,16 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
     const bool regression = head_ == HeadType::kRegression;
     p.inline_label = regression ? !data.targets.empty() : !data.labels.empty();
     p.head_words = static_cast<int>((nl + (p.inline_label ? 1 : 0) + 1) / 2);
-    // Each block's words: its head, then its ids (two a word when narrow).
+    // Each block's words: its head, then each lookup's ids (two a word when
+    // narrow) and weights (floats), the last word padded.
+    const uint64_t id_bytes = p.narrow_ids ? sizeof(uint32_t) : sizeof(uint64_t);
     auto block_words = [&](int64_t r) {
-      uint64_t ids = 0;
-      for (size_t l = 0; l < nl; ++l) ids += static_cast<uint64_t>(data.fields[spec_.lookups[l].data_field].size(r));
-      return static_cast<uint64_t>(p.head_words) + (p.narrow_ids ? (ids + 1) / 2 : ids);
+      uint64_t bytes = 0;
+      for (size_t l = 0; l < nl; ++l) {
+        const uint64_t c = static_cast<uint64_t>(data.fields[spec_.lookups[l].data_field].size(r));
+        bytes += c * (id_bytes + (p.weighted[l] ? sizeof(float) : 0));
+      }
+      return static_cast<uint64_t>(p.head_words) + (bytes + sizeof(uint64_t) - 1) / sizeof(uint64_t);
     };
     // The blocks' sizes, for the layout.
     std::vector<int64_t> histogram(kStrideHistogramWords + 1, 0);
@@ -601,20 +612,24 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
       }
       char* head = reinterpret_cast<char*>(p.words.data() + to);
       char* ids = head + p.head_words * sizeof(uint64_t);
-      uint64_t n = 0;
       for (size_t l = 0; l < nl; ++l) {
         const SparseField& f = data.fields[spec_.lookups[l].data_field];
         const int64_t b = f.offsets[r], e = f.offsets[r + 1];
         const uint32_t c = static_cast<uint32_t>(e - b);
         std::memcpy(head + l * sizeof(uint32_t), &c, sizeof(c));
-        for (int64_t i = b; i < e; ++i, ++n) {
+        for (int64_t i = b; i < e; ++i) {
           const uint64_t id = StoreId(f.ids[i], static_rows_[l]);
           if (p.narrow_ids) {
             const uint32_t narrow = static_cast<uint32_t>(id);
-            std::memcpy(ids + n * sizeof(uint32_t), &narrow, sizeof(narrow));
+            std::memcpy(ids, &narrow, sizeof(narrow));
           } else {
-            std::memcpy(ids + n * sizeof(uint64_t), &id, sizeof(id));
+            std::memcpy(ids, &id, sizeof(id));
           }
+          ids += id_bytes;
+        }
+        if (p.weighted[l] && c > 0) {
+          std::memcpy(ids, f.weights.data() + b, c * sizeof(float));
+          ids += c * sizeof(float);
         }
       }
       if (p.inline_label) {
@@ -746,7 +761,7 @@ void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, co
 
 bool Model::LoadsSlots(const Dataset& data, const PackedRecords* packed) const {
   return packed != nullptr && packed->has_ids() && packed->stride_words > 0 && packed->narrow_ids &&
-         packed->inline_label && lookups_.size() == 1 && dense_dim_ == 0 && head_ != HeadType::kRegression &&
+         !packed->any_weighted && packed->inline_label && lookups_.size() == 1 && dense_dim_ == 0 && head_ != HeadType::kRegression &&
          !data.multi_label();
 }
 

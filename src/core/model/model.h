@@ -98,9 +98,12 @@ struct PackedRecords {
   // label (int32; a regression head's target as float bits) after them;
   // then those counts' store ids, lookup after lookup: uint32 each where
   // `narrow_ids` (every lookup's table is static with at most 2^32 rows, so
-  // its store ids fit; the block padded to whole words), else uint64. The
-  // narrow ids and the label in the block take a text record from about 5
-  // random lines (its start word, 3 of ids, its label) to 3.
+  // its store ids fit), else uint64, each lookup's followed by its weights
+  // (floats) where `weighted`; the block padded to whole words. The narrow
+  // ids and the label in the block take a text record from about 5 random
+  // lines (its start word, 3 of ids, its label) to 3; the weights in it take
+  // a libsvm record from 5 (its offsets, ids, weights, label, each a miss,
+  // the ids' and weights' only known once the offsets are read) to 3.
   //
   // The blocks are laid out one of two ways (PackRecords chooses, by the
   // lines a record's load touches; Block(r) finds one either way):
@@ -123,6 +126,10 @@ struct PackedRecords {
   // where there are some.
   int64_t overflow_blocks = 0;
   int num_lookups = 0;
+  // [num_lookups] 1 where lookup l's weights (floats, as many as its ids)
+  // follow its ids in each block: a weighted lookup whose field has them.
+  std::vector<uint8_t> weighted;
+  bool any_weighted = false;
   int head_words = 0;
   bool narrow_ids = false;
   bool inline_label = false;
@@ -261,10 +268,9 @@ class Model {
   // after the other, the words that locate them, all in flight at once;
   // then PrefetchRecord for each (which reads those words; slots need none).
   void PrefetchBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed) const;
-  // `data` packed for this model (PackedRecords): the ids unless there are
-  // no lookups or a weighted lookup's field carries weights (they stay in
-  // `data`), the dense bytes where every value is k / 255.0f. nullopt when
-  // neither part applies. Two passes over `data`, which must have the shape
+  // `data` packed for this model (PackedRecords): the ids (and weights)
+  // where there are lookups, the dense bytes where every value is
+  // k / 255.0f. nullopt when neither part applies. Two passes over `data`, which must have the shape
   // the model was made for. `stride_bytes`: the blocks' layout, kAutoStride
   // (ChooseStrideWords), 0 (one after the other, with start words) or slots
   // of that many bytes (whole words, from 16 to 8 * kMaxStrideWords: the

@@ -307,20 +307,27 @@ TEST_F(ModelTest, LoadBatchMapsIdsPoolsWeightsAndPads) {
 
 // Ids packed by PackRecords load exactly as ids read from the fields: every
 // lookup's ids (static ones mapped, dynamic ones raw, empty bags and repeats
-// included), offsets and labels, over batches of several sizes.
+// included), a weighted lookup's weights (in the block after its ids, where
+// its field has them), offsets and labels, over batches of several sizes.
 TEST_F(ModelTest, PackedRecordsLoadAsTheFieldsDo) {
-  Dataset d = SmallData(40, 2, 3, false, 3);
-  d.fields[0].weights.clear();  // a weighted field with weights is not packed (below)
   const ModelOptions opts = SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, true, true);
-  const std::optional<PackedRecords> packed = ExpectPackedLoadsAsFields(
-      opts, d, /*batch=*/8, /*outputs=*/3, {{39, 0, 17, 17, 5, 22, 8, 31}, {3}, {12, 1, 30}, {}});
-  ASSERT_TRUE(packed.has_value());
-  const std::unique_ptr<Model> m = Make(opts, d, 8);
-  ASSERT_TRUE(m);
-  EXPECT_EQ(packed->records, d.count);
-  EXPECT_EQ(packed->num_lookups, m->num_lookups());
-  // A weighted lookup whose field carries weights keeps reading the fields.
-  EXPECT_FALSE(m->PackRecords(SmallData(5, 2, 3, false, 3)).has_value());
+  for (bool weights : {true, false}) {
+    Dataset d = SmallData(40, 2, 3, false, 3);
+    if (!weights) d.fields[0].weights.clear();  // "a" weighted, each weight 1
+    const std::optional<PackedRecords> packed = ExpectPackedLoadsAsFields(
+        opts, d, /*batch=*/8, /*outputs=*/3, {{39, 0, 17, 17, 5, 22, 8, 31}, {3}, {12, 1, 30}, {}});
+    ASSERT_TRUE(packed.has_value()) << weights;
+    const std::unique_ptr<Model> m = Make(opts, d, 8);
+    ASSERT_TRUE(m);
+    EXPECT_EQ(packed->records, d.count);
+    EXPECT_EQ(packed->num_lookups, m->num_lookups());
+    // Lookups a, b, c, then the wide part's a and b: only "a" is weighted.
+    ASSERT_EQ(packed->weighted.size(), static_cast<size_t>(m->num_lookups()));
+    for (int l = 0; l < m->num_lookups(); ++l) {
+      EXPECT_EQ(packed->weighted[l] != 0, weights && m->lookup(l).weighted && m->lookup(l).data_field == 0) << l;
+    }
+    EXPECT_EQ(packed->any_weighted, weights);
+  }
 }
 
 // Where every table is static with at most 2^32 rows, the packed ids are
@@ -373,8 +380,9 @@ TEST_F(ModelTest, NarrowPackedIdsAndTheLabelInTheBlockLoadAsTheFieldsDo) {
 // set's last record (whose chunk reads into the padding) load exactly as
 // from the fields, offsets included.
 TEST_F(ModelTest, PackedRecordsOfLongBagsLoadAsTheFieldsDo) {
+  // "a" keeps its weights: they follow its ids in each block, and a chunk
+  // of its ids reads into them.
   Dataset d = SmallData(150, 2, 3, false, 5, /*max_b=*/13);
-  d.fields[0].weights.clear();
   const ModelOptions opts = SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, false, true);
   std::set<int64_t> lengths;
   for (int64_t r = 0; r < d.count; ++r) lengths.insert(d.fields[1].size(r));
