@@ -423,7 +423,11 @@ void BM_TextDataPhase(benchmark::State& state) {
     if (what != 2) b = (b + 1) % batches;
   }
   state.counters["records/s"] = benchmark::Counter(kBatch, benchmark::Counter::kIsIterationInvariantRate);
-  const char* labels[] = {"load, cold", "prefetch a step ahead + load", "load, in L1", "bound: sequential copy", "load, asked for a step ahead",
+  const char* labels[] = {"load, cold",
+                          "prefetch a step ahead + load",
+                          "load, in L1",
+                          "bound: sequential copy",
+                          "load, asked for a step ahead",
                           "prefetch a step ahead"};
   state.SetLabel(absl::StrCat(labels[what], ", ",
                               packed->stride_words > 0 ? absl::StrCat(packed->stride_words * 8, "-byte slots")

@@ -761,8 +761,8 @@ void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, co
 
 bool Model::LoadsSlots(const Dataset& data, const PackedRecords* packed) const {
   return packed != nullptr && packed->has_ids() && packed->stride_words > 0 && packed->narrow_ids &&
-         !packed->any_weighted && packed->inline_label && lookups_.size() == 1 && dense_dim_ == 0 && head_ != HeadType::kRegression &&
-         !data.multi_label();
+         !packed->any_weighted && packed->inline_label && lookups_.size() == 1 && dense_dim_ == 0 &&
+         head_ != HeadType::kRegression && !data.multi_label();
 }
 
 void Model::LoadSlots(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords& packed) {
@@ -785,7 +785,7 @@ void Model::LoadSlots(const Dataset& data, const int32_t* records, int64_t n, co
       LoadRecord(data, records[s], s, &packed);
       continue;
     }
-    int32_t label;
+    int32_t label;  // after the one lookup's count (PackedRecords)
     std::memcpy(&label, reinterpret_cast<const char*>(slot) + sizeof(uint32_t), sizeof(label));
     labels_[s] = label;
     if (softmax) {

@@ -270,8 +270,8 @@ class Model {
   void PrefetchBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed) const;
   // `data` packed for this model (PackedRecords): the ids (and weights)
   // where there are lookups, the dense bytes where every value is
-  // k / 255.0f. nullopt when neither part applies. Two passes over `data`, which must have the shape
-  // the model was made for. `stride_bytes`: the blocks' layout, kAutoStride
+  // k / 255.0f. nullopt when neither part applies. Two passes over `data`,
+  // which must have the shape the model was made for. `stride_bytes`: the blocks' layout, kAutoStride
   // (ChooseStrideWords), 0 (one after the other, with start words) or slots
   // of that many bytes (whole words, from 16 to 8 * kMaxStrideWords: the
   // tests' and benchmarks' way to pick one).
