@@ -342,8 +342,8 @@ BENCHMARK(BM_PrefetchLines)->ArgName("what")->DenseRange(0, 3)->UseManualTime();
 // timed. 2: the same batch loaded again (every line in L1). 3, the bound: the
 // same bytes (blocks and labels) copied from a sequential layout, as a data
 // set already gathered in the epoch's order would be read. 4 and 5: what 1
-// with only its LoadBatch timed (4) or only its PrefetchBatch (5). layout 0: the
-// packed blocks one after the other, each found through its start word; 1:
+// with only its LoadBatch timed (4) or only its PrefetchBatch (5). layout 0:
+// the packed blocks one after the other, each found through its start word; 1:
 // as PackRecords chooses (here 128-byte slots, the records of more than 30
 // ids after them). Counter: records/s.
 void BM_TextDataPhase(benchmark::State& state) {
@@ -433,7 +433,10 @@ void BM_TextDataPhase(benchmark::State& state) {
                               packed->stride_words > 0 ? absl::StrCat(packed->stride_words * 8, "-byte slots")
                                                        : std::string("blocks one after the other")));
 }
-BENCHMARK(BM_TextDataPhase)->ArgNames({"what", "layout"})->ArgsProduct({{0, 1, 2, 3, 4, 5}, {0, 1}})->UseManualTime();
+BENCHMARK(BM_TextDataPhase)
+    ->ArgNames({"what", "layout"})
+    ->ArgsProduct({{0, 1, 2, 3, 4, 5}, {0, 1}})
+    ->UseManualTime();
 
 }  // namespace
 }  // namespace shardwild

@@ -481,7 +481,7 @@ void Model::LoadPackedIds(const PackedRecords& packed, int64_t r, int64_t slot) 
       for (uint32_t i = 0; i < c; i += kChunk) std::memcpy(to + i, ids + i * sizeof(uint64_t), kChunk * sizeof(uint64_t));
       ids += c * sizeof(uint64_t);
     }
-    if (packed.any_weighted && packed.weighted[l]) {
+    if (packed.weighted[l]) {
       // (GrowLookup keeps a weighted lookup's weights as long as its ids.)
       std::memcpy(st.weights.data() + st.count, ids, c * sizeof(float));
       ids += c * sizeof(float);
@@ -547,7 +547,6 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
     p.weighted.assign(nl, 0);
     for (size_t l = 0; l < nl; ++l) {
       p.weighted[l] = spec_.lookups[l].weighted && !data.fields[spec_.lookups[l].data_field].weights.empty();
-      p.any_weighted = p.any_weighted || p.weighted[l] != 0;
     }
     p.narrow_ids = true;
     for (size_t l = 0; l < nl; ++l) {
@@ -761,7 +760,7 @@ void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, co
 
 bool Model::LoadsSlots(const Dataset& data, const PackedRecords* packed) const {
   return packed != nullptr && packed->has_ids() && packed->stride_words > 0 && packed->narrow_ids &&
-         !packed->any_weighted && packed->inline_label && lookups_.size() == 1 && dense_dim_ == 0 &&
+         lookups_.size() == 1 && !packed->weighted[0] && packed->inline_label && dense_dim_ == 0 &&
          head_ != HeadType::kRegression && !data.multi_label();
 }
 

@@ -126,10 +126,10 @@ struct PackedRecords {
   // where there are some.
   int64_t overflow_blocks = 0;
   int num_lookups = 0;
-  // [num_lookups] 1 where lookup l's weights (floats, as many as its ids)
-  // follow its ids in each block: a weighted lookup whose field has them.
+  // [num_lookups] where ids are packed: 1 where lookup l's weights (floats,
+  // as many as its ids) follow its ids in each block, a weighted lookup
+  // whose field has them.
   std::vector<uint8_t> weighted;
-  bool any_weighted = false;
   int head_words = 0;
   bool narrow_ids = false;
   bool inline_label = false;
@@ -271,8 +271,8 @@ class Model {
   // `data` packed for this model (PackedRecords): the ids (and weights)
   // where there are lookups, the dense bytes where every value is
   // k / 255.0f. nullopt when neither part applies. Two passes over `data`,
-  // which must have the shape the model was made for. `stride_bytes`: the blocks' layout, kAutoStride
-  // (ChooseStrideWords), 0 (one after the other, with start words) or slots
+  // which must have the shape the model was made for. `stride_bytes`: the
+  // blocks' layout, kAutoStride (ChooseStrideWords), 0 (one after the other, with start words) or slots
   // of that many bytes (whole words, from 16 to 8 * kMaxStrideWords: the
   // tests' and benchmarks' way to pick one).
   static constexpr int64_t kAutoStride = -1;
