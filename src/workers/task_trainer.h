@@ -57,10 +57,8 @@
 //         k * progress_per_step)
 //     eval <lease> <first> <count>     evaluate test records [first, first + count)
 //     exit                             (or EOF) the child exits 0
-// A child runs a task in pieces of train.pull_every steps (Worker::TrainRange
-// pulls at the start of each call and every pull_every steps, so the pieces
-// compute exactly what one call would) and sends a heartbeat between pieces
-// when a second has passed since its last message.
+// A child runs a task as one Worker::TrainRange call and sends a heartbeat
+// between its steps when a second has passed since its last message.
 //
 // Death and timeouts. EOF (or an error) on a worker's socket, or its exit,
 // is a death: the parent reaps it and calls Dispatcher::WorkerDied, so its

@@ -163,21 +163,26 @@ std::optional<std::string> TaskRunner::Train(const std::vector<std::string>& f, 
     order_ = EpochOrder(train_.count, config_.train.seed, epoch);
     order_epoch_ = epoch;
   }
-  const int64_t batch = config_.train.batch_size;
-  const int64_t piece = batch * config_.train.pull_every;  // records per TrainRange call
   const TaskCounts counts(worker_.counters());
-  absl::Status trained;
-  // In pieces of pull_every steps (Worker::TrainRange pulls at the start of
-  // each call and every pull_every steps, so the pieces compute exactly
-  // what one call would), with a heartbeat between them.
-  for (int64_t off = 0; off < count && trained.ok(); off += piece) {
-    trained = worker_.TrainRange(order_.data() + first + off, std::min(piece, count - off), config_.optimizer,
-                                 progress_begin, per_step, off / batch, nullptr);
-    if (SecondsSince(last_sent_) >= 1.0 && off + piece < count) {
-      if (!heartbeat()) return std::nullopt;
-      last_sent_ = Clock::now();
-    }
-  }
+  // The whole task in one call, with a heartbeat between steps once a
+  // second has passed since the last message. A call's steps fuse each pull
+  // into the last step's push and ask for the next batch a step ahead,
+  // which calls of one step each (pull_every 1) never did. `train`, 2
+  // workers, alternating runs: default MLP read params 3.4-3.8% -> 0.5-0.6%
+  // of the step, step 2.64-2.83 -> 2.52-2.62 ms; sparse_logreg data 10.5-11.6
+  // -> 8.0-8.3 us a step; text data 1.33-1.44 -> 1.02-1.16 us.
+  bool parent_gone = false;
+  absl::Status trained = worker_.TrainRange(
+      order_.data() + first, count, config_.optimizer, progress_begin, per_step, 0, nullptr, [&] {
+        if (SecondsSince(last_sent_) < 1.0) return true;
+        if (!heartbeat()) {
+          parent_gone = true;
+          return false;
+        }
+        last_sent_ = Clock::now();
+        return true;
+      });
+  if (parent_gone) return std::nullopt;
   if (trained.ok() && flush_) trained = flush_();
   if (!trained.ok()) return absl::StrCat("fail ", lease, " ", OneLine(trained.message()));
   return counts.Done(lease);

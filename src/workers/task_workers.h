@@ -210,7 +210,7 @@ class TaskRunner {
   // `fail`), or nullopt when the line is no task (unknown messages are
   // ignored, for forward compatibility) or `heartbeat` returned false (the
   // parent is gone).
-  // Between pieces of a training task, heartbeat() is called when a second
+  // Between the steps of a training task, heartbeat() is called when a second
   // has passed since the last message this runner knows of.
   std::optional<std::string> Run(const std::string& line, const std::function<bool()>& heartbeat);
 

@@ -178,16 +178,17 @@ absl::Status Worker::Train(const int32_t* order, int64_t count, int64_t max_step
 
 absl::Status Worker::TrainRange(const int32_t* order, int64_t count, const OptimizerOptions& optimizer,
                                 double progress_begin, double progress_per_step, int64_t first_step,
-                                PhaseTimes* times) {
-  return TrainAndLeave(order, count, /*max_steps=*/-1, optimizer, progress_begin, progress_per_step, first_step, times);
+                                PhaseTimes* times, const std::function<bool()>& after_step) {
+  return TrainAndLeave(order, count, /*max_steps=*/-1, optimizer, progress_begin, progress_per_step, first_step, times,
+                       after_step);
 }
 
 absl::Status Worker::TrainAndLeave(const int32_t* order, int64_t count, int64_t max_steps,
                                    const OptimizerOptions& optimizer, double progress_begin, double progress_per_step,
-                                   int64_t first_step, PhaseTimes* times) {
+                                   int64_t first_step, PhaseTimes* times, const std::function<bool()>& after_step) {
   SyncAggregator* const sync = update_.sync;
   const absl::Status trained =
-      TrainSteps(order, count, max_steps, optimizer, progress_begin, progress_per_step, first_step, times);
+      TrainSteps(order, count, max_steps, optimizer, progress_begin, progress_per_step, first_step, times, after_step);
   if (sync == nullptr) return trained;
   // Leave the sync group however the steps end, so the other workers' rounds
   // stop waiting for this one (arrive-and-drop).
@@ -221,7 +222,7 @@ void Worker::PrefetchNextBatch(const int32_t* order, int64_t count, int64_t curs
 
 absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max_steps,
                                 const OptimizerOptions& optimizer, double progress_begin, double progress_per_step,
-                                int64_t first_step, PhaseTimes* times) {
+                                int64_t first_step, PhaseTimes* times, const std::function<bool()>& after_step) {
   if (count <= 0) return absl::OkStatus();
   SyncAggregator* const sync = update_.sync;
   bucket_sync_ = sync != nullptr && sync->buckets() > 0 ? sync : nullptr;
@@ -350,6 +351,7 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
     WorkerCounters::Bump(counters_.correct, static_cast<int64_t>(loss.correct));
     WorkerCounters::Bump(counters_.rows_pulled, rows);
     WorkerCounters::Bump(counters_.rows_pushed, rows);
+    if (after_step && !after_step()) break;
   }
   if (times) times->Add(t);
   return absl::OkStatus();

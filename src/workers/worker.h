@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -168,8 +169,14 @@ class Worker {
   // optimizer.LrAt(progress_begin + (first_step + k) * progress_per_step).
   // So a run split into several calls (checkpoint segments, a resumed run)
   // computes exactly the rates of one call. Otherwise as Train.
+  // `after_step`, if given, runs after each step, and the call returns
+  // before the next one once it returns false (a task runner's heartbeat,
+  // whose parent is gone). It lets a long range be one call: a call's steps
+  // fuse each step's pull into the last one's push and ask for the next
+  // batch's records a step ahead, which its first step cannot.
   absl::Status TrainRange(const int32_t* order, int64_t count, const OptimizerOptions& optimizer,
-                          double progress_begin, double progress_per_step, int64_t first_step, PhaseTimes* times);
+                          double progress_begin, double progress_per_step, int64_t first_step, PhaseTimes* times,
+                          const std::function<bool()>& after_step = nullptr);
 
   // Train and TrainRange return before their next step once *stop is true
   // (read relaxed, once a step): how the lockstep trainer ends its rounds
@@ -236,10 +243,12 @@ class Worker {
   // Rejects evaluation or prediction data whose shape differs from the training data's.
   absl::Status CheckShape(const Dataset& data, const char* what) const;
   absl::Status TrainSteps(const int32_t* order, int64_t count, int64_t max_steps, const OptimizerOptions& optimizer,
-                          double progress_begin, double progress_per_step, int64_t first_step, PhaseTimes* times);
+                          double progress_begin, double progress_per_step, int64_t first_step, PhaseTimes* times,
+                          const std::function<bool()>& after_step);
   // Runs TrainSteps, then leaves the sync group if there is one.
   absl::Status TrainAndLeave(const int32_t* order, int64_t count, int64_t max_steps, const OptimizerOptions& optimizer,
-                             double progress_begin, double progress_per_step, int64_t first_step, PhaseTimes* times);
+                             double progress_begin, double progress_per_step, int64_t first_step, PhaseTimes* times,
+                             const std::function<bool()>& after_step = nullptr);
 
   int index_ = 0;
   const Dataset* train_ = nullptr;

@@ -1,17 +1,22 @@
 // train.pull_every and ps.max_staleness: when a worker refreshes its local
 // copy of the parameters.
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "core/model/model.h"
 #include "core/config/options.h"
 #include "gtest/gtest.h"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "ps_shm/shm_store.h"
 #include "ps_shm/sync_aggregator.h"
+#include "workers/task_workers.h"
 #include "workers/worker.h"
 
 namespace shardwild {
@@ -179,6 +184,92 @@ TEST_F(PullPolicyTest, SyncModePullsEveryStep) {
   EXPECT_EQ(w->counters().pulls.load(), 7);
   EXPECT_EQ(agg.rounds(), 7u);
   EXPECT_EQ(store_->version(), 7u);
+}
+
+// Forwards to a real store and records the dense calls: 'L' for a pull,
+// 'F' for a push fused with the next step's pull (PushPull), 'D' for a push
+// alone. Each push first sleeps `push_sleep`.
+class DenseCallStore final : public ParamStore {
+ public:
+  DenseCallStore(ParamStore* base, std::chrono::milliseconds push_sleep) : base_(base), push_sleep_(push_sleep) {}
+  const StoreLayout& layout() const override { return base_->layout(); }
+  const std::string& name() const override { return base_->name(); }
+  uint64_t version() const override { return base_->version(); }
+  absl::Status Pull(absl::Span<const PullSlice> slices) override {
+    calls_ += 'L';
+    return base_->Pull(slices);
+  }
+  absl::Status Push(absl::Span<const DenseGrad> grads, float lr) override {
+    std::this_thread::sleep_for(push_sleep_);
+    calls_ += 'D';
+    return base_->Push(grads, lr);
+  }
+  absl::Status PushPull(absl::Span<const DenseGrad> grads, float lr, absl::Span<const PullSlice> pulls) override {
+    std::this_thread::sleep_for(push_sleep_);
+    calls_ += 'F';
+    return base_->PushPull(grads, lr, pulls);
+  }
+  const std::string& calls() const { return calls_; }
+
+ private:
+  ParamStore* base_;
+  std::chrono::milliseconds push_sleep_;
+  std::string calls_;
+};
+
+// A task runner trains a task's steps as one range: one pull at its start,
+// then each step's push fused with the next step's pull, as in one Train
+// call (a call a step would pull and push apart every step: "LD" 10 times).
+TEST_F(PullPolicyTest, ATaskRunnerTrainsATaskInOneRange) {
+  DenseCallStore store(store_.get(), std::chrono::milliseconds(0));
+  std::unique_ptr<Worker> w = MakeWorker(&store, WorkerUpdateOptions{});
+  ASSERT_NE(w, nullptr);
+  Config config;
+  config.train.batch_size = kBatch;
+  config.optimizer = opt_;
+  TaskRunner runner(config, *w, data_, nullptr);
+  int heartbeats = 0;
+  // task <lease> <epoch> <first> <count> <progress_begin> <per_step>: 10 steps.
+  const std::optional<std::string> reply = runner.Run("task 7 1 0 160 0 0.01", [&] { return ++heartbeats > 0; });
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_TRUE(absl::StartsWith(*reply, "done 7 160 10 ")) << *reply;
+  EXPECT_EQ(store.calls(), "LFFFFFFFFFD");
+  EXPECT_EQ(store_->version(), 10u);
+}
+
+// Between a task's steps, once a second has passed since its last message,
+// the runner sends a heartbeat; when that says the parent is gone, the task
+// stops before its next step and has no reply.
+TEST_F(PullPolicyTest, ATaskRunnerSendsHeartbeatsBetweenStepsAndStopsWhenTheParentIsGone) {
+  for (bool parent_there : {true, false}) {
+    SCOPED_TRACE(parent_there ? "parent there" : "parent gone");
+    // 5 steps of at least 0.4 s each: at least one heartbeat, by the third
+    // step's end at the latest.
+    DenseCallStore store(store_.get(), std::chrono::milliseconds(400));
+    std::unique_ptr<Worker> w = MakeWorker(&store, WorkerUpdateOptions{});
+    ASSERT_NE(w, nullptr);
+    Config config;
+    config.train.batch_size = kBatch;
+    config.optimizer = opt_;
+    TaskRunner runner(config, *w, data_, nullptr);
+    int heartbeats = 0;
+    const std::optional<std::string> reply = runner.Run("task 3 1 0 80 0 0.01", [&] {
+      ++heartbeats;
+      return parent_there;
+    });
+    if (parent_there) {
+      ASSERT_TRUE(reply.has_value());
+      EXPECT_TRUE(absl::StartsWith(*reply, "done 3 80 5 ")) << *reply;
+      EXPECT_EQ(store.calls(), "LFFFFD");
+      EXPECT_GE(heartbeats, 1);
+    } else {
+      EXPECT_FALSE(reply.has_value()) << *reply;
+      EXPECT_EQ(heartbeats, 1);
+      // Stopped after the step of the heartbeat, the third at the latest.
+      EXPECT_LE(store.calls().size(), 4u) << store.calls();
+      EXPECT_GE(store.calls().size(), 2u) << store.calls();
+    }
+  }
 }
 
 }  // namespace
