@@ -346,6 +346,16 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelOptions& given, 
       st.z_offset = at;
       at += lk.dim;
     }
+    // The first lookup whose store ids are this one's (bag_of).
+    int bag = static_cast<int>(l);
+    for (size_t e = 0; e < l && bag == static_cast<int>(l); ++e) {
+      const Lookup& o = m->spec_.lookups[e];
+      if (m->bag_of_[e] == static_cast<int>(e) && o.data_field == lk.data_field && o.weighted == lk.weighted &&
+          m->static_rows_[e] == m->static_rows_[l]) {
+        bag = static_cast<int>(e);
+      }
+    }
+    m->bag_of_.push_back(bag);
   }
   m->direct_ = m->interaction_ == Interaction::kConcat && deep == 0;
   if (!m->direct_) {
@@ -400,7 +410,7 @@ void Model::LoadRecordHead(const Dataset& data, int64_t r, int64_t slot, const P
   if (packed != nullptr && packed->inline_label) {
     // In the record's block, after its counts (PackedRecords).
     const char* label = reinterpret_cast<const char*>(packed->Block(r)) +
-                        static_cast<size_t>(packed->num_lookups) * sizeof(uint32_t);
+                        static_cast<size_t>(packed->num_bags) * sizeof(uint32_t);
     if (head_ == HeadType::kRegression) {
       std::memcpy(&targets_[slot], label, sizeof(float));
     } else {
@@ -427,14 +437,19 @@ void Model::LoadRecordHead(const Dataset& data, int64_t r, int64_t slot, const P
 }
 
 void Model::GrowLookup(size_t l, size_t need) {
-  // Grows to the largest batch seen, then never again.
-  LookupState& st = lookups_[l];
-  const Lookup& lk = spec_.lookups[l];
-  st.ids.resize(std::max(need + kIdSlack, 2 * st.ids.size()));
-  st.rows.resize(st.ids.size() * lk.dim);
-  st.row_grads.resize(st.ids.size() * lk.dim);
-  st.addresses.resize(st.ids.size());
-  if (lk.weighted) st.weights.resize(st.ids.size());
+  // Grows to the largest batch seen, then never again: the bag, and the rows
+  // of every lookup that reads it.
+  LookupState& bag = lookups_[l];
+  bag.ids.resize(std::max(need + kIdSlack, 2 * bag.ids.size()));
+  if (spec_.lookups[l].weighted) bag.weights.resize(bag.ids.size());
+  for (size_t m = l; m < lookups_.size(); ++m) {
+    if (bag_of_[m] != static_cast<int>(l)) continue;
+    LookupState& st = lookups_[m];
+    const int64_t dim = spec_.lookups[m].dim;
+    st.rows.resize(bag.ids.size() * dim);
+    st.row_grads.resize(bag.ids.size() * dim);
+    st.addresses.resize(bag.ids.size());
+  }
 }
 
 void Model::LoadRecord(const Dataset& data, int64_t r, int64_t slot, const PackedRecords* packed) {
@@ -444,6 +459,7 @@ void Model::LoadRecord(const Dataset& data, int64_t r, int64_t slot, const Packe
     return;
   }
   for (size_t l = 0; l < lookups_.size(); ++l) {
+    if (bag_of_[l] != static_cast<int>(l)) continue;
     const Lookup& lk = spec_.lookups[l];
     LookupState& st = lookups_[l];
     const SparseField& f = data.fields[lk.data_field];
@@ -465,9 +481,11 @@ void Model::LoadPackedIds(const PackedRecords& packed, int64_t r, int64_t slot) 
   // Whole chunks of kIdSlack + 1 ids: EnsureIds leaves room for the last
   // one's overshoot, and PackRecords pads the words so the last block's
   // chunk is in them (kIdSlack words hold kIdSlack narrow ids and more).
+  size_t k = 0;  // the bag's index in the block
   for (size_t l = 0; l < lookups_.size(); ++l) {
+    if (bag_of_[l] != static_cast<int>(l)) continue;
     LookupState& st = lookups_[l];
-    const uint32_t c = BlockCount(block, l);
+    const uint32_t c = BlockCount(block, k);
     EnsureIds(l, st.count + c);
     uint64_t* to = st.ids.data() + st.count;
     if (packed.narrow_ids) {
@@ -481,7 +499,7 @@ void Model::LoadPackedIds(const PackedRecords& packed, int64_t r, int64_t slot) 
       for (uint32_t i = 0; i < c; i += kChunk) std::memcpy(to + i, ids + i * sizeof(uint64_t), kChunk * sizeof(uint64_t));
       ids += c * sizeof(uint64_t);
     }
-    if (packed.weighted[l]) {
+    if (packed.weighted[k++]) {
       // (GrowLookup keeps a weighted lookup's weights as long as its ids.)
       std::memcpy(st.weights.data() + st.count, ids, c * sizeof(float));
       ids += c * sizeof(float);
@@ -540,29 +558,33 @@ int64_t Model::ChooseStrideWords(const std::vector<int64_t>& words_histogram, ui
 std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t stride_bytes) const {
   PackedRecords p;
   p.records = data.count;
-  const size_t nl = lookups_.size();
-  if (nl > 0) {
-    p.num_lookups = static_cast<int>(nl);
+  // The lookups with ids of their own (the bags), bag k's lookup bags[k].
+  std::vector<size_t> bags;
+  for (size_t l = 0; l < lookups_.size(); ++l) {
+    if (bag_of_[l] == static_cast<int>(l)) bags.push_back(l);
+  }
+  const size_t nb = bags.size();
+  if (nb > 0) {
+    p.num_bags = static_cast<int>(nb);
     // A weighted lookup's weights, where its field has them, follow its ids.
-    p.weighted.assign(nl, 0);
-    for (size_t l = 0; l < nl; ++l) {
-      p.weighted[l] = spec_.lookups[l].weighted && !data.fields[spec_.lookups[l].data_field].weights.empty();
+    p.weighted.assign(nb, 0);
+    for (size_t k = 0; k < nb; ++k) {
+      const Lookup& lk = spec_.lookups[bags[k]];
+      p.weighted[k] = lk.weighted && !data.fields[lk.data_field].weights.empty();
     }
     p.narrow_ids = true;
-    for (size_t l = 0; l < nl; ++l) {
-      p.narrow_ids = p.narrow_ids && static_rows_[l] > 0 && static_rows_[l] <= (int64_t{1} << 32);
-    }
+    for (size_t l : bags) p.narrow_ids = p.narrow_ids && static_rows_[l] > 0 && static_rows_[l] <= (int64_t{1} << 32);
     const bool regression = head_ == HeadType::kRegression;
     p.inline_label = regression ? !data.targets.empty() : !data.labels.empty();
-    p.head_words = static_cast<int>((nl + (p.inline_label ? 1 : 0) + 1) / 2);
-    // Each block's words: its head, then each lookup's ids (two a word when
+    p.head_words = static_cast<int>((nb + (p.inline_label ? 1 : 0) + 1) / 2);
+    // Each block's words: its head, then each bag's ids (two a word when
     // narrow) and weights (floats), the last word padded.
     const uint64_t id_bytes = p.narrow_ids ? sizeof(uint32_t) : sizeof(uint64_t);
     auto block_words = [&](int64_t r) {
       uint64_t bytes = 0;
-      for (size_t l = 0; l < nl; ++l) {
-        const uint64_t c = static_cast<uint64_t>(data.fields[spec_.lookups[l].data_field].size(r));
-        bytes += c * (id_bytes + (p.weighted[l] ? sizeof(float) : 0));
+      for (size_t k = 0; k < nb; ++k) {
+        const uint64_t c = static_cast<uint64_t>(data.fields[spec_.lookups[bags[k]].data_field].size(r));
+        bytes += c * (id_bytes + (p.weighted[k] ? sizeof(float) : 0));
       }
       return static_cast<uint64_t>(p.head_words) + (bytes + sizeof(uint64_t) - 1) / sizeof(uint64_t);
     };
@@ -611,11 +633,12 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
       }
       char* head = reinterpret_cast<char*>(p.words.data() + to);
       char* ids = head + p.head_words * sizeof(uint64_t);
-      for (size_t l = 0; l < nl; ++l) {
+      for (size_t k = 0; k < nb; ++k) {
+        const size_t l = bags[k];
         const SparseField& f = data.fields[spec_.lookups[l].data_field];
         const int64_t b = f.offsets[r], e = f.offsets[r + 1];
         const uint32_t c = static_cast<uint32_t>(e - b);
-        std::memcpy(head + l * sizeof(uint32_t), &c, sizeof(c));
+        std::memcpy(head + k * sizeof(uint32_t), &c, sizeof(c));
         for (int64_t i = b; i < e; ++i) {
           const uint64_t id = StoreId(f.ids[i], static_rows_[l]);
           if (p.narrow_ids) {
@@ -626,7 +649,7 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
           }
           ids += id_bytes;
         }
-        if (p.weighted[l] && c > 0) {
+        if (p.weighted[k] && c > 0) {
           std::memcpy(ids, f.weights.data() + b, c * sizeof(float));
           ids += c * sizeof(float);
         }
@@ -638,7 +661,7 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
         } else {
           std::memcpy(&label, &data.labels[r], sizeof(label));
         }
-        std::memcpy(head + nl * sizeof(uint32_t), &label, sizeof(label));
+        std::memcpy(head + nb * sizeof(uint32_t), &label, sizeof(label));
       }
     }
     if (stride == 0) p.start[data.count] = at;
@@ -669,7 +692,9 @@ void Model::FinishLoad(int64_t n) {
     std::fill(labels_.begin() + n, labels_.end(), 0);
     std::fill(targets_.begin() + n, targets_.end(), 0.0f);
     for (int64_t s = n; s < batch_; ++s) label_offsets_[s + 1] = label_offsets_[n];
-    for (LookupState& st : lookups_) {
+    for (size_t l = 0; l < lookups_.size(); ++l) {
+      if (bag_of_[l] != static_cast<int>(l)) continue;
+      LookupState& st = lookups_[l];
       for (int64_t s = n; s < batch_; ++s) st.offsets[s + 1] = static_cast<int64_t>(st.count);
     }
   }
@@ -902,18 +927,18 @@ void Model::PoolLookups() {
     const Lookup& lk = spec_.lookups[l];
     if (lk.wide) continue;
     LookupState& st = lookups_[l];
-    const float* weights = BatchWeights(st);
+    const int64_t* offsets = BagState(l).offsets.data();
+    const float* weights = BatchWeights(BagState(l));
     if (st.in_place && spec_.tables[lk.table].bf16) {
       any_in_place = true;
       HogwildEmbeddingBagForwardBf16(reinterpret_cast<const uint16_t* const*>(st.addresses.data()), lk.dim,
-                                     st.offsets.data(), weights, batch_, lk.pooling, z_.data() + st.z_offset, zw);
+                                     offsets, weights, batch_, lk.pooling, z_.data() + st.z_offset, zw);
     } else if (st.in_place) {
       any_in_place = true;
-      HogwildEmbeddingBagForward(st.addresses.data(), lk.dim, st.offsets.data(), weights, batch_, lk.pooling,
+      HogwildEmbeddingBagForward(st.addresses.data(), lk.dim, offsets, weights, batch_, lk.pooling,
                                  z_.data() + st.z_offset, zw);
     } else {
-      EmbeddingBagForward(st.rows.data(), lk.dim, st.offsets.data(), weights, batch_, lk.pooling,
-                          z_.data() + st.z_offset, zw);
+      EmbeddingBagForward(st.rows.data(), lk.dim, offsets, weights, batch_, lk.pooling, z_.data() + st.z_offset, zw);
     }
   }
   if (any_in_place) {
@@ -926,9 +951,8 @@ void Model::AddWide() {
   for (size_t l = 0; l < lookups_.size(); ++l) {
     const Lookup& lk = spec_.lookups[l];
     if (!lk.wide) continue;
-    LookupState& st = lookups_[l];
-    EmbeddingBagForward(st.rows.data(), k, st.offsets.data(), BatchWeights(st), batch_, Pooling::kSum,
-                        wide_tmp_.data(), k);
+    EmbeddingBagForward(lookups_[l].rows.data(), k, BagState(l).offsets.data(), BatchWeights(BagState(l)), batch_,
+                        Pooling::kSum, wide_tmp_.data(), k);
     for (int64_t i = 0; i < batch_ * k; ++i) logits_[i] += wide_tmp_[i];
   }
 }
@@ -973,9 +997,8 @@ LossResult Model::Backward(int64_t valid, const dnnl::stream& stream, GradientRe
   for (size_t l = 0; l < lookups_.size(); ++l) {
     const Lookup& lk = spec_.lookups[l];
     if (!lk.wide) continue;
-    LookupState& st = lookups_[l];
-    EmbeddingBagBackward(dlogits_, k, k, st.offsets.data(), BatchWeights(st), batch_, valid, Pooling::kSum,
-                         st.row_grads.data(), sparse_scale);
+    EmbeddingBagBackward(dlogits_, k, k, BagState(l).offsets.data(), BatchWeights(BagState(l)), batch_, valid,
+                         Pooling::kSum, lookups_[l].row_grads.data(), sparse_scale);
   }
   if (dense_scale != 1.0f) {
     for (int64_t i = 0; i < valid * k; ++i) dlogits_[i] *= dense_scale;
@@ -1003,8 +1026,8 @@ LossResult Model::Backward(int64_t valid, const dnnl::stream& stream, GradientRe
     if (lk.wide) continue;
     LookupState& st = lookups_[l];
     if (st.in_place) continue;  // ApplyRowSgd reads dz_
-    EmbeddingBagBackward(dz_.data() + st.z_offset, zw, lk.dim, st.offsets.data(),
-                         BatchWeights(st), batch_, valid, lk.pooling, st.row_grads.data(),
+    EmbeddingBagBackward(dz_.data() + st.z_offset, zw, lk.dim, BagState(l).offsets.data(),
+                         BatchWeights(BagState(l)), batch_, valid, lk.pooling, st.row_grads.data(),
                          sparse_scale / dense_scale);
   }
   if (rows_ready_) rows_ready_();
@@ -1034,7 +1057,7 @@ bool Model::UseRowAddresses(int l, bool use) {
 
 void Model::PrefetchRowsInPlace(int l) const {
   const LookupState& st = lookups_[l];
-  for (size_t i = 0; i < st.count; ++i) PrefetchLineForWrite(st.addresses[i]);
+  for (size_t i = 0; i < BagState(l).count; ++i) PrefetchLineForWrite(st.addresses[i]);
 }
 
 void Model::PrefetchRowsForUpdate() const {
@@ -1052,12 +1075,12 @@ void Model::ApplyRowSgd(int l, float lr) {
   if (spec_.tables[lk.table].bf16) {
     // Stochastic rounding: a new seed per call, from this model's seed.
     const uint64_t seed = SplitMix64Mix(rng_seed_ + 0x9E3779B97F4A7C15ull * ++row_sgd_calls_);
-    HogwildEmbeddingBagSgdBf16(reinterpret_cast<uint16_t* const*>(st.addresses.data()), lk.dim, st.offsets.data(),
-                               BatchWeights(st), batch_, valid_, lk.pooling,
+    HogwildEmbeddingBagSgdBf16(reinterpret_cast<uint16_t* const*>(st.addresses.data()), lk.dim,
+                               BagState(l).offsets.data(), BatchWeights(BagState(l)), batch_, valid_, lk.pooling,
                                dz_.data() + st.z_offset, zw, row_grad_scale_, lr, seed);
     return;
   }
-  HogwildEmbeddingBagSgd(st.addresses.data(), lk.dim, st.offsets.data(), BatchWeights(st),
+  HogwildEmbeddingBagSgd(st.addresses.data(), lk.dim, BagState(l).offsets.data(), BatchWeights(BagState(l)),
                          batch_, valid_, lk.pooling, dz_.data() + st.z_offset, zw, row_grad_scale_, lr);
 }
 

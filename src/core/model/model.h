@@ -93,10 +93,10 @@ struct ModelSpec {
 //     memory traffic of the floats; a load computes k / 255.0f again, so the
 //     batch holds the very same floats.
 struct PackedRecords {
-  // Record r's block: head_words words of uint32 slots, one count per lookup
-  // (lookup order, little end first) and, where `inline_label`, the record's
+  // Record r's block: head_words words of uint32 slots, one count per bag
+  // (num_bags; little end first) and, where `inline_label`, the record's
   // label (int32; a regression head's target as float bits) after them;
-  // then those counts' store ids, lookup after lookup: uint32 each where
+  // then those counts' store ids, bag after bag: uint32 each where
   // `narrow_ids` (every lookup's table is static with at most 2^32 rows, so
   // its store ids fit), else uint64, each lookup's followed by its weights
   // (floats) where `weighted`; the block padded to whole words. The narrow
@@ -125,10 +125,12 @@ struct PackedRecords {
   // Blocks after the slots (stride_words > 0): LoadBatch looks for them only
   // where there are some.
   int64_t overflow_blocks = 0;
-  int num_lookups = 0;
-  // [num_lookups] where ids are packed: 1 where lookup l's weights (floats,
-  // as many as its ids) follow its ids in each block, a weighted lookup
-  // whose field has them.
+  // The lookups with ids of their own (Model::bag_of(l) == l), in order: a
+  // block holds theirs, bag k's count and ids k-th.
+  int num_bags = 0;
+  // [num_bags] where ids are packed: 1 where bag k's weights (floats, as
+  // many as its ids) follow its ids in each block, a weighted lookup whose
+  // field has them.
   std::vector<uint8_t> weighted;
   int head_words = 0;
   bool narrow_ids = false;
@@ -198,7 +200,13 @@ class Model {
   const Lookup& lookup(int l) const { return spec_.lookups[l]; }
   // After LoadBatch: the store ids of lookup l's table for this batch (a
   // static table's id is the raw id % rows), all bags one after another.
-  absl::Span<const uint64_t> ids(int l) const { return {lookups_[l].ids.data(), lookups_[l].count}; }
+  absl::Span<const uint64_t> ids(int l) const { return {BagState(l).ids.data(), BagState(l).count}; }
+  // The lookup whose ids (and offsets and weights) lookup l reads: l itself,
+  // or an earlier lookup of the same field, through a table of the same
+  // rows (static) or kind (dynamic), equally weighted, whose store ids are
+  // then the same (Wide & Deep's wide part over the deep part's fields):
+  // loaded and packed once for both.
+  int bag_of(int l) const { return bag_of_[l]; }
   // Where the caller puts the pulled rows of ids(l) ([ids(l).size() x dim]).
   float* rows(int l) { return lookups_[l].rows.data(); }
   // After Backward: the gradient of each row of ids(l) (same layout).
@@ -332,14 +340,17 @@ class Model {
  private:
   class Tower;
   struct LookupState {
+    // The bag part: what a batch loads (read through BagState(l); empty for a
+    // lookup that reads another's, bag_of_).
     std::vector<uint64_t> ids;
     std::vector<int64_t> offsets;     // [batch + 1], relative to ids
     std::vector<float> weights;       // empty when not weighted
     bool has_weights = false;         // the batch's weights are in `weights`; otherwise each is 1 (BatchWeights)
+    size_t count = 0;                 // ids of this batch
+    // The rows part, the lookup's own.
     std::vector<float> rows, row_grads;
     std::vector<float*> addresses;    // [ids.size()] the rows in the store (in_place)
     bool in_place = false;            // UseRowAddresses
-    size_t count = 0;                 // ids of this batch
     int64_t z_offset = 0;             // where its pooled vector goes in a row of z_ (deep lookups)
   };
   Model() = default;
@@ -362,6 +373,8 @@ class Model {
   void EnsureIds(size_t l, size_t need) {
     if (lookups_[l].ids.size() < need + kIdSlack) GrowLookup(l, need);
   }
+  // Lookup l's bag part (LookupState): its own or the one it reads (bag_of_).
+  const LookupState& BagState(size_t l) const { return lookups_[bag_of_[l]]; }
   void GrowLookup(size_t l, size_t need);
   // Lookup l's id count in a packed block (PackedRecords).
   static uint32_t BlockCount(const uint64_t* block, size_t l) {
@@ -408,6 +421,7 @@ class Model {
   std::vector<int64_t> label_offsets_;
   std::vector<int32_t> label_sets_;
   std::vector<LookupState> lookups_;
+  std::vector<int> bag_of_;           // per lookup: bag_of(l)
   std::vector<float> z_, dz_;         // interaction input (dot) or the top's input (concat) and its gradient
   std::vector<float> inter_, dinter_; // the top tower's input and gradient (dot interactions)
   std::vector<float> wide_tmp_;       // [batch, outputs] one wide lookup's pooled term

@@ -333,13 +333,90 @@ TEST_F(ModelTest, PackedRecordsLoadAsTheFieldsDo) {
     const std::unique_ptr<Model> m = Make(opts, d, 8);
     ASSERT_TRUE(m);
     EXPECT_EQ(packed->records, d.count);
-    EXPECT_EQ(packed->num_lookups, m->num_lookups());
-    // Lookups a, b, c, then the wide part's a and b: only "a" is weighted.
+    // Lookups a, b, c, then the wide part's a and b, each with ids of its
+    // own (the wide tables' rows differ from ta's): only "a" is weighted.
+    EXPECT_EQ(packed->num_bags, m->num_lookups());
     ASSERT_EQ(packed->weighted.size(), static_cast<size_t>(m->num_lookups()));
     for (int l = 0; l < m->num_lookups(); ++l) {
+      EXPECT_EQ(m->bag_of(l), l);
       EXPECT_EQ(packed->weighted[l] != 0, weights && m->lookup(l).weighted && m->lookup(l).data_field == 0) << l;
     }
   }
+}
+
+// A wide lookup of a deep lookup's field, through a table of as many rows
+// (Wide & Deep's), reads the deep lookup's ids: loaded and packed once. The
+// model computes what it computes over copies of those fields under other
+// names (no lookup shares): the same ids, logits and gradients, bit for bit,
+// loaded from the fields and from packed records.
+TEST_F(ModelTest, WideLookupsOfDeepFieldsThroughTablesOfTheSameRowsShareTheirIds) {
+  const Dataset d = SmallData(40, 2, 3, false, 3, /*max_b=*/5);
+  ModelOptions shared = SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, /*wide=*/true, /*bottom=*/true);
+  shared.wide_rows = 5;  // ta's rows
+  Dataset copies = d;
+  for (const char* f : {"a", "b"}) {
+    SparseField copy = d.fields[f[0] - 'a'];
+    copy.name = absl::StrCat("w", f);
+    copies.fields.push_back(copy);
+  }
+  ModelOptions apart = shared;
+  apart.wide = {"wa", "wb"};
+  constexpr int64_t kBatch = 8;
+  const std::unique_ptr<Model> a = Make(shared, d, kBatch), b = Make(apart, copies, kBatch);
+  ASSERT_TRUE(a && b);
+  // Lookups a, b, c, wide a, wide b.
+  EXPECT_EQ(std::vector<int>({a->bag_of(0), a->bag_of(1), a->bag_of(2), a->bag_of(3), a->bag_of(4)}),
+            std::vector<int>({0, 1, 2, 0, 1}));
+  EXPECT_EQ(std::vector<int>({b->bag_of(0), b->bag_of(1), b->bag_of(2), b->bag_of(3), b->bag_of(4)}),
+            std::vector<int>({0, 1, 2, 3, 4}));
+  const std::optional<PackedRecords> packed_a = a->PackRecords(d), packed_b = b->PackRecords(copies);
+  ASSERT_TRUE(packed_a.has_value() && packed_a->has_ids());
+  ASSERT_TRUE(packed_b.has_value() && packed_b->has_ids());
+  EXPECT_EQ(packed_a->num_bags, 3);
+  EXPECT_EQ(packed_b->num_bags, 5);
+  EXPECT_LT(packed_a->words.size(), packed_b->words.size());
+  const std::vector<std::vector<int32_t>> batches = {{39, 0, 17, 17, 5, 22, 8, 31}, {3}, {12, 1, 30}};
+  for (bool packed : {false, true}) {
+    for (size_t i = 0; i < batches.size(); ++i) {
+      const std::string what = absl::StrCat(packed ? "packed" : "fields", ", batch ", i);
+      const int64_t n = static_cast<int64_t>(batches[i].size());
+      a->LoadBatch(d, batches[i].data(), n, packed ? &*packed_a : nullptr);
+      b->LoadBatch(copies, batches[i].data(), n, packed ? &*packed_b : nullptr);
+      std::vector<std::vector<float>> logits, grads, row_grads;
+      for (Model* x : {a.get(), b.get()}) {
+        std::mt19937 rng(4);
+        std::uniform_real_distribution<float> u(-0.8f, 0.8f);
+        for (int v = 0; v < x->num_variables(); ++v) {
+          for (int64_t k = 0; k < x->variable(v).size(); ++k) x->params(v)[k] = u(rng);
+        }
+        for (int l = 0; l < x->num_lookups(); ++l) {
+          for (size_t k = 0; k < x->ids(l).size() * x->lookup(l).dim; ++k) x->rows(l)[k] = u(rng);
+        }
+        x->Forward(true, stream_);
+        logits.emplace_back(x->logits(), x->logits() + kBatch * 3);
+        x->Backward(n, stream_);
+        std::vector<float> g, rg;
+        for (int v = 0; v < x->num_variables(); ++v) {
+          g.insert(g.end(), x->grads(v), x->grads(v) + x->variable(v).size());
+        }
+        for (int l = 0; l < x->num_lookups(); ++l) {
+          rg.insert(rg.end(), x->row_grads(l), x->row_grads(l) + x->ids(l).size() * x->lookup(l).dim);
+        }
+        grads.push_back(g);
+        row_grads.push_back(rg);
+      }
+      for (int l = 0; l < a->num_lookups(); ++l) {
+        EXPECT_EQ(std::vector<uint64_t>(a->ids(l).begin(), a->ids(l).end()),
+                  std::vector<uint64_t>(b->ids(l).begin(), b->ids(l).end()))
+            << "lookup " << l << ", " << what;
+      }
+      EXPECT_EQ(logits[0], logits[1]) << what;
+      EXPECT_EQ(grads[0], grads[1]) << what;
+      EXPECT_EQ(row_grads[0], row_grads[1]) << what;
+    }
+  }
+  // And packed as the fields load, in every layout.
+  EXPECT_TRUE(ExpectPackedLoadsAsFields(shared, d, kBatch, 3, batches).has_value());
 }
 
 // Where every table is static with at most 2^32 rows, the packed ids are
