@@ -89,6 +89,14 @@ class PullPolicyTest : public ::testing::Test {
     return *std::move(w);
   }
 
+  // The config a task runner of this fixture's model reads.
+  Config TaskConfig() const {
+    Config config;
+    config.train.batch_size = kBatch;
+    config.optimizer = opt_;
+    return config;
+  }
+
   // Trains `records` records in one Train call (ceil(records / batch) steps).
   absl::Status TrainRecords(Worker& w, int64_t records) {
     return w.Train(order_.data(), records, /*max_steps=*/-1, opt_, 0, 1, nullptr);
@@ -224,9 +232,7 @@ TEST_F(PullPolicyTest, ATaskRunnerTrainsATaskInOneRange) {
   DenseCallStore store(store_.get(), std::chrono::milliseconds(0));
   std::unique_ptr<Worker> w = MakeWorker(&store, WorkerUpdateOptions{});
   ASSERT_NE(w, nullptr);
-  Config config;
-  config.train.batch_size = kBatch;
-  config.optimizer = opt_;
+  const Config config = TaskConfig();
   TaskRunner runner(config, *w, data_, nullptr);
   int heartbeats = 0;
   // task <lease> <epoch> <first> <count> <progress_begin> <per_step>: 10 steps.
@@ -248,9 +254,7 @@ TEST_F(PullPolicyTest, ATaskRunnerSendsHeartbeatsBetweenStepsAndStopsWhenThePare
     DenseCallStore store(store_.get(), std::chrono::milliseconds(400));
     std::unique_ptr<Worker> w = MakeWorker(&store, WorkerUpdateOptions{});
     ASSERT_NE(w, nullptr);
-    Config config;
-    config.train.batch_size = kBatch;
-    config.optimizer = opt_;
+    const Config config = TaskConfig();
     TaskRunner runner(config, *w, data_, nullptr);
     int heartbeats = 0;
     const std::optional<std::string> reply = runner.Run("task 3 1 0 80 0 0.01", [&] {

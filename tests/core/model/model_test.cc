@@ -84,6 +84,13 @@ ModelOptions SmallOptions(Interaction interaction, HeadType head, int64_t output
   return m;
 }
 
+// Each float's bits: comparing them tells -0 from 0 and a NaN from itself.
+std::vector<uint32_t> Bits(const std::vector<float>& v) {
+  std::vector<uint32_t> out;
+  for (float f : v) out.push_back(std::bit_cast<uint32_t>(f));
+  return out;
+}
+
 // Batches of `size` records spread over a data set of `count`: the one
 // starting at record r holds r, r + gap, r + 2 gap, ... (mod count), for r
 // = 0, size, 2 size, ... up to count.
@@ -194,6 +201,35 @@ class ModelTest : public ::testing::Test {
       if (stride == Model::kAutoStride) chosen = std::move(packed);
     }
     return chosen;
+  }
+
+  // What one training step of a loaded batch gives: the logits, the dense
+  // gradients and every lookup's row gradients, each one after another.
+  struct StepResult {
+    std::vector<float> logits, grads, row_grads;
+  };
+  // Fills x's parameters, then the loaded batch's rows, from one fixed seed,
+  // and runs a training forward and backward over `valid` records.
+  StepResult TrainStep(Model& x, int64_t valid) {
+    std::mt19937 rng(4);
+    std::uniform_real_distribution<float> u(-0.8f, 0.8f);
+    for (int v = 0; v < x.num_variables(); ++v) {
+      for (int64_t i = 0; i < x.variable(v).size(); ++i) x.params(v)[i] = u(rng);
+    }
+    for (int l = 0; l < x.num_lookups(); ++l) {
+      for (size_t i = 0; i < x.ids(l).size() * x.lookup(l).dim; ++i) x.rows(l)[i] = u(rng);
+    }
+    x.Forward(true, stream_);
+    StepResult r;
+    r.logits.assign(x.logits(), x.logits() + x.batch() * x.outputs());
+    x.Backward(valid, stream_);
+    for (int v = 0; v < x.num_variables(); ++v) {
+      r.grads.insert(r.grads.end(), x.grads(v), x.grads(v) + x.variable(v).size());
+    }
+    for (int l = 0; l < x.num_lookups(); ++l) {
+      r.row_grads.insert(r.row_grads.end(), x.row_grads(l), x.row_grads(l) + x.ids(l).size() * x.lookup(l).dim);
+    }
+    return r;
   }
 
   std::map<int64_t, int64_t> overflowing_;
@@ -382,37 +418,15 @@ TEST_F(ModelTest, WideLookupsOfDeepFieldsThroughTablesOfTheSameRowsShareTheirIds
       const int64_t n = static_cast<int64_t>(batches[i].size());
       a->LoadBatch(d, batches[i].data(), n, packed ? &*packed_a : nullptr);
       b->LoadBatch(copies, batches[i].data(), n, packed ? &*packed_b : nullptr);
-      std::vector<std::vector<float>> logits, grads, row_grads;
-      for (Model* x : {a.get(), b.get()}) {
-        std::mt19937 rng(4);
-        std::uniform_real_distribution<float> u(-0.8f, 0.8f);
-        for (int v = 0; v < x->num_variables(); ++v) {
-          for (int64_t k = 0; k < x->variable(v).size(); ++k) x->params(v)[k] = u(rng);
-        }
-        for (int l = 0; l < x->num_lookups(); ++l) {
-          for (size_t k = 0; k < x->ids(l).size() * x->lookup(l).dim; ++k) x->rows(l)[k] = u(rng);
-        }
-        x->Forward(true, stream_);
-        logits.emplace_back(x->logits(), x->logits() + kBatch * 3);
-        x->Backward(n, stream_);
-        std::vector<float> g, rg;
-        for (int v = 0; v < x->num_variables(); ++v) {
-          g.insert(g.end(), x->grads(v), x->grads(v) + x->variable(v).size());
-        }
-        for (int l = 0; l < x->num_lookups(); ++l) {
-          rg.insert(rg.end(), x->row_grads(l), x->row_grads(l) + x->ids(l).size() * x->lookup(l).dim);
-        }
-        grads.push_back(g);
-        row_grads.push_back(rg);
-      }
       for (int l = 0; l < a->num_lookups(); ++l) {
         EXPECT_EQ(std::vector<uint64_t>(a->ids(l).begin(), a->ids(l).end()),
                   std::vector<uint64_t>(b->ids(l).begin(), b->ids(l).end()))
             << "lookup " << l << ", " << what;
       }
-      EXPECT_EQ(logits[0], logits[1]) << what;
-      EXPECT_EQ(grads[0], grads[1]) << what;
-      EXPECT_EQ(row_grads[0], row_grads[1]) << what;
+      const StepResult ra = TrainStep(*a, n), rb = TrainStep(*b, n);
+      EXPECT_EQ(Bits(ra.logits), Bits(rb.logits)) << what;
+      EXPECT_EQ(Bits(ra.grads), Bits(rb.grads)) << what;
+      EXPECT_EQ(Bits(ra.row_grads), Bits(rb.row_grads)) << what;
     }
   }
   // And packed as the fields load, in every layout.
@@ -634,42 +648,18 @@ TEST_F(ModelTest, AWeightedFieldWithoutWeightsWeighsEachIdOne) {
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
   const int32_t records[] = {7, 2, 11, 2};
-  std::vector<std::vector<float>> logits, grads, row_grads;
-  for (Model* x : {&**a, &**b}) {
-    std::mt19937 rng(4);
-    std::uniform_real_distribution<float> u(-0.8f, 0.8f);
-    for (int v = 0; v < x->num_variables(); ++v) {
-      for (int64_t i = 0; i < x->variable(v).size(); ++i) x->params(v)[i] = u(rng);
-    }
-    x->LoadBatch(x == &**a ? none : ones, records, kValid);
-    for (int l = 0; l < x->num_lookups(); ++l) {
-      for (size_t i = 0; i < x->ids(l).size() * x->lookup(l).dim; ++i) x->rows(l)[i] = u(rng);
-    }
-    x->Forward(true, stream_);
-    logits.emplace_back(x->logits(), x->logits() + kBatch * 3);
-    x->Backward(kValid, stream_);
-    std::vector<float> g, rg;
-    for (int v = 0; v < x->num_variables(); ++v) g.insert(g.end(), x->grads(v), x->grads(v) + x->variable(v).size());
-    for (int l = 0; l < x->num_lookups(); ++l) {
-      rg.insert(rg.end(), x->row_grads(l), x->row_grads(l) + x->ids(l).size() * x->lookup(l).dim);
-    }
-    grads.push_back(g);
-    row_grads.push_back(rg);
-  }
-  auto bits = [](const std::vector<float>& v) {
-    std::vector<uint32_t> out;
-    for (float f : v) out.push_back(std::bit_cast<uint32_t>(f));
-    return out;
-  };
-  EXPECT_EQ(bits(logits[0]), bits(logits[1]));
-  EXPECT_EQ(bits(grads[0]), bits(grads[1]));
-  EXPECT_EQ(bits(row_grads[0]), bits(row_grads[1]));
+  (*a)->LoadBatch(none, records, kValid);
+  (*b)->LoadBatch(ones, records, kValid);
+  const StepResult ra = TrainStep(**a, kValid), rb = TrainStep(**b, kValid);
+  EXPECT_EQ(Bits(ra.logits), Bits(rb.logits));
+  EXPECT_EQ(Bits(ra.grads), Bits(rb.grads));
+  EXPECT_EQ(Bits(ra.row_grads), Bits(rb.row_grads));
   // And the weights do count where they are not all 1.
   Dataset halves = ones;
   halves.fields[0].weights.assign(halves.fields[0].ids.size(), 0.5f);
   (*b)->LoadBatch(halves, records, kValid);
   (*b)->Forward(true, stream_);
-  EXPECT_NE(bits(std::vector<float>((*b)->logits(), (*b)->logits() + kBatch * 3)), bits(logits[0]));
+  EXPECT_NE(Bits(std::vector<float>((*b)->logits(), (*b)->logits() + kBatch * 3)), Bits(ra.logits));
 }
 
 // Dense values that are all k / 255.0f (IDX pixels) pack as bytes and load
