@@ -2,6 +2,7 @@
 // copy of the parameters.
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -89,12 +90,18 @@ class PullPolicyTest : public ::testing::Test {
     return *std::move(w);
   }
 
-  // The config a task runner of this fixture's model reads.
-  Config TaskConfig() const {
+  // Runs the task `line` on a task runner of this fixture's model over
+  // `store`, with `heartbeat`: its reply (TaskRunner::Run).
+  std::optional<std::string> RunTask(ParamStore* store, const std::string& line,
+                                     const std::function<bool()>& heartbeat) {
+    std::unique_ptr<Worker> w = MakeWorker(store, WorkerUpdateOptions{});
+    EXPECT_NE(w, nullptr);
+    if (!w) return std::nullopt;
     Config config;
     config.train.batch_size = kBatch;
     config.optimizer = opt_;
-    return config;
+    TaskRunner runner(config, *w, data_, nullptr);
+    return runner.Run(line, heartbeat);
   }
 
   // Trains `records` records in one Train call (ceil(records / batch) steps).
@@ -230,13 +237,8 @@ class DenseCallStore final : public ParamStore {
 // call (a call a step would pull and push apart every step: "LD" 10 times).
 TEST_F(PullPolicyTest, ATaskRunnerTrainsATaskInOneRange) {
   DenseCallStore store(store_.get(), std::chrono::milliseconds(0));
-  std::unique_ptr<Worker> w = MakeWorker(&store, WorkerUpdateOptions{});
-  ASSERT_NE(w, nullptr);
-  const Config config = TaskConfig();
-  TaskRunner runner(config, *w, data_, nullptr);
-  int heartbeats = 0;
   // task <lease> <epoch> <first> <count> <progress_begin> <per_step>: 10 steps.
-  const std::optional<std::string> reply = runner.Run("task 7 1 0 160 0 0.01", [&] { return ++heartbeats > 0; });
+  const std::optional<std::string> reply = RunTask(&store, "task 7 1 0 160 0 0.01", [] { return true; });
   ASSERT_TRUE(reply.has_value());
   EXPECT_TRUE(absl::StartsWith(*reply, "done 7 160 10 ")) << *reply;
   EXPECT_EQ(store.calls(), "LFFFFFFFFFD");
@@ -252,12 +254,8 @@ TEST_F(PullPolicyTest, ATaskRunnerSendsHeartbeatsBetweenStepsAndStopsWhenThePare
     // 5 steps of at least 0.4 s each: at least one heartbeat, by the third
     // step's end at the latest.
     DenseCallStore store(store_.get(), std::chrono::milliseconds(400));
-    std::unique_ptr<Worker> w = MakeWorker(&store, WorkerUpdateOptions{});
-    ASSERT_NE(w, nullptr);
-    const Config config = TaskConfig();
-    TaskRunner runner(config, *w, data_, nullptr);
     int heartbeats = 0;
-    const std::optional<std::string> reply = runner.Run("task 3 1 0 80 0 0.01", [&] {
+    const std::optional<std::string> reply = RunTask(&store, "task 3 1 0 80 0 0.01", [&] {
       ++heartbeats;
       return parent_there;
     });

@@ -346,16 +346,18 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelOptions& given, 
       st.z_offset = at;
       at += lk.dim;
     }
-    // The first lookup whose store ids are this one's (bag_of).
+    // The first lookup with ids of its own whose store ids are this one's
+    // (bag_of), else this one.
     int bag = static_cast<int>(l);
-    for (size_t e = 0; e < l && bag == static_cast<int>(l); ++e) {
+    for (size_t e : m->bags_) {
       const Lookup& o = m->spec_.lookups[e];
-      if (m->bag_of_[e] == static_cast<int>(e) && o.data_field == lk.data_field && o.weighted == lk.weighted &&
-          m->static_rows_[e] == m->static_rows_[l]) {
+      if (o.data_field == lk.data_field && o.weighted == lk.weighted && m->static_rows_[e] == m->static_rows_[l]) {
         bag = static_cast<int>(e);
+        break;
       }
     }
     m->bag_of_.push_back(bag);
+    if (bag == static_cast<int>(l)) m->bags_.push_back(l);
   }
   m->direct_ = m->interaction_ == Interaction::kConcat && deep == 0;
   if (!m->direct_) {
@@ -458,8 +460,7 @@ void Model::LoadRecord(const Dataset& data, int64_t r, int64_t slot, const Packe
     LoadPackedIds(*packed, r, slot);
     return;
   }
-  for (size_t l = 0; l < lookups_.size(); ++l) {
-    if (bag_of_[l] != static_cast<int>(l)) continue;
+  for (size_t l : bags_) {
     const Lookup& lk = spec_.lookups[l];
     LookupState& st = lookups_[l];
     const SparseField& f = data.fields[lk.data_field];
@@ -481,9 +482,8 @@ void Model::LoadPackedIds(const PackedRecords& packed, int64_t r, int64_t slot) 
   // Whole chunks of kIdSlack + 1 ids: EnsureIds leaves room for the last
   // one's overshoot, and PackRecords pads the words so the last block's
   // chunk is in them (kIdSlack words hold kIdSlack narrow ids and more).
-  size_t k = 0;  // the bag's index in the block
-  for (size_t l = 0; l < lookups_.size(); ++l) {
-    if (bag_of_[l] != static_cast<int>(l)) continue;
+  for (size_t k = 0; k < bags_.size(); ++k) {
+    const size_t l = bags_[k];
     LookupState& st = lookups_[l];
     const uint32_t c = BlockCount(block, k);
     EnsureIds(l, st.count + c);
@@ -499,7 +499,7 @@ void Model::LoadPackedIds(const PackedRecords& packed, int64_t r, int64_t slot) 
       for (uint32_t i = 0; i < c; i += kChunk) std::memcpy(to + i, ids + i * sizeof(uint64_t), kChunk * sizeof(uint64_t));
       ids += c * sizeof(uint64_t);
     }
-    if (packed.weighted[k++]) {
+    if (packed.weighted[k]) {
       // (GrowLookup keeps a weighted lookup's weights as long as its ids.)
       std::memcpy(st.weights.data() + st.count, ids, c * sizeof(float));
       ids += c * sizeof(float);
@@ -558,11 +558,7 @@ int64_t Model::ChooseStrideWords(const std::vector<int64_t>& words_histogram, ui
 std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t stride_bytes) const {
   PackedRecords p;
   p.records = data.count;
-  // The lookups with ids of their own (the bags), bag k's lookup bags[k].
-  std::vector<size_t> bags;
-  for (size_t l = 0; l < lookups_.size(); ++l) {
-    if (bag_of_[l] == static_cast<int>(l)) bags.push_back(l);
-  }
+  const std::vector<size_t>& bags = bags_;
   const size_t nb = bags.size();
   if (nb > 0) {
     p.num_bags = static_cast<int>(nb);
@@ -692,8 +688,7 @@ void Model::FinishLoad(int64_t n) {
     std::fill(labels_.begin() + n, labels_.end(), 0);
     std::fill(targets_.begin() + n, targets_.end(), 0.0f);
     for (int64_t s = n; s < batch_; ++s) label_offsets_[s + 1] = label_offsets_[n];
-    for (size_t l = 0; l < lookups_.size(); ++l) {
-      if (bag_of_[l] != static_cast<int>(l)) continue;
+    for (size_t l : bags_) {
       LookupState& st = lookups_[l];
       for (int64_t s = n; s < batch_; ++s) st.offsets[s + 1] = static_cast<int64_t>(st.count);
     }

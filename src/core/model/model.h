@@ -98,7 +98,7 @@ struct PackedRecords {
   // label (int32; a regression head's target as float bits) after them;
   // then those counts' store ids, bag after bag: uint32 each where
   // `narrow_ids` (every lookup's table is static with at most 2^32 rows, so
-  // its store ids fit), else uint64, each lookup's followed by its weights
+  // its store ids fit), else uint64, each bag's followed by its weights
   // (floats) where `weighted`; the block padded to whole words. The narrow
   // ids and the label in the block take a text record from about 5 random
   // lines (its start word, 3 of ids, its label) to 3; the weights in it take
@@ -422,6 +422,7 @@ class Model {
   std::vector<int32_t> label_sets_;
   std::vector<LookupState> lookups_;
   std::vector<int> bag_of_;           // per lookup: bag_of(l)
+  std::vector<size_t> bags_;          // the lookups l with bag_of(l) == l, in order (PackedRecords' bags)
   std::vector<float> z_, dz_;         // interaction input (dot) or the top's input (concat) and its gradient
   std::vector<float> inter_, dinter_; // the top tower's input and gradient (dot interactions)
   std::vector<float> wide_tmp_;       // [batch, outputs] one wide lookup's pooled term
