@@ -574,6 +574,7 @@ int Bench(const std::string& path, const std::vector<std::string>& sets, bool as
               {"batch", r->batch},
               {"warmup_steps", r->warmup_steps},
               {"steps", r->steps},
+              {"steps_done", r->steps_done},
               {"wall_s", r->wall_s},
               {"samples_per_s", r->samples_per_s},
               {"step_ms", r->step_ms},

@@ -242,23 +242,46 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
   const uint64_t wire_before = wire_bytes ? wire_bytes() : 0;
   // Runs `steps` steps on every worker, each going on where its last call
   // stopped in its part of the data. With `times`, times them into it and
-  // their wall time into r.wall_s (the data's rotation before the clock).
+  // their wall time into r.wall_s (the data's rotation before the clock),
+  // and the call ends once the first worker has run `steps`: the others stop
+  // after the step they are in (Worker::set_stop). Cores of one machine do
+  // not run equally fast (16 single-worker processes on a 16-core VM ran at
+  // 55k-84k samples/s each), and training deals its tasks on demand, so a
+  // fast worker never waits for a slow one there; a fixed count of steps
+  // each would time the slowest core and leave the others idle at the end.
+  // Not under ps.update sync, whose workers step together anyway.
   std::vector<std::vector<int32_t>> part_order(r.workers);
-  int64_t done_steps = 0;  // per worker
+  std::vector<int64_t> done_steps(r.workers, 0);  // per worker, all calls
+  const bool stop_at_first = cfg.ps.update != UpdateMode::kSync;
   auto run = [&](int64_t steps, std::vector<PhaseTimes>* times) -> absl::Status {
     for (int i = 0; i < r.workers; ++i) {
       const int64_t size = parts[i].size();
       part_order[i].resize(size);
-      const int64_t first = size > 0 ? done_steps * r.batch % size : 0;
+      const int64_t first = size > 0 ? done_steps[i] * r.batch % size : 0;
       for (int64_t j = 0; j < size; ++j) part_order[i][j] = order[parts[i].begin + (first + j) % size];
     }
-    done_steps += steps;
+    std::atomic<bool> first_done{false};
+    std::vector<int64_t> before(r.workers);
+    for (int i = 0; i < r.workers; ++i) {
+      before[i] = job.worker(i).counters().steps.load(std::memory_order_relaxed);
+      if (times && stop_at_first) job.worker(i).set_stop(&first_done);
+    }
     const auto start = Clock::now();
-    SW_RETURN_IF_ERROR(job.pool().RunAll([&](int i) {
-      return job.worker(i).Train(part_order[i].data(), parts[i].size(), steps, opt, 0, 0,
-                                 times ? &(*times)[i] : nullptr);
-    }));
-    if (times) r.wall_s += std::chrono::duration<double>(Clock::now() - start).count();
+    const absl::Status status = job.pool().RunAll([&](int i) {
+      const absl::Status s = job.worker(i).Train(part_order[i].data(), parts[i].size(), steps, opt, 0, 0,
+                                                 times ? &(*times)[i] : nullptr);
+      first_done.store(true, std::memory_order_relaxed);
+      return s;
+    });
+    const auto end = Clock::now();
+    for (int i = 0; i < r.workers; ++i) {
+      job.worker(i).set_stop(nullptr);
+      const int64_t ran = job.worker(i).counters().steps.load(std::memory_order_relaxed) - before[i];
+      done_steps[i] += ran;
+      if (times) r.steps_done += ran;
+    }
+    SW_RETURN_IF_ERROR(status);
+    if (times) r.wall_s += std::chrono::duration<double>(end - start).count();
     return absl::OkStatus();
   };
   int64_t rows = 0;  // gathered in the timed steps, all workers
@@ -290,11 +313,12 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
   }
   if (wire_bytes) {
     // (with slices, the untimed steps between them are on the wire too)
-    r.wire_bytes_per_step = static_cast<double>(wire_bytes() - wire_before) /
-                            (static_cast<double>(done_steps) * r.workers);
+    int64_t all_steps = 0;
+    for (int64_t n : done_steps) all_steps += n;
+    r.wire_bytes_per_step = static_cast<double>(wire_bytes() - wire_before) / static_cast<double>(all_steps);
   }
   r.update_mode = UpdateModeName(cfg.ps.update);
-  const double total_steps = static_cast<double>(r.steps) * r.workers;
+  const double total_steps = static_cast<double>(r.steps_done);
   r.samples_per_s = total_steps * r.batch / r.wall_s;
   r.step_ms = 1e3 * r.phases.total() / total_steps;
   const Model& model = job.worker(0).model();
@@ -380,7 +404,10 @@ std::string FormatBenchReport(const BenchReport& r) {
   std::string s;
   absl::StrAppendFormat(&s, "threading: %d workers x %d OpenMP threads each (oneDNN runs single-team per worker; total %d)\n",
                         r.workers, r.intra_op_threads, r.workers * r.intra_op_threads);
-  absl::StrAppendFormat(&s, "steps: %d warm-up + %d timed per worker, batch %d\n", r.warmup_steps, r.steps, r.batch);
+  absl::StrAppendFormat(&s,
+                        "steps: %d warm-up + %d timed per worker, batch %d; %d timed steps run in all (the first "
+                        "worker to finish stops the others)\n",
+                        r.warmup_steps, r.steps, r.batch, r.steps_done);
   absl::StrAppendFormat(&s, "throughput: %.0f samples/s, %.3f ms per step per worker, wall %.2f s\n", r.samples_per_s,
                         r.step_ms, r.wall_s);
   absl::StrAppendFormat(&s,
@@ -414,7 +441,7 @@ std::string FormatBenchReport(const BenchReport& r) {
     absl::StrAppendFormat(&s, "text: %.0f tokens/s per worker thread\n", r.tokens_per_s_per_worker);
   }
   absl::StrAppendFormat(&s, "updates: ps.update %s, %d of %d timed steps pulled the parameters\n", r.update_mode,
-                        r.pulls, r.steps * r.workers);
+                        r.pulls, r.steps_done);
   absl::StrAppendFormat(&s, "model: %.1f MFLOP per step (forward + backward), %.2f GFLOP/s achieved\n",
                         r.flops_per_step / 1e6, r.model_gflops);
   absl::StrAppendFormat(&s, "matmul peak (same run, sgemm %dx%dx%d on %d threads x %d OpenMP): %.2f GFLOP/s\n",

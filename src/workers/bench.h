@@ -48,7 +48,12 @@ struct BenchReport {
   int intra_op_threads = 0;
   int64_t batch = 0;
   int64_t warmup_steps = 0;     // per worker
-  int64_t steps = 0;            // per worker, timed
+  int64_t steps = 0;            // per worker, timed (bench.steps)
+  // Timed steps run, all workers: the first worker to run `steps` ends the
+  // call, the others after their current step, as a training run's
+  // on-demand tasks never leave a fast core waiting on a slow one. So
+  // steps_done <= steps x workers; samples_per_s and step_ms count these.
+  int64_t steps_done = 0;
   double wall_s = 0;            // of the timed part
   double samples_per_s = 0;
   double step_ms = 0;           // mean wall time of one worker's step

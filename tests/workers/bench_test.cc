@@ -1,8 +1,13 @@
 #include "workers/bench.h"
 
+#include <pthread.h>
+#include <sched.h>
+
+#include <atomic>
 #include <cmath>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -34,11 +39,16 @@ TEST(BenchTest, TinyRunReportsEveryFigure) {
   EXPECT_EQ(r->batch, config->train.batch_size);
   EXPECT_EQ(r->warmup_steps, 2);
   EXPECT_EQ(r->steps, 5);
+  // The first worker ran its 5 timed steps; the other stopped after the
+  // step it was in.
+  EXPECT_GE(r->steps_done, 5);
+  EXPECT_LE(r->steps_done, 2 * 5);
   // Every step of every worker, warm-up included, pushed once.
-  EXPECT_EQ((*job)->store().version(), static_cast<uint64_t>(2 * (2 + 5)));
+  EXPECT_EQ((*job)->store().version(), static_cast<uint64_t>(2 * 2 + r->steps_done));
   EXPECT_GT(r->wall_s, 0);
   EXPECT_GT(r->samples_per_s, 0);
   EXPECT_TRUE(std::isfinite(r->samples_per_s));
+  EXPECT_DOUBLE_EQ(r->samples_per_s, r->steps_done * r->batch / r->wall_s);
   EXPECT_GT(r->step_ms, 0);
   EXPECT_GT(r->phases.total(), 0);
   EXPECT_GT(r->phases.forward, 0);
@@ -72,6 +82,47 @@ TEST(BenchTest, TinyRunReportsEveryFigure) {
     EXPECT_EQ(r->bf16_peak.gflops, 0);
     EXPECT_NE(text.find("bf16 matmul peak: not measured (no AVX512_BF16"), std::string::npos) << text;
   }
+}
+
+// Training deals its tasks on demand, so a slow core never idles a fast
+// one; the bench's timed steps end once the first worker has run its
+// bench.steps, not when the slowest has. A thread spinning on worker 1's
+// core halves its speed: worker 0 runs its 200 steps while worker 1 runs
+// about 100, and the bench counts the steps that ran.
+TEST(BenchTest, TheFirstWorkerToFinishStopsTheOthers) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not under /usr/share/datasets/fashion-mnist";
+  absl::StatusOr<Config> config =
+      LoadDefaultConfig({"data.max_train_records=2000", "data.max_test_records=100", "train.workers=2",
+                         "train.intra_op_threads=1", "bench.warmup_steps=2", "bench.steps=200",
+                         "bench.peak_seconds=0.05"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(*config);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const Placement& placement = (*job)->placement();
+  if (placement.oversubscribed || placement.workers[0].cores.empty() || placement.workers[1].cores.empty() ||
+      placement.workers[0].cores[0] == placement.workers[1].cores[0]) {
+    GTEST_SKIP() << "the two workers do not have a core each:\n" << placement.ToString();
+  }
+  std::atomic<bool> done{false};
+  std::atomic<bool> pinned{false};
+  std::thread hog([&] {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(placement.workers[1].cores[0], &set);
+    pinned.store(pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0);
+    volatile uint64_t spin = 0;
+    while (!done.load(std::memory_order_relaxed)) spin = spin + 1;
+  });
+  absl::StatusOr<BenchReport> r = RunBench(**job);
+  done.store(true);
+  hog.join();
+  ASSERT_TRUE(r.ok()) << r.status();
+  if (!pinned.load()) GTEST_SKIP() << "cannot pin a thread to worker 1's core";
+  EXPECT_GE(r->steps_done, 200);
+  // Both workers at full speed would be 400; without the stop, exactly 400.
+  EXPECT_LT(r->steps_done, 360) << "the slow worker ran on after the fast one had finished";
+  EXPECT_EQ((*job)->store().version(), static_cast<uint64_t>(2 * 2 + r->steps_done));
+  EXPECT_DOUBLE_EQ(r->samples_per_s, r->steps_done * r->batch / r->wall_s);
 }
 
 TEST(BenchTest, MatmulPeakOnBarePool) {
