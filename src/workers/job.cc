@@ -332,6 +332,8 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
   WorkerUpdateOptions update;
   update.pull_every = config.train.pull_every;
   update.max_staleness = config.ps.max_staleness;
+  update.hot_rows = config.ps.hot_rows;
+  update.hot_rows_merge_every = config.ps.hot_rows_merge_every;
   if (job->config_.sparse_optimizer) update.sparse_optimizer = &*job->config_.sparse_optimizer;
   if (config.ps.update == UpdateMode::kSync || config.train.strategy == TrainStrategy::kAllreduce) {
     // Config::Validate keeps sync (and allreduce) to one copy.

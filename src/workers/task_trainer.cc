@@ -155,6 +155,8 @@ absl::Status ServeTasks(const Config& config, const WorkerProcessArgs& args, Lin
   WorkerUpdateOptions update;
   update.pull_every = config.train.pull_every;
   update.max_staleness = config.ps.max_staleness;
+  update.hot_rows = config.ps.hot_rows;
+  update.hot_rows_merge_every = config.ps.hot_rows_merge_every;
   if (config.sparse_optimizer) update.sparse_optimizer = &*config.sparse_optimizer;
   worker->set_update_options(update);
   const LiveMetrics::Attachment live_worker = live.AttachWorkers({&worker->counters()});

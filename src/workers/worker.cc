@@ -6,6 +6,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "core/base/status.h"
 #include "workers/replicated_store.h"
@@ -119,6 +120,7 @@ absl::Status Worker::PrepareRows(bool in_place_allowed) {
       if (!in_place) in_place_possible_[l] = 0;
     }
     model_->UseRowAddresses(l, in_place);
+    if (in_place && !hot_.empty()) hot_.Redirect(lk.table, model_->ids(l), model_->row_addresses(l));
     if (in_place) {
       model_->PrefetchRowsInPlace(l);  // their lines asked for now, before the forward
     } else {
@@ -250,6 +252,15 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
   // after the backward.
   update_rows_in_backward_ = sync == nullptr && lookups > 0;
   rows_in_backward_ = {};
+  // Hot rows (update_.hot_rows): chosen once, before the first step that
+  // reads rows in place; every copy used is merged into the store when this
+  // call returns, however it ends, so the store holds all its updates.
+  if (rows_in_place && lookups > 0 && update_.hot_rows > 0 && !hot_rows_chosen_) {
+    hot_.Choose(*model_, *train_, store_->layout(), update_.hot_rows);
+    hot_rows_chosen_ = true;
+  }
+  absl::Cleanup merge_hot_rows = [this] { hot_.Merge(); };
+  const int64_t merge_every = std::max(1, update_.hot_rows_merge_every);
   int64_t cursor = 0;
   PhaseTimes t;
   for (int64_t step = 0; step < steps; ++step) {
@@ -322,6 +333,8 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
       t6 = Clock::now();
       if (lookups > 0 && !update_rows_in_backward_) SW_RETURN_IF_ERROR(UpdateRows(sparse_lr));
     }
+    // The hot rows' merge is part of push rows.
+    if (!hot_.empty() && (step + 1) % merge_every == 0) hot_.Merge();
     const auto t7 = Clock::now();
     // Each phase's time, once: into this call's PhaseTimes and the live
     // counters.

@@ -28,6 +28,7 @@
 #include "oneapi/dnnl/dnnl.hpp"
 #include "ps_shm/param_store.h"
 #include "ps_shm/sync_aggregator.h"
+#include "workers/hot_rows.h"
 
 namespace shardwild {
 
@@ -63,6 +64,12 @@ struct WorkerUpdateOptions {
   // gradient buffer. Never with sync or replicas. false = always pull and
   // push rows (tests compare the two).
   bool rows_in_place = true;
+  // ps.hot_rows: per table read in place, this many of its most frequent
+  // ids are read and updated in the worker's own copies, merged into the
+  // store every hot_rows_merge_every steps and when a training call
+  // returns (workers/hot_rows.h). 0 = none.
+  int64_t hot_rows = 0;
+  int hot_rows_merge_every = 32;
 };
 
 // Seconds spent in each phase of the step, summed over steps.
@@ -198,6 +205,9 @@ class Worker {
   int index() const { return index_; }
   const Model& model() const { return *model_; }
   WorkerCounters& counters() { return counters_; }
+  // The copies of the hot rows (WorkerUpdateOptions::hot_rows); empty until
+  // the first training call that reads rows in place.
+  const HotRows& hot_rows() const { return hot_; }
 
   // Sets when the worker pulls and where it pushes. Call from the thread
   // that owns the worker, or before handing it to one (WorkerPool::RunAll
@@ -282,6 +292,10 @@ class Worker {
   uint64_t version_at_pull_ = 0;
   const std::atomic<bool>* stop_ = nullptr;  // set_stop      // store->version() read just before the last training pull
   const PackedRecords* packed_ = nullptr;  // set_packed_records
+  // update_.hot_rows: chosen on the first training call that reads rows in
+  // place (hot_rows_chosen_), merged by TrainSteps.
+  HotRows hot_;
+  bool hot_rows_chosen_ = false;
 };
 
 }  // namespace shardwild

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "ps_shm/shm_store.h"
+#include "workers/hot_rows.h"
 #include "workers/job.h"
 #include "tests/workers/sparse_test_util.h"
 #include "workers/worker.h"
@@ -45,6 +46,17 @@ SparseCase MakeCase(Pooling pooling) {
 struct Trained {
   std::unique_ptr<ShmParamStore> store;
   PhaseTimes times;
+  // WorkerUpdateOptions::hot_rows: the hot ids of table "ta", and the rows
+  // the worker's merges wrote.
+  std::vector<uint64_t> hot_ids;
+  int64_t rows_merged = 0;
+};
+
+// Hot rows (ps.hot_rows) of a training run: how many per table, and the
+// steps between merges.
+struct Hot {
+  int64_t rows = 0;
+  int merge_every = 32;
 };
 
 // The store of every test here: plain SGD (rows go in place) at lr 0.2.
@@ -59,10 +71,11 @@ OpenStoreOptions StoreOptions(const SparseCase& c, const char* job_name, int sha
   return so;
 }
 
-Trained Train(const SparseCase& c, bool in_place, int shards, int epochs = 2) {
+Trained Train(const SparseCase& c, bool in_place, int shards, int epochs = 2, Hot hot = {}) {
   Trained out;
-  const OpenStoreOptions so =
-      StoreOptions(c, epochs == 0 ? "sw-inplace-0" : in_place ? "sw-inplace-a" : "sw-inplace-b", shards);
+  const OpenStoreOptions so = StoreOptions(
+      c, epochs == 0 ? "sw-inplace-0" : hot.rows > 0 ? "sw-inplace-h" : in_place ? "sw-inplace-a" : "sw-inplace-b",
+      shards);
   auto store = ShmParamStore::Create(so, c.variables);
   EXPECT_TRUE(store.ok()) << store.status();
   if (!store.ok()) return out;
@@ -73,6 +86,8 @@ Trained Train(const SparseCase& c, bool in_place, int shards, int epochs = 2) {
   if (!worker.ok()) return out;
   WorkerUpdateOptions u;
   u.rows_in_place = in_place;
+  u.hot_rows = hot.rows;
+  u.hot_rows_merge_every = hot.merge_every;
   (*worker)->set_update_options(u);
   std::vector<int32_t> order(c.data.count);
   for (int64_t i = 0; i < c.data.count; ++i) order[i] = static_cast<int32_t>((i * 37) % c.data.count);
@@ -80,6 +95,13 @@ Trained Train(const SparseCase& c, bool in_place, int shards, int epochs = 2) {
     const absl::Status s = (*worker)->Train(order.data(), c.data.count, -1, so.optimizer, 0, 1, &out.times);
     EXPECT_TRUE(s.ok()) << s;
   }
+  for (size_t t = 0; t < out.store->layout().tables.size(); ++t) {
+    if (out.store->layout().tables[t].name == "ta") out.hot_ids = (*worker)->hot_rows().ids(static_cast<int>(t));
+    if (out.store->layout().tables[t].name == "tb") {
+      EXPECT_TRUE((*worker)->hot_rows().ids(static_cast<int>(t)).empty()) << "a dynamic table has no hot rows";
+    }
+  }
+  out.rows_merged = (*worker)->hot_rows().rows_merged();
   // Evaluation pulls rows into the copy again, whatever training did.
   absl::StatusOr<EvalResult> eval = (*worker)->Evaluate(c.data, 0, c.data.count);
   EXPECT_TRUE(eval.ok()) << eval.status();
@@ -137,6 +159,108 @@ TEST(RowsInPlaceTest, TrainsTheModelThatPulledRowsTrain) {
       ExpectSameModel(*in_place.store, *pulled.store, *untrained.store);
     }
   }
+}
+
+// TwoFieldSparseData with field "a" skewed: every record holds id 7, record
+// r also r % 5 and 100 + r (so ids 0..4 are in a fifth of the records each,
+// and the rest in one).
+SparseCase MakeSkewedCase(Pooling pooling) {
+  SparseCase c = MakeCase(pooling);
+  SparseField& a = c.data.fields[0];
+  EXPECT_EQ(a.name, "a");
+  a.ids.clear();
+  a.offsets.assign(1, 0);
+  for (int64_t r = 0; r < c.data.count; ++r) {
+    for (uint64_t id : {uint64_t{7}, static_cast<uint64_t>(r % 5), static_cast<uint64_t>(100 + r)}) a.ids.push_back(id);
+    a.offsets.push_back(static_cast<int64_t>(a.ids.size()));
+  }
+  return c;
+}
+
+// ps.hot_rows: the worker's own copies of the most frequent rows of the
+// table read in place, merged into the store every few steps and when a
+// training call returns, train the same model as the store's rows: with one
+// worker the merges only move the copies' values into the store.
+TEST(HotRowsTest, TrainTheModelThatTheStoresRowsTrain) {
+  for (Pooling pooling : {Pooling::kSum, Pooling::kMean}) {
+    SCOPED_TRACE(pooling == Pooling::kSum ? "sum" : "mean");
+    const SparseCase c = MakeSkewedCase(pooling);
+    Trained hot = Train(c, /*in_place=*/true, /*shards=*/2, /*epochs=*/2, Hot{6, 4});
+    Trained plain = Train(c, /*in_place=*/true, /*shards=*/2);
+    ASSERT_NE(hot.store, nullptr);
+    ASSERT_NE(plain.store, nullptr);
+    // The 6 most frequent ids of "a", the table read in place: 7 (every
+    // record), then 0..4 (a fifth each; ties go to the smaller id).
+    EXPECT_EQ(hot.hot_ids, (std::vector<uint64_t>{7, 0, 1, 2, 3, 4}));
+    // 10 steps a call (300 records, batch 32), each of its periods (steps
+    // 1-4, 5-8, 9-10) using all 6: merged after steps 4 and 8 and when the
+    // call returns, in both calls.
+    EXPECT_EQ(hot.rows_merged, 6 * 3 * 2);
+    Trained untrained = Train(c, /*in_place=*/false, 2, /*epochs=*/0);
+    ASSERT_NE(untrained.store, nullptr);
+    ExpectSameModel(*hot.store, *plain.store, *untrained.store);
+  }
+}
+
+// HotRows on its own: a hot row's address becomes the copy's, filled from
+// the store's row on its first use; a merge adds the copy's change to the
+// store's row as it is then (another worker's update in between is kept);
+// the next use copies the merged row in again. Ids that are not hot keep
+// the store's address.
+TEST(HotRowsTest, MergesTheCopysChangeIntoTheRowAsItIsThen) {
+  const SparseCase c = MakeSkewedCase(Pooling::kSum);
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  auto model = Model::Create(c.model, DataShape::Of(c.data), /*batch=*/16, engine, /*seed=*/3);
+  ASSERT_TRUE(model.ok()) << model.status();
+  StoreLayout layout;
+  layout.tables = c.tables;
+  int ta = -1;
+  for (size_t t = 0; t < layout.tables.size(); ++t) {
+    if (layout.tables[t].name == "ta") ta = static_cast<int>(t);
+  }
+  ASSERT_GE(ta, 0);
+  HotRows hot;
+  hot.Choose(**model, c.data, layout, /*count=*/2);
+  ASSERT_EQ(hot.ids(ta), (std::vector<uint64_t>{7, 0}));
+  const int64_t dim = layout.tables[ta].dim;
+  std::vector<float> table(10 * dim);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = 0.25f * static_cast<float>(i);
+  const std::vector<float> start = table;
+  auto row = [&](uint64_t id) { return table.data() + id * dim; };
+  const std::vector<uint64_t> ids = {3, 7, 0, 7};
+  std::vector<float*> addresses;
+  for (uint64_t id : ids) addresses.push_back(row(id));
+  hot.Redirect(ta, ids, addresses.data());
+  EXPECT_EQ(addresses[0], row(3));
+  ASSERT_NE(addresses[1], row(7));
+  EXPECT_EQ(addresses[3], addresses[1]) << "one copy per row";
+  ASSERT_NE(addresses[2], row(0));
+  for (int64_t j = 0; j < dim; ++j) {
+    EXPECT_EQ(addresses[1][j], row(7)[j]);
+    EXPECT_EQ(addresses[2][j], row(0)[j]);
+  }
+  // This worker's updates to its copies; another's to the store's rows.
+  for (int64_t j = 0; j < dim; ++j) {
+    addresses[1][j] += 1.0f;
+    addresses[2][j] -= 2.0f;
+    row(7)[j] += 0.5f;
+  }
+  hot.Merge();
+  EXPECT_EQ(hot.rows_merged(), 2);
+  for (int64_t j = 0; j < dim; ++j) {
+    EXPECT_EQ(row(7)[j], start[7 * dim + j] + 0.5f + 1.0f) << j;
+    EXPECT_EQ(row(0)[j], start[j] - 2.0f) << j;
+    EXPECT_EQ(row(3)[j], start[3 * dim + j]) << j;
+  }
+  // Changed in the store after the merge: the next use copies it in.
+  row(0)[0] = 100.0f;
+  std::vector<float*> again = {row(0)};
+  hot.Redirect(ta, absl::MakeConstSpan(ids).subspan(2, 1), again.data());
+  ASSERT_NE(again[0], row(0));
+  EXPECT_EQ(again[0][0], 100.0f);
+  hot.Merge();
+  EXPECT_EQ(row(0)[0], 100.0f) << "an unchanged copy merges nothing";
+  EXPECT_EQ(hot.rows_merged(), 3);
 }
 
 // Forwards to a ShmParamStore and records a worker's store calls: 'P' for a

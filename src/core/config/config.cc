@@ -409,6 +409,8 @@ void AddStoreLeaves(Section* s, StoreOptions* o) {
                                           {"row_lock", UpdateMode::kRowLock},
                                           {"sync", UpdateMode::kSync}});
   s->leaves["max_staleness"] = Int64(&o->max_staleness);
+  s->leaves["hot_rows"] = Int64(&o->hot_rows);
+  s->leaves["hot_rows_merge_every"] = Int(&o->hot_rows_merge_every);
   s->leaves["job_name"] = String(&o->job_name);
   s->leaves["stale_segments"] = Enum(&o->stale_segments, {{"remove", StaleSegmentPolicy::kRemove},
                                                           {"report", StaleSegmentPolicy::kReport},
@@ -776,7 +778,8 @@ constexpr const char* kRunOnlyOptimizerKeys[] = {"schedule",     "final_lr", "de
                                                  "decay_epochs", "warmup",   "warmup_epochs", "warmup_start_lr",
                                                  "loss_reduction"};
 // ps keys of a training job's workers and replicas rather than of one store.
-constexpr const char* kJobOnlyStoreKeys[] = {"max_staleness", "replication", "sync_every"};
+constexpr const char* kJobOnlyStoreKeys[] = {"max_staleness", "replication", "sync_every", "hot_rows",
+                                             "hot_rows_merge_every"};
 
 // An optimizer section of a store spec (optimizer, optimizer.sparse) into `o`.
 void AddStoreOptimizerLeaves(Section* s, OptimizerOptions* o, EpochKeys* unused_epoch_keys) {

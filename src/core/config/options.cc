@@ -306,6 +306,12 @@ absl::Status StoreOptions::Validate() const {
     return Bad("ps.update", "must be hogwild, row_lock or sync");
   }
   if (max_staleness < 0) return Bad("ps.max_staleness", absl::StrCat("must be >= 0 (0 = unbounded), got ", max_staleness));
+  if (hot_rows < 0 || hot_rows > (int64_t{1} << 24)) {
+    return Bad("ps.hot_rows", absl::StrCat("must be 0 (none) .. 16777216 rows per table, got ", hot_rows));
+  }
+  if (hot_rows_merge_every < 1) {
+    return Bad("ps.hot_rows_merge_every", absl::StrCat("must be >= 1 step, got ", hot_rows_merge_every));
+  }
   if (stale_segments != StaleSegmentPolicy::kRemove && stale_segments != StaleSegmentPolicy::kReport &&
       stale_segments != StaleSegmentPolicy::kFail) {
     return Bad("ps.stale_segments", "must be remove, report or fail");

@@ -364,6 +364,13 @@ struct StoreOptions {
   // With several replicas: they are averaged each time the steps of all
   // workers together reach a multiple of this. >= 1.
   int64_t sync_every = 16;
+  // Per embedding table read and updated in place (static f32 tables under
+  // hogwild SGD), each worker keeps its own copies of this many of the ids
+  // most frequent in the training data and merges them into the store every
+  // hot_rows_merge_every of its steps and at the end of each task
+  // (workers/hot_rows.h). 0 = none.
+  int64_t hot_rows = 0;
+  int hot_rows_merge_every = 32;  // >= 1
   absl::Status Validate() const;
 };
 

@@ -382,6 +382,30 @@ SHARDWILD_HOGWILD_KERNEL void GatherRowsImpl(const float* const* rows, int64_t c
   }
 }
 
+// shared += local - base; then local = base = the value stored.
+struct MergeRowOp {
+  float* shared;
+  float* local;
+  float* base;
+  template <class D>
+  HWY_INLINE void operator()(D d, int64_t i) const {
+    const auto delta = hn::Sub(hn::LoadU(d, local + i), hn::LoadU(d, base + i));
+    const auto merged = hn::Add(hn::LoadU(d, shared + i), delta);
+    hn::StoreU(merged, d, shared + i);
+    hn::StoreU(merged, d, local + i);
+    hn::StoreU(merged, d, base + i);
+  }
+};
+
+SHARDWILD_HOGWILD_KERNEL void MergeRowsImpl(float* const* shared, float* local, float* base, int64_t count,
+                                            int64_t dim) {
+  constexpr int64_t kAhead = 4;
+  for (int64_t r = 0; r < count; ++r) {
+    if (r + kAhead < count) PrefetchLineForWrite(shared[r + kAhead]);
+    Run(MergeRowOp{shared[r], local + r * dim, base + r * dim}, dim);
+  }
+}
+
 // A row's elements as f32 lanes: f32 rows as they are, bf16 rows widened.
 template <class D>
 HWY_INLINE auto LoadRow(D d, const float* p) {
@@ -579,6 +603,7 @@ HWY_EXPORT(GatherRowsBf16Impl);
 HWY_EXPORT(RoundBf16StochasticImpl);
 HWY_EXPORT(FillImpl);
 HWY_EXPORT(GatherRowsImpl);
+HWY_EXPORT(MergeRowsImpl);
 HWY_EXPORT(EmbeddingBagForwardImpl);
 HWY_EXPORT(EmbeddingBagSgdImpl);
 HWY_EXPORT(EmbeddingBagForwardBf16Impl);
@@ -636,6 +661,10 @@ void HogwildFill(float value, float* dst, int64_t n) {
 
 void HogwildGatherRows(const float* const* rows, int64_t count, int64_t dim, float* out) {
   if (count > 0 && dim > 0) HWY_DYNAMIC_DISPATCH(GatherRowsImpl)(rows, count, dim, out);
+}
+
+void HogwildMergeRows(float* const* shared, float* local, float* base, int64_t count, int64_t dim) {
+  if (count > 0 && dim > 0) HWY_DYNAMIC_DISPATCH(MergeRowsImpl)(shared, local, base, count, dim);
 }
 
 void HogwildEmbeddingBagForward(const float* const* rows, int64_t dim, const int64_t* offsets, const float* weights,

@@ -580,6 +580,28 @@ TEST(UpdateOptionsConfigTest, UpdateModesPullEveryAndStaleness) {
   EXPECT_NE(c.status().message().find("ps.max_staleness"), absl::string_view::npos) << c.status();
 }
 
+TEST(UpdateOptionsConfigTest, HotRows) {
+  absl::StatusOr<Config> c = LoadConfigFromString(
+      "model: {layers: [{type: dense, units: 3}]}\ndata: {train: tr}\nps: {hot_rows: 256, hot_rows_merge_every: 5}\n",
+      "hot.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->ps.hot_rows, 256);
+  EXPECT_EQ(c->ps.hot_rows_merge_every, 5);
+  // Defaults: none, merged every 32 steps when there are.
+  EXPECT_EQ(StoreOptions{}.hot_rows, 0);
+  EXPECT_EQ(StoreOptions{}.hot_rows_merge_every, 32);
+  for (const char* bad : {"ps: {hot_rows: -1}\n", "ps: {hot_rows: 16777217}\n", "ps: {hot_rows_merge_every: 0}\n",
+                          "ps: {hot_rows: many}\n"}) {
+    c = LoadConfigFromString(std::string("model: {layers: [{type: dense, units: 3}]}\ndata: {train: tr}\n") + bad,
+                             "b.yaml");
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_NE(c.status().message().find(std::string(bad).find("merge") != std::string::npos ? "ps.hot_rows_merge_every"
+                                                                                            : "ps.hot_rows"),
+              absl::string_view::npos)
+        << c.status();
+  }
+}
+
 }  // namespace
 }  // namespace shardwild
 

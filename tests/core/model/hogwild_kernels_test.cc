@@ -264,6 +264,36 @@ TEST_P(HogwildKernelTest, GathersRowsInOrderWithRepeats) {
   EXPECT_EQ(out[ids.size() * dim + 1], kSentinel);
 }
 
+// Each row's private copy merged as a delta: shared + (local - base) in
+// float, the sequential reference's operations in its order, bit for bit;
+// the copies then hold the value stored; nothing past a row changes (rows
+// of a table spaced one row apart, sentinels between).
+TEST_P(HogwildKernelTest, MergesEachRowsDeltaAndRefreshesItsCopies) {
+  const int64_t dim = std::max<int64_t>(n(), 1);
+  const int64_t count = 9;
+  std::vector<float> table(2 * count * dim + 1, kSentinel);
+  const std::vector<float> start = Random(count * dim, 11);
+  std::vector<float*> shared;
+  for (int64_t r = 0; r < count; ++r) {
+    shared.push_back(table.data() + 2 * r * dim);
+    std::copy(start.begin() + r * dim, start.begin() + (r + 1) * dim, shared.back());
+  }
+  std::vector<float> local = Random(count * dim, 12);
+  std::vector<float> base = Random(count * dim, 13);
+  const std::vector<float> local0 = local, base0 = base;
+  HogwildMergeRows(shared.data(), local.data(), base.data(), count, dim);
+  for (int64_t r = 0; r < count; ++r) {
+    for (int64_t j = 0; j < dim; ++j) {
+      const int64_t k = r * dim + j;
+      const float want = start[k] + (local0[k] - base0[k]);
+      ASSERT_EQ(shared[r][j], want) << r << "," << j;
+      ASSERT_EQ(local[k], want) << r << "," << j;
+      ASSERT_EQ(base[k], want) << r << "," << j;
+      ASSERT_EQ(shared[r][dim + j], kSentinel) << "past row " << r;
+    }
+  }
+}
+
 // Bags over a table of 20 rows: repeats within and across bags, an empty
 // bag, one of a single id, and weights that are not 1.
 struct Bags {
