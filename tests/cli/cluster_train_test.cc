@@ -188,8 +188,8 @@ std::vector<std::string> Settings(const std::string& job, std::vector<std::strin
 
 // For the tests that act once both worker tasks have joined: a worker task
 // waiting for the chief retries after a backoff that doubles up to
-// cluster.max_backoff_s (2 s by default), and the 2-epoch job takes about
-// 2.5 s, so on a loaded machine a task could join after the job ended. With
+// cluster.max_backoff_s (2 s by default), and the 2-epoch job took about
+// 2.5 s (0.2 s on a Zen 5 VM), so on a loaded machine a task could join after the job ended. With
 // a cap of 0.25 s (and Cluster::StartWorkersFirst) both join within a
 // fraction of the first epoch. These tests also guard the worker task's
 // reconnection: its first sessions are refused (no chief yet), and ctest
@@ -197,6 +197,13 @@ std::vector<std::string> Settings(const std::string& job, std::vector<std::strin
 // channel's reconnection (BackOff, net/grpc_util.h) it never joins (with
 // the poller on, it joined about 5 s late and sometimes after the job).
 constexpr const char* kPromptJoin = "cluster.max_backoff_s=0.25";
+
+// Epochs of the tests that kill or freeze a worker task once both have
+// joined and epoch 1 is under way: one task may start the job alone and the
+// other join some epochs later (on a 2-core Zen 5 VM an epoch of this job
+// took 0.08 s, and the second task joined in epoch 2), so the job must last
+// well beyond that for the kill to land in it.
+constexpr int kLongEpochs = 10;
 
 std::string Describe(Cluster& c, int ps, int workers) {
   std::string s = c.chief_started() ? "chief:\n" + c.chief().out() + c.chief().err() : "chief: not started\n";
@@ -326,7 +333,7 @@ TEST(ClusterTrainTest, StreamedCriteoDataTrainsOnACluster) {
 
 TEST(ClusterTrainTest, KilledWorkerTaskIsRequeuedAndCountsStayExact) {
   SKIP_WITHOUT_DATA();
-  Cluster c(2, 2, Settings("cl-kill-worker", {"train.epochs=3", kPromptJoin}));
+  Cluster c(2, 2, Settings("cl-kill-worker", {"train.epochs=" + std::to_string(kLongEpochs), kPromptJoin}));
   ASSERT_TRUE(c.ok());
   ASSERT_TRUE(c.StartWorkersFirst(std::chrono::seconds(120))) << Describe(c, 2, 2);
   // Both worker tasks joined and epoch 1 is under way.
@@ -339,8 +346,8 @@ TEST(ClusterTrainTest, KilledWorkerTaskIsRequeuedAndCountsStayExact) {
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << Describe(c, 2, 2);
   const json j = LastLineJson(c.chief().out());
   ASSERT_TRUE(j.is_object()) << c.chief().out();
-  EXPECT_EQ(j["records_seen"].get<int64_t>(), 3 * 12000);
-  EXPECT_EQ(j["eval_records_seen"].get<int64_t>(), 3 * 2000);
+  EXPECT_EQ(j["records_seen"].get<int64_t>(), kLongEpochs * 12000);
+  EXPECT_EQ(j["eval_records_seen"].get<int64_t>(), kLongEpochs * 2000);
   EXPECT_GE(j["worker_failures"].get<int64_t>(), 1);
   EXPECT_GT(j["test_accuracy"].get<double>(), 0.75) << j.dump();
   EXPECT_TRUE(Has(c.chief().out(), "worker 1 (pid ")) << c.chief().out();
@@ -354,7 +361,8 @@ TEST(ClusterTrainTest, KilledWorkerTaskIsRequeuedAndCountsStayExact) {
 // task is re-queued and the job finishes with exact counts.
 TEST(ClusterTrainTest, FrozenWorkerTaskIsFoundByKeepalive) {
   SKIP_WITHOUT_DATA();
-  Cluster c(2, 2, Settings("cl-keepalive", {"train.task_timeout_s=3600", "cluster.keepalive_s=1", kPromptJoin}));
+  Cluster c(2, 2, Settings("cl-keepalive", {"train.task_timeout_s=3600", "cluster.keepalive_s=1", kPromptJoin,
+                                            "train.epochs=" + std::to_string(kLongEpochs)}));
   ASSERT_TRUE(c.ok());
   ASSERT_TRUE(c.StartWorkersFirst(std::chrono::seconds(120))) << Describe(c, 2, 2);
   ASSERT_TRUE(WaitForOutput(c.chief(), [](const std::string& out) {
@@ -376,8 +384,8 @@ TEST(ClusterTrainTest, FrozenWorkerTaskIsFoundByKeepalive) {
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << Describe(c, 2, 2);
   const json j = LastLineJson(c.chief().out());
   ASSERT_TRUE(j.is_object()) << c.chief().out();
-  EXPECT_EQ(j["records_seen"].get<int64_t>(), 2 * 12000);
-  EXPECT_EQ(j["eval_records_seen"].get<int64_t>(), 2 * 2000);
+  EXPECT_EQ(j["records_seen"].get<int64_t>(), kLongEpochs * 12000);
+  EXPECT_EQ(j["eval_records_seen"].get<int64_t>(), kLongEpochs * 2000);
   EXPECT_GE(j["worker_failures"].get<int64_t>(), 1);
   EXPECT_TRUE(Has(c.chief().out(), "worker 1 (pid ")) << c.chief().out();
   c.StopAll();

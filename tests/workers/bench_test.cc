@@ -86,9 +86,11 @@ TEST(BenchTest, TinyRunReportsEveryFigure) {
 
 // Training deals its tasks on demand, so a slow core never idles a fast
 // one; the bench's timed steps end once the first worker has run its
-// bench.steps, not when the slowest has. A thread spinning on worker 1's
-// core halves its speed: worker 0 runs its 200 steps while worker 1 runs
-// about 100, and the bench counts the steps that ran.
+// bench.steps, not when the slowest has. Three threads spinning on worker
+// 1's core leave it a quarter of it at most: worker 0 runs its 200 steps
+// while worker 1 runs about 50 (100 if another process halves worker 0's
+// core too: ctest runs tests side by side), and the bench counts the steps
+// that ran.
 TEST(BenchTest, TheFirstWorkerToFinishStopsTheOthers) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not under /usr/share/datasets/fashion-mnist";
   absl::StatusOr<Config> config =
@@ -104,20 +106,23 @@ TEST(BenchTest, TheFirstWorkerToFinishStopsTheOthers) {
     GTEST_SKIP() << "the two workers do not have a core each:\n" << placement.ToString();
   }
   std::atomic<bool> done{false};
-  std::atomic<bool> pinned{false};
-  std::thread hog([&] {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(placement.workers[1].cores[0], &set);
-    pinned.store(pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0);
-    volatile uint64_t spin = 0;
-    while (!done.load(std::memory_order_relaxed)) spin = spin + 1;
-  });
+  std::atomic<int> pinned{0};
+  std::vector<std::thread> hogs;
+  for (int h = 0; h < 3; ++h) {
+    hogs.emplace_back([&] {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(placement.workers[1].cores[0], &set);
+      if (pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0) pinned.fetch_add(1);
+      volatile uint64_t spin = 0;
+      while (!done.load(std::memory_order_relaxed)) spin = spin + 1;
+    });
+  }
   absl::StatusOr<BenchReport> r = RunBench(**job);
   done.store(true);
-  hog.join();
+  for (std::thread& hog : hogs) hog.join();
   ASSERT_TRUE(r.ok()) << r.status();
-  if (!pinned.load()) GTEST_SKIP() << "cannot pin a thread to worker 1's core";
+  if (pinned.load() < 3) GTEST_SKIP() << "cannot pin a thread to worker 1's core";
   EXPECT_GE(r->steps_done, 200);
   // Both workers at full speed would be 400; without the stop, exactly 400.
   EXPECT_LT(r->steps_done, 360) << "the slow worker ran on after the fast one had finished";

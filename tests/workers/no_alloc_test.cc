@@ -239,6 +239,16 @@ TEST(NoAllocationTest, SparseStepAllocatesNothing) {
     ASSERT_TRUE(packed.has_value());
     (*worker)->set_packed_records(&*packed);
     expect_warm_epoch_allocates_nothing("from packed ids");
+    // With hot rows (ps.hot_rows): chosen and sized in the first epoch with
+    // them; copying rows in, looking ids up and merging allocate nothing.
+    if (type == OptimizerType::kSgd) {
+      WorkerUpdateOptions u;
+      u.hot_rows = 64;
+      u.hot_rows_merge_every = 3;
+      (*worker)->set_update_options(u);
+      expect_warm_epoch_allocates_nothing("with hot rows");
+      EXPECT_GT((*worker)->hot_rows().rows_merged(), 0);
+    }
   }
 #endif
 }

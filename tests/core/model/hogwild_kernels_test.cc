@@ -501,6 +501,38 @@ TEST(HogwildKernelRaceTest, ConcurrentInPlaceBagForwardAndSgdOfSharedRows) {
   }
 }
 
+// Hot rows' race (workers/hot_rows.h): two threads each copy rows in
+// (HogwildCopyFrom), change their copies and merge them back as deltas
+// (HogwildMergeRows), row 0 shared by both, row 1 + t each its own. Under
+// ThreadSanitizer the test fails if these kernels were instrumented; each
+// merge moves a row by 0.001 (row 0 by at most both threads' merges: a
+// race may lose some, never add).
+TEST(HogwildKernelRaceTest, ConcurrentHotRowCopiesAndMerges) {
+  constexpr int64_t kDim = 16, kRows = 4, kMerges = 300;
+  std::vector<float> table(kRows * kDim, 1.0f);
+  auto work = [&](int t) {
+    std::vector<float*> shared = {table.data(), table.data() + (1 + t) * kDim};
+    std::vector<float> local(2 * kDim), base(2 * kDim);
+    for (int m = 0; m < kMerges; ++m) {
+      for (int r = 0; r < 2; ++r) HogwildCopyFrom(shared[r], local.data() + r * kDim, kDim);
+      base = local;
+      for (float& x : local) x -= 0.001f;
+      HogwildMergeRows(shared.data(), local.data(), base.data(), 2, kDim);
+      for (float x : local) ASSERT_TRUE(std::isfinite(x));
+    }
+  };
+  std::thread a(work, 0), b(work, 1);
+  a.join();
+  b.join();
+  for (int64_t j = 0; j < kDim; ++j) {
+    EXPECT_NEAR(table[1 * kDim + j], 1.0f - kMerges * 0.001f, 1e-3f);
+    EXPECT_NEAR(table[2 * kDim + j], 1.0f - kMerges * 0.001f, 1e-3f);
+    EXPECT_LE(table[0 * kDim + j], 1.0f - kMerges * 0.001f + 1e-3f);
+    EXPECT_GE(table[0 * kDim + j], 1.0f - 2 * kMerges * 0.001f - 1e-3f);
+    EXPECT_EQ(table[3 * kDim + j], 1.0f);  // no thread's
+  }
+}
+
 // The bf16 rows' race: two threads update the same bf16 rows (the batched
 // update and the in-place bag SGD) and read them (gather, in-place forward)
 // at once. Under ThreadSanitizer the test fails if these kernels were
