@@ -212,7 +212,15 @@ class Worker {
   // Sets when the worker pulls and where it pushes. Call from the thread
   // that owns the worker, or before handing it to one (WorkerPool::RunAll
   // orders the two). Default: pull every step, push to the store.
-  void set_update_options(const WorkerUpdateOptions& options) { update_ = options; }
+  // New hot-row settings drop the copies (they hold no unmerged updates
+  // between training calls) and choose again at the next call.
+  void set_update_options(const WorkerUpdateOptions& options) {
+    if (options.hot_rows != update_.hot_rows) {
+      hot_ = HotRows();
+      hot_rows_chosen_ = false;
+    }
+    update_ = options;
+  }
   const WorkerUpdateOptions& update_options() const { return update_; }
 
   // The training data packed for this worker's model (Model::PackRecords of

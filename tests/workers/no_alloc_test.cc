@@ -248,6 +248,10 @@ TEST(NoAllocationTest, SparseStepAllocatesNothing) {
       (*worker)->set_update_options(u);
       expect_warm_epoch_allocates_nothing("with hot rows");
       EXPECT_GT((*worker)->hot_rows().rows_merged(), 0);
+      // Turned off again: the copies go.
+      u.hot_rows = 0;
+      (*worker)->set_update_options(u);
+      EXPECT_TRUE((*worker)->hot_rows().empty());
     }
   }
 #endif
