@@ -270,7 +270,9 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
     const absl::Status status = job.pool().RunAll([&](int i) {
       const absl::Status s = job.worker(i).Train(part_order[i].data(), parts[i].size(), steps, opt, 0, 0,
                                                  times ? &(*times)[i] : nullptr);
-      first_done.store(true, std::memory_order_relaxed);
+      // A worker that ran them all (not one with no records) or failed.
+      const int64_t ran = job.worker(i).counters().steps.load(std::memory_order_relaxed) - before[i];
+      if (!s.ok() || ran >= steps) first_done.store(true, std::memory_order_relaxed);
       return s;
     });
     const auto end = Clock::now();
