@@ -42,7 +42,7 @@ class HotRows {
   // holding the last sampled batch). count 0 = none.
   void Choose(Model& model, const Dataset& data, const StoreLayout& layout, int64_t count);
   // Records of `data` Choose counts ids over, at most.
-  static constexpr int64_t kSampleRecords = 200000;
+  static constexpr int64_t kSampleRecords = 32768;
 
   bool empty() const { return hot_tables_ == 0; }
   // The hot ids of `table`, most frequent first (ties: smaller id first;
