@@ -56,7 +56,8 @@ class HotRows {
   void Redirect(int table, absl::Span<const uint64_t> ids, float** addresses);
 
   // Merges every copy used since the last Merge into the store's row
-  // (HogwildMergeRows). The next use of a row copies it in again.
+  // (HogwildMergeRows). The next use of a row copies it in again, with what
+  // the other workers merged meanwhile.
   void Merge();
 
   // Rows merged by Merge calls so far, all tables (tests, diagnostics).

@@ -297,8 +297,8 @@ class Worker {
   bool update_rows_in_backward_ = false;
   std::chrono::steady_clock::duration rows_in_backward_{};
   absl::Status rows_status_;
-  uint64_t version_at_pull_ = 0;
-  const std::atomic<bool>* stop_ = nullptr;  // set_stop      // store->version() read just before the last training pull
+  uint64_t version_at_pull_ = 0;             // store->version() read just before the last training pull
+  const std::atomic<bool>* stop_ = nullptr;  // set_stop
   const PackedRecords* packed_ = nullptr;  // set_packed_records
   // update_.hot_rows: chosen on the first training call that reads rows in
   // place (hot_rows_chosen_), merged by TrainSteps.

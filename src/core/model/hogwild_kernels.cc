@@ -382,23 +382,20 @@ SHARDWILD_HOGWILD_KERNEL void GatherRowsImpl(const float* const* rows, int64_t c
   }
 }
 
-// shared += local - base; then local = base = the value stored.
+// shared += local - base.
 struct MergeRowOp {
   float* shared;
-  float* local;
-  float* base;
+  const float* local;
+  const float* base;
   template <class D>
   HWY_INLINE void operator()(D d, int64_t i) const {
     const auto delta = hn::Sub(hn::LoadU(d, local + i), hn::LoadU(d, base + i));
-    const auto merged = hn::Add(hn::LoadU(d, shared + i), delta);
-    hn::StoreU(merged, d, shared + i);
-    hn::StoreU(merged, d, local + i);
-    hn::StoreU(merged, d, base + i);
+    hn::StoreU(hn::Add(hn::LoadU(d, shared + i), delta), d, shared + i);
   }
 };
 
-SHARDWILD_HOGWILD_KERNEL void MergeRowsImpl(float* const* shared, float* local, float* base, int64_t count,
-                                            int64_t dim) {
+SHARDWILD_HOGWILD_KERNEL void MergeRowsImpl(float* const* shared, const float* local, const float* base,
+                                            int64_t count, int64_t dim) {
   constexpr int64_t kAhead = 4;
   for (int64_t r = 0; r < count; ++r) {
     if (r + kAhead < count) PrefetchLineForWrite(shared[r + kAhead]);
@@ -663,7 +660,7 @@ void HogwildGatherRows(const float* const* rows, int64_t count, int64_t dim, flo
   if (count > 0 && dim > 0) HWY_DYNAMIC_DISPATCH(GatherRowsImpl)(rows, count, dim, out);
 }
 
-void HogwildMergeRows(float* const* shared, float* local, float* base, int64_t count, int64_t dim) {
+void HogwildMergeRows(float* const* shared, const float* local, const float* base, int64_t count, int64_t dim) {
   if (count > 0 && dim > 0) HWY_DYNAMIC_DISPATCH(MergeRowsImpl)(shared, local, base, count, dim);
 }
 

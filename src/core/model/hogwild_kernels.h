@@ -124,9 +124,9 @@ void HogwildGatherRows(const float* const* rows, int64_t count, int64_t dim, flo
 // local[r * dim, + dim) and its value when copied at base[r * dim, + dim),
 // shared[r][j] += local[r * dim + j] - base[r * dim + j] (the updates made
 // to the copy since, as a delta, so that other threads' updates of the
-// shared row in between are kept), and local and base then hold the value
-// stored. Prefetches a few rows ahead, with intent to write.
-void HogwildMergeRows(float* const* shared, float* local, float* base, int64_t count, int64_t dim);
+// shared row in between are kept). Prefetches a few rows ahead, with
+// intent to write.
+void HogwildMergeRows(float* const* shared, const float* local, const float* base, int64_t count, int64_t dim);
 
 // The fused embedding path (ParamStore::RowAddresses): rows read and updated
 // in the store's memory, with no pulled copy and no gradient buffer.
