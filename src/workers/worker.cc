@@ -8,6 +8,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "core/base/step_clock.h"
 #include "core/base/status.h"
 #include "workers/replicated_store.h"
 #include "ps_shm/sync_aggregator.h"
@@ -15,7 +16,6 @@
 namespace shardwild {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
 }  // namespace
 
@@ -149,9 +149,9 @@ absl::Status Worker::UpdateRows(float lr) {
 
 void Worker::RowsReady() {
   if (!update_rows_in_backward_) return;
-  const auto start = Clock::now();
+  const uint64_t start = StepClock::Now();
   rows_status_ = UpdateRows(step_sparse_lr_);
-  rows_in_backward_ += Clock::now() - start;
+  rows_in_backward_ns_ += StepClock::Nanoseconds(start, StepClock::Now());
 }
 
 absl::Status Worker::CheckShape(const Dataset& data, const char* what) const {
@@ -251,7 +251,7 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
   // us a step). A sync round takes the rows' gradients with the dense ones,
   // after the backward.
   update_rows_in_backward_ = sync == nullptr && lookups > 0;
-  rows_in_backward_ = {};
+  rows_in_backward_ns_ = 0;
   // Hot rows (update_.hot_rows): chosen once, before the first step that
   // reads rows in place; every copy used is merged into the store when this
   // call returns, however it ends, so the store holds all its updates.
@@ -268,13 +268,13 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
     const double progress = progress_begin + static_cast<double>(first_step + step) * progress_per_step;
     const float lr = optimizer.LrAt(progress);
     const float sparse_lr = sparse_optimizer.LrAt(progress);
-    const auto t0 = Clock::now();
+    const uint64_t t0 = StepClock::Now();
     // Data: gather this batch's records (the last of a range run short and
     // padded).
     const int64_t valid = TakeRecords(order, count, batch, cycle, &cursor, batch_records_.data());
     // From the second step on, PrefetchNextBatch asked for them a step ago.
     model_->LoadBatch(*train_, batch_records_.data(), valid, packed_, /*asked_for=*/step > 0);
-    const auto t1 = Clock::now();
+    const uint64_t t1 = StepClock::Now();
     // Read params: refresh the local copy on the first step of the call, every
     // pull_every steps, when the store has moved more than max_staleness
     // pushes past the last pull, and always in sync mode.
@@ -293,18 +293,18 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
       if (!(fuse_pull && step > 0)) SW_RETURN_IF_ERROR(PullAll());
       WorkerCounters::Bump(counters_.pulls, int64_t{1});
     }
-    const auto t2 = Clock::now();
+    const uint64_t t2 = StepClock::Now();
     // Embedding rows are pulled every step: they are the batch's own.
     int64_t rows = 0;
     for (int l = 0; l < lookups; ++l) rows += static_cast<int64_t>(model_->ids(l).size());
     SW_RETURN_IF_ERROR(PrepareRows(rows_in_place));
-    const auto t3 = Clock::now();
+    const uint64_t t3 = StepClock::Now();
     model_->Forward(/*training=*/true, stream_);
-    const auto t4 = Clock::now();
+    const uint64_t t4 = StepClock::Now();
     // The next batch's prefetch is part of the data phase: its time moves
     // from the backward's share to the data's.
     PrefetchNextBatch(order, count, cursor, cycle);
-    const auto t4_prefetched = Clock::now();
+    const uint64_t t4_prefetched = StepClock::Now();
     next_bucket_ = 0;
     step_lr_ = lr;
     step_sparse_lr_ = sparse_lr;
@@ -312,7 +312,7 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
         model_->Backward(valid, stream_, {optimizer.loss_reduction, sparse_optimizer.loss_reduction});
     SW_RETURN_IF_ERROR(std::exchange(bucket_status_, absl::OkStatus()));
     SW_RETURN_IF_ERROR(std::exchange(rows_status_, absl::OkStatus()));
-    const auto t5 = Clock::now();
+    const uint64_t t5 = StepClock::Now();
     auto t6 = t5;
     if (sync != nullptr) {
       row_pushes_.clear();
@@ -320,7 +320,7 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
         row_pushes_.push_back(RowGrad{model_->lookup(l).table, model_->ids(l), model_->row_grads(l)});
       }
       SW_RETURN_IF_ERROR(sync->Contribute(index_, pushes_, lr, row_pushes_, sparse_lr));
-      t6 = Clock::now();
+      t6 = StepClock::Now();
     } else {
       if (!pushes_.empty()) {
         if (fuse_pull && step + 1 < steps) {
@@ -330,27 +330,24 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
         }
       }
       if (update_.replicas != nullptr) SW_RETURN_IF_ERROR(update_.replicas->StepDone());
-      t6 = Clock::now();
+      t6 = StepClock::Now();
       if (lookups > 0 && !update_rows_in_backward_) SW_RETURN_IF_ERROR(UpdateRows(sparse_lr));
     }
     // The hot rows' merge is part of push rows.
     if (!hot_.empty() && (step + 1) % merge_every == 0) hot_.Merge();
-    const auto t7 = Clock::now();
+    const uint64_t t7 = StepClock::Now();
     // Each phase's time, once: into this call's PhaseTimes and the live
     // counters.
-    const Clock::time_point marks[kNumStepPhases + 1] = {t0, t1, t2, t3, t4, t5, t6, t7};
+    const uint64_t marks[kNumStepPhases + 1] = {t0, t1, t2, t3, t4, t5, t6, t7};
     int64_t ns[kNumStepPhases];
-    for (int p = 0; p < kNumStepPhases; ++p) {
-      ns[p] = std::chrono::duration_cast<std::chrono::nanoseconds>(marks[p + 1] - marks[p]).count();
-    }
+    for (int p = 0; p < kNumStepPhases; ++p) ns[p] = StepClock::Nanoseconds(marks[p], marks[p + 1]);
     // The rows updated inside the backward count as push rows, not backward.
     static_assert(kStepPhaseFields[0] == &PhaseTimes::data && kStepPhaseFields[4] == &PhaseTimes::backward &&
                   kStepPhaseFields[6] == &PhaseTimes::push_rows);
-    const int64_t rows_ns =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::exchange(rows_in_backward_, {})).count();
+    const int64_t rows_ns = std::exchange(rows_in_backward_ns_, 0);
     ns[4] -= rows_ns;
     ns[6] += rows_ns;
-    const int64_t prefetch_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t4_prefetched - t4).count();
+    const int64_t prefetch_ns = StepClock::Nanoseconds(t4, t4_prefetched);
     ns[4] -= prefetch_ns;
     ns[0] += prefetch_ns;
     for (int p = 0; p < kNumStepPhases; ++p) {

@@ -250,7 +250,7 @@ class Worker {
   // then the in-place lookups' fused backward and SGD.
   absl::Status UpdateRows(float lr);
   // The model's rows_ready hook: UpdateRows(step_sparse_lr_) inside the
-  // backward when update_rows_in_backward_, timed into rows_in_backward_,
+  // backward when update_rows_in_backward_, timed into rows_in_backward_ns_,
   // its error kept in rows_status_.
   void RowsReady();
   // Between the forward and the backward: prefetches the records of the
@@ -295,7 +295,7 @@ class Worker {
   // Rows updated as soon as the backward has their gradients (TrainSteps,
   // when no sync round takes them): the time that took this step and its error.
   bool update_rows_in_backward_ = false;
-  std::chrono::steady_clock::duration rows_in_backward_{};
+  int64_t rows_in_backward_ns_ = 0;
   absl::Status rows_status_;
   uint64_t version_at_pull_ = 0;             // store->version() read just before the last training pull
   const std::atomic<bool>* stop_ = nullptr;  // set_stop

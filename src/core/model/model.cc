@@ -16,6 +16,7 @@
 #include "core/base/cpu_features.h"
 #include "core/base/prefetch.h"
 #include "core/base/random.h"
+#include "core/base/step_clock.h"
 #include "core/base/status.h"
 
 namespace shardwild {
@@ -917,7 +918,7 @@ void Model::PoolLookups() {
   // The pooling of rows read in place is where their misses land: timed as
   // a whole (TakeInPlacePoolSeconds).
   bool any_in_place = false;
-  const auto pool_start = std::chrono::steady_clock::now();
+  const uint64_t pool_start = StepClock::Now();
   for (size_t l = 0; l < lookups_.size(); ++l) {
     const Lookup& lk = spec_.lookups[l];
     if (lk.wide) continue;
@@ -937,7 +938,7 @@ void Model::PoolLookups() {
     }
   }
   if (any_in_place) {
-    in_place_pool_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - pool_start).count();
+    in_place_pool_s_ += StepClock::Seconds(pool_start, StepClock::Now());
   }
 }
 
