@@ -4,7 +4,8 @@
 // reported in bytes/s, and the in-place embedding kernels on rows outside the
 // caches next to a plain random-row read-modify-write of the same rows
 // (BM_InPlaceRows: compare their rows/s), and the text model's data phase
-// next to the same bytes read in sequence (BM_TextDataPhase: records/s).
+// next to the same bytes read in sequence (BM_DataPhase: records/s; the
+// libsvm shape too).
 //
 //   build/bench/core/model/dense_benchmark --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
@@ -386,41 +387,60 @@ BENCHMARK(BM_PrefetchBurst)
     ->Iterations(20000)
     ->UseManualTime();
 
-// The text model's data phase (configs/text_bow.yaml's shape, batches of 16
-// records of 1..35 token ids, 18 on average) over 1M packed records (about
-// 150 MB: outside the caches), in a shuffled order. what 0: LoadBatch alone,
-// nothing asked for before; 1: as a worker runs it, PrefetchBatch of the
-// next batch after LoadBatch, then (untimed) a dependent chain of 1000
-// multiply-adds that touches no memory, as a step's compute; both calls
-// timed. 2: the same batch loaded again (every line in L1). 3, the bound: the
-// same bytes (blocks and labels) copied from a sequential layout, as a data
-// set already gathered in the epoch's order would be read. 4 and 5: what 1
-// with only its LoadBatch timed (4) or only its PrefetchBatch (5). layout 0:
-// the packed blocks one after the other, each found through its start word; 1:
-// as PackRecords chooses (here 128-byte slots, the records of more than 30
-// ids after them). Counter: records/s.
-void BM_TextDataPhase(benchmark::State& state) {
+// A data phase over 1M packed records (outside the caches), in a shuffled
+// order. shape 0: the text model's (configs/text_bow.yaml: batches of 16
+// records of 1..35 token ids, 18 on average; about 150 MB); 1: sparse
+// logistic regression's (configs/sparse_logreg.yaml: batches of 64 libsvm
+// records of 4..32 weighted ids, 18 on average, each id with its weight;
+// about 200 MB). what 0: LoadBatch alone, nothing asked for before; 1: as a
+// worker runs it, PrefetchBatch of the next batch after LoadBatch, then
+// (untimed) a dependent chain of multiply-adds that touches no memory, as a
+// step's compute (1000 for text, about 1 us; 8000 for libsvm); both calls
+// timed. 2: the same batch
+// loaded again (every line in L1). 3, the bound: the same bytes (blocks and
+// labels) copied from a sequential layout, as a data set already gathered
+// in the epoch's order would be read. 4 and 5: what 1 with only its
+// LoadBatch timed (4) or only its PrefetchBatch (5). layout 0: the packed
+// blocks one after the other, each found through its start word; 1: as
+// PackRecords chooses (text: 128-byte slots, the records of more than 30
+// ids after them; libsvm: 192-byte slots, those of more than 23 after
+// them). Counter: records/s.
+void BM_DataPhase(benchmark::State& state) {
   const int64_t what = state.range(0);
   const int64_t layout = state.range(1);
-  constexpr int64_t kRecords = 1000000, kBatch = 16;
+  const bool libsvm = state.range(2) == 1;
+  constexpr int64_t kRecords = 1000000;
+  const int64_t kBatch = libsvm ? 64 : 16;
+  const int spin_steps = libsvm ? 8000 : 1000;
   Dataset data;
   data.count = kRecords;
-  data.num_classes = 4;
+  data.num_classes = libsvm ? 2 : 4;
   std::mt19937_64 rng(3);
   SparseField f;
-  f.name = "tokens";
+  f.name = libsvm ? "features" : "tokens";
   f.offsets.push_back(0);
+  const uint64_t rows = libsvm ? 1048576 : 2000000;
   for (int64_t r = 0; r < kRecords; ++r) {
-    data.labels.push_back(static_cast<int32_t>(rng() % 4));
-    const int64_t n = 1 + static_cast<int64_t>(rng() % 35);
-    for (int64_t i = 0; i < n; ++i) f.ids.push_back(rng() % 2000000);
+    data.labels.push_back(static_cast<int32_t>(rng() % data.num_classes));
+    const int64_t n = libsvm ? 4 + static_cast<int64_t>(rng() % 15 + rng() % 15) : 1 + static_cast<int64_t>(rng() % 35);
+    for (int64_t i = 0; i < n; ++i) {
+      f.ids.push_back(rng() % rows);
+      if (libsvm) f.weights.push_back(static_cast<float>(rng() % 1000) / 1000.0f);
+    }
     f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
   }
   data.fields.push_back(std::move(f));
   ModelOptions opts;
-  opts.tables = {{"tokens", 2000000, 64, false, false, 0.015625f}};
-  opts.sparse = {{"tokens", "tokens", Pooling::kMean, true}};
-  opts.layers = {{"dense", 4, Activation::kNone}};
+  if (libsvm) {
+    opts.head = HeadType::kBinary;
+    opts.tables = {{"features", rows, 1, false, false, 0.0001f}};
+    opts.sparse = {{"features", "features", Pooling::kSum, true}};
+    opts.layers = {{"dense", 1, Activation::kNone}};
+  } else {
+    opts.tables = {{"tokens", rows, 64, false, false, 0.015625f}};
+    opts.sparse = {{"tokens", "tokens", Pooling::kMean, true}};
+    opts.layers = {{"dense", 4, Activation::kNone}};
+  }
   dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   auto m = Model::Create(opts, DataShape::Of(data), kBatch, engine, 1);
   if (!m.ok()) {
@@ -440,7 +460,9 @@ void BM_TextDataPhase(benchmark::State& state) {
   const int64_t batches = kRecords / kBatch - 1;
   int64_t b = 0;
   float spin = 1.0f;
-  if (what == 1 || what >= 4) (*m)->PrefetchBatch(data, order.data(), kBatch, &*packed);
+  if (what == 1 || what >= 4) {
+    (*m)->PrefetchBatch(data, order.data(), kBatch, &*packed);
+  }
   for (auto _ : state) {
     if (what >= 4) {
       // What 1 does, one of its two calls timed.
@@ -451,7 +473,7 @@ void BM_TextDataPhase(benchmark::State& state) {
       (*m)->PrefetchBatch(data, records + kBatch, kBatch, &*packed);
       const auto s2 = std::chrono::steady_clock::now();
       state.SetIterationTime(std::chrono::duration<double>(what == 4 ? s1 - s0 : s2 - s1).count());
-      for (int i = 0; i < 1000; ++i) spin = spin * 0.999f + 0.5f;
+      for (int i = 0; i < spin_steps; ++i) spin = spin * 0.999f + 0.5f;
       benchmark::DoNotOptimize(spin);
       b = (b + 1) % batches;
       continue;
@@ -470,7 +492,7 @@ void BM_TextDataPhase(benchmark::State& state) {
     benchmark::ClobberMemory();
     state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     if (what == 1) {
-      for (int i = 0; i < 1000; ++i) spin = spin * 0.999f + 0.5f;
+      for (int i = 0; i < spin_steps; ++i) spin = spin * 0.999f + 0.5f;
       benchmark::DoNotOptimize(spin);
     }
     if (what != 2) b = (b + 1) % batches;
@@ -482,13 +504,13 @@ void BM_TextDataPhase(benchmark::State& state) {
                           "bound: sequential copy",
                           "load, asked for a step ahead",
                           "prefetch a step ahead"};
-  state.SetLabel(absl::StrCat(labels[what], ", ",
+  state.SetLabel(absl::StrCat(libsvm ? "libsvm, " : "text, ", labels[what], ", ",
                               packed->stride_words > 0 ? absl::StrCat(packed->stride_words * 8, "-byte slots")
                                                        : std::string("blocks one after the other")));
 }
-BENCHMARK(BM_TextDataPhase)
-    ->ArgNames({"what", "layout"})
-    ->ArgsProduct({{0, 1, 2, 3, 4, 5}, {0, 1}})
+BENCHMARK(BM_DataPhase)
+    ->ArgNames({"what", "layout", "shape"})
+    ->ArgsProduct({{0, 1, 2, 3, 4, 5}, {0, 1}, {0, 1}})
     ->UseManualTime();
 
 }  // namespace

@@ -766,7 +766,13 @@ void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, co
     // anyway.)
     PrefetchOverflowBlocks(records, n, *packed);
   }
-  for (int64_t s = 0; s < std::min(ahead, n); ++s) PrefetchRecord(data, records[s], packed);
+  // Where the records were asked for a step ahead and are a few lines each,
+  // their lines are in the caches already, and asking again only costs the
+  // requests (alternating runs, 2-core VM: text data 0.37 -> 0.33 us a
+  // step, logistic regression 3.2 -> 3.0 us).
+  if (!(asked_for && few_lines)) {
+    for (int64_t s = 0; s < std::min(ahead, n); ++s) PrefetchRecord(data, records[s], packed);
+  }
   if (LoadsSlots(data, packed)) {
     LoadSlots(data, records, n, *packed);
     FinishLoad(n);
@@ -794,7 +800,7 @@ void Model::LoadSlots(const Dataset& data, const int32_t* records, int64_t n, co
   // count are overwritten by the next record's or left unread. Read word by
   // word up to the slot's end and no further: whole chunks of ids would
   // cross it, into the next slot's first line, which nobody asked for
-  // (BM_TextDataPhase what:4 doubled).
+  // (BM_DataPhase what:4 shape:0 doubled).
   LookupState& st = lookups_[0];
   const int64_t id_count = 2 * (packed.stride_words - packed.head_words);
   const bool softmax = head_ == HeadType::kSoftmax;
