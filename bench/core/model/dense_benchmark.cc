@@ -419,12 +419,12 @@ void BM_DataPhase(benchmark::State& state) {
   SparseField f;
   f.name = libsvm ? "features" : "tokens";
   f.offsets.push_back(0);
-  const uint64_t rows = libsvm ? 1048576 : 2000000;
+  const int64_t rows = libsvm ? 1048576 : 2000000;
   for (int64_t r = 0; r < kRecords; ++r) {
     data.labels.push_back(static_cast<int32_t>(rng() % data.num_classes));
     const int64_t n = libsvm ? 4 + static_cast<int64_t>(rng() % 15 + rng() % 15) : 1 + static_cast<int64_t>(rng() % 35);
     for (int64_t i = 0; i < n; ++i) {
-      f.ids.push_back(rng() % rows);
+      f.ids.push_back(rng() % static_cast<uint64_t>(rows));
       if (libsvm) f.weights.push_back(static_cast<float>(rng() % 1000) / 1000.0f);
     }
     f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
