@@ -14,10 +14,6 @@
 #include "ps_shm/sync_aggregator.h"
 
 namespace shardwild {
-namespace {
-
-
-}  // namespace
 
 MetricValues ExtraTestMetrics(const EvalResult& result) {
   MetricValues out;
