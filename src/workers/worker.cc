@@ -213,12 +213,6 @@ int64_t TakeRecords(const int32_t* order, int64_t count, int64_t batch, bool cyc
 
 }  // namespace
 
-void Worker::PrefetchNextPart(int part) {
-  const int64_t begin = std::min(part * next_part_records_, next_valid_);
-  const int64_t end = std::min(begin + next_part_records_, next_valid_);
-  if (end > begin) model_->PrefetchBatch(*train_, next_records_.data() + begin, end - begin, packed_);
-}
-
 absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max_steps,
                                 const OptimizerOptions& optimizer, double progress_begin, double progress_per_step,
                                 int64_t first_step, PhaseTimes* times, const std::function<bool()>& after_step) {
@@ -266,10 +260,16 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
   // and after the backward. Each part's time counts as data.
   // (sparse_logreg.yaml, 64 records of 4 lines, 3 alternating pairs on 2
   // cores: data 2.50-2.51 -> 2.26-2.31 us a step.)
-  next_valid_ = 0;
+  int64_t next_valid = 0;  // how many of next_records_ are the next step's
   const int64_t per_burst = model_->RecordsPerPrefetchBurst(*train_, packed_);
   const int parts = static_cast<int>(std::clamp<int64_t>((batch + per_burst - 1) / per_burst, 1, 4));
-  next_part_records_ = (batch + parts - 1) / parts;
+  const int64_t part_records = (batch + parts - 1) / parts;
+  // Asks for part `part` of the next step's records (nothing past them).
+  auto prefetch_next_part = [&](int part) {
+    const int64_t begin = std::min(part * part_records, next_valid);
+    const int64_t end = std::min(begin + part_records, next_valid);
+    if (end > begin) model_->PrefetchBatch(*train_, next_records_.data() + begin, end - begin, packed_);
+  };
   // The points of the step where part p is asked for, the forward's end
   // being the one of a single part.
   const bool part_at_data = parts >= 2, part_at_rows = parts >= 3, part_at_backward = parts >= 4;
@@ -283,16 +283,16 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
     // Data: gather this batch's records (the last of a range run short and
     // padded), taken a step ago from the second step on, when their lines
     // were asked for.
-    int64_t valid = next_valid_;
+    int64_t valid = next_valid;
     if (step == 0) {
       valid = TakeRecords(order, count, batch, cycle, &cursor, batch_records_.data());
     } else {
       std::swap(batch_records_, next_records_);
     }
     model_->LoadBatch(*train_, batch_records_.data(), valid, packed_, /*asked_for=*/step > 0);
-    next_valid_ = step + 1 < steps ? TakeRecords(order, count, batch, cycle, &cursor, next_records_.data()) : 0;
+    next_valid = step + 1 < steps ? TakeRecords(order, count, batch, cycle, &cursor, next_records_.data()) : 0;
     int part = 0;
-    if (part_at_data) PrefetchNextPart(part++);
+    if (part_at_data) prefetch_next_part(part++);
     const uint64_t t1 = StepClock::Now();
     // Read params: refresh the local copy on the first step of the call, every
     // pull_every steps, when the store has moved more than max_staleness
@@ -320,13 +320,13 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
     int64_t part_in_rows_ns = 0, part_in_backward_ns = 0;  // parts asked for in those phases' intervals
     if (part_at_rows) {
       const uint64_t asked = StepClock::Now();
-      PrefetchNextPart(part++);
+      prefetch_next_part(part++);
       part_in_rows_ns = StepClock::Nanoseconds(asked, StepClock::Now());
     }
     const uint64_t t3 = StepClock::Now();
     model_->Forward(/*training=*/true, stream_);
     const uint64_t t4 = StepClock::Now();
-    PrefetchNextPart(part++);
+    prefetch_next_part(part++);
     const uint64_t t4_prefetched = StepClock::Now();
     next_bucket_ = 0;
     step_lr_ = lr;
@@ -337,7 +337,7 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
     SW_RETURN_IF_ERROR(std::exchange(rows_status_, absl::OkStatus()));
     if (part_at_backward) {
       const uint64_t asked = StepClock::Now();
-      PrefetchNextPart(part++);
+      prefetch_next_part(part++);
       part_in_backward_ns = StepClock::Nanoseconds(asked, StepClock::Now());
     }
     const uint64_t t5 = StepClock::Now();

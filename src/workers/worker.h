@@ -253,10 +253,6 @@ class Worker {
   // backward when update_rows_in_backward_, timed into rows_in_backward_ns_,
   // its error kept in rows_status_.
   void RowsReady();
-  // Asks for the lines of part `part` of the next step's records
-  // (next_records_[part * next_part_records_ ...], up to next_valid_;
-  // Model::PrefetchBatch). Nothing where the part is past them.
-  void PrefetchNextPart(int part);
   // Rejects evaluation or prediction data whose shape differs from the training data's.
   absl::Status CheckShape(const Dataset& data, const char* what) const;
   absl::Status TrainSteps(const int32_t* order, int64_t count, int64_t max_steps, const OptimizerOptions& optimizer,
@@ -274,8 +270,6 @@ class Worker {
   dnnl::stream stream_;
   std::vector<int32_t> batch_records_;  // [batch] the records of the step being loaded
   std::vector<int32_t> next_records_;   // [batch] those of the next step, taken a step ahead (TrainSteps)
-  int64_t next_valid_ = 0;              // how many next_records_ holds
-  int64_t next_part_records_ = 0;       // records a part (PrefetchNextPart)
   RowScratch row_scratch_;
   std::vector<RowPull> row_pulls_;      // [lookup], set each step (PullRowsBatch)
   std::vector<RowGrad> row_pushes_;     // [lookup], set each step (PushRowsBatch, or the sync round)

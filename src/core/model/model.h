@@ -277,11 +277,11 @@ class Model {
   // then PrefetchRecord for each (which reads those words; slots need none).
   void PrefetchBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed) const;
   // How many records' lines PrefetchBatch asks for in a burst of about
-  // kPrefetchBurstLines lines (at least 1 record): more than about 40
-  // prefetches that miss, issued back to back, lose most of them on the
-  // 2-core EPYC KVM guest (BM_PrefetchBurst: 192 random lines loaded in 627
-  // ns after a burst, 77 ns after prefetches spaced by a few ns of work,
-  // 1118 ns cold; up to 32 all arrive). A worker asks for a larger batch a
+  // kPrefetchBurstLines lines (at least 1 record): prefetches that miss,
+  // issued back to back, are lost past about 48 on the 2-core EPYC KVM
+  // guest (BM_PrefetchBurst, 2026-11-28, loads after a burst against after
+  // spaced prefetches and cold: 32 lines 27/25/292 ns, 48 34/28/325, 64
+  // 98/33/472, 192 655/89/1090). A worker asks for a larger batch a
   // part at a time, at several points of its step. O(1).
   int64_t RecordsPerPrefetchBurst(const Dataset& data, const PackedRecords* packed) const;
   static constexpr int64_t kPrefetchBurstLines = 32;
