@@ -257,5 +257,71 @@ TEST(NoAllocationTest, SparseStepAllocatesNothing) {
 #endif
 }
 
+// One lookup's ids in slots (the text and sparse_logreg configs' layout,
+// which LoadBatch copies slot by slot, whole slots past each record's count,
+// and the longer blocks after the slots to their count): bags of 0 to 34
+// ids, weighted and not, in slots of 64 bytes (most blocks after them) and
+// of 128: once a warm epoch has grown the id buffers, none allocates.
+TEST(NoAllocationTest, SlotLoadsAllocateNothing) {
+#ifdef SHARDWILD_SANITIZED
+  GTEST_SKIP() << "sanitizers interpose the allocator";
+#else
+  for (bool weighted : {true, false}) {
+    SCOPED_TRACE(weighted ? "weighted" : "not weighted");
+    Dataset data;
+    data.count = 512;
+    data.num_classes = 2;
+    SparseField f;
+    f.name = "features";
+    f.offsets.push_back(0);
+    for (int64_t r = 0; r < data.count; ++r) {
+      data.labels.push_back(static_cast<int32_t>(r % 2));
+      for (int64_t k = 0; k < (r * 13) % 35; ++k) {
+        f.ids.push_back(static_cast<uint64_t>((r * 131 + k * 17) % 20000));
+        if (weighted) f.weights.push_back(0.25f * static_cast<float>(k % 4 + 1));
+      }
+      f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
+    }
+    data.fields.push_back(std::move(f));
+    ModelOptions model;
+    model.head = HeadType::kBinary;
+    model.interaction = Interaction::kConcat;
+    model.tables = {{"features", 1 << 16, 4, false, false, 0.1f}};
+    model.sparse = {{"features", "features", Pooling::kSum, weighted}};
+    model.layers = {{"dense", 1, Activation::kNone}};
+    auto spec = Model::Describe(model, DataShape::Of(data));
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    std::vector<int32_t> order(data.count);
+    for (int64_t i = 0; i < data.count; ++i) order[i] = static_cast<int32_t>((i * 97) % data.count);
+    OpenStoreOptions so;
+    so.num_shards = 1;
+    so.optimizer.type = OptimizerType::kAdagrad;
+    so.store.job_name = std::string("sw-noalloc-slots-") + (weighted ? "w" : "u");
+    so.tables = TableSpecsOf(*spec);
+    auto store = ShmParamStore::Create(so, spec->variables);
+    ASSERT_TRUE(store.ok()) << store.status();
+    dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+    auto worker = Worker::Create(0, model, /*batch=*/32, data, store->get(), engine);
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    for (int64_t stride_bytes : {64, 128}) {
+      SCOPED_TRACE(stride_bytes);
+      const std::optional<PackedRecords> packed = (*worker)->model().PackRecords(data, stride_bytes);
+      ASSERT_TRUE(packed.has_value());
+      ASSERT_EQ(packed->stride_words * 8, stride_bytes);
+      ASSERT_GT(packed->overflow_blocks, 0);
+      (*worker)->set_packed_records(&*packed);
+      ASSERT_TRUE((*worker)->Train(order.data(), data.count, -1, so.optimizer, 0, 1, nullptr).ok());
+      const int64_t before = g_allocations.load();
+      t_counting = true;
+      const absl::Status s = (*worker)->Train(order.data(), data.count, -1, so.optimizer, 0, 1, nullptr);
+      t_counting = false;
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_EQ(g_allocations.load() - before, 0) << "allocations during an epoch from slots";
+      (*worker)->set_packed_records(nullptr);
+    }
+  }
+#endif
+}
+
 }  // namespace
 }  // namespace shardwild

@@ -371,10 +371,13 @@ class Model {
   void LoadRecordHead(const Dataset& data, int64_t record, int64_t slot, const PackedRecords* packed);
   void LoadPackedIds(const PackedRecords& packed, int64_t record, int64_t slot);
   // LoadRecord for every record of a batch, for the one layout of a bag of
-  // words: one lookup's narrow ids in slots, the label in them, no dense
-  // values, one label a record. LoadsSlots says whether it is that layout.
+  // words or of weighted features: one lookup's narrow ids (and their
+  // weights, where weighted) in slots, the label in them, no dense values,
+  // one label a record. LoadsSlots says whether it is that layout.
   bool LoadsSlots(const Dataset& data, const PackedRecords* packed) const;
   void LoadSlots(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords& packed);
+  template <bool kWeighted>
+  void LoadSlotsOf(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords& packed);
   // Room in lookup l for `need` ids and kIdSlack more: LoadPackedIds copies
   // ids in chunks of kIdSlack + 1, so it may write up to kIdSlack past the
   // lookup's count. GrowLookup (never shrinks) when there is not.

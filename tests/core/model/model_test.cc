@@ -114,8 +114,9 @@ class ModelTest : public ::testing::Test {
   }
 
   // The batches loaded into `a` and `b` are the same: every lookup's ids,
-  // the labels, and the bags (pooling all-ones rows gives each bag's size,
-  // which mean pooling also divides by).
+  // the labels, and the bags with their weights (the rows pooled hold a
+  // value of their position in the batch, so a bag's sum, or mean, moves
+  // with its size, its ends and each position's weight).
   void ExpectSameBatch(Model& a, Model& b, int64_t outputs, const std::string& what) {
     for (int l = 0; l < b.num_lookups(); ++l) {
       EXPECT_EQ(std::vector<uint64_t>(a.ids(l).begin(), a.ids(l).end()),
@@ -128,7 +129,8 @@ class ModelTest : public ::testing::Test {
     }
     for (Model* x : {&a, &b}) {
       for (int l = 0; l < x->num_lookups(); ++l) {
-        std::fill(x->rows(l), x->rows(l) + x->ids(l).size() * x->lookup(l).dim, 1.0f);
+        const size_t values = x->ids(l).size() * x->lookup(l).dim;
+        for (size_t i = 0; i < values; ++i) x->rows(l)[i] = 1.0f + 0.125f * static_cast<float>((i * 7) % 11);
       }
       for (int v = 0; v < x->num_variables(); ++v) std::fill(x->params(v), x->params(v) + x->variable(v).size(), 0.5f);
       x->Forward(false, stream_);
@@ -549,6 +551,59 @@ TEST_F(ModelTest, PackedBagsOfWordsLoadAsTheFieldsDo) {
     const std::unique_ptr<Model> m = Make(opts, d, 16);
     ASSERT_TRUE(m);
     for (int64_t stride : {64, 128}) EXPECT_EQ(m->PackRecords(d, stride)->overflow_blocks, overflowing_[stride]);
+  }
+}
+
+// Weighted features (sparse_logreg's layout: one weighted lookup, no dense
+// values, narrow ids and the label in the block, which LoadBatch copies slot
+// by slot, each slot's ids and the weights after them, with no branch on a
+// record's count): bags of 0 to 34 weighted ids, in slots that hold all of
+// them, some or few (the rest after the slots), and blocks one after the
+// other, load as from the fields, weights included, for a binary and a
+// softmax head, batch after batch into the same buffers, the data set's
+// last record included.
+TEST_F(ModelTest, PackedWeightedFeaturesLoadAsTheFieldsDo) {
+  for (HeadType head : {HeadType::kBinary, HeadType::kSoftmax}) {
+    const int32_t classes = head == HeadType::kSoftmax ? 3 : 2;
+    const int64_t outputs = head == HeadType::kSoftmax ? 3 : 1;
+    std::mt19937 rng(8);
+    Dataset d;
+    d.count = 210;
+    d.num_classes = classes;
+    SparseField features;
+    features.name = "features";
+    features.offsets.push_back(0);
+    for (int64_t r = 0; r < d.count; ++r) {
+      d.labels.push_back(static_cast<int32_t>(rng() % classes));
+      const int64_t n = (r * 13) % 35;  // every length, in a scattered order
+      for (int64_t k = 0; k < n; ++k) {
+        features.ids.push_back(rng() % 3000000);  // mapped to 2^20 rows
+        features.weights.push_back(static_cast<float>(rng() % 1000 + 1) / 1000.0f);
+      }
+      features.offsets.push_back(static_cast<int64_t>(features.ids.size()));
+    }
+    d.fields.push_back(features);
+    ModelOptions opts;
+    opts.head = head;
+    opts.interaction = Interaction::kConcat;
+    opts.tables = {{"features", 1 << 20, 1, false, false, 0.5f}};
+    opts.sparse = {{"features", "features", Pooling::kSum, true}};
+    opts.layers = {{"dense", outputs, Activation::kNone}};
+    std::vector<std::vector<int32_t>> batches = SpreadBatches(d.count, 32, 41);
+    batches.push_back({static_cast<int32_t>(d.count - 1)});
+    batches.push_back({34, static_cast<int32_t>(d.count - 1), 0, 33, 34});
+    const std::optional<PackedRecords> packed =
+        ExpectPackedLoadsAsFields(opts, d, /*batch=*/32, outputs, batches);
+    ASSERT_TRUE(packed.has_value()) << static_cast<int>(head);
+    EXPECT_TRUE(packed->narrow_ids);
+    EXPECT_TRUE(packed->inline_label);
+    ASSERT_EQ(packed->weighted.size(), 1u);
+    EXPECT_TRUE(packed->weighted[0]);
+    EXPECT_EQ(packed->head_words, 1);
+    // 64-byte slots hold 7 weighted ids and 128-byte ones 15: the longer
+    // bags go after them.
+    EXPECT_GT(overflowing_[64], overflowing_[128]);
+    EXPECT_GT(overflowing_[128], 0);
   }
 }
 
