@@ -544,7 +544,7 @@ int64_t Model::ChooseStrideWords(const std::vector<int64_t>& words_histogram, ui
   for (int64_t stride : strides) {
     const double slot_lines = stride <= 8 ? 1.0 : static_cast<double>(stride / 8);
     double lines = static_cast<double>(n) * slot_lines;
-    for (int64_t w = stride + 1; w <= top; ++w) lines += static_cast<double>(words_histogram[w]) * block_lines(w);
+    for (int64_t w = stride + 1; w <= top; ++w) lines += static_cast<double>(words_histogram[w]) * 2.0 * block_lines(w);
     const uint64_t past_slots = WordsPastSlots(words_histogram, total_words, stride);
     const double bytes = (static_cast<double>(n) * static_cast<double>(stride) + static_cast<double>(past_slots)) * 8.0;
     if (bytes > 2.0 * one_after_another_bytes) continue;

@@ -637,9 +637,22 @@ TEST(PackedLayout, ChoosesTheStrideWhoseLoadsTouchTheFewestLines) {
   // Three words: 32-byte slots, two to a line (16-byte ones would put every
   // block after them).
   EXPECT_EQ(choose({{3, 1000}}), 4);
-  // A long tail: short slots send the few long blocks after them (1.84
-  // lines a record), fewer than slots long enough for them (8 lines) or a
-  // start word for every record (3.08).
+  // sparse_logreg's: 4..32 weighted narrow ids (a word each) and a head
+  // word, 5..33 words, most near 19. 192-byte slots (3 lines) would send a
+  // fifth of them after the slots (3 + 0.2 * 2 * 4.3 lines a record):
+  // 256-byte ones (4 lines, and only the longest after them, 4.04) beat
+  // them and the blocks one after the other (4.25).
+  int64_t libsvm_words = 0;
+  std::vector<int64_t> libsvm_h(Model::kStrideHistogramWords + 1, 0);
+  for (int64_t c = 4; c <= 32; ++c) {
+    const int64_t n = 15 - std::abs(c - 18);  // the ways 4 + U(0..14) + U(0..14) makes c
+    libsvm_h[c + 1] += n;
+    libsvm_words += (c + 1) * n;
+  }
+  EXPECT_EQ(Model::ChooseStrideWords(libsvm_h, static_cast<uint64_t>(libsvm_words)), 32);
+  // A long tail: short slots send the few long blocks after them (1 + 0.1
+  // * 2 * 8.4 = 2.68 lines a record), fewer than slots long enough for them
+  // (8 lines) or a start word for every record (3.08).
   EXPECT_EQ(choose({{4, 900}, {60, 100}}), 4);
   // Records past 512 bytes: no slots hold them, and slots plus a block
   // after them read more lines than blocks one after the other.
