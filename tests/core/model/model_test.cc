@@ -9,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -102,6 +103,31 @@ std::vector<std::vector<int32_t>> SpreadBatches(int64_t count, int32_t size, int
     batches.push_back(b);
   }
   return batches;
+}
+
+// One bag field `name` (the text and libsvm configs' shape): `count`
+// records with labels of `classes` classes, record r holding length(r) ids
+// below `id_range`, each followed by a weight in (0, 1] where `weighted`,
+// all drawn from `seed`.
+Dataset OneBagData(const std::string& name, int64_t count, int32_t classes, uint32_t seed, uint64_t id_range,
+                   bool weighted, const std::function<int64_t(int64_t)>& length) {
+  std::mt19937 rng(seed);
+  Dataset d;
+  d.count = count;
+  d.num_classes = classes;
+  SparseField f;
+  f.name = name;
+  f.offsets.push_back(0);
+  for (int64_t r = 0; r < count; ++r) {
+    d.labels.push_back(static_cast<int32_t>(rng() % classes));
+    for (int64_t k = 0; k < length(r); ++k) {
+      f.ids.push_back(rng() % id_range);
+      if (weighted) f.weights.push_back(static_cast<float>(rng() % 1000 + 1) / 1000.0f);
+    }
+    f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
+  }
+  d.fields.push_back(std::move(f));
+  return d;
 }
 
 class ModelTest : public ::testing::Test {
@@ -515,20 +541,8 @@ TEST_F(ModelTest, PackedBagsOfWordsLoadAsTheFieldsDo) {
   for (HeadType head : {HeadType::kSoftmax, HeadType::kBinary}) {
     const int32_t classes = head == HeadType::kSoftmax ? 4 : 2;
     const int64_t outputs = head == HeadType::kSoftmax ? 4 : 1;
-    std::mt19937 rng(7);
-    Dataset d;
-    d.count = 200;
-    d.num_classes = classes;
-    SparseField tokens;
-    tokens.name = "tokens";
-    tokens.offsets.push_back(0);
-    for (int64_t r = 0; r < d.count; ++r) {
-      d.labels.push_back(static_cast<int32_t>(rng() % classes));
-      const int64_t n = r % 35;  // every length, in turn
-      for (int64_t k = 0; k < n; ++k) tokens.ids.push_back(rng() % 10000);  // mapped to 4096 rows
-      tokens.offsets.push_back(static_cast<int64_t>(tokens.ids.size()));
-    }
-    d.fields.push_back(tokens);
+    // Every length in turn; ids mapped to 4096 rows.
+    const Dataset d = OneBagData("tokens", 200, classes, 7, 10000, false, [](int64_t r) { return r % 35; });
     ModelOptions opts;
     opts.head = head;
     opts.interaction = Interaction::kConcat;
@@ -566,23 +580,9 @@ TEST_F(ModelTest, PackedWeightedFeaturesLoadAsTheFieldsDo) {
   for (HeadType head : {HeadType::kBinary, HeadType::kSoftmax}) {
     const int32_t classes = head == HeadType::kSoftmax ? 3 : 2;
     const int64_t outputs = head == HeadType::kSoftmax ? 3 : 1;
-    std::mt19937 rng(8);
-    Dataset d;
-    d.count = 210;
-    d.num_classes = classes;
-    SparseField features;
-    features.name = "features";
-    features.offsets.push_back(0);
-    for (int64_t r = 0; r < d.count; ++r) {
-      d.labels.push_back(static_cast<int32_t>(rng() % classes));
-      const int64_t n = (r * 13) % 35;  // every length, in a scattered order
-      for (int64_t k = 0; k < n; ++k) {
-        features.ids.push_back(rng() % 3000000);  // mapped to 2^20 rows
-        features.weights.push_back(static_cast<float>(rng() % 1000 + 1) / 1000.0f);
-      }
-      features.offsets.push_back(static_cast<int64_t>(features.ids.size()));
-    }
-    d.fields.push_back(features);
+    // Every length, in a scattered order; ids mapped to 2^20 rows.
+    const Dataset d =
+        OneBagData("features", 210, classes, 8, 3000000, true, [](int64_t r) { return (r * 13) % 35; });
     ModelOptions opts;
     opts.head = head;
     opts.interaction = Interaction::kConcat;
