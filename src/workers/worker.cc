@@ -264,6 +264,9 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
   const int64_t per_burst = model_->RecordsPerPrefetchBurst(*train_, packed_);
   const int parts = static_cast<int>(std::clamp<int64_t>((batch + per_burst - 1) / per_burst, 1, 4));
   const int64_t part_records = (batch + parts - 1) / parts;
+  // Parts of at most a burst's records arrive whole; LoadBatch asks again
+  // for those of larger ones.
+  const Model::Asked asked = part_records <= per_burst ? Model::Asked::kInBursts : Model::Asked::kYes;
   // Asks for part `part` of the next step's records (nothing past them).
   auto prefetch_next_part = [&](int part) {
     const int64_t begin = std::min(part * part_records, next_valid);
@@ -289,7 +292,7 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
     } else {
       std::swap(batch_records_, next_records_);
     }
-    model_->LoadBatch(*train_, batch_records_.data(), valid, packed_, /*asked_for=*/step > 0);
+    model_->LoadBatch(*train_, batch_records_.data(), valid, packed_, step > 0 ? asked : Model::Asked::kNo);
     next_valid = step + 1 < steps ? TakeRecords(order, count, batch, cycle, &cursor, next_records_.data()) : 0;
     int part = 0;
     if (part_at_data) prefetch_next_part(part++);

@@ -27,6 +27,7 @@
 #include "oneapi/dnnl/dnnl.h"
 #include "ps_shm/shm_store.h"
 #include "workers/replicated_store.h"
+#include "tests/core/model/bag_data.h"
 #include "tests/workers/sparse_test_util.h"
 #include "workers/job.h"
 #include "workers/worker.h"
@@ -95,6 +96,37 @@ int posix_memalign(void** out, size_t align, size_t n) {
 
 namespace shardwild {
 namespace {
+
+#ifndef SHARDWILD_SANITIZED
+// A store of `so`'s shards and optimizer, with the tables of `model` on
+// data's shape, and a worker of `batch` records on it.
+void OpenSparseWorker(const ModelOptions& model, const Dataset& data, OpenStoreOptions so, int64_t batch,
+                      const dnnl::engine& engine, std::unique_ptr<ShmParamStore>* store,
+                      std::unique_ptr<Worker>* worker) {
+  auto spec = Model::Describe(model, DataShape::Of(data));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  so.tables = TableSpecsOf(*spec);
+  auto opened = ShmParamStore::Create(so, spec->variables);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  auto made = Worker::Create(0, model, batch, data, opened->get(), engine);
+  ASSERT_TRUE(made.ok()) << made.status();
+  *store = *std::move(opened);
+  *worker = *std::move(made);
+}
+
+// One epoch of `order` warms the id buffers and the row scratch to the
+// largest batch; the next one allocates nothing.
+void ExpectWarmEpochAllocatesNothing(Worker& worker, const Dataset& data, const std::vector<int32_t>& order,
+                                     const OptimizerOptions& optimizer, const std::string& what) {
+  ASSERT_TRUE(worker.Train(order.data(), data.count, -1, optimizer, 0, 1, nullptr).ok());
+  const int64_t before = g_allocations.load();
+  t_counting = true;
+  const absl::Status s = worker.Train(order.data(), data.count, -1, optimizer, 0, 1, nullptr);
+  t_counting = false;
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(g_allocations.load() - before, 0) << "allocations during a sparse epoch " << what;
+}
+#endif
 
 TEST(NoAllocationTest, SteadyStateStepAllocatesNothing) {
 #ifdef SHARDWILD_SANITIZED
@@ -202,10 +234,9 @@ TEST(NoAllocationTest, SparseStepAllocatesNothing) {
 #else
   const Dataset data = testdata::TwoFieldSparseData(/*count=*/512, /*id_range=*/5000);
   const ModelOptions model = testdata::TwoTableDotModel(Pooling::kSum);
-  auto spec = Model::Describe(model, DataShape::Of(data));
-  ASSERT_TRUE(spec.ok()) << spec.status();
   std::vector<int32_t> order(data.count);
   for (int64_t i = 0; i < data.count; ++i) order[i] = static_cast<int32_t>(i);
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   // Adagrad rows are pulled and pushed; SGD rows of the static table are
   // read and updated in place (WorkerUpdateOptions::rows_in_place), those
   // of the dynamic one pulled.
@@ -215,29 +246,18 @@ TEST(NoAllocationTest, SparseStepAllocatesNothing) {
     so.num_shards = 2;
     so.optimizer.type = type;
     so.store.job_name = std::string("sw-noalloc-") + OptimizerTypeName(type);
-    so.tables = TableSpecsOf(*spec);
-    auto store = ShmParamStore::Create(so, spec->variables);
-    ASSERT_TRUE(store.ok()) << store.status();
-    dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-    auto worker = Worker::Create(0, model, /*batch=*/64, data, store->get(), engine);
-    ASSERT_TRUE(worker.ok()) << worker.status();
-    // One epoch warms the id buffers and the row scratch to the largest
-    // batch; the next one allocates nothing.
+    std::unique_ptr<ShmParamStore> store;
+    std::unique_ptr<Worker> worker;
+    ASSERT_NO_FATAL_FAILURE(OpenSparseWorker(model, data, so, /*batch=*/64, engine, &store, &worker));
     auto expect_warm_epoch_allocates_nothing = [&](const char* what) {
-      ASSERT_TRUE((*worker)->Train(order.data(), data.count, -1, so.optimizer, 0, 1, nullptr).ok());
-      const int64_t before = g_allocations.load();
-      t_counting = true;
-      const absl::Status s = (*worker)->Train(order.data(), data.count, -1, so.optimizer, 0, 1, nullptr);
-      t_counting = false;
-      ASSERT_TRUE(s.ok()) << s;
-      EXPECT_EQ(g_allocations.load() - before, 0) << "allocations during a sparse epoch " << what;
+      ExpectWarmEpochAllocatesNothing(*worker, data, order, so.optimizer, what);
     };
     expect_warm_epoch_allocates_nothing("after a warm one");
-    EXPECT_GT((*worker)->counters().rows_pulled.load(), 2 * data.count);
+    EXPECT_GT(worker->counters().rows_pulled.load(), 2 * data.count);
     // The same from the training set's packed ids (as a Job sets them).
-    const std::optional<PackedRecords> packed = (*worker)->model().PackRecords(data);
+    const std::optional<PackedRecords> packed = worker->model().PackRecords(data);
     ASSERT_TRUE(packed.has_value());
-    (*worker)->set_packed_records(&*packed);
+    worker->set_packed_records(&*packed);
     expect_warm_epoch_allocates_nothing("from packed ids");
     // With hot rows (ps.hot_rows): chosen and sized in the first epoch with
     // them; copying rows in, looking ids up and merging allocate nothing.
@@ -245,13 +265,13 @@ TEST(NoAllocationTest, SparseStepAllocatesNothing) {
       WorkerUpdateOptions u;
       u.hot_rows = 64;
       u.hot_rows_merge_every = 3;
-      (*worker)->set_update_options(u);
+      worker->set_update_options(u);
       expect_warm_epoch_allocates_nothing("with hot rows");
-      EXPECT_GT((*worker)->hot_rows().rows_merged(), 0);
+      EXPECT_GT(worker->hot_rows().rows_merged(), 0);
       // Turned off again: the copies go.
       u.hot_rows = 0;
-      (*worker)->set_update_options(u);
-      EXPECT_TRUE((*worker)->hot_rows().empty());
+      worker->set_update_options(u);
+      EXPECT_TRUE(worker->hot_rows().empty());
     }
   }
 #endif
@@ -268,56 +288,34 @@ TEST(NoAllocationTest, SlotLoadsAllocateNothing) {
 #else
   for (bool weighted : {true, false}) {
     SCOPED_TRACE(weighted ? "weighted" : "not weighted");
-    Dataset data;
-    data.count = 512;
-    data.num_classes = 2;
-    SparseField f;
-    f.name = "features";
-    f.offsets.push_back(0);
-    for (int64_t r = 0; r < data.count; ++r) {
-      data.labels.push_back(static_cast<int32_t>(r % 2));
-      for (int64_t k = 0; k < (r * 13) % 35; ++k) {
-        f.ids.push_back(static_cast<uint64_t>((r * 131 + k * 17) % 20000));
-        if (weighted) f.weights.push_back(0.25f * static_cast<float>(k % 4 + 1));
-      }
-      f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
-    }
-    data.fields.push_back(std::move(f));
+    // Bags of every length 0..34, in a scattered order.
+    const Dataset data = testdata::OneBagData("features", 512, 2, 11, 20000, weighted,
+                                              [](int64_t r) { return (r * 13) % 35; });
     ModelOptions model;
     model.head = HeadType::kBinary;
     model.interaction = Interaction::kConcat;
     model.tables = {{"features", 1 << 16, 4, false, false, 0.1f}};
     model.sparse = {{"features", "features", Pooling::kSum, weighted}};
     model.layers = {{"dense", 1, Activation::kNone}};
-    auto spec = Model::Describe(model, DataShape::Of(data));
-    ASSERT_TRUE(spec.ok()) << spec.status();
     std::vector<int32_t> order(data.count);
     for (int64_t i = 0; i < data.count; ++i) order[i] = static_cast<int32_t>((i * 97) % data.count);
     OpenStoreOptions so;
     so.num_shards = 1;
     so.optimizer.type = OptimizerType::kAdagrad;
     so.store.job_name = std::string("sw-noalloc-slots-") + (weighted ? "w" : "u");
-    so.tables = TableSpecsOf(*spec);
-    auto store = ShmParamStore::Create(so, spec->variables);
-    ASSERT_TRUE(store.ok()) << store.status();
     dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-    auto worker = Worker::Create(0, model, /*batch=*/32, data, store->get(), engine);
-    ASSERT_TRUE(worker.ok()) << worker.status();
+    std::unique_ptr<ShmParamStore> store;
+    std::unique_ptr<Worker> worker;
+    ASSERT_NO_FATAL_FAILURE(OpenSparseWorker(model, data, so, /*batch=*/32, engine, &store, &worker));
     for (int64_t stride_bytes : {64, 128}) {
       SCOPED_TRACE(stride_bytes);
-      const std::optional<PackedRecords> packed = (*worker)->model().PackRecords(data, stride_bytes);
+      const std::optional<PackedRecords> packed = worker->model().PackRecords(data, stride_bytes);
       ASSERT_TRUE(packed.has_value());
       ASSERT_EQ(packed->stride_words * 8, stride_bytes);
       ASSERT_GT(packed->overflow_blocks, 0);
-      (*worker)->set_packed_records(&*packed);
-      ASSERT_TRUE((*worker)->Train(order.data(), data.count, -1, so.optimizer, 0, 1, nullptr).ok());
-      const int64_t before = g_allocations.load();
-      t_counting = true;
-      const absl::Status s = (*worker)->Train(order.data(), data.count, -1, so.optimizer, 0, 1, nullptr);
-      t_counting = false;
-      ASSERT_TRUE(s.ok()) << s;
-      EXPECT_EQ(g_allocations.load() - before, 0) << "allocations during an epoch from slots";
-      (*worker)->set_packed_records(nullptr);
+      worker->set_packed_records(&*packed);
+      ExpectWarmEpochAllocatesNothing(*worker, data, order, so.optimizer, "from slots");
+      worker->set_packed_records(nullptr);
     }
   }
 #endif

@@ -400,10 +400,9 @@ BENCHMARK(BM_PrefetchBurst)
 // worker runs it, PrefetchBatch of the next batch after LoadBatch, then
 // (untimed) a dependent chain of multiply-adds that touches no memory, as a
 // step's compute (1000 for text, about 1 us; 8000 for libsvm); both calls
-// timed. 2: the same batch
-// loaded again (every line in L1). 3, the bound: the same bytes (blocks and
-// labels) copied from a sequential layout, as a data set already gathered
-// in the epoch's order would be read. 4 and 5: what 1 with only its
+// timed. 2: the same batch loaded again (every line in L1). 3, the bound:
+// the same bytes (blocks and labels) copied from a sequential layout, as a
+// data set already gathered in the epoch's order would be read. 4 and 5: what 1 with only its
 // LoadBatch timed (4) or only its PrefetchBatch (5). layout 0: the packed
 // blocks one after the other, each found through its start word; 1: as
 // PackRecords chooses (text: 128-byte slots, the records of more than 30
@@ -464,15 +463,17 @@ void BM_DataPhase(benchmark::State& state) {
   const int64_t batches = kRecords / kBatch - 1;
   int64_t b = 0;
   float spin = 1.0f;
-  if (what == 1 || what >= 4) {
-    (*m)->PrefetchBatch(data, order.data(), kBatch, &*packed);
-  }
+  // The batch is asked for in one request, as a worker asks for it: whole
+  // where it is a burst's worth (text), else LoadBatch asks again (libsvm).
+  const Model::Asked asked =
+      kBatch <= (*m)->RecordsPerPrefetchBurst(data, &*packed) ? Model::Asked::kInBursts : Model::Asked::kYes;
+  if (what == 1 || what >= 4) (*m)->PrefetchBatch(data, order.data(), kBatch, &*packed);
   for (auto _ : state) {
     if (what >= 4) {
       // What 1 does, one of its two calls timed.
       const int32_t* records = order.data() + b * kBatch;
       const auto s0 = std::chrono::steady_clock::now();
-      (*m)->LoadBatch(data, records, kBatch, &*packed, /*asked_for=*/true);
+      (*m)->LoadBatch(data, records, kBatch, &*packed, asked);
       const auto s1 = std::chrono::steady_clock::now();
       (*m)->PrefetchBatch(data, records + kBatch, kBatch, &*packed);
       const auto s2 = std::chrono::steady_clock::now();
@@ -490,7 +491,7 @@ void BM_DataPhase(benchmark::State& state) {
       std::memcpy(copy.data(), from, batch_words * sizeof(uint64_t));
       std::memcpy(copy.data() + batch_words, data.labels.data() + b * kBatch, kBatch * sizeof(int32_t));
     } else {
-      (*m)->LoadBatch(data, records, kBatch, &*packed, /*asked_for=*/what == 1);
+      (*m)->LoadBatch(data, records, kBatch, &*packed, what == 1 ? asked : Model::Asked::kNo);
     }
     if (what == 1) (*m)->PrefetchBatch(data, records + kBatch, kBatch, &*packed);
     benchmark::ClobberMemory();

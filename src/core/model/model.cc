@@ -534,6 +534,9 @@ int64_t Model::ChooseStrideWords(const std::vector<int64_t>& words_histogram, ui
   // word. (Blocks in the last entry are counted as that entry's size: both
   // layouts read them whole, so the comparison hardly moves.)
   auto block_lines = [](int64_t w) { return 1.0 + (static_cast<double>(w) * 8.0 - 8.0) / 64.0; };
+  // A block after the slots, which cannot be asked for a step ahead (see
+  // ChooseStrideWords in model.h), counts as this many times its lines.
+  constexpr double kAfterSlotsWeight = 2.0;
   double best_lines = 0;
   for (int64_t w = 0; w <= top; ++w) best_lines += static_cast<double>(words_histogram[w]) * (1.0 + block_lines(w));
   const double one_after_another_bytes = (static_cast<double>(total_words) + static_cast<double>(n) + 1.0) * 8.0;
@@ -544,7 +547,7 @@ int64_t Model::ChooseStrideWords(const std::vector<int64_t>& words_histogram, ui
   for (int64_t stride : strides) {
     const double slot_lines = stride <= 8 ? 1.0 : static_cast<double>(stride / 8);
     double lines = static_cast<double>(n) * slot_lines;
-    for (int64_t w = stride + 1; w <= top; ++w) lines += static_cast<double>(words_histogram[w]) * 2.0 * block_lines(w);
+    for (int64_t w = stride + 1; w <= top; ++w) lines += static_cast<double>(words_histogram[w]) * kAfterSlotsWeight * block_lines(w);
     const uint64_t past_slots = WordsPastSlots(words_histogram, total_words, stride);
     const double bytes = (static_cast<double>(n) * static_cast<double>(stride) + static_cast<double>(past_slots)) * 8.0;
     if (bytes > 2.0 * one_after_another_bytes) continue;
@@ -750,7 +753,7 @@ void Model::BeginLoad(const Dataset& data) {
 }
 
 void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed,
-                      bool asked_for) {
+                      Asked asked) {
   BeginLoad(data);
   // Records are scattered over the data set. Their first lines (the start
   // words, the labels, the packed blocks' counts) are loaded all at once
@@ -762,8 +765,8 @@ void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, co
   // us), otherwise the next few's while one record is copied (an image: all
   // at once spilled L1, 27 -> 39 us).
   constexpr int64_t kAhead = 3;
-  const int64_t record_bytes = RecordBytes(data, packed);
-  const bool few_lines = record_bytes <= kFewRecordBytes;
+  const bool asked_for = asked != Asked::kNo;
+  const bool few_lines = RecordBytes(data, packed) <= kFewRecordBytes;
   const int64_t ahead = few_lines ? n : kAhead;
   if (!(asked_for && few_lines)) {
     TouchBatch(data, records, n, packed);
@@ -776,19 +779,20 @@ void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, co
     // anyway.)
     PrefetchOverflowBlocks(records, n, *packed);
   }
-  // Where the whole batch was asked for a step ahead in one burst (at most
-  // kPrefetchBurstLines lines: the text config's 16 records of 2 lines),
-  // its lines are in the caches already, and asking again only costs the
-  // requests (alternating runs, 2-core VM: text data 0.29 -> 0.25 us a
-  // step). A larger batch was asked for in bursts that lose many of their
-  // lines, which this brings in (DLRM data 15.5 us a step with it, 28
+  // Where the batch was asked for a step ahead in bursts that arrive (at
+  // most kPrefetchBurstLines lines each: the text config's 16 records of 2
+  // lines), its lines are in the caches already, and asking again only
+  // costs the requests (alternating runs, 2-core VM: text data 0.29 -> 0.25
+  // us a step). A larger batch was asked for in bursts that lose many of
+  // their lines, which this brings in (DLRM data 15.5 us a step with it, 28
   // without; Wide & Deep 24.5 against 45).
-  const bool arrived = asked_for && few_lines && n * RecordLines(record_bytes, packed) <= kPrefetchBurstLines;
-  if (!arrived) {
-    for (int64_t s = 0; s < std::min(ahead, n); ++s) PrefetchRecord(data, records[s], packed);
-  }
+  if (asked != Asked::kInBursts) PrefetchBatch(data, records, std::min(ahead, n), packed);
   if (LoadsSlots(data, packed)) {
-    LoadSlots(data, records, n, *packed);
+    if (packed->weighted[0]) {
+      LoadSlots<true>(records, n, *packed);
+    } else {
+      LoadSlots<false>(records, n, *packed);
+    }
     FinishLoad(n);
     return;
   }
@@ -805,17 +809,9 @@ bool Model::LoadsSlots(const Dataset& data, const PackedRecords* packed) const {
          !data.multi_label();
 }
 
-void Model::LoadSlots(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords& packed) {
-  if (packed.weighted[0]) {
-    LoadSlotsOf<true>(data, records, n, packed);
-  } else {
-    LoadSlotsOf<false>(data, records, n, packed);
-  }
-}
-
 namespace {
 
-// One record's entries in the slot layout (Model::LoadSlotsOf): `copy` ids
+// One record's entries in the slot layout (Model::LoadSlots): `copy` ids
 // from `from`, widened, and where weighted `copy` weights from after its
 // `count` ids. One id at a time, which GCC widens 4 to a vector at the
 // baseline x86-64; restrict, so that it need not test for overlap first.
@@ -836,7 +832,7 @@ inline void CopySlotEntries(const char* __restrict from, uint32_t count, int64_t
 }  // namespace
 
 template <bool kWeighted>
-void Model::LoadSlotsOf(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords& packed) {
+void Model::LoadSlots(const int32_t* records, int64_t n, const PackedRecords& packed) {
   // LoadRecord's work for this one layout, record after record with no
   // branch on what the records hold: the label after the count, and as many
   // ids (and weights) as the slot can hold whatever the count (the loops
@@ -879,15 +875,16 @@ void Model::LoadSlotsOf(const Dataset& data, const int32_t* records, int64_t n, 
   int64_t* const offsets = st.offsets.data();
   for (int64_t s = 0; s < n; ++s) {
     const uint64_t* block = words + records[s] * stride;
-    int64_t copy = entries;
-    if (block[0] == PackedRecords::kOverflowSlot) {
-      // A block after the slots: the same layout, longer, copied to its
-      // count (kIdSlack words of padding end the last one).
-      block = words + block[1];
-      copy = BlockCount(block, 0);
-      room_for(static_cast<size_t>(copy) + static_cast<size_t>(n - s - 1) * static_cast<size_t>(entries));
-    }
+    const bool after_slots = block[0] == PackedRecords::kOverflowSlot;
+    if (after_slots) block = words + block[1];
     const uint32_t c = BlockCount(block, 0);
+    int64_t copy = entries;
+    if (after_slots) {
+      // A block after the slots: the same layout, longer, copied to its
+      // count.
+      copy = c;
+      room_for(static_cast<size_t>(c) + static_cast<size_t>(n - s - 1) * static_cast<size_t>(entries));
+    }
     int32_t label;  // after the one lookup's count (PackedRecords)
     std::memcpy(&label, reinterpret_cast<const char*>(block) + sizeof(uint32_t), sizeof(label));
     labels[s] = label;
@@ -903,15 +900,12 @@ void Model::LoadSlotsOf(const Dataset& data, const int32_t* records, int64_t n, 
   st.count = count;
 }
 
-int64_t Model::RecordLines(int64_t record_bytes, const PackedRecords* packed) {
-  // The record's bytes, and its label's line where the label is not in its
-  // block.
-  const int64_t lines = (record_bytes + 63) / 64;
-  return std::max<int64_t>(1, packed != nullptr && packed->has_ids() && packed->inline_label ? lines : lines + 1);
-}
-
 int64_t Model::RecordsPerPrefetchBurst(const Dataset& data, const PackedRecords* packed) const {
-  return std::max<int64_t>(1, kPrefetchBurstLines / RecordLines(RecordBytes(data, packed), packed));
+  // A record's lines: its bytes, and its label's line where the label is
+  // not in its block.
+  const int64_t lines = (RecordBytes(data, packed) + 63) / 64;
+  const bool label_in_block = packed != nullptr && packed->has_ids() && packed->inline_label;
+  return std::max<int64_t>(1, kPrefetchBurstLines / std::max<int64_t>(1, label_in_block ? lines : lines + 1));
 }
 
 int64_t Model::RecordBytes(const Dataset& data, const PackedRecords* packed) const {

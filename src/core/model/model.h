@@ -260,10 +260,19 @@ class Model {
   // inputs, labels and each lookup's ids; rows n..batch are padding (zero
   // inputs, empty bags). `data` must have the shape the model was made for.
   // With `packed` (PackRecords(data), or null) the ids come from there.
-  // `asked_for`: PrefetchBatch was called for these records a step before
+  // `asked`: how PrefetchBatch was called for these records a step before
   // (a hint: the values loaded are the same either way).
+  enum class Asked {
+    kNo,
+    // Asked for, but in requests of more than RecordsPerPrefetchBurst
+    // records, which lose some of their lines: LoadBatch asks again.
+    kYes,
+    // Asked for in requests of at most RecordsPerPrefetchBurst records
+    // each, whose lines arrive: LoadBatch does not ask again.
+    kInBursts,
+  };
   void LoadBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed = nullptr,
-                 bool asked_for = false);
+                 Asked asked = Asked::kNo);
   // The same for the consecutive records [first, first + n).
   void LoadRange(const Dataset& data, int64_t first, int64_t n);
   // Asks for record r's inputs (its label or target, its dense values or
@@ -282,7 +291,8 @@ class Model {
   // guest (BM_PrefetchBurst, 2026-11-28, loads after a burst against after
   // spaced prefetches and cold: 32 lines 27/25/292 ns, 48 34/28/325, 64
   // 98/33/472, 192 655/89/1090). A worker asks for a larger batch a
-  // part at a time, at several points of its step. O(1).
+  // part at a time, at several points of its step, and tells LoadBatch
+  // whether each part was at most this many records (Asked). O(1).
   int64_t RecordsPerPrefetchBurst(const Dataset& data, const PackedRecords* packed) const;
   static constexpr int64_t kPrefetchBurstLines = 32;
   // `data` packed for this model (PackedRecords): the ids (and weights)
@@ -381,9 +391,8 @@ class Model {
   // weights, where weighted) in slots, the label in them, no dense values,
   // one label a record. LoadsSlots says whether it is that layout.
   bool LoadsSlots(const Dataset& data, const PackedRecords* packed) const;
-  void LoadSlots(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords& packed);
   template <bool kWeighted>
-  void LoadSlotsOf(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords& packed);
+  void LoadSlots(const int32_t* records, int64_t n, const PackedRecords& packed);
   // Room in lookup l for `need` ids and kIdSlack more: LoadPackedIds copies
   // ids in chunks of kIdSlack + 1, so it may write up to kIdSlack past the
   // lookup's count. GrowLookup (never shrinks) when there is not.
@@ -407,9 +416,6 @@ class Model {
   // few lines a record. O(1): sizes of arrays that do not change.
   int64_t RecordBytes(const Dataset& data, const PackedRecords* packed) const;
   static constexpr int64_t kFewRecordBytes = 512;
-  // The lines PrefetchRecord asks for a record of `record_bytes`
-  // (RecordBytes), at least 1.
-  static int64_t RecordLines(int64_t record_bytes, const PackedRecords* packed);
   // For the records whose packed block is after the slots
   // (PackedRecords::kOverflowSlot in their slot, which must be in the
   // caches): asks for the block's first lines.

@@ -6,10 +6,10 @@
 #include "core/model/model.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -25,6 +25,7 @@
 #include "core/config/options.h"
 #include "gtest/gtest.h"
 #include "oneapi/dnnl/dnnl.hpp"
+#include "tests/core/model/bag_data.h"
 
 namespace shardwild {
 namespace {
@@ -105,31 +106,6 @@ std::vector<std::vector<int32_t>> SpreadBatches(int64_t count, int32_t size, int
   return batches;
 }
 
-// One bag field `name` (the text and libsvm configs' shape): `count`
-// records with labels of `classes` classes, record r holding length(r) ids
-// below `id_range`, each followed by a weight in (0, 1] where `weighted`,
-// all drawn from `seed`.
-Dataset OneBagData(const std::string& name, int64_t count, int32_t classes, uint32_t seed, uint64_t id_range,
-                   bool weighted, const std::function<int64_t(int64_t)>& length) {
-  std::mt19937 rng(seed);
-  Dataset d;
-  d.count = count;
-  d.num_classes = classes;
-  SparseField f;
-  f.name = name;
-  f.offsets.push_back(0);
-  for (int64_t r = 0; r < count; ++r) {
-    d.labels.push_back(static_cast<int32_t>(rng() % classes));
-    for (int64_t k = 0; k < length(r); ++k) {
-      f.ids.push_back(rng() % id_range);
-      if (weighted) f.weights.push_back(static_cast<float>(rng() % 1000 + 1) / 1000.0f);
-    }
-    f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
-  }
-  d.fields.push_back(std::move(f));
-  return d;
-}
-
 class ModelTest : public ::testing::Test {
  protected:
   // A model of `options` on data shaped as `d`; null (and a failure) if it cannot be made.
@@ -167,8 +143,8 @@ class ModelTest : public ::testing::Test {
   // A model of `options` packs `d` (PackRecords) in each layout: its own
   // choice, blocks one after the other, and slots of 16, 24, 64 and 128
   // bytes (the short ones too short for most blocks, which then go after
-  // the slots). Each of `batches` loaded from those packed records (every
-  // other one after PrefetchBatch, as a worker loads it) is then the same
+  // the slots). Each of `batches` loaded from those packed records (two in
+  // three after PrefetchBatch, as a worker loads them) is then the same
   // batch as a second model loads from d's fields (ExpectSameBatch).
   // Records, by stride asked for, how many records each layout put after
   // its slots (overflowing_). Returns the records packed as PackRecords
@@ -218,10 +194,11 @@ class ModelTest : public ::testing::Test {
       overflowing_[stride] = overflowing;
       for (size_t b = 0; b < batches.size(); ++b) {
         const int64_t n = static_cast<int64_t>(batches[b].size());
-        // Every other batch as a worker loads it, asked for a step ahead.
-        const bool asked_for = b % 2 == 1;
-        if (asked_for) packed_model->PrefetchBatch(d, batches[b].data(), n, &*packed);
-        packed_model->LoadBatch(d, batches[b].data(), n, &*packed, asked_for);
+        // Batch after batch: not asked for, asked for (LoadBatch asks again)
+        // and asked for in bursts (it does not), as a worker loads them.
+        const Model::Asked asked = std::array{Model::Asked::kNo, Model::Asked::kYes, Model::Asked::kInBursts}[b % 3];
+        if (asked != Model::Asked::kNo) packed_model->PrefetchBatch(d, batches[b].data(), n, &*packed);
+        packed_model->LoadBatch(d, batches[b].data(), n, &*packed, asked);
         plain_model->LoadBatch(d, batches[b].data(), n);
         ExpectSameBatch(*packed_model, *plain_model, outputs,
                         absl::StrCat("batch ", b, " of ", n, " records, ", layout));
@@ -542,7 +519,7 @@ TEST_F(ModelTest, PackedBagsOfWordsLoadAsTheFieldsDo) {
     const int32_t classes = head == HeadType::kSoftmax ? 4 : 2;
     const int64_t outputs = head == HeadType::kSoftmax ? 4 : 1;
     // Every length in turn; ids mapped to 4096 rows.
-    const Dataset d = OneBagData("tokens", 200, classes, 7, 10000, false, [](int64_t r) { return r % 35; });
+    const Dataset d = testdata::OneBagData("tokens", 200, classes, 7, 10000, false, [](int64_t r) { return r % 35; });
     ModelOptions opts;
     opts.head = head;
     opts.interaction = Interaction::kConcat;
@@ -582,7 +559,7 @@ TEST_F(ModelTest, PackedWeightedFeaturesLoadAsTheFieldsDo) {
     const int64_t outputs = head == HeadType::kSoftmax ? 3 : 1;
     // Every length, in a scattered order; ids mapped to 2^20 rows.
     const Dataset d =
-        OneBagData("features", 210, classes, 8, 3000000, true, [](int64_t r) { return (r * 13) % 35; });
+        testdata::OneBagData("features", 210, classes, 8, 3000000, true, [](int64_t r) { return (r * 13) % 35; });
     ModelOptions opts;
     opts.head = head;
     opts.interaction = Interaction::kConcat;
@@ -672,19 +649,9 @@ TEST(PackedLayout, ChoosesTheStrideWhoseLoadsTouchTheFewestLines) {
 // 128-byte slots; records of 200 ids (over 512 bytes) one after the other.
 TEST(PackedLayout, PackRecordsUsesTheChosenStride) {
   for (const auto& [min_ids, max_ids, want] : {std::tuple<int, int, int64_t>{5, 30, 16}, {200, 200, 0}}) {
-    Dataset d;
-    d.count = 260;
-    d.num_classes = 4;
-    SparseField f;
-    f.name = "tokens";
-    f.offsets.push_back(0);
-    for (int64_t r = 0; r < d.count; ++r) {
-      d.labels.push_back(static_cast<int32_t>(r % 4));
-      const int64_t n = min_ids + r % (max_ids - min_ids + 1);
-      for (int64_t i = 0; i < n; ++i) f.ids.push_back((r * 31 + i) % 5000);
-      f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
-    }
-    d.fields.push_back(std::move(f));
+    const Dataset d = testdata::OneBagData("tokens", 260, 4, 9, 5000, false, [&](int64_t r) {
+      return static_cast<int64_t>(min_ids) + r % (max_ids - min_ids + 1);
+    });
     ModelOptions opts;
     opts.tables = {{"tokens", 5000, 8, false, false, 0.125f}};
     opts.sparse = {{"tokens", "tokens", Pooling::kMean, false}};
