@@ -649,9 +649,11 @@ TEST(PackedLayout, ChoosesTheStrideWhoseLoadsTouchTheFewestLines) {
 // 128-byte slots; records of 200 ids (over 512 bytes) one after the other.
 TEST(PackedLayout, PackRecordsUsesTheChosenStride) {
   for (const auto& [min_ids, max_ids, want] : {std::tuple<int, int, int64_t>{5, 30, 16}, {200, 200, 0}}) {
-    const Dataset d = testdata::OneBagData("tokens", 260, 4, 9, 5000, false, [&](int64_t r) {
-      return static_cast<int64_t>(min_ids) + r % (max_ids - min_ids + 1);
-    });
+    // (Init-captures: clang does not capture structured bindings.)
+    const Dataset d =
+        testdata::OneBagData("tokens", 260, 4, 9, 5000, false, [lo = min_ids, hi = max_ids](int64_t r) {
+          return static_cast<int64_t>(lo) + r % (hi - lo + 1);
+        });
     ModelOptions opts;
     opts.tables = {{"tokens", 5000, 8, false, false, 0.125f}};
     opts.sparse = {{"tokens", "tokens", Pooling::kMean, false}};
