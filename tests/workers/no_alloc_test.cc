@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "core/base/sanitizers.h"
 #include "core/model/model.h"
@@ -280,16 +281,19 @@ TEST(NoAllocationTest, SparseStepAllocatesNothing) {
 // One lookup's ids in slots (the text and sparse_logreg configs' layout,
 // which LoadBatch copies slot by slot, whole slots past each record's count,
 // and the longer blocks after the slots to their count): bags of 0 to 34
-// ids, weighted and not, in slots of 64 bytes (most blocks after them) and
-// of 128: once a warm epoch has grown the id buffers, none allocates.
+// ids, not weighted, with weights after the ids and with weights coded in
+// the ids' words, in slots of 64 bytes (most blocks after them) and of 128:
+// once a warm epoch has grown the id buffers, none allocates.
 TEST(NoAllocationTest, SlotLoadsAllocateNothing) {
 #ifdef SHARDWILD_SANITIZED
   GTEST_SKIP() << "sanitizers interpose the allocator";
 #else
-  for (bool weighted : {true, false}) {
-    SCOPED_TRACE(weighted ? "weighted" : "not weighted");
+  using testdata::BagWeights;
+  for (BagWeights weights : {BagWeights::kDecimals, BagWeights::kReciprocals, BagWeights::kNone}) {
+    const bool weighted = weights != BagWeights::kNone;
+    SCOPED_TRACE(static_cast<int>(weights));
     // Bags of every length 0..34, in a scattered order.
-    const Dataset data = testdata::OneBagData("features", 512, 2, 11, 20000, weighted,
+    const Dataset data = testdata::OneBagData("features", 512, 2, 11, 20000, weights,
                                               [](int64_t r) { return (r * 13) % 35; });
     ModelOptions model;
     model.head = HeadType::kBinary;
@@ -302,7 +306,7 @@ TEST(NoAllocationTest, SlotLoadsAllocateNothing) {
     OpenStoreOptions so;
     so.num_shards = 1;
     so.optimizer.type = OptimizerType::kAdagrad;
-    so.store.job_name = std::string("sw-noalloc-slots-") + (weighted ? "w" : "u");
+    so.store.job_name = absl::StrCat("sw-noalloc-slots-", static_cast<int>(weights));
     dnnl::engine engine(dnnl::engine::kind::cpu, 0);
     std::unique_ptr<ShmParamStore> store;
     std::unique_ptr<Worker> worker;
@@ -313,6 +317,7 @@ TEST(NoAllocationTest, SlotLoadsAllocateNothing) {
       ASSERT_TRUE(packed.has_value());
       ASSERT_EQ(packed->stride_words * 8, stride_bytes);
       ASSERT_GT(packed->overflow_blocks, 0);
+      ASSERT_EQ(packed->weight_codes[0].coded(), weights == BagWeights::kDecimals);
       worker->set_packed_records(&*packed);
       ExpectWarmEpochAllocatesNothing(*worker, data, order, so.optimizer, "from slots");
       worker->set_packed_records(nullptr);

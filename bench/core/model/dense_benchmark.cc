@@ -406,8 +406,8 @@ BENCHMARK(BM_PrefetchBurst)
 // LoadBatch timed (4) or only its PrefetchBatch (5). layout 0: the packed
 // blocks one after the other, each found through its start word; 1: as
 // PackRecords chooses (text: 128-byte slots, the records of more than 30
-// ids after them; libsvm: 256-byte slots, those of more than 31 after
-// them). Counter: records/s.
+// ids after them; libsvm: 128-byte slots of coded weights, those of more
+// than 30 after them). Counter: records/s.
 void BM_DataPhase(benchmark::State& state) {
   const int64_t what = state.range(0);
   const int64_t layout = state.range(1);

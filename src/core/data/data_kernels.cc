@@ -8,6 +8,8 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 
+#include <cstring>
+
 #include "core/data/data_kernels.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -30,6 +32,61 @@ void BytesToUnitFloatsImpl(const uint8_t* src, float* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = static_cast<float>(src[i]) / 255.0f;
 }
 
+// One record's words, one at a time (the words are in uint64 storage: read
+// as bytes).
+inline void DecodeWords(const uint32_t* src, int64_t m, int id_bits, double unit, uint64_t* id_to, float* weight_to) {
+  for (int64_t i = 0; i < m; ++i) {
+    uint32_t word;
+    std::memcpy(&word, reinterpret_cast<const char*>(src) + i * sizeof(uint32_t), sizeof(word));
+    id_to[i] = word & ((uint32_t{1} << id_bits) - 1);
+    weight_to[i] = CodedWeight(word >> id_bits, unit);
+  }
+}
+
+void DecodeCodedEntriesImpl(const uint32_t* const* from, const int64_t* count, const int64_t* to, int64_t n,
+                            int id_bits, double unit, uint64_t* ids, float* weights) {
+#if HWY_TARGET == HWY_SCALAR
+  for (int64_t j = 0; j < n; ++j) DecodeWords(from[j], count[j], id_bits, unit, ids + to[j], weights + to[j]);
+#else
+  // A vector of words at a time, each half widened to ids and, through
+  // doubles, to weights (AVX-512: 16 words, the 30 of a 128-byte slot in
+  // two).
+  const hn::ScalableTag<uint32_t> du;
+  const hn::Half<decltype(du)> dh;
+  const hn::Rebind<int32_t, decltype(dh)> dhi;
+  const hn::Rebind<uint64_t, decltype(dh)> d64;
+  const hn::Rebind<double, decltype(dh)> df64;
+  const hn::Rebind<float, decltype(dh)> df32;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(du));
+  const int64_t half = static_cast<int64_t>(hn::Lanes(dh));
+  const auto mask = hn::Set(du, (uint32_t{1} << id_bits) - 1);
+  const auto vunit = hn::Set(df64, unit);
+  for (int64_t j = 0; j < n; ++j) {
+    const uint32_t* src = from[j];
+    const int64_t m = count[j];
+    uint64_t* id_to = ids + to[j];
+    float* weight_to = weights + to[j];
+    auto decode = [&](int64_t i) HWY_ATTR {
+      const auto words = hn::LoadU(du, src + i);
+      const auto id = hn::And(words, mask);
+      hn::StoreU(hn::PromoteTo(d64, hn::LowerHalf(dh, id)), d64, id_to + i);
+      hn::StoreU(hn::PromoteTo(d64, hn::UpperHalf(dh, id)), d64, id_to + i + half);
+      const auto k = hn::ShiftRightSame(words, id_bits);
+      const auto lower = hn::BitCast(dhi, hn::LowerHalf(dh, k)), upper = hn::BitCast(dhi, hn::UpperHalf(dh, k));
+      hn::StoreU(hn::DemoteTo(df32, hn::Mul(hn::PromoteTo(df64, lower), vunit)), df32, weight_to + i);
+      hn::StoreU(hn::DemoteTo(df32, hn::Mul(hn::PromoteTo(df64, upper), vunit)), df32, weight_to + i + half);
+    };
+    if (m < lanes) {
+      DecodeWords(src, m, id_bits, unit, id_to, weight_to);
+      continue;
+    }
+    int64_t i = 0;
+    for (; i + lanes <= m; i += lanes) decode(i);
+    if (i < m) decode(m - lanes);  // the last vector, overlapping: the same values again
+  }
+#endif
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace shardwild
 HWY_AFTER_NAMESPACE();
@@ -38,9 +95,15 @@ HWY_AFTER_NAMESPACE();
 namespace shardwild {
 
 HWY_EXPORT(BytesToUnitFloatsImpl);
+HWY_EXPORT(DecodeCodedEntriesImpl);
 
 void BytesToUnitFloats(const uint8_t* src, float* dst, int64_t n) {
   if (n > 0) HWY_DYNAMIC_DISPATCH(BytesToUnitFloatsImpl)(src, dst, n);
+}
+
+void DecodeCodedEntries(const uint32_t* const* from, const int64_t* count, const int64_t* to, int64_t n, int id_bits,
+                        double unit, uint64_t* ids, float* weights) {
+  if (n > 0) HWY_DYNAMIC_DISPATCH(DecodeCodedEntriesImpl)(from, count, to, n, id_bits, unit, ids, weights);
 }
 
 }  // namespace shardwild

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -489,7 +490,18 @@ void Model::LoadPackedIds(const PackedRecords& packed, int64_t r, int64_t slot) 
     const uint32_t c = BlockCount(block, k);
     EnsureIds(l, st.count + c);
     uint64_t* to = st.ids.data() + st.count;
-    if (packed.narrow_ids) {
+    const PackedRecords::WeightCode& code = packed.weight_codes[k];
+    if (code.coded()) {
+      // (GrowLookup keeps a weighted lookup's weights as long as its ids.)
+      float* weights = st.weights.data() + st.count;
+      for (uint32_t i = 0; i < c; ++i) {
+        uint32_t word;
+        std::memcpy(&word, ids + i * sizeof(uint32_t), sizeof(word));
+        to[i] = code.Id(word);
+        weights[i] = code.Weight(word);
+      }
+      ids += c * sizeof(uint32_t);
+    } else if (packed.narrow_ids) {
       for (uint32_t i = 0; i < c; i += kChunk) {
         uint32_t chunk[kChunk];
         std::memcpy(chunk, ids + i * sizeof(uint32_t), sizeof(chunk));
@@ -500,14 +512,57 @@ void Model::LoadPackedIds(const PackedRecords& packed, int64_t r, int64_t slot) 
       for (uint32_t i = 0; i < c; i += kChunk) std::memcpy(to + i, ids + i * sizeof(uint64_t), kChunk * sizeof(uint64_t));
       ids += c * sizeof(uint64_t);
     }
-    if (packed.weighted[k]) {
-      // (GrowLookup keeps a weighted lookup's weights as long as its ids.)
+    if (packed.weighted[k] && !code.coded()) {
       std::memcpy(st.weights.data() + st.count, ids, c * sizeof(float));
       ids += c * sizeof(float);
     }
     st.count += c;
     st.offsets[slot + 1] = static_cast<int64_t>(st.count);
   }
+}
+
+namespace {
+
+// 10^d, exact in a double for d <= PackedRecords::WeightCode::kMaxDecimals.
+double PowerOfTen(int d) {
+  double p = 1;
+  for (int i = 0; i < d; ++i) p *= 10;
+  return p;
+}
+
+// The whole number a weight is taken for with `decimals` decimals.
+double WholeOf(float weight, int decimals) {
+  return std::nearbyint(static_cast<double>(weight) * PowerOfTen(decimals));
+}
+
+}  // namespace
+
+PackedRecords::WeightCode PackedRecords::WeightCode::Of(const std::vector<float>& weights, int64_t rows) {
+  if (rows <= 0 || rows > (int64_t{1} << 32)) return {};
+  const int id_bits = std::max(1, static_cast<int>(std::bit_width(static_cast<uint64_t>(rows - 1))));
+  if (id_bits >= 32) return {};
+  const double limit = std::ldexp(1.0, 32 - id_bits);  // k < limit
+  for (float w : weights) {
+    if (!std::isfinite(w) || std::signbit(w)) return {};
+  }
+  for (int d = 0; d <= kMaxDecimals; ++d) {
+    const double unit = 1.0 / PowerOfTen(d);
+    bool exact = true;
+    for (float w : weights) {
+      const double k = WholeOf(w, d);
+      if (k >= limit) return {};  // and with more decimals
+      if (Decode(static_cast<uint32_t>(k), unit) != w) {
+        exact = false;
+        break;
+      }
+    }
+    if (exact) return WeightCode{id_bits, d, unit};
+  }
+  return {};
+}
+
+uint32_t PackedRecords::WeightCode::Word(uint32_t id, float weight) const {
+  return id | static_cast<uint32_t>(WholeOf(weight, decimals)) << id_bits;
 }
 
 namespace {
@@ -574,6 +629,14 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
     }
     p.narrow_ids = true;
     for (size_t l : bags) p.narrow_ids = p.narrow_ids && static_rows_[l] > 0 && static_rows_[l] <= (int64_t{1} << 32);
+    // Weights coded in the ids' words where every one of a field's allows.
+    p.weight_codes.assign(nb, PackedRecords::WeightCode{});
+    for (size_t k = 0; k < nb && p.narrow_ids; ++k) {
+      if (p.weighted[k]) {
+        p.weight_codes[k] =
+            PackedRecords::WeightCode::Of(data.fields[spec_.lookups[bags[k]].data_field].weights, static_rows_[bags[k]]);
+      }
+    }
     const bool regression = head_ == HeadType::kRegression;
     p.inline_label = regression ? !data.targets.empty() : !data.labels.empty();
     p.head_words = static_cast<int>((nb + (p.inline_label ? 1 : 0) + 1) / 2);
@@ -584,7 +647,7 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
       uint64_t bytes = 0;
       for (size_t k = 0; k < nb; ++k) {
         const uint64_t c = static_cast<uint64_t>(data.fields[spec_.lookups[bags[k]].data_field].size(r));
-        bytes += c * (id_bytes + (p.weighted[k] ? sizeof(float) : 0));
+        bytes += c * (id_bytes + (p.weighted[k] && !p.weight_codes[k].coded() ? sizeof(float) : 0));
       }
       return static_cast<uint64_t>(p.head_words) + (bytes + sizeof(uint64_t) - 1) / sizeof(uint64_t);
     };
@@ -639,9 +702,13 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
         const int64_t b = f.offsets[r], e = f.offsets[r + 1];
         const uint32_t c = static_cast<uint32_t>(e - b);
         std::memcpy(head + k * sizeof(uint32_t), &c, sizeof(c));
+        const PackedRecords::WeightCode& code = p.weight_codes[k];
         for (int64_t i = b; i < e; ++i) {
           const uint64_t id = StoreId(f.ids[i], static_rows_[l]);
-          if (p.narrow_ids) {
+          if (code.coded()) {
+            const uint32_t word = code.Word(static_cast<uint32_t>(id), f.weights[i]);
+            std::memcpy(ids, &word, sizeof(word));
+          } else if (p.narrow_ids) {
             const uint32_t narrow = static_cast<uint32_t>(id);
             std::memcpy(ids, &narrow, sizeof(narrow));
           } else {
@@ -649,7 +716,7 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
           }
           ids += id_bytes;
         }
-        if (p.weighted[k] && c > 0) {
+        if (p.weighted[k] && !code.coded() && c > 0) {
           std::memcpy(ids, f.weights.data() + b, c * sizeof(float));
           ids += c * sizeof(float);
         }
@@ -788,10 +855,12 @@ void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, co
   // without; Wide & Deep 24.5 against 45).
   if (asked != Asked::kInBursts) PrefetchBatch(data, records, std::min(ahead, n), packed);
   if (LoadsSlots(data, packed)) {
-    if (packed->weighted[0]) {
-      LoadSlots<true>(records, n, *packed);
+    if (!packed->weighted[0]) {
+      LoadSlots<SlotEntries::kIds>(records, n, *packed);
+    } else if (packed->weight_codes[0].coded()) {
+      LoadSlots<SlotEntries::kCodedWeights>(records, n, *packed);
     } else {
-      LoadSlots<false>(records, n, *packed);
+      LoadSlots<SlotEntries::kIdsThenWeights>(records, n, *packed);
     }
     FinishLoad(n);
     return;
@@ -809,29 +878,25 @@ bool Model::LoadsSlots(const Dataset& data, const PackedRecords* packed) const {
          !data.multi_label();
 }
 
-namespace {
-
 // One record's entries in the slot layout (Model::LoadSlots): `copy` ids
 // from `from`, widened, and where weighted `copy` weights from after its
-// `count` ids. One id at a time, which GCC widens 4 to a vector at the
+// `count` ids. One entry at a time, which GCC widens 4 to a vector at the
 // baseline x86-64; restrict, so that it need not test for overlap first.
-template <bool kWeighted>
-inline void CopySlotEntries(const char* __restrict from, uint32_t count, int64_t copy, uint64_t* __restrict ids,
-                            float* __restrict weights) {
+template <Model::SlotEntries kEntries>
+inline void Model::CopySlotEntries(const char* __restrict from, uint32_t count, int64_t copy,
+                                   uint64_t* __restrict ids, float* __restrict weights) {
   for (int64_t i = 0; i < copy; ++i) {
     uint32_t id;
     std::memcpy(&id, from + i * sizeof(uint32_t), sizeof(id));
     ids[i] = id;
   }
-  if constexpr (kWeighted) {
+  if constexpr (kEntries == SlotEntries::kIdsThenWeights) {
     const char* __restrict w = from + count * sizeof(uint32_t);
     for (int64_t i = 0; i < copy; ++i) std::memcpy(weights + i, w + i * sizeof(float), sizeof(float));
   }
 }
 
-}  // namespace
-
-template <bool kWeighted>
+template <Model::SlotEntries kEntries>
 void Model::LoadSlots(const int32_t* records, int64_t n, const PackedRecords& packed) {
   // LoadRecord's work for this one layout, record after record with no
   // branch on what the records hold: the label after the count, and as many
@@ -842,16 +907,25 @@ void Model::LoadSlots(const int32_t* records, int64_t n, const PackedRecords& pa
   // left unread. Read word by word up to the slot's end and no further:
   // whole chunks of ids would cross it, into the next slot's first line,
   // which nobody asked for (BM_DataPhase what:4 shape:0 doubled).
-  //   A weighted slot is [count, label][c ids][c weights][padding]: a slot
-  // of e entries after its head holds c <= e of them, so its first e ids
-  // and the e weights after its c ids both end in the slot.
+  //   A slot with weights after the ids is [count, label][c ids][c weights]
+  // [padding]: a slot of e entries after its head holds c <= e of them, so
+  // its first e ids and the e weights after its c ids both end in the slot.
+  // One with coded weights is [count, label][c words][padding], as one
+  // without weights.
   //   A batch in L1, 10 loads timed together (BM_DataPhase what:2, 2-core
   // EPYC VM): sparse_logreg's 64 weighted records 0.78 us through
   // LoadRecord (its weights a copy of the count's length, its blocks after
   // the slots a call each), 0.48 us here; text's 16 records 134 -> 105 ns
   // once the loop kept its pointers and count in registers.
+  constexpr bool kWeighted = kEntries != SlotEntries::kIds;
   LookupState& st = lookups_[0];
-  const int64_t entries = kWeighted ? packed.stride_words - packed.head_words : 2 * (packed.stride_words - packed.head_words);
+  const int64_t words_after_head = packed.stride_words - packed.head_words;
+  const int64_t entries = kEntries == SlotEntries::kIdsThenWeights ? words_after_head : 2 * words_after_head;
+  constexpr bool kCoded = kEntries == SlotEntries::kCodedWeights;
+  if (kCoded && slot_words_.size() < static_cast<size_t>(n)) {
+    slot_words_.resize(n);
+    slot_copies_.resize(n);
+  }
   const bool softmax = head_ == HeadType::kSoftmax;
   if (softmax && label_sets_.size() < static_cast<size_t>(n)) label_sets_.resize(n);
   // Room for every slot's entries (the last record's past the batch's
@@ -873,6 +947,8 @@ void Model::LoadSlots(const int32_t* records, int64_t n, const PackedRecords& pa
   int32_t* const label_sets = softmax ? label_sets_.data() : nullptr;
   int64_t* const label_offsets = label_offsets_.data();
   int64_t* const offsets = st.offsets.data();
+  const uint32_t** const slot_words = kCoded ? slot_words_.data() : nullptr;
+  int64_t* const slot_copies = kCoded ? slot_copies_.data() : nullptr;
   for (int64_t s = 0; s < n; ++s) {
     const uint64_t* block = words + records[s] * stride;
     const bool after_slots = block[0] == PackedRecords::kOverflowSlot;
@@ -892,10 +968,25 @@ void Model::LoadSlots(const int32_t* records, int64_t n, const PackedRecords& pa
       label_sets[s] = label;
       label_offsets[s + 1] = s + 1;
     }
-    CopySlotEntries<kWeighted>(reinterpret_cast<const char*>(block + head_words), c, copy, ids + count,
-                               kWeighted ? weights + count : nullptr);
+    if constexpr (kCoded) {
+      // Decoded for the whole batch below.
+      slot_words[s] = reinterpret_cast<const uint32_t*>(block + head_words);
+      slot_copies[s] = copy;
+    } else {
+      CopySlotEntries<kEntries>(reinterpret_cast<const char*>(block + head_words), c, copy, ids + count,
+                                kWeighted ? weights + count : nullptr);
+    }
     count += c;
     offsets[s + 1] = static_cast<int64_t>(count);
+  }
+  if constexpr (kCoded) {
+    // Record s's entries start at offsets[s] (offsets[0] is 0, and so was
+    // the count: BeginLoad). A vector kernel dispatched once a batch, where
+    // a 128-byte slot's 30 words are two AVX-512 vectors (sparse_logreg's
+    // 64 records in L1, BM_DataPhase what:2: 0.63 us decoded in this loop,
+    // 4 words a vector at the baseline, 0.41 us in the kernel).
+    const PackedRecords::WeightCode& code = packed.weight_codes[0];
+    DecodeCodedEntries(slot_words, slot_copies, offsets, n, code.id_bits, code.unit, ids, weights);
   }
   st.count = count;
 }

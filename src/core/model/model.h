@@ -30,6 +30,7 @@
 #include "absl/types/span.h"
 #include "core/base/huge_page_allocator.h"
 #include "core/base/prefetch.h"
+#include "core/data/data_kernels.h"
 #include "core/data/dataset.h"
 #include "core/model/layers.h"
 #include "core/config/options.h"
@@ -99,7 +100,8 @@ struct PackedRecords {
   // then those counts' store ids, bag after bag: uint32 each where
   // `narrow_ids` (every lookup's table is static with at most 2^32 rows, so
   // its store ids fit), else uint64, each bag's followed by its weights
-  // (floats) where `weighted`; the block padded to whole words. The narrow
+  // (floats) where `weighted`, or with its weights in its ids' words where
+  // they are coded (weight_codes); the block padded to whole words. The narrow
   // ids and the label in the block take a text record from about 5 random
   // lines (its start word, 3 of ids, its label) to 3; the weights in it take
   // a libsvm record from 5 (its offsets, ids, weights, label, each a miss,
@@ -128,10 +130,42 @@ struct PackedRecords {
   // The lookups with ids of their own (Model::bag_of(l) == l), in order: a
   // block holds theirs, bag k's count and ids k-th.
   int num_bags = 0;
-  // [num_bags] where ids are packed: 1 where bag k's weights (floats, as
-  // many as its ids) follow its ids in each block, a weighted lookup whose
-  // field has them.
+  // [num_bags] where ids are packed: 1 where bag k has weights, a weighted
+  // lookup whose field has them: floats, as many as its ids, after its ids
+  // in each block, unless they are coded in the ids' words (weight_codes).
   std::vector<uint8_t> weighted;
+  // How a weighted bag's weights are coded in its ids' words: where its ids
+  // are narrow and every weight of its field is exactly k / 10^d for a
+  // whole k that fits above the id's bits, bag k's entries are one uint32
+  // each, id | k << id_bits, instead of a uint32 id and a float (libsvm
+  // data whose values have a few decimals, binary features, counts). A load
+  // gives back the very same floats (Weight, the one decoder, checked value
+  // by value when packing: WeightCode::Of). sparse_logreg.yaml's records, up
+  // to 30 features of 3 decimals, then fit 128-byte slots instead of
+  // 256-byte ones.
+  struct WeightCode {
+    int id_bits = 0;  // 0: not coded (the weights are floats after the ids)
+    int decimals = 0;
+    double unit = 0;  // 10^-decimals
+    bool coded() const { return id_bits > 0; }
+    uint32_t Id(uint32_t word) const { return word & ((uint32_t{1} << id_bits) - 1); }
+    float Weight(uint32_t word) const { return Decode(word >> id_bits, unit); }
+    // k * unit, rounded once to float (CodedWeight, which the loads'
+    // kernel, DecodeCodedEntries, computes on every target): the nearest
+    // float to k / 10^d, as a parser gives, for the k and d that fit. Of
+    // checks every weight, so a load gives back the very floats packed.
+    static float Decode(uint32_t k, double unit) { return CodedWeight(k, unit); }
+    // The code for `weights` beside ids below `rows` (at most 2^32): the
+    // fewest decimals, up to kMaxDecimals, that give every weight back;
+    // not coded (id_bits 0) where none does, where a weight is negative,
+    // -0 or not finite, or where the ids leave no bits. One pass over the
+    // weights a number of decimals tried.
+    static WeightCode Of(const std::vector<float>& weights, int64_t rows);
+    // The word of an id below the rows and a weight Of found codable.
+    uint32_t Word(uint32_t id, float weight) const;
+    static constexpr int kMaxDecimals = 6;
+  };
+  std::vector<WeightCode> weight_codes;  // [num_bags] where ids are packed
   int head_words = 0;
   bool narrow_ids = false;
   bool inline_label = false;
@@ -315,10 +349,11 @@ class Model {
   // start), plus the start word's line for blocks one after the other. A
   // block after the slots counts its lines twice: it is found in its slot,
   // so a worker cannot ask for it a step ahead, and its misses are waited
-  // for in the data phase (sparse_logreg.yaml: 192-byte slots, 3 lines and
-  // a block after them for 20% of the records, against 256-byte ones, 4
-  // lines and almost none: data 1.62-1.71 against 1.42-1.50 us a step, 5
-  // alternating pairs on the 2-core EPYC VM).
+  // for in the data phase (sparse_logreg.yaml, its weights as floats after
+  // the ids, before they were coded: 192-byte slots, 3 lines and a block
+  // after them for 20% of the records, against 256-byte ones, 4 lines and
+  // almost none: data 1.62-1.71 against 1.42-1.50 us a step, 5 alternating
+  // pairs on the 2-core EPYC VM).
   // Slots are at most kMaxStrideWords (512 bytes).
   static constexpr int64_t kMaxStrideWords = 64;
   static constexpr int64_t kStrideHistogramWords = 4 * kMaxStrideWords;
@@ -391,8 +426,18 @@ class Model {
   // weights, where weighted) in slots, the label in them, no dense values,
   // one label a record. LoadsSlots says whether it is that layout.
   bool LoadsSlots(const Dataset& data, const PackedRecords* packed) const;
-  template <bool kWeighted>
+  // What a slot holds after its head: ids, ids then their weights, or
+  // entries with the weight coded (PackedRecords::WeightCode).
+  enum class SlotEntries { kIds, kIdsThenWeights, kCodedWeights };
+  template <SlotEntries kEntries>
   void LoadSlots(const int32_t* records, int64_t n, const PackedRecords& packed);
+  // LoadSlots<kCodedWeights>'s per-record arguments for DecodeCodedEntries
+  // (as long as the largest batch loaded).
+  std::vector<const uint32_t*> slot_words_;
+  std::vector<int64_t> slot_copies_;
+  template <SlotEntries kEntries>
+  static void CopySlotEntries(const char* __restrict from, uint32_t count, int64_t copy, uint64_t* __restrict ids,
+                              float* __restrict weights);
   // Room in lookup l for `need` ids and kIdSlack more: LoadPackedIds copies
   // ids in chunks of kIdSlack + 1, so it may write up to kIdSlack past the
   // lookup's count. GrowLookup (never shrinks) when there is not.

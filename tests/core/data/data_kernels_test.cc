@@ -2,9 +2,11 @@
 // bit for bit.
 #include "core/data/data_kernels.h"
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -46,6 +48,71 @@ TEST(DataKernelsTest, EveryByteValueMapsToItsDivision) {
   for (int v = 0; v < 256; ++v) EXPECT_EQ(out[v], static_cast<float>(v) / 255.0f) << v;
   EXPECT_EQ(out[0], 0.0f);
   EXPECT_EQ(out[255], 1.0f);
+}
+
+// Coded entries (word = id | k << id_bits) decode on every target to the
+// scalar expressions, bit for bit: records of every count around the
+// vector widths (0 to 40 words), at word offsets that are and are not
+// vector-aligned, into destinations with gaps between them that stay
+// untouched, for id widths of 1 to 31 bits and units of 10^0 to 10^-6.
+TEST(DataKernelsTest, DecodeCodedEntriesIsTheScalarDecodeOnEveryTarget) {
+  std::mt19937 rng(5);
+  std::vector<uint32_t> words(4096);
+  for (uint32_t& w : words) w = static_cast<uint32_t>(rng());
+  constexpr uint64_t kIdSentinel = 0xDEADBEEFCAFEF00Dull;
+  constexpr float kWeightSentinel = -7.0f;
+  for (const std::string& target : HogwildKernelTargets()) {
+    SCOPED_TRACE(target);
+    ScopedHogwildKernelTarget scoped(target);
+    ASSERT_TRUE(scoped.ok());
+    for (int id_bits : {1, 12, 20, 31}) {
+      for (double unit : {1.0, 0.1, 0.001, 0.000001}) {
+        // Records of 0..40 words from scattered places, each two entries
+        // after the last one's end in the destination.
+        std::vector<const uint32_t*> from;
+        std::vector<int64_t> count, to;
+        int64_t at = 1;
+        for (int64_t c = 0; c <= 40; ++c) {
+          from.push_back(words.data() + (c * 97 + id_bits) % 4000);
+          count.push_back(c);
+          to.push_back(at);
+          at += c + 2;
+        }
+        // A widest vector's entries of room after the last record.
+        const int64_t size = at + 16;
+        std::vector<uint64_t> ids(size, kIdSentinel);
+        std::vector<float> weights(size, kWeightSentinel);
+        DecodeCodedEntries(from.data(), count.data(), to.data(), static_cast<int64_t>(from.size()), id_bits, unit,
+                           ids.data(), weights.data());
+        std::vector<uint8_t> written(size, 0);
+        for (size_t j = 0; j < from.size(); ++j) {
+          for (int64_t i = 0; i < count[j]; ++i) {
+            const uint32_t word = from[j][i];
+            const uint64_t want_id = word & ((uint32_t{1} << id_bits) - 1);
+            const float want_weight = CodedWeight(word >> id_bits, unit);
+            ASSERT_EQ(ids[to[j] + i], want_id) << "bits " << id_bits << " record " << j << " entry " << i;
+            ASSERT_EQ(std::bit_cast<uint32_t>(weights[to[j] + i]), std::bit_cast<uint32_t>(want_weight))
+                << "bits " << id_bits << " unit " << unit << " record " << j << " entry " << i;
+            written[to[j] + i] = 1;
+          }
+        }
+        for (int64_t i = 0; i < size; ++i) {
+          if (written[i]) continue;
+          ASSERT_EQ(ids[i], kIdSentinel) << "id written at " << i;
+          ASSERT_EQ(weights[i], kWeightSentinel) << "weight written at " << i;
+        }
+      }
+    }
+  }
+}
+
+// CodedWeight is k * unit rounded once: the float nearest k / 10^d.
+TEST(DataKernelsTest, CodedWeightRoundsOnce) {
+  EXPECT_EQ(CodedWeight(0, 0.001), 0.0f);
+  EXPECT_EQ(CodedWeight(299, 0.001), 0.299f);
+  EXPECT_EQ(CodedWeight(1, 1.0), 1.0f);
+  EXPECT_EQ(CodedWeight(4095, 0.001), 4.095f);
+  EXPECT_EQ(CodedWeight(123456, 0.000001), 0.123456f);
 }
 
 }  // namespace

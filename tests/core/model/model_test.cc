@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -519,7 +521,8 @@ TEST_F(ModelTest, PackedBagsOfWordsLoadAsTheFieldsDo) {
     const int32_t classes = head == HeadType::kSoftmax ? 4 : 2;
     const int64_t outputs = head == HeadType::kSoftmax ? 4 : 1;
     // Every length in turn; ids mapped to 4096 rows.
-    const Dataset d = testdata::OneBagData("tokens", 200, classes, 7, 10000, false, [](int64_t r) { return r % 35; });
+    const Dataset d = testdata::OneBagData("tokens", 200, classes, 7, 10000, testdata::BagWeights::kNone,
+                                          [](int64_t r) { return r % 35; });
     ModelOptions opts;
     opts.head = head;
     opts.interaction = Interaction::kConcat;
@@ -547,40 +550,128 @@ TEST_F(ModelTest, PackedBagsOfWordsLoadAsTheFieldsDo) {
 
 // Weighted features (sparse_logreg's layout: one weighted lookup, no dense
 // values, narrow ids and the label in the block, which LoadBatch copies slot
-// by slot, each slot's ids and the weights after them, with no branch on a
-// record's count): bags of 0 to 34 weighted ids, in slots that hold all of
-// them, some or few (the rest after the slots), and blocks one after the
-// other, load as from the fields, weights included, for a binary and a
-// softmax head, batch after batch into the same buffers, the data set's
-// last record included.
+// by slot, with no branch on a record's count): bags of 0 to 34 weighted
+// ids, in slots that hold all of them, some or few (the rest after the
+// slots), and blocks one after the other, load as from the fields, weights
+// included, for a binary and a softmax head, batch after batch into the
+// same buffers, the data set's last record included. Weights of 3 decimals
+// are coded in the ids' words (a slot's ids and weights decoded by
+// DecodeCodedEntries, a block's one after the other by LoadPackedIds);
+// others follow the ids as floats.
 TEST_F(ModelTest, PackedWeightedFeaturesLoadAsTheFieldsDo) {
-  for (HeadType head : {HeadType::kBinary, HeadType::kSoftmax}) {
-    const int32_t classes = head == HeadType::kSoftmax ? 3 : 2;
-    const int64_t outputs = head == HeadType::kSoftmax ? 3 : 1;
-    // Every length, in a scattered order; ids mapped to 2^20 rows.
-    const Dataset d =
-        testdata::OneBagData("features", 210, classes, 8, 3000000, true, [](int64_t r) { return (r * 13) % 35; });
-    ModelOptions opts;
-    opts.head = head;
-    opts.interaction = Interaction::kConcat;
-    opts.tables = {{"features", 1 << 20, 1, false, false, 0.5f}};
-    opts.sparse = {{"features", "features", Pooling::kSum, true}};
-    opts.layers = {{"dense", outputs, Activation::kNone}};
-    std::vector<std::vector<int32_t>> batches = SpreadBatches(d.count, 32, 41);
-    batches.push_back({static_cast<int32_t>(d.count - 1)});
-    batches.push_back({34, static_cast<int32_t>(d.count - 1), 0, 33, 34});
-    const std::optional<PackedRecords> packed =
-        ExpectPackedLoadsAsFields(opts, d, /*batch=*/32, outputs, batches);
-    ASSERT_TRUE(packed.has_value()) << static_cast<int>(head);
-    EXPECT_TRUE(packed->narrow_ids);
-    EXPECT_TRUE(packed->inline_label);
-    ASSERT_EQ(packed->weighted.size(), 1u);
-    EXPECT_TRUE(packed->weighted[0]);
-    EXPECT_EQ(packed->head_words, 1);
-    // 64-byte slots hold 7 weighted ids and 128-byte ones 15: the longer
-    // bags go after them.
-    EXPECT_GT(overflowing_[64], overflowing_[128]);
-    EXPECT_GT(overflowing_[128], 0);
+  using testdata::BagWeights;
+  for (BagWeights weights : {BagWeights::kDecimals, BagWeights::kReciprocals}) {
+    const bool coded = weights == BagWeights::kDecimals;
+    for (HeadType head : {HeadType::kBinary, HeadType::kSoftmax}) {
+      SCOPED_TRACE(absl::StrCat(coded ? "coded" : "floats", ", head ", static_cast<int>(head)));
+      const int32_t classes = head == HeadType::kSoftmax ? 3 : 2;
+      const int64_t outputs = head == HeadType::kSoftmax ? 3 : 1;
+      // Every length, in a scattered order; ids mapped to 2^20 rows.
+      const Dataset d =
+          testdata::OneBagData("features", 210, classes, 8, 3000000, weights, [](int64_t r) { return (r * 13) % 35; });
+      ModelOptions opts;
+      opts.head = head;
+      opts.interaction = Interaction::kConcat;
+      opts.tables = {{"features", 1 << 20, 1, false, false, 0.5f}};
+      opts.sparse = {{"features", "features", Pooling::kSum, true}};
+      opts.layers = {{"dense", outputs, Activation::kNone}};
+      std::vector<std::vector<int32_t>> batches = SpreadBatches(d.count, 32, 41);
+      batches.push_back({static_cast<int32_t>(d.count - 1)});
+      batches.push_back({34, static_cast<int32_t>(d.count - 1), 0, 33, 34});
+      const std::optional<PackedRecords> packed = ExpectPackedLoadsAsFields(opts, d, /*batch=*/32, outputs, batches);
+      ASSERT_TRUE(packed.has_value());
+      EXPECT_TRUE(packed->narrow_ids);
+      EXPECT_TRUE(packed->inline_label);
+      ASSERT_EQ(packed->weighted.size(), 1u);
+      EXPECT_TRUE(packed->weighted[0]);
+      ASSERT_EQ(packed->weight_codes.size(), 1u);
+      EXPECT_EQ(packed->weight_codes[0].coded(), coded);
+      if (coded) {
+        EXPECT_EQ(packed->weight_codes[0].id_bits, 20);
+        EXPECT_EQ(packed->weight_codes[0].decimals, 3);
+      }
+      EXPECT_EQ(packed->head_words, 1);
+      // 64-byte slots hold 7 weighted ids (14 coded) and 128-byte ones 15
+      // (30): the longer bags go after them.
+      EXPECT_GT(overflowing_[64], overflowing_[128]);
+      EXPECT_GT(overflowing_[128], 0);
+    }
+  }
+}
+
+// The weight codes PackRecords chooses (PackedRecords::WeightCode::Of): the
+// fewest decimals that give every weight back, in the bits the ids leave.
+TEST(WeightCode, TakesTheFewestDecimalsThatGiveEveryWeightBack) {
+  using Code = PackedRecords::WeightCode;
+  auto expect_code = [](const std::vector<float>& weights, int64_t rows, int id_bits, int decimals) {
+    const Code code = Code::Of(weights, rows);
+    ASSERT_TRUE(code.coded()) << rows << " rows";
+    EXPECT_EQ(code.id_bits, id_bits) << rows << " rows";
+    EXPECT_EQ(code.decimals, decimals) << rows << " rows";
+    // Every weight and the largest id come back from their word.
+    for (float w : weights) {
+      for (uint32_t id : {uint32_t{0}, static_cast<uint32_t>(rows - 1)}) {
+        const uint32_t word = code.Word(id, w);
+        EXPECT_EQ(code.Id(word), id);
+        EXPECT_EQ(std::bit_cast<uint32_t>(code.Weight(word)), std::bit_cast<uint32_t>(w)) << w;
+      }
+    }
+  };
+  // Binary features, counts, halves, libsvm's 3 decimals, 6.
+  expect_code({1.0f, 1.0f}, 1 << 20, 20, 0);
+  expect_code({0.0f, 1.0f, 7.0f, 4095.0f}, 1 << 20, 20, 0);
+  expect_code({0.5f, 1.5f, 2.0f}, 1 << 20, 20, 1);
+  expect_code({0.299f, 0.124f, 0.079f, 1.0f, 0.001f, 4.095f}, 1048576, 20, 3);
+  expect_code({0.000001f, 0.123456f}, 2000, 11, 6);
+  // The ids' bits: those of the largest row, at least one.
+  expect_code({1.0f}, 1, 1, 0);
+  expect_code({1.0f}, 2, 1, 0);
+  expect_code({1.0f}, 3, 2, 0);
+  expect_code({1.0f}, 1048577, 21, 0);
+  expect_code({1.0f}, int64_t{1} << 31, 31, 0);
+  // Not coded: a whole number too large for the bits left (4096 in 12;
+  // 4.096 needs 4096 too), weights no 10^-d gives back (a third, 6
+  // decimals and more, a float near but not at 0.1), negative, -0, not
+  // finite; ids of 32 bits, or more rows than narrow ids hold.
+  for (const std::vector<float>& weights :
+       std::vector<std::vector<float>>{{4096.0f},
+                                       {4.096f},
+                                       {1.0f / 3.0f},
+                                       {0.0000001f},
+                                       {std::nextafter(0.1f, 1.0f)},
+                                       {0.5f, -0.5f},
+                                       {-0.0f},
+                                       {1.0f, std::numeric_limits<float>::infinity()},
+                                       {std::numeric_limits<float>::quiet_NaN()}}) {
+    EXPECT_FALSE(Code::Of(weights, 1 << 20).coded()) << weights[0];
+  }
+  EXPECT_TRUE(Code::Of({1.0f}, int64_t{1} << 31).coded());
+  EXPECT_FALSE(Code::Of({1.0f}, int64_t{1} << 32).coded());
+  EXPECT_FALSE(Code::Of({1.0f}, (int64_t{1} << 32) + 1).coded());
+  EXPECT_FALSE(Code::Of({1.0f}, 0).coded());
+  EXPECT_FALSE(Code::Of({2.0f}, int64_t{1} << 31).coded());  // one bit left
+}
+
+// A coded weight is the float a parser reads from its decimal text: for
+// every whole k the bits above a 2^20-row table's ids hold, and every
+// number of decimals, k * 10^-d rounded once is the float nearest k / 10^d.
+TEST(WeightCode, DecodesToTheParsedDecimal) {
+  for (int d = 0; d <= PackedRecords::WeightCode::kMaxDecimals; ++d) {
+    double unit = 1;
+    for (int i = 0; i < d; ++i) unit /= 10;
+    for (uint32_t k = 0; k < (uint32_t{1} << 12); ++k) {
+      // k / 10^d as decimal text: its digits, the point d from the right.
+      std::string text = std::to_string(k);
+      if (d > 0) {
+        if (text.size() <= static_cast<size_t>(d)) text.insert(0, static_cast<size_t>(d) + 1 - text.size(), '0');
+        text.insert(text.size() - d, ".");
+      }
+      float parsed = 0;
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), parsed);
+      ASSERT_EQ(ec, std::errc()) << text;
+      ASSERT_EQ(std::bit_cast<uint32_t>(PackedRecords::WeightCode::Decode(k, unit)), std::bit_cast<uint32_t>(parsed))
+          << text;
+    }
   }
 }
 
@@ -651,7 +742,7 @@ TEST(PackedLayout, PackRecordsUsesTheChosenStride) {
   for (const auto& [min_ids, max_ids, want] : {std::tuple<int, int, int64_t>{5, 30, 16}, {200, 200, 0}}) {
     // (Init-captures: clang does not capture structured bindings.)
     const Dataset d =
-        testdata::OneBagData("tokens", 260, 4, 9, 5000, false, [lo = min_ids, hi = max_ids](int64_t r) {
+        testdata::OneBagData("tokens", 260, 4, 9, 5000, testdata::BagWeights::kNone, [lo = min_ids, hi = max_ids](int64_t r) {
           return static_cast<int64_t>(lo) + r % (hi - lo + 1);
         });
     ModelOptions opts;
