@@ -8,7 +8,8 @@
 // puts each window in a random order (seeded by train.seed, the epoch, the
 // task's first record and the window, so a re-queued task is trained in the
 // same order wherever it runs), and cuts it into items of `item_records`
-// records (a worker's TrainRange call: train.batch_size x train.pull_every),
+// records (a worker's TrainRange call: whole rounds of train.pull_every
+// steps of train.batch_size records, up to kItemSteps steps),
 // gathered into their own data sets. Up to `depth` items wait ready while the
 // worker trains the one it holds; the reader stops while none is free. So a
 // feed holds at most one window and depth + 1 items, whatever the task's
@@ -37,20 +38,26 @@
 
 namespace shardwild {
 
+// The most steps of one item (StreamFeedOptionsFor).
+inline constexpr int64_t kItemSteps = 32;
+
 struct StreamFeedOptions {
   int64_t window = 16384;     // records read and shuffled together; a multiple of item_records
-  int64_t item_records = 128; // records of one item (batch x pull_every)
+  int64_t item_records = 128; // records of one item (whole rounds of batch x pull_every)
   int depth = 8;              // items ready ahead of the one being trained; >= 1
   uint64_t seed = 1;          // train.seed
 };
 
 // The feed options of `config` for a cache of `bytes_per_record`, when
-// `readers` feeds share data.memory_budget_mb: items of batch x pull_every
-// records, depth ceil(prefetch_batches / pull_every), and the window
-// data.shuffle_buffer (rounded up to whole items) or, when that is 0, the
-// largest number of whole items that fits the budget (at most the records
-// of a task). InvalidArgument naming the keys when even one window of one
-// item, or the window asked for, does not fit.
+// `readers` feeds share data.memory_budget_mb: items of as many rounds
+// (batch x pull_every records) as kItemSteps steps hold, at least one, and
+// no more than a task's records, data.shuffle_buffer (where set) or the
+// budget allow; depth ceil(prefetch_batches / the item's steps), at least
+// 1; and the window data.shuffle_buffer (rounded up to whole items) or,
+// when that is 0, the largest number of whole items that fits the budget
+// (at most the records of a task). InvalidArgument naming the keys when
+// even one window of items of one round, or the window asked for, does not
+// fit.
 absl::StatusOr<StreamFeedOptions> StreamFeedOptionsFor(const Config& config, double bytes_per_record, int readers);
 
 class StreamFeed {

@@ -127,7 +127,9 @@ TEST(StreamFeedTest, OptionsFitTheBudget) {
   c.data.prefetch_batches = 5;
   c.data.records_per_task = 100000;
   c.data.memory_budget_mb = 10;
-  // 1000 bytes a record, 2 readers: 5 MiB each; items of 200 records, 3 ahead + 1 held.
+  // 1000 bytes a record, 2 readers: 5 MiB each. Items of more rounds
+  // (kItemSteps steps) would leave a smaller window than items of one
+  // round, 200 records: 3 ahead + 1 held, and the rest the window.
   absl::StatusOr<StreamFeedOptions> o = StreamFeedOptionsFor(c, 1000, 2);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->item_records, 200);
@@ -137,9 +139,40 @@ TEST(StreamFeedTest, OptionsFitTheBudget) {
   EXPECT_LE(o->window * 1000.0 + items, budget);
   // At most one task's records.
   c.data.records_per_task = 450;
+  // (A task of 3 rounds: one item of 600 records, its window as large as
+  // 3 items of one round would make it.)
   EXPECT_EQ(StreamFeedOptionsFor(c, 1000, 2)->window, 600);
-  // An explicit window that does not fit, and a budget below one item.
+  EXPECT_EQ(StreamFeedOptionsFor(c, 1000, 2)->item_records, 600);
+  EXPECT_EQ(StreamFeedOptionsFor(c, 1000, 2)->depth, 1);  // 6 steps ahead
+  // Items of 16 rounds would leave a window 4% smaller than one round's
+  // (the task's 100000 records): halved to 8 rounds.
   c.data.records_per_task = 100000;
+  c.data.memory_budget_mb = 200;
+  o = StreamFeedOptionsFor(c, 1000, 2);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->item_records, 1600);
+  EXPECT_EQ(o->window, 63 * 1600);
+  // A budget with room: items of kItemSteps steps (16 rounds of 2), one
+  // ahead; the window a task's records, rounded up to whole items.
+  c.data.memory_budget_mb = 400;
+  o = StreamFeedOptionsFor(c, 1000, 2);
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->item_records, kItemSteps * 100);
+  EXPECT_EQ(o->depth, 1);
+  EXPECT_EQ(o->window, 32 * 3200);
+  // Nor than the shuffle buffer asked for (rounded up to a round): 5 rounds.
+  c.data.records_per_task = 100000;
+  c.data.shuffle_buffer = 900;
+  o = StreamFeedOptionsFor(c, 1000, 2);
+  EXPECT_EQ(o->item_records, 1000);
+  EXPECT_EQ(o->window, 1000);
+  // pull_every 1: 32 rounds of one step.
+  c.data.shuffle_buffer = 0;
+  c.train.pull_every = 1;
+  EXPECT_EQ(StreamFeedOptionsFor(c, 1000, 2)->item_records, kItemSteps * 100);
+  // An explicit window that does not fit, and a budget below one item.
+  c.train.pull_every = 2;
+  c.data.memory_budget_mb = 10;
   c.data.shuffle_buffer = 10000;
   absl::StatusOr<StreamFeedOptions> bad = StreamFeedOptionsFor(c, 1000, 2);
   ASSERT_FALSE(bad.ok());
