@@ -142,7 +142,8 @@ struct PackedRecords {
   // gives back the very same floats (Weight, the one decoder, checked value
   // by value when packing: WeightCode::Of). sparse_logreg.yaml's records, up
   // to 30 features of 3 decimals, then fit 128-byte slots instead of
-  // 256-byte ones.
+  // 256-byte ones (its data phase, 6 alternating rounds on the 2-core EPYC
+  // VM: 1.57 -> 1.18 us a step, medians).
   struct WeightCode {
     int id_bits = 0;  // 0: not coded (the weights are floats after the ids)
     int decimals = 0;
