@@ -621,6 +621,7 @@ int Bench(const std::string& path, const std::vector<std::string>& sets, bool as
     if ((*job)->has_local_store()) {
       j["store"] = {{"memory", StoreMemoryJson((*job)->replicas())}, {"setup_s", (*job)->store_setup_seconds()}};
     }
+    j["data"] = {{"packed", PackedDataJson(**job)}};
     j["machine"] = MachineJson((*job)->topology());
     std::printf("%s\n", j.dump().c_str());
   }

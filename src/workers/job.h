@@ -120,6 +120,9 @@ class Job {
   int64_t train_records() const { return stream_ ? stream_->records() : train_.count; }
   // data.stream: the columnar cache the workers read; null otherwise.
   const ColumnCache* stream() const { return stream_.get(); }
+  // The training records as the workers load them (Model::PackRecords);
+  // null when streamed or when nothing packs.
+  const PackedRecords* packed_train() const { return packed_train_ ? &*packed_train_ : nullptr; }
   // The cache's build stats (final once the stream no longer grows).
   const ColumnCacheStats& stream_stats() const { return stream_stats_; }
   // Streamed, with in-process workers, when the first lines gave the data's

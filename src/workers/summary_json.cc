@@ -96,6 +96,39 @@ json HugePagesJson(const HugePageStatus& h) {
 
 }  // namespace
 
+json PackedDataJson(Job& job) {
+  const PackedRecords* p = job.packed_train();
+  if (p == nullptr || job.num_workers() == 0) return nullptr;
+  const Model& model = job.worker(0).model();
+  const uint64_t bytes = (p->words.size() + p->start.size()) * sizeof(uint64_t) + p->dense_bytes.size();
+  json j = {{"bytes", bytes}, {"records", p->records}, {"ids", p->has_ids()}, {"dense_bytes", p->has_dense_bytes()}};
+  if (p->has_ids()) {
+    j["layout"] = p->stride_words > 0 ? "slots" : "one_after_another";
+    j["slot_bytes"] = p->stride_words * static_cast<int64_t>(sizeof(uint64_t));
+    j["records_after_slots"] = p->overflow_blocks;
+    j["narrow_ids"] = p->narrow_ids;
+    j["label_in_block"] = p->inline_label;
+    // Bag k is the k-th lookup with ids of its own.
+    json weights = json::array();
+    int k = 0;
+    for (int l = 0; l < model.num_lookups() && k < p->num_bags; ++l) {
+      if (model.bag_of(l) != l) continue;
+      if (p->weighted[k]) {
+        const PackedRecords::WeightCode& code = p->weight_codes[k];
+        json w = {{"field", model.lookup(l).field}, {"coded", code.coded()}};
+        if (code.coded()) {
+          w["decimals"] = code.decimals;
+          w["id_bits"] = code.id_bits;
+        }
+        weights.push_back(w);
+      }
+      ++k;
+    }
+    j["weights"] = weights;
+  }
+  return j;
+}
+
 json TrainSummaryJson(const TrainSummary& s, Job& job) {
   // A job that was already complete trained nothing: no throughput and no
   // training loss to report (null), and says so.
@@ -151,6 +184,7 @@ json TrainSummaryJson(const TrainSummary& s, Job& job) {
   json data = {{"stream", job.stream() != nullptr}, {"load_s", job.data_load_seconds()}};
   if (s.first_task_after_ready_s >= 0) data["first_task_after_ready_s"] = s.first_task_after_ready_s;
   if (s.records_ready_at_first_task >= 0) data["records_ready_at_first_task"] = s.records_ready_at_first_task;
+  data["packed"] = PackedDataJson(job);
   if (const ColumnCache* c = job.stream()) {
     const ColumnCacheStats& st = job.stream_stats();
     data["records"] = c->records();

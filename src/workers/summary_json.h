@@ -16,6 +16,15 @@ namespace shardwild {
 // metadata) and the same split.
 nlohmann::json StoreMemoryJson(ReplicatedStore& store);
 
+// data.packed of the train and bench summaries: how the job packed its
+// training records for the workers' loads (PackedRecords), null where it
+// did not (streamed, or nothing to pack): bytes, the blocks' layout (slots
+// of slot_bytes, records_after_slots of them longer, or one after the
+// other), narrow ids, the label in the block, dense values as bytes, and
+// per weighted field whether its weights are coded in the ids' words
+// (decimals, id_bits) or kept as floats.
+nlohmann::json PackedDataJson(Job& job);
+
 // The summary of a training run of `job` (train --json): throughput,
 // counters, checkpoints, test metrics, the store, per-epoch history, rows
 // skipped.

@@ -243,11 +243,73 @@ TEST_F(SparseCliTest, StreamedTrainingIsExactReproducibleAndReusesItsCache) {
   EXPECT_EQ(jb["data"]["cache"]["files_cached"], 1);
   EXPECT_EQ(ja["data"]["records"], 4000);
   EXPECT_TRUE(ja["data_wait_s"].is_number());
-  // A window of 300 records rounds up to 3 items of 128; 8 prefetched batches.
+  // A window of 300 records rounds up to 384: one item of 3 batches of 128
+  // (no longer than the window asked for), 3 more ready for the 8
+  // prefetched batches.
   EXPECT_GT(ja["data"]["reader_peak_bytes"].get<int64_t>(), 0);
   EXPECT_LE(ja["data"]["reader_peak_bytes"].get<int64_t>(), ja["data"]["memory_budget_bytes"].get<int64_t>());
   EXPECT_EQ(jw["data"]["stream"], false);
+  // Records read whole are packed for the loads; streamed ones are not.
+  EXPECT_EQ(jw["data"]["packed"]["ids"], true) << jw["data"].dump();
+  EXPECT_EQ(jw["data"]["packed"]["records"], 4000);
+  EXPECT_EQ(jw["data"]["packed"]["weights"].size(), 0u);  // DLRM's lookups are not weighted
+  EXPECT_TRUE(ja["data"]["packed"].is_null()) << ja["data"].dump();
   EXPECT_TRUE(std::filesystem::exists(Path("train.tsv.swcols/index.json")));
+}
+
+// libsvm features trained by the shipped sparse logistic regression: values
+// of 3 decimals are packed in the ids' words (data.packed.weights: coded, 3
+// decimals, 20 bits of the 2^20 rows' ids), in 128-byte slots; the same
+// data with a value of 7 decimals in every 10th row, which no 6 decimals
+// give back, keeps its floats beside the ids, in 256-byte slots. Both
+// train. (That a coded load gives back the very floats is model_test's.)
+TEST_F(SparseCliTest, LibsvmWeightsOfFewDecimalsArePackedInTheIdsWords) {
+  constexpr char kLogreg[] = SHARDWILD_SOURCE_DIR "/configs/sparse_logreg.yaml";
+  for (const auto& [name, rows, seed] : {std::tuple{"train.svm", "3000", "1"}, std::tuple{"test.svm", "500", "2"}}) {
+    const Result r = RunCli({"data", "gen", "--kind", "libsvm", "--rows", rows, "--out", Path(name), "--seed", seed});
+    ASSERT_EQ(r.code(), 0) << r.err;
+  }
+  // The same values with a 7th decimal in every 10th row's first value (a
+  // float no 6 decimals give back): those rows' other values unchanged.
+  {
+    std::ifstream in(Path("train.svm"));
+    std::ofstream out(Path("train7.svm"));
+    std::string line;
+    for (int i = 0; std::getline(in, line); ++i) {
+      if (i % 10 == 0) {
+        const size_t colon = line.find(':');
+        const size_t end = line.find_first_of(" \n", colon);
+        if (colon != std::string::npos) line.insert(end == std::string::npos ? line.size() : end, "0001");
+      }
+      out << line << "\n";
+    }
+  }
+  auto train = [&](const std::string& file) {
+    const Result r = RunCli({"train", kLogreg, "--json", "--set", "data.train=" + Path(file), "--set",
+                             "data.test=" + Path("test.svm"), "--set", "train.workers=1", "--set", "train.epochs=1",
+                             "--set", "data.cache=false", "--set", "train.pin_threads=false"});
+    EXPECT_EQ(r.code(), 0) << r.err;
+    return LastLineJson(r.out);
+  };
+  const json coded = train("train.svm"), floats = train("train7.svm");
+  ASSERT_TRUE(coded.is_object() && floats.is_object());
+  const json& cp = coded["data"]["packed"];
+  EXPECT_EQ(cp["layout"], "slots") << cp.dump();
+  EXPECT_EQ(cp["slot_bytes"], 128) << cp.dump();
+  ASSERT_EQ(cp["weights"].size(), 1u) << cp.dump();
+  EXPECT_EQ(cp["weights"][0]["field"], "features");
+  EXPECT_EQ(cp["weights"][0]["coded"], true);
+  EXPECT_EQ(cp["weights"][0]["decimals"], 3);
+  EXPECT_EQ(cp["weights"][0]["id_bits"], 20);
+  const json& fp = floats["data"]["packed"];
+  ASSERT_EQ(fp["weights"].size(), 1u) << fp.dump();
+  EXPECT_EQ(fp["weights"][0]["coded"], false);
+  EXPECT_FALSE(fp["weights"][0].contains("decimals"));
+  EXPECT_EQ(fp["slot_bytes"], 256) << fp.dump();
+  EXPECT_GT(fp["bytes"].get<int64_t>(), cp["bytes"].get<int64_t>());
+  // Both learn (the data's planted model).
+  EXPECT_GT(coded["test_auc"].get<double>(), 0.6) << coded.dump();
+  EXPECT_GT(floats["test_auc"].get<double>(), 0.6) << floats.dump();
 }
 
 // What streaming can't do, and a bad row in streamed data: one error line each.
