@@ -111,6 +111,10 @@ TEST_F(PrecisionTrainTest, BenchReportsBf16ImplementationsAndPeak) {
   EXPECT_EQ(k["precision"], "f32");
   EXPECT_NEAR(k["peak_fraction"].get<double>(), k["model_gflops"].get<double>() / k["peak_gflops"].get<double>(),
               1e-9);
+  // The images are packed as their bytes (every pixel k / 255), with no ids.
+  EXPECT_EQ(k["data"]["packed"]["dense_bytes"], true) << k.dump();
+  EXPECT_EQ(k["data"]["packed"]["ids"], false) << k.dump();
+  EXPECT_GT(k["data"]["packed"]["bytes"].get<int64_t>(), 0);
 }
 
 }  // namespace
