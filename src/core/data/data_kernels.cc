@@ -43,14 +43,16 @@ inline void DecodeWords(const uint32_t* src, int64_t m, int id_bits, double unit
   }
 }
 
-void DecodeCodedEntriesImpl(const uint32_t* const* from, const int64_t* count, const int64_t* to, int64_t n,
-                            int id_bits, double unit, uint64_t* ids, float* weights) {
+// One record's m words decoded: a vector of words at a time, each half
+// widened to ids and, through doubles, to weights (AVX-512: 16 words, the
+// 30 of a 128-byte slot in two, the second overlapping the first); words
+// one at a time where m is less than a vector. Reads and writes nothing
+// past m. Inlined into the loops below, which hoist its constants.
+HWY_INLINE void DecodeRecord(const uint32_t* src, int64_t m, int id_bits, double unit, uint64_t* id_to,
+                             float* weight_to) {
 #if HWY_TARGET == HWY_SCALAR
-  for (int64_t j = 0; j < n; ++j) DecodeWords(from[j], count[j], id_bits, unit, ids + to[j], weights + to[j]);
+  DecodeWords(src, m, id_bits, unit, id_to, weight_to);
 #else
-  // A vector of words at a time, each half widened to ids and, through
-  // doubles, to weights (AVX-512: 16 words, the 30 of a 128-byte slot in
-  // two).
   const hn::ScalableTag<uint32_t> du;
   const hn::Half<decltype(du)> dh;
   const hn::Rebind<int32_t, decltype(dh)> dhi;
@@ -59,32 +61,56 @@ void DecodeCodedEntriesImpl(const uint32_t* const* from, const int64_t* count, c
   const hn::Rebind<float, decltype(dh)> df32;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(du));
   const int64_t half = static_cast<int64_t>(hn::Lanes(dh));
+  if (m < lanes) {
+    DecodeWords(src, m, id_bits, unit, id_to, weight_to);
+    return;
+  }
   const auto mask = hn::Set(du, (uint32_t{1} << id_bits) - 1);
   const auto vunit = hn::Set(df64, unit);
-  for (int64_t j = 0; j < n; ++j) {
-    const uint32_t* src = from[j];
-    const int64_t m = count[j];
-    uint64_t* id_to = ids + to[j];
-    float* weight_to = weights + to[j];
-    auto decode = [&](int64_t i) HWY_ATTR {
-      const auto words = hn::LoadU(du, src + i);
-      const auto id = hn::And(words, mask);
-      hn::StoreU(hn::PromoteTo(d64, hn::LowerHalf(dh, id)), d64, id_to + i);
-      hn::StoreU(hn::PromoteTo(d64, hn::UpperHalf(dh, id)), d64, id_to + i + half);
-      const auto k = hn::ShiftRightSame(words, id_bits);
-      const auto lower = hn::BitCast(dhi, hn::LowerHalf(dh, k)), upper = hn::BitCast(dhi, hn::UpperHalf(dh, k));
-      hn::StoreU(hn::DemoteTo(df32, hn::Mul(hn::PromoteTo(df64, lower), vunit)), df32, weight_to + i);
-      hn::StoreU(hn::DemoteTo(df32, hn::Mul(hn::PromoteTo(df64, upper), vunit)), df32, weight_to + i + half);
-    };
-    if (m < lanes) {
-      DecodeWords(src, m, id_bits, unit, id_to, weight_to);
-      continue;
-    }
-    int64_t i = 0;
-    for (; i + lanes <= m; i += lanes) decode(i);
-    if (i < m) decode(m - lanes);  // the last vector, overlapping: the same values again
-  }
+  auto decode = [&](int64_t i) HWY_ATTR {
+    const auto words = hn::LoadU(du, src + i);
+    const auto id = hn::And(words, mask);
+    hn::StoreU(hn::PromoteTo(d64, hn::LowerHalf(dh, id)), d64, id_to + i);
+    hn::StoreU(hn::PromoteTo(d64, hn::UpperHalf(dh, id)), d64, id_to + i + half);
+    const auto k = hn::ShiftRightSame(words, id_bits);
+    const auto lower = hn::BitCast(dhi, hn::LowerHalf(dh, k)), upper = hn::BitCast(dhi, hn::UpperHalf(dh, k));
+    hn::StoreU(hn::DemoteTo(df32, hn::Mul(hn::PromoteTo(df64, lower), vunit)), df32, weight_to + i);
+    hn::StoreU(hn::DemoteTo(df32, hn::Mul(hn::PromoteTo(df64, upper), vunit)), df32, weight_to + i + half);
+  };
+  int64_t i = 0;
+  for (; i + lanes <= m; i += lanes) decode(i);
+  if (i < m) decode(m - lanes);  // the last vector, overlapping: the same values again
 #endif
+}
+
+void DecodeCodedEntriesImpl(const uint32_t* const* from, const int64_t* count, const int64_t* to, int64_t n,
+                            int id_bits, double unit, uint64_t* ids, float* weights) {
+  for (int64_t j = 0; j < n; ++j) DecodeRecord(from[j], count[j], id_bits, unit, ids + to[j], weights + to[j]);
+}
+
+int64_t DecodeCodedSlotsImpl(const CodedSlots& a, uint64_t stop_word, int64_t begin, int64_t* count) {
+  int64_t at = *count;
+  int64_t s = begin;
+  for (; s < a.n; ++s) {
+    const uint64_t* slot = a.words + static_cast<int64_t>(a.records[s]) * a.stride_words;
+    uint64_t head;
+    std::memcpy(&head, slot, sizeof(head));
+    if (head == stop_word) break;
+    uint32_t c;
+    int32_t label;
+    std::memcpy(&c, slot, sizeof(c));
+    std::memcpy(&label, reinterpret_cast<const char*>(slot) + sizeof(c), sizeof(label));
+    a.labels[s] = label;
+    if (a.label_sets != nullptr) {
+      a.label_sets[s] = label;
+      a.label_offsets[s + 1] = s + 1;
+    }
+    DecodeRecord(reinterpret_cast<const uint32_t*>(slot + 1), a.entries, a.id_bits, a.unit, a.ids + at, a.weights + at);
+    at += c;
+    a.offsets[s + 1] = at;
+  }
+  *count = at;
+  return s;
 }
 
 }  // namespace HWY_NAMESPACE
@@ -96,6 +122,7 @@ namespace shardwild {
 
 HWY_EXPORT(BytesToUnitFloatsImpl);
 HWY_EXPORT(DecodeCodedEntriesImpl);
+HWY_EXPORT(DecodeCodedSlotsImpl);
 
 void BytesToUnitFloats(const uint8_t* src, float* dst, int64_t n) {
   if (n > 0) HWY_DYNAMIC_DISPATCH(BytesToUnitFloatsImpl)(src, dst, n);
@@ -104,6 +131,11 @@ void BytesToUnitFloats(const uint8_t* src, float* dst, int64_t n) {
 void DecodeCodedEntries(const uint32_t* const* from, const int64_t* count, const int64_t* to, int64_t n, int id_bits,
                         double unit, uint64_t* ids, float* weights) {
   if (n > 0) HWY_DYNAMIC_DISPATCH(DecodeCodedEntriesImpl)(from, count, to, n, id_bits, unit, ids, weights);
+}
+
+int64_t DecodeCodedSlots(const CodedSlots& a, uint64_t stop_word, int64_t begin, int64_t* count) {
+  if (begin >= a.n) return a.n;
+  return HWY_DYNAMIC_DISPATCH(DecodeCodedSlotsImpl)(a, stop_word, begin, count);
 }
 
 }  // namespace shardwild

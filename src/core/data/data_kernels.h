@@ -32,4 +32,36 @@ inline float CodedWeight(uint32_t k, double unit) {
 void DecodeCodedEntries(const uint32_t* const* from, const int64_t* count, const int64_t* to, int64_t n, int id_bits,
                         double unit, uint64_t* ids, float* weights);
 
+// A batch's slots of coded entries (Model::LoadSlots), decoded in one pass.
+// Record records[s]'s slot is words[records[s] * stride_words, ...): its
+// count (uint32) and label (int32) in its first word, then `entries` words
+// (two coded entries each, as DecodeCodedEntries reads them), the record's
+// first `count` of them.
+struct CodedSlots {
+  const uint64_t* words = nullptr;
+  int64_t stride_words = 0;
+  const int32_t* records = nullptr;
+  int64_t n = 0;
+  int64_t entries = 0;  // coded entries after a slot's first word
+  int id_bits = 0;      // 1..31
+  double unit = 0;
+  uint64_t* ids = nullptr;  // room for every slot's `entries` from the count on
+  float* weights = nullptr;
+  int32_t* labels = nullptr;          // [n]
+  int32_t* label_sets = nullptr;      // [n], or null: then label_offsets is not written
+  int64_t* label_offsets = nullptr;   // [n + 1]
+  int64_t* offsets = nullptr;         // [n + 1]
+};
+
+// From record `begin` on: each slot's label into labels[s] (and
+// label_sets[s] = label, label_offsets[s + 1] = s + 1 where label_sets is
+// not null), all its `entries` entries decoded into ids and weights from
+// *count on (those past its count are overwritten by the next record's or
+// left unread), then *count += its count and offsets[s + 1] = *count.
+// Stops before the first slot whose first word is `stop_word` (it holds
+// the record elsewhere), or at n; returns where it stopped. Reads no word
+// past a slot's `entries`. One pass: a slot's first line is read as the
+// one before it is decoded.
+int64_t DecodeCodedSlots(const CodedSlots& a, uint64_t stop_word, int64_t begin, int64_t* count);
+
 }  // namespace shardwild

@@ -922,10 +922,6 @@ void Model::LoadSlots(const int32_t* records, int64_t n, const PackedRecords& pa
   const int64_t words_after_head = packed.stride_words - packed.head_words;
   const int64_t entries = kEntries == SlotEntries::kIdsThenWeights ? words_after_head : 2 * words_after_head;
   constexpr bool kCoded = kEntries == SlotEntries::kCodedWeights;
-  if (kCoded && slot_words_.size() < static_cast<size_t>(n)) {
-    slot_words_.resize(n);
-    slot_copies_.resize(n);
-  }
   const bool softmax = head_ == HeadType::kSoftmax;
   if (softmax && label_sets_.size() < static_cast<size_t>(n)) label_sets_.resize(n);
   // Room for every slot's entries (the last record's past the batch's
@@ -947,8 +943,61 @@ void Model::LoadSlots(const int32_t* records, int64_t n, const PackedRecords& pa
   int32_t* const label_sets = softmax ? label_sets_.data() : nullptr;
   int64_t* const label_offsets = label_offsets_.data();
   int64_t* const offsets = st.offsets.data();
-  const uint32_t** const slot_words = kCoded ? slot_words_.data() : nullptr;
-  int64_t* const slot_copies = kCoded ? slot_copies_.data() : nullptr;
+  if constexpr (kCoded) {
+    // One pass of a vector kernel over the slots (DecodeCodedSlots; the
+    // head is one word, the count and the label, as LoadsSlots requires),
+    // which stops at each block after the slots, decoded here. In one pass
+    // a slot's first line is read while the slot before it is decoded.
+    // A first pass for the counts and labels, then the kernel over the
+    // batch, waited for those lines on their own: BM_DataPhase what:4
+    // 514-525 -> 482-490 ns. In the trainer it is within the noise
+    // (sparse_logreg.yaml, two sets of 8 alternating rounds on the 2-core
+    // EPYC VM: data 1.09 -> 1.01 and 1.02 -> 1.02 us a step, medians).
+    // Decoded a word at a time in the loop below (4 a vector at the
+    // baseline), the batch took 0.63 us in L1 (what:2); 0.41 us in a
+    // kernel.
+    const PackedRecords::WeightCode& code = packed.weight_codes[0];
+    CodedSlots a;
+    a.words = words;
+    a.stride_words = stride;
+    a.records = records;
+    a.n = n;
+    a.entries = entries;
+    a.id_bits = code.id_bits;
+    a.unit = code.unit;
+    a.ids = ids;
+    a.weights = weights;
+    a.labels = labels;
+    a.label_sets = label_sets;
+    a.label_offsets = label_offsets;
+    a.offsets = offsets;
+    int64_t at = static_cast<int64_t>(count);
+    for (int64_t s = DecodeCodedSlots(a, PackedRecords::kOverflowSlot, 0, &at); s < n;
+         s = DecodeCodedSlots(a, PackedRecords::kOverflowSlot, s + 1, &at)) {
+      // Record s's block is after the slots: decoded to its count, after
+      // room for it and every later slot's entries.
+      const uint64_t* block = words + words[records[s] * stride + 1];
+      const uint32_t c = BlockCount(block, 0);
+      count = static_cast<size_t>(at);
+      room_for(static_cast<size_t>(c) + static_cast<size_t>(n - s - 1) * static_cast<size_t>(entries));
+      a.ids = ids;
+      a.weights = weights;
+      int32_t label;
+      std::memcpy(&label, reinterpret_cast<const char*>(block) + sizeof(uint32_t), sizeof(label));
+      labels[s] = label;
+      if (softmax) {
+        label_sets[s] = label;
+        label_offsets[s + 1] = s + 1;
+      }
+      const uint32_t* from = reinterpret_cast<const uint32_t*>(block + head_words);
+      const int64_t copy = c;
+      DecodeCodedEntries(&from, &copy, &at, 1, code.id_bits, code.unit, ids, weights);
+      at += c;
+      offsets[s + 1] = at;
+    }
+    st.count = static_cast<size_t>(at);
+    return;
+  }
   for (int64_t s = 0; s < n; ++s) {
     const uint64_t* block = words + records[s] * stride;
     const bool after_slots = block[0] == PackedRecords::kOverflowSlot;
@@ -968,25 +1017,10 @@ void Model::LoadSlots(const int32_t* records, int64_t n, const PackedRecords& pa
       label_sets[s] = label;
       label_offsets[s + 1] = s + 1;
     }
-    if constexpr (kCoded) {
-      // Decoded for the whole batch below.
-      slot_words[s] = reinterpret_cast<const uint32_t*>(block + head_words);
-      slot_copies[s] = copy;
-    } else {
-      CopySlotEntries<kEntries>(reinterpret_cast<const char*>(block + head_words), c, copy, ids + count,
-                                kWeighted ? weights + count : nullptr);
-    }
+    CopySlotEntries<kEntries>(reinterpret_cast<const char*>(block + head_words), c, copy, ids + count,
+                              kWeighted ? weights + count : nullptr);
     count += c;
     offsets[s + 1] = static_cast<int64_t>(count);
-  }
-  if constexpr (kCoded) {
-    // Record s's entries start at offsets[s] (offsets[0] is 0, and so was
-    // the count: BeginLoad). A vector kernel dispatched once a batch, where
-    // a 128-byte slot's 30 words are two AVX-512 vectors (sparse_logreg's
-    // 64 records in L1, BM_DataPhase what:2: 0.63 us decoded in this loop,
-    // 4 words a vector at the baseline, 0.41 us in the kernel).
-    const PackedRecords::WeightCode& code = packed.weight_codes[0];
-    DecodeCodedEntries(slot_words, slot_copies, offsets, n, code.id_bits, code.unit, ids, weights);
   }
   st.count = count;
 }

@@ -432,10 +432,6 @@ class Model {
   enum class SlotEntries { kIds, kIdsThenWeights, kCodedWeights };
   template <SlotEntries kEntries>
   void LoadSlots(const int32_t* records, int64_t n, const PackedRecords& packed);
-  // LoadSlots<kCodedWeights>'s per-record arguments for DecodeCodedEntries
-  // (as long as the largest batch loaded).
-  std::vector<const uint32_t*> slot_words_;
-  std::vector<int64_t> slot_copies_;
   template <SlotEntries kEntries>
   static void CopySlotEntries(const char* __restrict from, uint32_t count, int64_t copy, uint64_t* __restrict ids,
                               float* __restrict weights);

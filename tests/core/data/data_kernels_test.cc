@@ -106,6 +106,95 @@ TEST(DataKernelsTest, DecodeCodedEntriesIsTheScalarDecodeOnEveryTarget) {
   }
 }
 
+// A batch's slots decoded in one pass, on every target, as the scalar
+// expressions give them: labels (and label sets and their offsets where
+// asked for), every slot's entries from the running count on, the offsets,
+// the count; it stops at a slot holding the stop word and goes on from the
+// next when called again; nothing written past the last slot's entries
+// (the kernel writes what it reads, so nothing read past them either).
+TEST(DataKernelsTest, DecodeCodedSlotsDecodesEachSlotAndStopsAtTheStopWord) {
+  constexpr uint64_t kStop = ~uint64_t{0};
+  std::mt19937 rng(9);
+  for (const std::string& target : HogwildKernelTargets()) {
+    SCOPED_TRACE(target);
+    ScopedHogwildKernelTarget scoped(target);
+    ASSERT_TRUE(scoped.ok());
+    for (int64_t stride : {2, 9, 16, 24}) {  // slots of 2, 16, 30 and 46 entries
+      for (bool sets : {false, true}) {
+        const int64_t entries = 2 * (stride - 1);
+        constexpr int64_t kSlots = 40;
+        std::vector<uint64_t> words(kSlots * stride + 1);
+        for (uint64_t& w : words) w = (uint64_t{rng()} << 32) | rng();
+        std::vector<uint32_t> counts(kSlots);
+        for (int64_t r = 0; r < kSlots; ++r) {
+          counts[r] = static_cast<uint32_t>(rng() % (entries + 1));
+          const int32_t label = static_cast<int32_t>(rng() % 5);
+          std::memcpy(&words[r * stride], &counts[r], 4);
+          std::memcpy(reinterpret_cast<char*>(&words[r * stride]) + 4, &label, 4);
+        }
+        words[7 * stride] = kStop;  // record 7's slot holds the stop word
+        const std::vector<int32_t> records = {3, 0, 39, 7, 12, 12, 5, 38, 1};
+        const int64_t n = static_cast<int64_t>(records.size());
+        std::vector<uint64_t> ids(n * entries + 64, 0x5555);
+        std::vector<float> weights(n * entries + 64, -3.0f);
+        std::vector<int32_t> labels(n, -9), label_sets(n, -9);
+        std::vector<int64_t> label_offsets(n + 1, -9), offsets(n + 1, -9);
+        CodedSlots a;
+        a.words = words.data();
+        a.stride_words = stride;
+        a.records = records.data();
+        a.n = n;
+        a.entries = entries;
+        a.id_bits = 20;
+        a.unit = 0.001;
+        a.ids = ids.data();
+        a.weights = weights.data();
+        a.labels = labels.data();
+        a.label_sets = sets ? label_sets.data() : nullptr;
+        a.label_offsets = label_offsets.data();
+        a.offsets = offsets.data();
+        int64_t count = 5;  // entries already loaded
+        ASSERT_EQ(DecodeCodedSlots(a, kStop, 0, &count), 3);  // records[3] is 7
+        const int64_t at_stop = count;
+        ASSERT_EQ(DecodeCodedSlots(a, kStop, 4, &count), n);
+        int64_t want = 5;
+        for (int64_t s = 0; s < n; ++s) {
+          if (s == 3) {
+            EXPECT_EQ(want, at_stop);
+            EXPECT_EQ(labels[s], -9);
+            EXPECT_EQ(offsets[s + 1], -9);
+            continue;
+          }
+          const int64_t r = records[s];
+          int32_t label;
+          std::memcpy(&label, reinterpret_cast<const char*>(&words[r * stride]) + 4, 4);
+          EXPECT_EQ(labels[s], label) << s;
+          EXPECT_EQ(label_sets[s], sets ? label : -9) << s;
+          EXPECT_EQ(label_offsets[s + 1], sets ? s + 1 : -9) << s;
+          // The record's entries, where the next record did not write over them.
+          const char* from = reinterpret_cast<const char*>(&words[r * stride + 1]);
+          for (uint32_t i = 0; i < counts[r]; ++i) {
+            uint32_t word;
+            std::memcpy(&word, from + 4 * i, 4);
+            ASSERT_EQ(ids[want + i], word & ((1u << 20) - 1)) << "slot " << s << " entry " << i;
+            ASSERT_EQ(std::bit_cast<uint32_t>(weights[want + i]), std::bit_cast<uint32_t>(CodedWeight(word >> 20, 0.001)))
+                << "slot " << s << " entry " << i;
+          }
+          want += counts[r];
+          EXPECT_EQ(offsets[s + 1], want) << s;
+        }
+        EXPECT_EQ(count, want);
+        // The last slot wrote its entries whole, and nothing after them.
+        const int64_t last_end = want - counts[records[n - 1]] + entries;
+        for (int64_t i = last_end; i < static_cast<int64_t>(ids.size()); ++i) {
+          ASSERT_EQ(ids[i], 0x5555u) << i;
+          ASSERT_EQ(weights[i], -3.0f) << i;
+        }
+      }
+    }
+  }
+}
+
 // CodedWeight is k * unit rounded once: the float nearest k / 10^d.
 TEST(DataKernelsTest, CodedWeightRoundsOnce) {
   EXPECT_EQ(CodedWeight(0, 0.001), 0.0f);
