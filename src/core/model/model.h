@@ -152,9 +152,10 @@ struct PackedRecords {
     uint32_t Id(uint32_t word) const { return word & ((uint32_t{1} << id_bits) - 1); }
     float Weight(uint32_t word) const { return Decode(word >> id_bits, unit); }
     // k * unit, rounded once to float (CodedWeight, which the loads'
-    // kernel, DecodeCodedEntries, computes on every target): the nearest
-    // float to k / 10^d, as a parser gives, for the k and d that fit. Of
-    // checks every weight, so a load gives back the very floats packed.
+    // kernels, DecodeCodedSlots and DecodeCodedEntries, compute on every
+    // target): the nearest float to k / 10^d, as a parser gives, for the k
+    // and d that fit. Of checks every weight, so a load gives back the
+    // very floats packed.
     static float Decode(uint32_t k, double unit) { return CodedWeight(k, unit); }
     // The code for `weights` beside ids below `rows` (at most 2^32): the
     // fewest decimals, up to kMaxDecimals, that give every weight back;
