@@ -139,20 +139,19 @@ TEST(DataKernelsTest, DecodeCodedSlotsDecodesEachSlotAndStopsAtTheStopWord) {
         std::vector<float> weights(n * entries + 64, -3.0f);
         std::vector<int32_t> labels(n, -9), label_sets(n, -9);
         std::vector<int64_t> label_offsets(n + 1, -9), offsets(n + 1, -9);
-        CodedSlots a;
-        a.words = words.data();
-        a.stride_words = stride;
-        a.records = records.data();
-        a.n = n;
-        a.entries = entries;
-        a.id_bits = 20;
-        a.unit = 0.001;
-        a.ids = ids.data();
-        a.weights = weights.data();
-        a.labels = labels.data();
-        a.label_sets = sets ? label_sets.data() : nullptr;
-        a.label_offsets = label_offsets.data();
-        a.offsets = offsets.data();
+        const CodedSlots a{.words = words.data(),
+                           .stride_words = stride,
+                           .records = records.data(),
+                           .n = n,
+                           .entries = entries,
+                           .id_bits = 20,
+                           .unit = 0.001,
+                           .ids = ids.data(),
+                           .weights = weights.data(),
+                           .labels = labels.data(),
+                           .label_sets = sets ? label_sets.data() : nullptr,
+                           .label_offsets = label_offsets.data(),
+                           .offsets = offsets.data()};
         int64_t count = 5;  // entries already loaded
         ASSERT_EQ(DecodeCodedSlots(a, kStop, 0, &count), 3);  // records[3] is 7
         const int64_t at_stop = count;
