@@ -29,14 +29,18 @@ absl::StatusOr<StreamFeedOptions> StreamFeedOptionsFor(const Config& config, dou
   auto items_bytes_for = [&](int64_t rounds) {
     return static_cast<double>(depth_for(rounds) + 1) * static_cast<double>(rounds * round) * bpr;
   };
-  // The window of items of `rounds` rounds: data.shuffle_buffer rounded up
-  // to whole items, or the most whole items the budget leaves room for;
-  // at most a task's items. 0 where it does not fit.
+  // data.shuffle_buffer in whole items of `item` records, at most a task's.
+  auto asked_window = [&](int64_t item) {
+    return std::min((d.shuffle_buffer + item - 1) / item, (task + item - 1) / item) * item;
+  };
+  // The window of items of `rounds` rounds: the asked window, or the most
+  // whole items the budget leaves room for, at most a task's items. 0 where
+  // it does not fit.
   auto window_for = [&](int64_t rounds) -> int64_t {
     const int64_t item = rounds * round;
     const int64_t task_items = (task + item - 1) / item;
     if (d.shuffle_buffer > 0) {
-      const int64_t window = std::min((d.shuffle_buffer + item - 1) / item, task_items) * item;
+      const int64_t window = asked_window(item);
       return static_cast<double>(window) * bpr + items_bytes_for(rounds) > budget ? 0 : window;
     }
     const double fit = std::floor((budget - items_bytes_for(rounds)) / (bpr * static_cast<double>(item)));
@@ -72,10 +76,8 @@ absl::StatusOr<StreamFeedOptions> StreamFeedOptionsFor(const Config& config, dou
         o.item_records, (static_cast<double>(window) * bpr + items_bytes) / (1 << 20));
   };
   if (d.shuffle_buffer > 0) {
-    const int64_t task_items = (task + o.item_records - 1) / o.item_records;
-    const int64_t window = std::min((d.shuffle_buffer + o.item_records - 1) / o.item_records, task_items) * o.item_records;
     return absl::InvalidArgumentError(
-        absl::StrCat(config.source, ": data.shuffle_buffer: ", describe(window),
+        absl::StrCat(config.source, ": data.shuffle_buffer: ", describe(asked_window(o.item_records)),
                      "; lower data.shuffle_buffer or data.prefetch_batches, or raise data.memory_budget_mb"));
   }
   return absl::InvalidArgumentError(absl::StrCat(config.source, ": data.memory_budget_mb: ", describe(o.item_records),

@@ -108,21 +108,16 @@ json PackedDataJson(Job& job) {
     j["records_after_slots"] = p->overflow_blocks;
     j["narrow_ids"] = p->narrow_ids;
     j["label_in_block"] = p->inline_label;
-    // Bag k is the k-th lookup with ids of its own.
     json weights = json::array();
-    int k = 0;
-    for (int l = 0; l < model.num_lookups() && k < p->num_bags; ++l) {
-      if (model.bag_of(l) != l) continue;
-      if (p->weighted[k]) {
-        const PackedRecords::WeightCode& code = p->weight_codes[k];
-        json w = {{"field", model.lookup(l).field}, {"coded", code.coded()}};
-        if (code.coded()) {
-          w["decimals"] = code.decimals;
-          w["id_bits"] = code.id_bits;
-        }
-        weights.push_back(w);
+    for (int k = 0; k < p->num_bags; ++k) {
+      if (!p->weighted[k]) continue;
+      const PackedRecords::WeightCode& code = p->weight_codes[k];
+      json w = {{"field", model.lookup(model.bag_lookup(k)).field}, {"coded", code.coded()}};
+      if (code.coded()) {
+        w["decimals"] = code.decimals;
+        w["id_bits"] = code.id_bits;
       }
-      ++k;
+      weights.push_back(w);
     }
     j["weights"] = weights;
   }

@@ -269,7 +269,7 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
   // (sparse_logreg.yaml, 64 records of 4 lines, 3 alternating pairs on 2
   // cores: data 2.50-2.51 -> 2.26-2.31 us a step.)
   int64_t next_valid = 0;  // how many of next_records_ are the next step's
-  const int64_t per_burst = model_->RecordsPerPrefetchBurst(*train_, packed_);
+  const int64_t per_burst = model_->RecordsPerPrefetchBurst(packed_);
   const int parts = static_cast<int>(std::clamp<int64_t>((batch + per_burst - 1) / per_burst, 1, 4));
   const int64_t part_records = (batch + parts - 1) / parts;
   // Parts of at most a burst's records arrive whole; LoadBatch asks again

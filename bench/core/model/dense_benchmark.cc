@@ -466,7 +466,7 @@ void BM_DataPhase(benchmark::State& state) {
   // The batch is asked for in one request, as a worker asks for it: whole
   // where it is a burst's worth (text), else LoadBatch asks again (libsvm).
   const Model::Asked asked =
-      kBatch <= (*m)->RecordsPerPrefetchBurst(data, &*packed) ? Model::Asked::kInBursts : Model::Asked::kYes;
+      kBatch <= (*m)->RecordsPerPrefetchBurst(&*packed) ? Model::Asked::kInBursts : Model::Asked::kYes;
   if (what == 1 || what >= 4) (*m)->PrefetchBatch(data, order.data(), kBatch, &*packed);
   for (auto _ : state) {
     if (what >= 4) {

@@ -83,9 +83,9 @@ HWY_INLINE void DecodeRecord(const uint32_t* src, int64_t m, int id_bits, double
 #endif
 }
 
-void DecodeCodedEntriesImpl(const uint32_t* const* from, const int64_t* count, const int64_t* to, int64_t n,
-                            int id_bits, double unit, uint64_t* ids, float* weights) {
-  for (int64_t j = 0; j < n; ++j) DecodeRecord(from[j], count[j], id_bits, unit, ids + to[j], weights + to[j]);
+void DecodeCodedEntriesImpl(const uint32_t* from, int64_t count, int id_bits, double unit, uint64_t* ids,
+                            float* weights) {
+  DecodeRecord(from, count, id_bits, unit, ids, weights);
 }
 
 int64_t DecodeCodedSlotsImpl(const CodedSlots& a, uint64_t stop_word, int64_t begin, int64_t* count) {
@@ -128,9 +128,8 @@ void BytesToUnitFloats(const uint8_t* src, float* dst, int64_t n) {
   if (n > 0) HWY_DYNAMIC_DISPATCH(BytesToUnitFloatsImpl)(src, dst, n);
 }
 
-void DecodeCodedEntries(const uint32_t* const* from, const int64_t* count, const int64_t* to, int64_t n, int id_bits,
-                        double unit, uint64_t* ids, float* weights) {
-  if (n > 0) HWY_DYNAMIC_DISPATCH(DecodeCodedEntriesImpl)(from, count, to, n, id_bits, unit, ids, weights);
+void DecodeCodedEntries(const uint32_t* from, int64_t count, int id_bits, double unit, uint64_t* ids, float* weights) {
+  if (count > 0) HWY_DYNAMIC_DISPATCH(DecodeCodedEntriesImpl)(from, count, id_bits, unit, ids, weights);
 }
 
 int64_t DecodeCodedSlots(const CodedSlots& a, uint64_t stop_word, int64_t begin, int64_t* count) {

@@ -22,15 +22,13 @@ inline float CodedWeight(uint32_t k, double unit) {
   return static_cast<float>(static_cast<double>(static_cast<int32_t>(k)) * unit);
 }
 
-// The entries of n packed records whose weights are coded in their ids'
-// words (word = id | k << id_bits, 1 <= id_bits <= 31): record j's count[j]
-// words, from from[j], into ids[to[j] + i] = word & (2^id_bits - 1) (widened)
-// and weights[to[j] + i] = CodedWeight(word >> id_bits, unit), bit for bit
-// on every target. Reads and writes no entry past a record's count (a
-// record's last vector overlaps the one before, where its count is not a
-// whole number of vectors).
-void DecodeCodedEntries(const uint32_t* const* from, const int64_t* count, const int64_t* to, int64_t n, int id_bits,
-                        double unit, uint64_t* ids, float* weights);
+// One packed record's entries whose weights are coded in their ids' words
+// (word = id | k << id_bits, 1 <= id_bits <= 31): its `count` words, from
+// `from`, into ids[i] = word & (2^id_bits - 1) (widened) and weights[i] =
+// CodedWeight(word >> id_bits, unit), bit for bit on every target. Reads
+// and writes no entry past `count` (the last vector overlaps the one
+// before, where the count is not a whole number of vectors).
+void DecodeCodedEntries(const uint32_t* from, int64_t count, int id_bits, double unit, uint64_t* ids, float* weights);
 
 // A batch's slots of coded entries (Model::LoadSlots), decoded in one pass.
 // Record records[s]'s slot is words[records[s] * stride_words, ...): its

@@ -493,13 +493,8 @@ void Model::LoadPackedIds(const PackedRecords& packed, int64_t r, int64_t slot) 
     const PackedRecords::WeightCode& code = packed.weight_codes[k];
     if (code.coded()) {
       // (GrowLookup keeps a weighted lookup's weights as long as its ids.)
-      float* weights = st.weights.data() + st.count;
-      for (uint32_t i = 0; i < c; ++i) {
-        uint32_t word;
-        std::memcpy(&word, ids + i * sizeof(uint32_t), sizeof(word));
-        to[i] = code.Id(word);
-        weights[i] = code.Weight(word);
-      }
+      DecodeCodedEntries(reinterpret_cast<const uint32_t*>(ids), c, code.id_bits, code.unit, to,
+                         st.weights.data() + st.count);
       ids += c * sizeof(uint32_t);
     } else if (packed.narrow_ids) {
       for (uint32_t i = 0; i < c; i += kChunk) {
@@ -732,6 +727,16 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
       }
     }
     if (stride == 0) p.start[data.count] = at;
+    p.block_bytes = data.count > 0 ? static_cast<int64_t>(p.words.size() * sizeof(uint64_t)) / data.count : 0;
+    // Slot by slot where the model reads one bag and a label, and nothing
+    // else, from each record (its head one word: the count and the label).
+    using SlotLoad = PackedRecords::SlotLoad;
+    if (stride > 0 && p.narrow_ids && lookups_.size() == 1 && p.inline_label && dense_dim_ == 0 &&
+        head_ != HeadType::kRegression && !data.multi_label()) {
+      p.slot_load = !p.weighted[0]                 ? SlotLoad::kIds
+                    : p.weight_codes[0].coded() ? SlotLoad::kCodedWeights
+                                                : SlotLoad::kIdsThenWeights;
+    }
   }
   // Dense bytes, only if every value is exactly k / 255.0f (checked value
   // by value, so the loads give back the same floats).
@@ -833,7 +838,7 @@ void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, co
   // at once spilled L1, 27 -> 39 us).
   constexpr int64_t kAhead = 3;
   const bool asked_for = asked != Asked::kNo;
-  const bool few_lines = RecordBytes(data, packed) <= kFewRecordBytes;
+  const bool few_lines = RecordBytes(packed) <= kFewRecordBytes;
   const int64_t ahead = few_lines ? n : kAhead;
   if (!(asked_for && few_lines)) {
     TouchBatch(data, records, n, packed);
@@ -854,13 +859,18 @@ void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, co
   // their lines, which this brings in (DLRM data 15.5 us a step with it, 28
   // without; Wide & Deep 24.5 against 45).
   if (asked != Asked::kInBursts) PrefetchBatch(data, records, std::min(ahead, n), packed);
-  if (LoadsSlots(data, packed)) {
-    if (!packed->weighted[0]) {
-      LoadSlots<SlotEntries::kIds>(records, n, *packed);
-    } else if (packed->weight_codes[0].coded()) {
-      LoadSlots<SlotEntries::kCodedWeights>(records, n, *packed);
+  // Slot by slot where PackRecords chose it. (A switch with FinishLoad in
+  // each case, in place of these tests, took the text config's data phase
+  // from 0.160 to 0.186-0.188 us a step, 2 sets of 6-8 alternating rounds.)
+  using SlotLoad = PackedRecords::SlotLoad;
+  const SlotLoad slot_load = packed != nullptr ? packed->slot_load : SlotLoad::kRecords;
+  if (slot_load != SlotLoad::kRecords) {
+    if (slot_load == SlotLoad::kIds) {
+      LoadSlots<SlotLoad::kIds>(records, n, *packed);
+    } else if (slot_load == SlotLoad::kCodedWeights) {
+      LoadSlots<SlotLoad::kCodedWeights>(records, n, *packed);
     } else {
-      LoadSlots<SlotEntries::kIdsThenWeights>(records, n, *packed);
+      LoadSlots<SlotLoad::kIdsThenWeights>(records, n, *packed);
     }
     FinishLoad(n);
     return;
@@ -872,17 +882,11 @@ void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, co
   FinishLoad(n);
 }
 
-bool Model::LoadsSlots(const Dataset& data, const PackedRecords* packed) const {
-  return packed != nullptr && packed->has_ids() && packed->stride_words > 0 && packed->narrow_ids &&
-         lookups_.size() == 1 && packed->inline_label && dense_dim_ == 0 && head_ != HeadType::kRegression &&
-         !data.multi_label();
-}
-
 // One record's entries in the slot layout (Model::LoadSlots): `copy` ids
 // from `from`, widened, and where weighted `copy` weights from after its
 // `count` ids. One entry at a time, which GCC widens 4 to a vector at the
 // baseline x86-64; restrict, so that it need not test for overlap first.
-template <Model::SlotEntries kEntries>
+template <PackedRecords::SlotLoad kEntries>
 inline void Model::CopySlotEntries(const char* __restrict from, uint32_t count, int64_t copy,
                                    uint64_t* __restrict ids, float* __restrict weights) {
   for (int64_t i = 0; i < copy; ++i) {
@@ -890,13 +894,13 @@ inline void Model::CopySlotEntries(const char* __restrict from, uint32_t count, 
     std::memcpy(&id, from + i * sizeof(uint32_t), sizeof(id));
     ids[i] = id;
   }
-  if constexpr (kEntries == SlotEntries::kIdsThenWeights) {
+  if constexpr (kEntries == PackedRecords::SlotLoad::kIdsThenWeights) {
     const char* __restrict w = from + count * sizeof(uint32_t);
     for (int64_t i = 0; i < copy; ++i) std::memcpy(weights + i, w + i * sizeof(float), sizeof(float));
   }
 }
 
-template <Model::SlotEntries kEntries>
+template <PackedRecords::SlotLoad kEntries>
 void Model::LoadSlots(const int32_t* records, int64_t n, const PackedRecords& packed) {
   // LoadRecord's work for this one layout, record after record with no
   // branch on what the records hold: the label after the count, and as many
@@ -917,11 +921,11 @@ void Model::LoadSlots(const int32_t* records, int64_t n, const PackedRecords& pa
   // LoadRecord (its weights a copy of the count's length, its blocks after
   // the slots a call each), 0.48 us here; text's 16 records 134 -> 105 ns
   // once the loop kept its pointers and count in registers.
-  constexpr bool kWeighted = kEntries != SlotEntries::kIds;
+  constexpr bool kWeighted = kEntries != PackedRecords::SlotLoad::kIds;
   LookupState& st = lookups_[0];
   const int64_t words_after_head = packed.stride_words - packed.head_words;
-  const int64_t entries = kEntries == SlotEntries::kIdsThenWeights ? words_after_head : 2 * words_after_head;
-  constexpr bool kCoded = kEntries == SlotEntries::kCodedWeights;
+  const int64_t entries = kEntries == PackedRecords::SlotLoad::kIdsThenWeights ? words_after_head : 2 * words_after_head;
+  constexpr bool kCoded = kEntries == PackedRecords::SlotLoad::kCodedWeights;
   const bool softmax = head_ == HeadType::kSoftmax;
   if (softmax && label_sets_.size() < static_cast<size_t>(n)) label_sets_.resize(n);
   // Room for every slot's entries (the last record's past the batch's
@@ -945,7 +949,7 @@ void Model::LoadSlots(const int32_t* records, int64_t n, const PackedRecords& pa
   int64_t* const offsets = st.offsets.data();
   if constexpr (kCoded) {
     // One pass of a vector kernel over the slots (DecodeCodedSlots; the
-    // head is one word, the count and the label, as LoadsSlots requires),
+    // head is one word, the count and the label, as slot loads require),
     // which stops at each block after the slots, decoded here. In one pass
     // a slot's first line is read while the slot before it is decoded.
     // A first pass for the counts and labels, then the kernel over the
@@ -978,9 +982,8 @@ void Model::LoadSlots(const int32_t* records, int64_t n, const PackedRecords& pa
         label_sets[s] = label;
         label_offsets[s + 1] = s + 1;
       }
-      const uint32_t* from = reinterpret_cast<const uint32_t*>(block + head_words);
-      const int64_t copy = c;
-      DecodeCodedEntries(&from, &copy, &at, 1, code.id_bits, code.unit, ids, weights);
+      DecodeCodedEntries(reinterpret_cast<const uint32_t*>(block + head_words), c, code.id_bits, code.unit, ids + at,
+                         weights + at);
       at += c;
       offsets[s + 1] = at;
     }
@@ -1014,20 +1017,18 @@ void Model::LoadSlots(const int32_t* records, int64_t n, const PackedRecords& pa
   st.count = count;
 }
 
-int64_t Model::RecordsPerPrefetchBurst(const Dataset& data, const PackedRecords* packed) const {
+int64_t Model::RecordsPerPrefetchBurst(const PackedRecords* packed) const {
   // A record's lines: its bytes, and its label's line where the label is
   // not in its block.
-  const int64_t lines = (RecordBytes(data, packed) + 63) / 64;
+  const int64_t lines = (RecordBytes(packed) + 63) / 64;
   const bool label_in_block = packed != nullptr && packed->has_ids() && packed->inline_label;
   return std::max<int64_t>(1, kPrefetchBurstLines / std::max<int64_t>(1, label_in_block ? lines : lines + 1));
 }
 
-int64_t Model::RecordBytes(const Dataset& data, const PackedRecords* packed) const {
+int64_t Model::RecordBytes(const PackedRecords* packed) const {
   const bool bytes = packed != nullptr && packed->has_dense_bytes();
   int64_t b = dense_dim_ * static_cast<int64_t>(bytes ? sizeof(uint8_t) : sizeof(float));
-  if (packed != nullptr && packed->has_ids() && data.count > 0) {
-    b += static_cast<int64_t>(packed->words.size() * sizeof(uint64_t)) / data.count;
-  }
+  if (packed != nullptr) b += packed->block_bytes;
   return b;
 }
 

@@ -168,6 +168,16 @@ struct PackedRecords {
     static constexpr int kMaxDecimals = 6;
   };
   std::vector<WeightCode> weight_codes;  // [num_bags] where ids are packed
+  // How Model::LoadBatch copies a batch, decided once by PackRecords: slot
+  // by slot (Model::LoadSlots), where the model has one lookup, the ids are
+  // narrow and in slots with the label, and there are no dense values, one
+  // label a record and no regression target; what a slot holds after its
+  // head then: ids, ids then their weights, or words with the weights coded
+  // (WeightCode). kRecords: record by record (Model::LoadRecord).
+  enum class SlotLoad : uint8_t { kRecords, kIds, kIdsThenWeights, kCodedWeights };
+  SlotLoad slot_load = SlotLoad::kRecords;
+  // A record's mean bytes in `words` (Model::RecordBytes), 0 without ids.
+  int64_t block_bytes = 0;
   int head_words = 0;
   bool narrow_ids = false;
   bool inline_label = false;
@@ -243,6 +253,8 @@ class Model {
   // then the same (Wide & Deep's wide part over the deep part's fields):
   // loaded and packed once for both.
   int bag_of(int l) const { return bag_of_[l]; }
+  // The lookup of bag k of PackedRecords (the k-th lookup l with bag_of(l) == l).
+  int bag_lookup(int k) const { return static_cast<int>(bags_[k]); }
   // Where the caller puts the pulled rows of ids(l) ([ids(l).size() x dim]).
   float* rows(int l) { return lookups_[l].rows.data(); }
   // After Backward: the gradient of each row of ids(l) (same layout).
@@ -329,7 +341,7 @@ class Model {
   // 98/33/472, 192 655/89/1090). A worker asks for a larger batch a
   // part at a time, at several points of its step, and tells LoadBatch
   // whether each part was at most this many records (Asked). O(1).
-  int64_t RecordsPerPrefetchBurst(const Dataset& data, const PackedRecords* packed) const;
+  int64_t RecordsPerPrefetchBurst(const PackedRecords* packed) const;
   static constexpr int64_t kPrefetchBurstLines = 32;
   // `data` packed for this model (PackedRecords): the ids (and weights)
   // where there are lookups, the dense bytes where every value is
@@ -426,14 +438,10 @@ class Model {
   // LoadRecord for every record of a batch, for the one layout of a bag of
   // words or of weighted features: one lookup's narrow ids (and their
   // weights, where weighted) in slots, the label in them, no dense values,
-  // one label a record. LoadsSlots says whether it is that layout.
-  bool LoadsSlots(const Dataset& data, const PackedRecords* packed) const;
-  // What a slot holds after its head: ids, ids then their weights, or
-  // entries with the weight coded (PackedRecords::WeightCode).
-  enum class SlotEntries { kIds, kIdsThenWeights, kCodedWeights };
-  template <SlotEntries kEntries>
+  // one label a record (PackedRecords::slot_load, kEntries, says which).
+  template <PackedRecords::SlotLoad kEntries>
   void LoadSlots(const int32_t* records, int64_t n, const PackedRecords& packed);
-  template <SlotEntries kEntries>
+  template <PackedRecords::SlotLoad kEntries>
   static void CopySlotEntries(const char* __restrict from, uint32_t count, int64_t copy, uint64_t* __restrict ids,
                               float* __restrict weights);
   // Room in lookup l for `need` ids and kIdSlack more: LoadPackedIds copies
@@ -456,8 +464,8 @@ class Model {
   // A record's mean bytes that PrefetchRecord asks for (dense values, and the
   // packed id block where ids are packed; unpacked ids are not prefetched);
   // LoadBatch asks for every record's lines at once up to kFewRecordBytes, a
-  // few lines a record. O(1): sizes of arrays that do not change.
-  int64_t RecordBytes(const Dataset& data, const PackedRecords* packed) const;
+  // few lines a record. O(1): PackedRecords::block_bytes is kept when packing.
+  int64_t RecordBytes(const PackedRecords* packed) const;
   static constexpr int64_t kFewRecordBytes = 512;
   // For the records whose packed block is after the slots
   // (PackedRecords::kOverflowSlot in their slot, which must be in the

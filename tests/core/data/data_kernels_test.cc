@@ -82,8 +82,9 @@ TEST(DataKernelsTest, DecodeCodedEntriesIsTheScalarDecodeOnEveryTarget) {
         const int64_t size = at + 16;
         std::vector<uint64_t> ids(size, kIdSentinel);
         std::vector<float> weights(size, kWeightSentinel);
-        DecodeCodedEntries(from.data(), count.data(), to.data(), static_cast<int64_t>(from.size()), id_bits, unit,
-                           ids.data(), weights.data());
+        for (size_t j = 0; j < from.size(); ++j) {
+          DecodeCodedEntries(from[j], count[j], id_bits, unit, ids.data() + to[j], weights.data() + to[j]);
+        }
         std::vector<uint8_t> written(size, 0);
         for (size_t j = 0; j < from.size(); ++j) {
           for (int64_t i = 0; i < count[j]; ++i) {

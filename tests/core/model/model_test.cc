@@ -173,7 +173,9 @@ class ModelTest : public ::testing::Test {
       } else if (stride > 0) {
         EXPECT_EQ(packed->stride_words, stride / 8) << layout;
       }
+      EXPECT_EQ(packed->block_bytes, static_cast<int64_t>(packed->words.size() * 8) / d.count) << layout;
       if (packed->stride_words == 0) {
+        EXPECT_EQ(packed->slot_load, PackedRecords::SlotLoad::kRecords) << layout;  // slots only
         EXPECT_EQ(packed->start.size(), static_cast<size_t>(d.count) + 1) << layout;
         // The blocks, then a few words of padding (the loads copy whole chunks).
         EXPECT_LE(packed->start.back(), packed->words.size()) << layout;
@@ -376,6 +378,7 @@ TEST_F(ModelTest, PackedRecordsLoadAsTheFieldsDo) {
     const std::unique_ptr<Model> m = Make(opts, d, 8);
     ASSERT_TRUE(m);
     EXPECT_EQ(packed->records, d.count);
+    EXPECT_EQ(packed->slot_load, PackedRecords::SlotLoad::kRecords);  // several lookups, dense values
     // Lookups a, b, c, then the wide part's a and b, each with ids of its
     // own (the wide tables' rows differ from ta's): only "a" is weighted.
     EXPECT_EQ(packed->num_bags, m->num_lookups());
@@ -538,6 +541,7 @@ TEST_F(ModelTest, PackedBagsOfWordsLoadAsTheFieldsDo) {
     EXPECT_TRUE(packed->narrow_ids);
     EXPECT_TRUE(packed->inline_label);
     EXPECT_EQ(packed->head_words, 1);
+    EXPECT_EQ(packed->slot_load, PackedRecords::SlotLoad::kIds);
     // 64-byte slots hold 14 ids and 128-byte ones 30: the longer bags go
     // after them, and PackRecords counts them.
     EXPECT_GT(overflowing_[64], overflowing_[128]);
@@ -546,6 +550,49 @@ TEST_F(ModelTest, PackedBagsOfWordsLoadAsTheFieldsDo) {
     ASSERT_TRUE(m);
     for (int64_t stride : {64, 128}) EXPECT_EQ(m->PackRecords(d, stride)->overflow_blocks, overflowing_[stride]);
   }
+}
+
+// PackRecords decides once how batches load (PackedRecords::slot_load):
+// slot by slot only for one bag and one label a record with nothing else
+// (the text and libsvm configs); record by record for a multi-label data
+// set, a regression target, dense values, or blocks one after the other.
+TEST_F(ModelTest, SlotLoadsAreChosenOnlyForOneBagAndOneLabel) {
+  using SlotLoad = PackedRecords::SlotLoad;
+  auto slot_load = [&](HeadType head, const Dataset& d, int64_t stride) {
+    ModelOptions opts;
+    opts.head = head;
+    opts.interaction = Interaction::kConcat;
+    opts.tables = {{"tokens", 4096, 3, false, false, 0.5f}};
+    opts.sparse = {{"tokens", "tokens", Pooling::kMean, true}};
+    if (d.dense_dim > 0) opts.bottom = {{"dense", 4, Activation::kRelu}};
+    opts.layers = {{"dense", head == HeadType::kSoftmax ? 4 : 1, Activation::kNone}};
+    const std::unique_ptr<Model> m = Make(opts, d, 8);
+    EXPECT_TRUE(m);
+    if (!m) return SlotLoad::kRecords;
+    const std::optional<PackedRecords> packed = m->PackRecords(d, stride);
+    EXPECT_TRUE(packed.has_value() && packed->has_ids());
+    return packed ? packed->slot_load : SlotLoad::kRecords;
+  };
+  const Dataset bags = testdata::OneBagData("tokens", 40, 4, 3, 10000, testdata::BagWeights::kNone,
+                                            [](int64_t r) { return r % 9; });
+  EXPECT_EQ(slot_load(HeadType::kSoftmax, bags, 64), SlotLoad::kIds);
+  EXPECT_EQ(slot_load(HeadType::kSoftmax, bags, 0), SlotLoad::kRecords);
+  Dataset multi = bags;
+  multi.label_offsets.push_back(0);
+  for (int64_t r = 0; r < multi.count; ++r) {
+    multi.label_sets.push_back(multi.labels[r]);
+    multi.label_offsets.push_back(static_cast<int64_t>(multi.label_sets.size()));
+  }
+  EXPECT_EQ(slot_load(HeadType::kSoftmax, multi, 64), SlotLoad::kRecords);
+  Dataset target = bags;
+  target.labels.clear();
+  target.num_classes = 0;
+  for (int64_t r = 0; r < target.count; ++r) target.targets.push_back(0.25f * static_cast<float>(r % 4));
+  EXPECT_EQ(slot_load(HeadType::kRegression, target, 64), SlotLoad::kRecords);
+  Dataset dense = bags;
+  dense.dense_dim = 2;
+  dense.dense.assign(static_cast<size_t>(dense.count) * 2, 0.5f);
+  EXPECT_EQ(slot_load(HeadType::kSoftmax, dense, 64), SlotLoad::kRecords);
 }
 
 // Weighted features (sparse_logreg's layout: one weighted lookup, no dense
@@ -586,6 +633,12 @@ TEST_F(ModelTest, PackedWeightedFeaturesLoadAsTheFieldsDo) {
       EXPECT_TRUE(packed->weighted[0]);
       ASSERT_EQ(packed->weight_codes.size(), 1u);
       EXPECT_EQ(packed->weight_codes[0].coded(), coded);
+      // In slots, loaded slot by slot, the coded words or the ids then the
+      // weights.
+      const std::unique_ptr<Model> m = Make(opts, d, 32);
+      ASSERT_TRUE(m);
+      EXPECT_EQ(m->PackRecords(d, 128)->slot_load,
+                coded ? PackedRecords::SlotLoad::kCodedWeights : PackedRecords::SlotLoad::kIdsThenWeights);
       if (coded) {
         EXPECT_EQ(packed->weight_codes[0].id_bits, 20);
         EXPECT_EQ(packed->weight_codes[0].decimals, 3);
