@@ -176,8 +176,9 @@ struct PackedRecords {
   // (WeightCode). kRecords: record by record (Model::LoadRecord).
   enum class SlotLoad : uint8_t { kRecords, kIds, kIdsThenWeights, kCodedWeights };
   SlotLoad slot_load = SlotLoad::kRecords;
-  // A record's mean bytes in `words` (Model::RecordBytes), 0 without ids.
-  int64_t block_bytes = 0;
+  // The bytes of `words` a record's prefetch asks for (Model::RecordBytes):
+  // its slot where stride_words > 0, else its block's mean; 0 without ids.
+  int64_t prefetch_bytes = 0;
   int head_words = 0;
   bool narrow_ids = false;
   bool inline_label = false;
@@ -461,10 +462,11 @@ class Model {
     return c;
   }
   void FinishLoad(int64_t n);
-  // A record's mean bytes that PrefetchRecord asks for (dense values, and the
-  // packed id block where ids are packed; unpacked ids are not prefetched);
+  // A record's bytes that PrefetchRecord asks for (dense values, and the
+  // packed slot, or mean id block, where ids are packed; unpacked ids are
+  // not prefetched);
   // LoadBatch asks for every record's lines at once up to kFewRecordBytes, a
-  // few lines a record. O(1): PackedRecords::block_bytes is kept when packing.
+  // few lines a record. O(1): PackedRecords::prefetch_bytes is kept when packing.
   int64_t RecordBytes(const PackedRecords* packed) const;
   static constexpr int64_t kFewRecordBytes = 512;
   // For the records whose packed block is after the slots

@@ -173,7 +173,17 @@ class ModelTest : public ::testing::Test {
       } else if (stride > 0) {
         EXPECT_EQ(packed->stride_words, stride / 8) << layout;
       }
-      EXPECT_EQ(packed->block_bytes, static_cast<int64_t>(packed->words.size() * 8) / d.count) << layout;
+      // What a record's prefetch asks for: its block, or its slot (whatever
+      // went after the slots, found only when the slot is read), and the
+      // records asked for in a burst of those lines.
+      const int64_t asked_bytes = packed->stride_words > 0 ? packed->stride_words * 8
+                                                           : static_cast<int64_t>(packed->words.size() * 8) / d.count;
+      EXPECT_EQ(packed->prefetch_bytes, asked_bytes) << layout;
+      if (d.dense_dim == 0 && packed->inline_label) {
+        EXPECT_EQ(packed_model->RecordsPerPrefetchBurst(&*packed),
+                  std::max<int64_t>(1, Model::kPrefetchBurstLines / ((asked_bytes + 63) / 64)))
+            << layout;
+      }
       if (packed->stride_words == 0) {
         EXPECT_EQ(packed->slot_load, PackedRecords::SlotLoad::kRecords) << layout;  // slots only
         EXPECT_EQ(packed->start.size(), static_cast<size_t>(d.count) + 1) << layout;
