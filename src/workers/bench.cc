@@ -114,7 +114,7 @@ struct Bf16Matmul {
 // The random-row bound is measured between this many slices of the timed
 // steps (fewer with fewer steps).
 constexpr int kBoundSlices = 5;
-// Untimed steps before each slice after the first.
+// Untimed steps at the start of each slice's call.
 constexpr int64_t kRewarmSteps = 2;
 // Rows each thread of the bound draws before timing and cycles through.
 constexpr int64_t kBoundRowsPerThread = int64_t{1} << 20;
@@ -234,17 +234,12 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
   // embedding rate meets a bound measured right after it, on the same pages.
   SW_ASSIGN_OR_RETURN(std::optional<JobRows> job_bound, JobRowBound(job, cfg.train.seed));
   const int slices = job_bound ? static_cast<int>(std::clamp<int64_t>(r.steps, 1, kBoundSlices)) : 1;
-  auto counted = [&](std::atomic<int64_t> WorkerCounters::*counter) {
-    int64_t n = 0;
-    for (int i = 0; i < r.workers; ++i) n += (job.worker(i).counters().*counter).load(std::memory_order_relaxed);
-    return n;
-  };
   const uint64_t wire_before = wire_bytes ? wire_bytes() : 0;
-  // Runs `steps` steps on every worker, each going on where its last call
-  // stopped in its part of the data. With `times`, times them into it and
-  // their wall time into r.wall_s (the data's rotation before the clock),
-  // and the call ends once the first worker has run `steps`: the others stop
-  // after the step they are in (Worker::set_stop). Cores of one machine do
+  // Runs `untimed`, then `steps` steps on every worker, each going on where
+  // its last call stopped in its part of the data. Times the `steps` into
+  // `times`, and their wall time, from the first worker's first timed step,
+  // into r.wall_s. The call ends once the first worker has run them all:
+  // the others stop after the step they are in (Worker::set_stop). Cores of one machine do
   // not run equally fast (16 single-worker processes on a 16-core VM ran at
   // 55k-84k samples/s each), and training deals its tasks on demand, so a
   // fast worker never waits for a slow one there; a fixed count of steps
@@ -253,7 +248,7 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
   std::vector<std::vector<int32_t>> part_order(r.workers);
   std::vector<int64_t> done_steps(r.workers, 0);  // per worker, all calls
   const bool stop_at_first = cfg.ps.update != UpdateMode::kSync;
-  auto run = [&](int64_t steps, std::vector<PhaseTimes>* times) -> absl::Status {
+  auto run = [&](int64_t untimed, int64_t steps, std::vector<PhaseTimes>* times) -> absl::Status {
     for (int i = 0; i < r.workers; ++i) {
       const int64_t size = parts[i].size();
       part_order[i].resize(size);
@@ -264,44 +259,48 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
     std::vector<int64_t> before(r.workers);
     for (int i = 0; i < r.workers; ++i) {
       before[i] = job.worker(i).counters().steps.load(std::memory_order_relaxed);
-      if (times && stop_at_first) job.worker(i).set_stop(&first_done);
+      if (stop_at_first) job.worker(i).set_stop(&first_done);
     }
-    const auto start = Clock::now();
     const absl::Status status = job.pool().RunAll([&](int i) {
-      const absl::Status s = job.worker(i).Train(part_order[i].data(), parts[i].size(), steps, opt, 0, 0,
-                                                 times ? &(*times)[i] : nullptr);
+      const absl::Status s = job.worker(i).Train(part_order[i].data(), parts[i].size(), untimed + steps, opt, 0, 0,
+                                                 &(*times)[i], untimed);
       // A worker that ran them all (not one with no records) or failed.
       const int64_t ran = job.worker(i).counters().steps.load(std::memory_order_relaxed) - before[i];
-      if (!s.ok() || ran >= steps) first_done.store(true, std::memory_order_relaxed);
+      if (!s.ok() || ran >= untimed + steps) first_done.store(true, std::memory_order_relaxed);
       return s;
     });
     const auto end = Clock::now();
+    // The timed part began with the first worker's first timed step.
+    std::optional<Clock::time_point> start;
     for (int i = 0; i < r.workers; ++i) {
       job.worker(i).set_stop(nullptr);
       const int64_t ran = job.worker(i).counters().steps.load(std::memory_order_relaxed) - before[i];
       done_steps[i] += ran;
-      if (times) r.steps_done += ran;
+      const std::optional<Clock::time_point> timed = job.worker(i).timed_start();
+      if (timed && (!start || *timed < *start)) start = *timed;
     }
     SW_RETURN_IF_ERROR(status);
-    if (times) r.wall_s += std::chrono::duration<double>(end - start).count();
+    for (const PhaseTimes& t : *times) r.steps_done += t.steps;
+    if (start) r.wall_s += std::chrono::duration<double>(end - *start).count();
     return absl::OkStatus();
   };
   int64_t rows = 0;  // gathered in the timed steps, all workers
   std::vector<double> slice_bounds, slice_ratios;
   for (int slice = 0; slice < slices; ++slice) {
-    // The bound sweeps the caches and the TLB: a few untimed steps refill
-    // them before each slice after the first (which follows the warm-up).
-    if (slice > 0) SW_RETURN_IF_ERROR(run(kRewarmSteps, nullptr));
+    // A few untimed steps begin each slice's call: the bound sweeps the
+    // caches and the TLB, and a call's first step runs on a thread just
+    // woken, its batch not asked for a step ahead. Timed, that first step
+    // took 33-217 us against 31 for sparse_logreg.yaml's steady steps (5 of
+    // its 200 timed steps, 2-core EPYC VM), when the untimed steps were a
+    // call of their own.
     const int64_t steps = r.steps / slices + (slice < r.steps % slices ? 1 : 0);
     std::vector<PhaseTimes> times(r.workers);
-    const int64_t rows_before = counted(&WorkerCounters::rows_pulled);
-    const int64_t pulls_before = counted(&WorkerCounters::pulls);
-    SW_RETURN_IF_ERROR(run(steps, &times));
-    const int64_t slice_rows = counted(&WorkerCounters::rows_pulled) - rows_before;
-    rows += slice_rows;
-    r.pulls += counted(&WorkerCounters::pulls) - pulls_before;
+    SW_RETURN_IF_ERROR(run(kRewarmSteps, steps, &times));
     PhaseTimes slice_phases;
     for (const PhaseTimes& t : times) slice_phases.Add(t);
+    const int64_t slice_rows = slice_phases.rows;
+    rows += slice_rows;
+    r.pulls += slice_phases.pulls;
     r.phases.Add(slice_phases);
     if (job_bound) {
       // A short untimed warm-up before the first slice's bound only.

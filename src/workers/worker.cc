@@ -167,26 +167,27 @@ absl::Status Worker::CheckShape(const Dataset& data, const char* what) const {
 absl::Status Worker::PullAll() { return store_->Pull(pulls_); }
 
 absl::Status Worker::Train(const int32_t* order, int64_t count, int64_t max_steps, const OptimizerOptions& optimizer,
-                           double progress_begin, double progress_end, PhaseTimes* times) {
+                           double progress_begin, double progress_end, PhaseTimes* times, int64_t untimed_steps) {
   const int64_t batch = model_->batch();
   const int64_t steps = max_steps >= 0 ? max_steps : (count + batch - 1) / batch;
   const double per_step = steps > 0 ? (progress_end - progress_begin) / static_cast<double>(steps) : 0.0;
-  return TrainAndLeave(order, count, max_steps, optimizer, progress_begin, per_step, 0, times);
+  return TrainAndLeave(order, count, max_steps, optimizer, progress_begin, per_step, 0, times, untimed_steps);
 }
 
 absl::Status Worker::TrainRange(const int32_t* order, int64_t count, const OptimizerOptions& optimizer,
                                 double progress_begin, double progress_per_step, int64_t first_step,
                                 PhaseTimes* times, const std::function<bool()>& after_step) {
   return TrainAndLeave(order, count, /*max_steps=*/-1, optimizer, progress_begin, progress_per_step, first_step, times,
-                       after_step);
+                       /*untimed_steps=*/0, after_step);
 }
 
 absl::Status Worker::TrainAndLeave(const int32_t* order, int64_t count, int64_t max_steps,
                                    const OptimizerOptions& optimizer, double progress_begin, double progress_per_step,
-                                   int64_t first_step, PhaseTimes* times, const std::function<bool()>& after_step) {
+                                   int64_t first_step, PhaseTimes* times, int64_t untimed_steps,
+                                   const std::function<bool()>& after_step) {
   SyncAggregator* const sync = update_.sync;
-  const absl::Status trained =
-      TrainSteps(order, count, max_steps, optimizer, progress_begin, progress_per_step, first_step, times, after_step);
+  const absl::Status trained = TrainSteps(order, count, max_steps, optimizer, progress_begin, progress_per_step,
+                                          first_step, times, untimed_steps, after_step);
   if (sync == nullptr) return trained;
   // Leave the sync group however the steps end, so the other workers' rounds
   // stop waiting for this one (arrive-and-drop).
@@ -223,7 +224,9 @@ int64_t TakeRecords(const int32_t* order, int64_t count, int64_t batch, bool cyc
 
 absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max_steps,
                                 const OptimizerOptions& optimizer, double progress_begin, double progress_per_step,
-                                int64_t first_step, PhaseTimes* times, const std::function<bool()>& after_step) {
+                                int64_t first_step, PhaseTimes* times, int64_t untimed_steps,
+                                const std::function<bool()>& after_step) {
+  timed_start_.reset();
   if (count <= 0) return absl::OkStatus();
   SyncAggregator* const sync = update_.sync;
   bucket_sync_ = sync != nullptr && sync->buckets() > 0 ? sync : nullptr;
@@ -290,6 +293,11 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
     const double progress = progress_begin + static_cast<double>(first_step + step) * progress_per_step;
     const float lr = optimizer.LrAt(progress);
     const float sparse_lr = sparse_optimizer.LrAt(progress);
+    if (step == untimed_steps) {
+      // What the steps before this one added is not timed.
+      t = PhaseTimes{};
+      timed_start_ = std::chrono::steady_clock::now();
+    }
     const uint64_t t0 = StepClock::Now();
     // Data: gather this batch's records (the last of a range run short and
     // padded), taken a step ago from the second step on, when their lines
@@ -401,6 +409,9 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
       WorkerCounters::Bump(counters_.phase_ns[p], ns[p]);
     }
     t.rows_in_forward += model_->TakeInPlacePoolSeconds();
+    ++t.steps;
+    t.rows += rows;
+    t.pulls += pull ? 1 : 0;
     WorkerCounters::Bump(counters_.steps, int64_t{1});
     WorkerCounters::Bump(counters_.samples, static_cast<int64_t>(valid));
     WorkerCounters::Bump(counters_.loss_sum, static_cast<double>(loss.loss_sum));
@@ -409,7 +420,8 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
     WorkerCounters::Bump(counters_.rows_pushed, rows);
     if (after_step && !after_step()) break;
   }
-  if (times) times->Add(t);
+  // (Nothing where the call stopped before its first timed step.)
+  if (times && timed_start_) times->Add(t);
   return absl::OkStatus();
 }
 

@@ -81,10 +81,14 @@ struct WorkerUpdateOptions {
 struct PhaseTimes {
   double data = 0, read_params = 0, pull_rows = 0, forward = 0, backward = 0, push = 0, push_rows = 0;
   double rows_in_forward = 0;
+  // The steps timed, the embedding rows they pulled and how many of them
+  // pulled the parameters.
+  int64_t steps = 0, rows = 0, pulls = 0;
   double total() const { return data + read_params + pull_rows + forward + backward + push + push_rows; }
   void Add(const PhaseTimes& o) {
     data += o.data; read_params += o.read_params; pull_rows += o.pull_rows; forward += o.forward;
     backward += o.backward; push += o.push; push_rows += o.push_rows; rows_in_forward += o.rows_in_forward;
+    steps += o.steps; rows += o.rows; pulls += o.pulls;
   }
 };
 
@@ -167,8 +171,16 @@ class Worker {
   // With a SyncAggregator each step's push goes through it, so every worker
   // of the pool must be in Train at once (one RunAll); the worker leaves the
   // aggregator's group when Train returns, on success or error.
+  // The first `untimed_steps` steps run as the others but are not added to
+  // `times` (a benchmark's warm-up that flows into its timed steps: their
+  // first is then asked for a step ahead like every other, and runs on a
+  // thread that is already working); timed_start() says when the first
+  // timed one began.
   absl::Status Train(const int32_t* order, int64_t count, int64_t max_steps, const OptimizerOptions& optimizer,
-                     double progress_begin, double progress_end, PhaseTimes* times);
+                     double progress_begin, double progress_end, PhaseTimes* times, int64_t untimed_steps = 0);
+  // When the last Train or TrainRange call began its first timed step (the
+  // call's start where it had none untimed); unset before any.
+  std::optional<std::chrono::steady_clock::time_point> timed_start() const { return timed_start_; }
 
   // Trains on the records order[0..count), ceil(count / batch) steps, the
   // last batch padded, as part of a longer run: step k of this call is step
@@ -257,13 +269,14 @@ class Worker {
   absl::Status CheckShape(const Dataset& data, const char* what) const;
   absl::Status TrainSteps(const int32_t* order, int64_t count, int64_t max_steps, const OptimizerOptions& optimizer,
                           double progress_begin, double progress_per_step, int64_t first_step, PhaseTimes* times,
-                          const std::function<bool()>& after_step);
+                          int64_t untimed_steps, const std::function<bool()>& after_step);
   // Runs TrainSteps, then leaves the sync group if there is one.
   absl::Status TrainAndLeave(const int32_t* order, int64_t count, int64_t max_steps, const OptimizerOptions& optimizer,
                              double progress_begin, double progress_per_step, int64_t first_step, PhaseTimes* times,
-                             const std::function<bool()>& after_step = nullptr);
+                             int64_t untimed_steps = 0, const std::function<bool()>& after_step = nullptr);
 
   int index_ = 0;
+  std::optional<std::chrono::steady_clock::time_point> timed_start_;
   const Dataset* train_ = nullptr;
   ParamStore* store_ = nullptr;
   std::unique_ptr<Model> model_;

@@ -136,6 +136,44 @@ TEST_F(PullPolicyTest, PullsEveryKStepsWithoutAStalenessBound) {
   }
 }
 
+TEST_F(PullPolicyTest, UntimedStepsTrainButAreNotTimed) {
+  // 10 steps, a pull every 3 (steps 0, 3, 6 and 9), the first 4 not timed:
+  // all train and push; the times hold steps 4..9 and their 2 pulls.
+  WorkerUpdateOptions u;
+  u.pull_every = 3;
+  std::unique_ptr<Worker> w = MakeWorker(store_.get(), u);
+  ASSERT_NE(w, nullptr);
+  EXPECT_FALSE(w->timed_start().has_value());
+  PhaseTimes times;
+  const uint64_t version = store_->version();
+  const auto before = std::chrono::steady_clock::now();
+  ASSERT_TRUE(w->Train(order_.data(), data_.count, /*max_steps=*/10, opt_, 0, 0, &times, /*untimed_steps=*/4).ok());
+  const auto after = std::chrono::steady_clock::now();
+  EXPECT_EQ(w->counters().steps.load(), 10);
+  EXPECT_EQ(w->counters().pulls.load(), 4);
+  EXPECT_EQ(store_->version(), version + 10);
+  EXPECT_EQ(times.steps, 6);
+  EXPECT_EQ(times.pulls, 2);
+  EXPECT_EQ(times.rows, 0);  // no tables
+  EXPECT_GT(times.forward, 0);
+  ASSERT_TRUE(w->timed_start().has_value());
+  EXPECT_GT(*w->timed_start(), before);
+  EXPECT_LT(*w->timed_start(), after);
+  // None untimed: all 10 timed, from the call's first step; the times add up.
+  ASSERT_TRUE(w->Train(order_.data(), data_.count, /*max_steps=*/10, opt_, 0, 0, &times).ok());
+  EXPECT_EQ(times.steps, 16);
+  EXPECT_EQ(times.pulls, 2 + 4);
+  EXPECT_GT(*w->timed_start(), after);
+  // A call of no more steps than its untimed ones adds nothing and has no
+  // timed start.
+  const PhaseTimes kept = times;
+  ASSERT_TRUE(w->Train(order_.data(), data_.count, /*max_steps=*/3, opt_, 0, 0, &times, /*untimed_steps=*/3).ok());
+  EXPECT_EQ(w->counters().steps.load(), 23);
+  EXPECT_EQ(times.steps, kept.steps);
+  EXPECT_EQ(times.total(), kept.total());
+  EXPECT_FALSE(w->timed_start().has_value());
+}
+
 TEST_F(PullPolicyTest, StalenessBoundForcesPulls) {
   const int64_t records = 10 * kBatch;  // 10 steps
   struct Case {
