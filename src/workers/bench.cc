@@ -239,11 +239,12 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
   // its last call stopped in its part of the data. Times the `steps` into
   // `times`, and their wall time, from the first worker's first timed step,
   // into r.wall_s. The call ends once the first worker has run them all:
-  // the others stop after the step they are in (Worker::set_stop). Cores of one machine do
-  // not run equally fast (16 single-worker processes on a 16-core VM ran at
-  // 55k-84k samples/s each), and training deals its tasks on demand, so a
-  // fast worker never waits for a slow one there; a fixed count of steps
-  // each would time the slowest core and leave the others idle at the end.
+  // the others stop after the step they are in (Worker::set_stop). Cores of
+  // one machine do not run equally fast (16 single-worker processes on a
+  // 16-core VM ran at 55k-84k samples/s each), and training deals its tasks
+  // on demand, so a fast worker never waits for a slow one there; a fixed
+  // count of steps each would time the slowest core and leave the others
+  // idle at the end.
   // Not under ps.update sync, whose workers step together anyway.
   std::vector<std::vector<int32_t>> part_order(r.workers);
   std::vector<int64_t> done_steps(r.workers, 0);  // per worker, all calls
@@ -289,10 +290,11 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
   for (int slice = 0; slice < slices; ++slice) {
     // A few untimed steps begin each slice's call: the bound sweeps the
     // caches and the TLB, and a call's first step runs on a thread just
-    // woken, its batch not asked for a step ahead. Timed, that first step
-    // took 33-217 us against 31 for sparse_logreg.yaml's steady steps (5 of
-    // its 200 timed steps, 2-core EPYC VM), when the untimed steps were a
-    // call of their own.
+    // woken, its batch not asked for a step ahead. (sparse_logreg.yaml on
+    // the 2-core EPYC VM, instrumented: the first steps of a run's 10 calls
+    // took 33-217 us against 31 for a steady one. When the untimed steps
+    // were a call of their own, each slice timed such a step; 8 alternating
+    // rounds: data 1.031 -> 0.966 us a step, step 31.46 -> 31.28 us.)
     const int64_t steps = r.steps / slices + (slice < r.steps % slices ? 1 : 0);
     std::vector<PhaseTimes> times(r.workers);
     SW_RETURN_IF_ERROR(run(kRewarmSteps, steps, &times));
