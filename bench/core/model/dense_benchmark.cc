@@ -400,7 +400,9 @@ BENCHMARK(BM_PrefetchBurst)
 // worker runs it, PrefetchBatch of the next batch after LoadBatch, then
 // (untimed) a dependent chain of multiply-adds that touches no memory, as a
 // step's compute (1000 for text, about 1 us; 8000 for libsvm); both calls
-// timed. 2: the same batch loaded again (every line in L1). 3, the bound:
+// timed. 2: the same batch loaded again (every line in L1), told it was
+// asked for as a worker's steady steps are (not re-read first: what 0's
+// Asked::kNo added TouchBatch and a second request to every load). 3, the bound:
 // the same bytes (blocks and labels) copied from a sequential layout, as a
 // data set already gathered in the epoch's order would be read. 4 and 5: what 1 with only its
 // LoadBatch timed (4) or only its PrefetchBatch (5). layout 0: the packed
@@ -491,7 +493,7 @@ void BM_DataPhase(benchmark::State& state) {
       std::memcpy(copy.data(), from, batch_words * sizeof(uint64_t));
       std::memcpy(copy.data() + batch_words, data.labels.data() + b * kBatch, kBatch * sizeof(int32_t));
     } else {
-      (*m)->LoadBatch(data, records, kBatch, &*packed, what == 1 ? asked : Model::Asked::kNo);
+      (*m)->LoadBatch(data, records, kBatch, &*packed, what == 0 ? Model::Asked::kNo : asked);
     }
     if (what == 1) (*m)->PrefetchBatch(data, records + kBatch, kBatch, &*packed);
     benchmark::ClobberMemory();
