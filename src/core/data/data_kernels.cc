@@ -88,24 +88,30 @@ void DecodeCodedEntriesImpl(const uint32_t* from, int64_t count, int id_bits, do
   DecodeRecord(from, count, id_bits, unit, ids, weights);
 }
 
-int64_t DecodeCodedSlotsImpl(const CodedSlots& a, uint64_t stop_word, int64_t begin, int64_t* count) {
+int64_t DecodeCodedSlotsImpl(const CodedSlots& a, int64_t begin, int64_t* count) {
   int64_t at = *count;
   int64_t s = begin;
   for (; s < a.n; ++s) {
-    const uint64_t* slot = a.words + static_cast<int64_t>(a.records[s]) * a.stride_words;
-    uint64_t head;
-    std::memcpy(&head, slot, sizeof(head));
-    if (head == stop_word) break;
+    const uint64_t* block = a.words + static_cast<int64_t>(a.records[s]) * a.stride_words;
     uint32_t c;
     int32_t label;
-    std::memcpy(&c, slot, sizeof(c));
-    std::memcpy(&label, reinterpret_cast<const char*>(slot) + sizeof(c), sizeof(label));
+    std::memcpy(&c, block, sizeof(c));
+    int64_t decoded = a.entries;  // a slot's every entry (those past its count unread)
+    if (block[0] == a.overflow_word) {
+      // The record's block is after the slots (rarely: a predicted branch),
+      // decoded to its count where that leaves every later slot its entries.
+      block = a.words + block[1];
+      std::memcpy(&c, block, sizeof(c));
+      decoded = c;
+      if (at + decoded + (a.n - s - 1) * a.entries > a.room) break;
+    }
+    std::memcpy(&label, reinterpret_cast<const char*>(block) + sizeof(c), sizeof(label));
     a.labels[s] = label;
     if (a.label_sets != nullptr) {
       a.label_sets[s] = label;
       a.label_offsets[s + 1] = s + 1;
     }
-    DecodeRecord(reinterpret_cast<const uint32_t*>(slot + 1), a.entries, a.id_bits, a.unit, a.ids + at, a.weights + at);
+    DecodeRecord(reinterpret_cast<const uint32_t*>(block + 1), decoded, a.id_bits, a.unit, a.ids + at, a.weights + at);
     at += c;
     a.offsets[s + 1] = at;
   }
@@ -132,9 +138,9 @@ void DecodeCodedEntries(const uint32_t* from, int64_t count, int id_bits, double
   if (count > 0) HWY_DYNAMIC_DISPATCH(DecodeCodedEntriesImpl)(from, count, id_bits, unit, ids, weights);
 }
 
-int64_t DecodeCodedSlots(const CodedSlots& a, uint64_t stop_word, int64_t begin, int64_t* count) {
+int64_t DecodeCodedSlots(const CodedSlots& a, int64_t begin, int64_t* count) {
   if (begin >= a.n) return a.n;
-  return HWY_DYNAMIC_DISPATCH(DecodeCodedSlotsImpl)(a, stop_word, begin, count);
+  return HWY_DYNAMIC_DISPATCH(DecodeCodedSlotsImpl)(a, begin, count);
 }
 
 }  // namespace shardwild

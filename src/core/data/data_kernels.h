@@ -32,34 +32,42 @@ void DecodeCodedEntries(const uint32_t* from, int64_t count, int id_bits, double
 
 // A batch's slots of coded entries (Model::LoadSlots), decoded in one pass.
 // Record records[s]'s slot is words[records[s] * stride_words, ...): its
-// count (uint32) and label (int32) in its first word, then `entries` words
-// (two coded entries each, as DecodeCodedEntries reads them), the record's
-// first `count` of them.
+// head word (the count, uint32, in its first 4 bytes and the label, int32,
+// in the next 4), then `entries` words' worth of
+// coded entries (as DecodeCodedEntries reads them), the record's first
+// `count` of them. A slot whose first word is `overflow_word` holds the
+// record elsewhere: its second word is where in `words` its block is, the
+// same head and then its `count` entries, as many as it has.
 struct CodedSlots {
   const uint64_t* words = nullptr;
   int64_t stride_words = 0;
+  uint64_t overflow_word = 0;
   const int32_t* records = nullptr;
   int64_t n = 0;
   int64_t entries = 0;  // coded entries after a slot's first word
   int id_bits = 0;      // 1..31
   double unit = 0;
-  uint64_t* ids = nullptr;  // room for every slot's `entries` from the count on
-  float* weights = nullptr;
+  uint64_t* ids = nullptr;  // [room]
+  float* weights = nullptr;  // [room]
+  int64_t room = 0;
   int32_t* labels = nullptr;          // [n]
   int32_t* label_sets = nullptr;      // [n], or null: then label_offsets is not written
   int64_t* label_offsets = nullptr;   // [n + 1]
   int64_t* offsets = nullptr;         // [n + 1]
 };
 
-// From record `begin` on: each slot's label into labels[s] (and
+// From record `begin` on: each record's label into labels[s] (and
 // label_sets[s] = label, label_offsets[s + 1] = s + 1 where label_sets is
-// not null), all its `entries` entries decoded into ids and weights from
-// *count on (those past its count are overwritten by the next record's or
-// left unread), then *count += its count and offsets[s + 1] = *count.
-// Stops before the first slot whose first word is `stop_word` (it holds
-// the record elsewhere), or at n; returns where it stopped. Reads no word
-// past a slot's `entries`. One pass: a slot's first line is read as the
-// one before it is decoded.
-int64_t DecodeCodedSlots(const CodedSlots& a, uint64_t stop_word, int64_t begin, int64_t* count);
+// not null), its entries decoded into ids and weights from *count on (a
+// slot's every `entries`, those past its count overwritten by the next
+// record's or left unread; a block after the slots to its count), then
+// *count += its count and offsets[s + 1] = *count. The caller gives room
+// for `entries` from *count on for every slot; a block after the slots is
+// decoded where its count leaves that room for every later slot, else the
+// call stops before its record. Returns where it stopped: n, or that
+// record, to be called again from there with more room. Reads no word past
+// a slot's `entries` or a block's count. One pass: a slot's first line is
+// read as the one before it is decoded.
+int64_t DecodeCodedSlots(const CodedSlots& a, int64_t begin, int64_t* count);
 
 }  // namespace shardwild

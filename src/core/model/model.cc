@@ -960,42 +960,43 @@ void Model::LoadSlots(const int32_t* records, int64_t n, const PackedRecords& pa
   if constexpr (kCoded) {
     // One pass of a vector kernel over the slots (DecodeCodedSlots; the
     // head is one word, the count and the label, as slot loads require),
-    // which stops at each block after the slots, decoded here. In one pass
-    // a slot's first line is read while the slot before it is decoded.
-    // A first pass for the counts and labels, then the kernel over the
-    // batch, waited for those lines on their own: BM_DataPhase what:4
-    // 514-525 -> 482-490 ns. In the trainer it is within the noise
-    // (sparse_logreg.yaml, two sets of 8 alternating rounds on the 2-core
-    // EPYC VM: data 1.09 -> 1.01 and 1.02 -> 1.02 us a step, medians).
-    // Decoded a word at a time in the loop below (4 a vector at the
-    // baseline), the batch took 0.63 us in L1 (what:2); 0.41 us in a
-    // kernel.
+    // blocks after the slots included; it stops only at one that needs
+    // more room, made here. In one pass a slot's first line is read while
+    // the slot before it is decoded. A first pass for the counts and
+    // labels, then the kernel over the batch, waited for those lines on
+    // their own: BM_DataPhase what:4 514-525 -> 482-490 ns. In the trainer
+    // it is within the noise (sparse_logreg.yaml, two sets of 8 alternating
+    // rounds on the 2-core EPYC VM: data 1.09 -> 1.01 and 1.02 -> 1.02 us a
+    // step, medians). Decoded a word at a time in the loop below (4 a
+    // vector at the baseline), the batch took 0.63 us in L1 (what:2); 0.41
+    // us in a kernel.
     const PackedRecords::WeightCode& code = packed.weight_codes[0];
-    CodedSlots a{.words = words, .stride_words = stride, .records = records, .n = n, .entries = entries,
-                 .id_bits = code.id_bits, .unit = code.unit, .ids = ids, .weights = weights, .labels = labels,
-                 .label_sets = label_sets, .label_offsets = label_offsets, .offsets = offsets};
+    CodedSlots a{.words = words,
+                 .stride_words = stride,
+                 .overflow_word = PackedRecords::kOverflowSlot,
+                 .records = records,
+                 .n = n,
+                 .entries = entries,
+                 .id_bits = code.id_bits,
+                 .unit = code.unit,
+                 .ids = ids,
+                 .weights = weights,
+                 .room = static_cast<int64_t>(st.ids.size()),
+                 .labels = labels,
+                 .label_sets = label_sets,
+                 .label_offsets = label_offsets,
+                 .offsets = offsets};
     int64_t at = static_cast<int64_t>(count);
-    for (int64_t s = DecodeCodedSlots(a, PackedRecords::kOverflowSlot, 0, &at); s < n;
-         s = DecodeCodedSlots(a, PackedRecords::kOverflowSlot, s + 1, &at)) {
-      // Record s's block is after the slots: decoded to its count, after
-      // room for it and every later slot's entries.
-      const uint64_t* block = words + words[records[s] * stride + 1];
-      const uint32_t c = BlockCount(block, 0);
+    for (int64_t s = DecodeCodedSlots(a, 0, &at); s < n; s = DecodeCodedSlots(a, s, &at)) {
+      // Record s's block after the slots needs more room: for it and for
+      // every later slot's entries. (GrowLookup keeps the weights as long
+      // as the ids.)
+      const uint32_t c = BlockCount(words + words[records[s] * stride + 1], 0);
       count = static_cast<size_t>(at);
       room_for(static_cast<size_t>(c) + static_cast<size_t>(n - s - 1) * static_cast<size_t>(entries));
       a.ids = ids;
       a.weights = weights;
-      int32_t label;
-      std::memcpy(&label, reinterpret_cast<const char*>(block) + sizeof(uint32_t), sizeof(label));
-      labels[s] = label;
-      if (softmax) {
-        label_sets[s] = label;
-        label_offsets[s + 1] = s + 1;
-      }
-      DecodeCodedEntries(reinterpret_cast<const uint32_t*>(block + head_words), c, code.id_bits, code.unit, ids + at,
-                         weights + at);
-      at += c;
-      offsets[s + 1] = at;
+      a.room = static_cast<int64_t>(st.ids.size());
     }
     st.count = static_cast<size_t>(at);
     return;
