@@ -402,10 +402,11 @@ BENCHMARK(BM_PrefetchBurst)
 // step's compute (1000 for text, about 1 us; 8000 for libsvm); both calls
 // timed. 2: the same batch loaded again (every line in L1), told it was
 // asked for as a worker's steady steps are (not re-read first: what 0's
-// Asked::kNo added TouchBatch and a second request to every load). 3, the bound:
-// the same bytes (blocks and labels) copied from a sequential layout, as a
-// data set already gathered in the epoch's order would be read. 4 and 5: what 1 with only its
-// LoadBatch timed (4) or only its PrefetchBatch (5). layout 0: the packed
+// Asked::kNo added TouchBatch and a second request to every load). 3, the
+// bound: the same bytes (blocks and labels) copied from a sequential
+// layout, as a data set already gathered in the epoch's order would be
+// read. 4 and 5: what 1 with only its LoadBatch timed (4) or only its
+// PrefetchBatch (5). layout 0: the packed
 // blocks one after the other, each found through its start word; 1: as
 // PackRecords chooses (text: 128-byte slots, the records of more than 30
 // ids after them; libsvm: 128-byte slots of coded weights, those of more
