@@ -276,16 +276,22 @@ class EmbeddingTable {
    public:
     Scratch() = default;
 
+    // Open addressing, id -> unique index: one line holds 4 whole entries.
+    struct MapEntry {
+      uint64_t key = 0;
+      uint32_t value = 0;
+      uint32_t stamp = 0;  // valid iff == stamp_
+    };
+
    private:
     friend class EmbeddingTable;
-    std::vector<uint64_t> unique_ids_;   // first-occurrence order
+    std::vector<uint64_t> unique_ids_;   // first-occurrence order (the push's first ones)
     std::vector<uint32_t> first_row_;    // per unique id: the gradient row of its first occurrence
-    std::vector<int32_t> sum_of_;        // per unique id: its row in summed_, or -1 if it occurs once
-    std::vector<float> summed_;          // gradient sums of the ids that repeat
-    std::vector<uint64_t> map_keys_;     // open addressing: id -> unique index
-    std::vector<uint32_t> map_values_;
-    std::vector<uint32_t> map_stamps_;   // entry valid iff == stamp_
+    std::vector<int32_t> sum_of_;        // per unique id: its row in summed_, or -1 (a long row's, once)
+    std::vector<float> summed_;          // gradient sums: every unique id's (short rows), or the repeats'
+    std::vector<MapEntry> map_;
     uint32_t stamp_ = 0;
+    double repeated_ = 1.0;  // the share of the last push's ids that repeated
   };
 
   // Bytes of region a table with `options` needs (a multiple of 64), or 0 if
@@ -350,9 +356,11 @@ class EmbeddingTable {
   }
   // As above, but the gradient of ids[i] is row grad_rows[i] of `grads`
   // (grads + grad_rows[i] * dim), so a caller that grouped ids (by shard)
-  // needs no copy of the gradients; empty grad_rows means row i. Gradients
-  // are read in place: only those of repeated ids are summed into scratch,
-  // none is copied otherwise.
+  // needs no copy of the gradients; empty grad_rows means row i. The
+  // repeated ids' gradients are summed into scratch; where rows are short
+  // (up to 16 floats) and the last push through `scratch` had many repeats,
+  // every unique id's is (a short copy that lets the deduplication run
+  // without branching on repeats). The sums are the same either way.
   absl::Status Push(absl::Span<const uint64_t> ids, const float* grads, absl::Span<const uint32_t> grad_rows,
                     const OptimizerOptions& optimizer, float lr, Scratch* scratch);
 

@@ -442,6 +442,73 @@ TEST(EmbeddingTableTest, RepeatedIdIsOneUpdateWithTheSummedGradient) {
   EXPECT_EQ(PullOne(*t, 0), Initial(o, 0));
 }
 
+// Push's deduplication at row lengths on both sides of the one where every
+// unique id's sum may be kept (16 floats), with gradient rows given and
+// not, in batches that grow and shrink through one scratch, mostly of
+// repeated ids, one of distinct ids (after which a short row's push keeps
+// only the repeats' sums): every row moves by lr times its ids' gradients
+// summed in batch order (SGD), and rows not in the batch not at all.
+// Enough ids that map entries collide.
+TEST(EmbeddingTableTest, PushSumsEveryRepeatedIdsGradientsAtEveryRowLength) {
+  for (int64_t dim : {1, 3, 16, 17, 40}) {
+    for (bool with_grad_rows : {false, true}) {
+      const int64_t rows = 400;
+      const EmbeddingTableOptions o = StaticOptions(dim, rows, 0);
+      Region region(EmbeddingTable::BytesFor(o));
+      auto t = EmbeddingTable::Create(region.data(), region.size(), o);
+      ASSERT_TRUE(t.ok());
+      std::vector<std::vector<float>> expect(rows);
+      for (int64_t id = 0; id < rows; ++id) expect[id] = Initial(o, static_cast<uint64_t>(id));
+      const OptimizerOptions opt = Optimizer(OptimizerType::kSgd);
+      const float lr = 0.5f;
+      std::mt19937_64 rng(static_cast<uint64_t>(dim) * 2 + (with_grad_rows ? 1 : 0));
+      EmbeddingTable::Scratch scratch;
+      for (int64_t n : {7, 600, 3, -300, 250, 1}) {
+        // Ids from a range a bit larger than half the batch (most repeat),
+        // or -n distinct ids.
+        const bool distinct = n < 0;
+        n = std::abs(n);
+        std::vector<uint64_t> ids(n);
+        for (uint64_t& id : ids) id = rng() % static_cast<uint64_t>(std::min<int64_t>(rows, n / 2 + 2));
+        if (distinct) {
+          std::iota(ids.begin(), ids.end(), uint64_t{50});
+          std::shuffle(ids.begin(), ids.end(), rng);
+        }
+        std::vector<float> g(n * dim);
+        for (float& x : g) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+        // With gradient rows, id i's gradient is row perm[i] of a shuffled copy.
+        std::vector<uint32_t> perm(n);
+        std::iota(perm.begin(), perm.end(), 0u);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        std::vector<float> shuffled(n * dim);
+        for (int64_t i = 0; i < n; ++i) {
+          std::copy(g.begin() + i * dim, g.begin() + (i + 1) * dim, shuffled.begin() + perm[i] * dim);
+        }
+        const absl::Status s =
+            with_grad_rows ? t->Push(ids, shuffled.data(), perm, opt, lr, &scratch) : t->Push(ids, g.data(), opt, lr, &scratch);
+        ASSERT_TRUE(s.ok()) << s;
+        std::map<uint64_t, std::vector<float>> sums;
+        for (int64_t i = 0; i < n; ++i) {
+          auto [it, fresh] = sums.try_emplace(ids[i], g.begin() + i * dim, g.begin() + (i + 1) * dim);
+          if (!fresh) {
+            for (int64_t j = 0; j < dim; ++j) it->second[j] += g[i * dim + j];
+          }
+        }
+        for (const auto& [id, sum] : sums) {
+          for (int64_t j = 0; j < dim; ++j) expect[id][j] -= lr * sum[j];
+        }
+        for (int64_t id = 0; id < rows; ++id) {
+          const std::vector<float> got = PullOne(*t, static_cast<uint64_t>(id));
+          for (int64_t j = 0; j < dim; ++j) {
+            ASSERT_NEAR(got[j], expect[id][j], 1e-5) << "dim " << dim << " grad rows " << with_grad_rows
+                                                     << " batch " << n << " id " << id << " elem " << j;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(EmbeddingTableTest, SlotsStartAtTheOptimizersInitialValue) {
   OptimizerOptions adagrad = Optimizer(OptimizerType::kAdagrad);
   adagrad.initial_accumulator_value = 0.1f;
