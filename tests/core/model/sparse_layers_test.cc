@@ -56,27 +56,32 @@ TEST_P(EmbeddingBagTest, ForwardMatchesNaivePooling) {
   const Pooling pooling = std::get<0>(GetParam());
   const bool weighted = std::get<1>(GetParam());
   const Bags bags;
-  constexpr int64_t kDim = 3, kStride = 5;  // out_stride > dim: the gaps stay untouched
-  const std::vector<float> rows = Random(bags.ids() * kDim, 1);
-  const std::vector<float> weights = Random(bags.ids(), 2, 0.5f, 2.0f);
-  std::vector<float> out(bags.batch() * kStride, 42.0f);
-  EmbeddingBagForward(rows.data(), kDim, bags.offsets.data(), weighted ? weights.data() : nullptr, bags.batch(),
-                      pooling, out.data(), kStride);
-  for (int64_t b = 0; b < bags.batch(); ++b) {
-    const int64_t n = bags.offsets[b + 1] - bags.offsets[b];
-    for (int64_t j = 0; j < kDim; ++j) {
-      double want = 0;
-      for (int64_t i = bags.offsets[b]; i < bags.offsets[b + 1]; ++i) {
-        want += (weighted ? weights[i] : 1.0) * rows[i * kDim + j];
+  // Rows of one float, of fewer than a block of 8, of whole blocks and of
+  // blocks and a rest.
+  for (int64_t dim : {1, 3, 8, 11, 16, 19}) {
+    const int64_t stride = dim + 2;  // out_stride > dim: the gaps stay untouched
+    const std::vector<float> rows = Random(bags.ids() * dim, 1);
+    const std::vector<float> weights = Random(bags.ids(), 2, 0.5f, 2.0f);
+    std::vector<float> out(bags.batch() * stride, 42.0f);
+    EmbeddingBagForward(rows.data(), dim, bags.offsets.data(), weighted ? weights.data() : nullptr, bags.batch(),
+                        pooling, out.data(), stride);
+    for (int64_t b = 0; b < bags.batch(); ++b) {
+      const int64_t n = bags.offsets[b + 1] - bags.offsets[b];
+      for (int64_t j = 0; j < dim; ++j) {
+        // In float, in the entries' order, as the kernel sums: exactly.
+        float want = 0.0f;
+        for (int64_t i = bags.offsets[b]; i < bags.offsets[b + 1]; ++i) {
+          want += (weighted ? weights[i] : 1.0f) * rows[i * dim + j];
+        }
+        if (pooling == Pooling::kMean && n > 0) want *= 1.0f / static_cast<float>(n);
+        EXPECT_EQ(out[b * stride + j], want) << "dim " << dim << " bag " << b << " element " << j;
       }
-      if (pooling == Pooling::kMean && n > 0) want /= n;
-      EXPECT_NEAR(out[b * kStride + j], want, 1e-6) << b << "," << j;
+      EXPECT_EQ(out[b * stride + dim], 42.0f);
+      EXPECT_EQ(out[b * stride + dim + 1], 42.0f);
     }
-    EXPECT_EQ(out[b * kStride + kDim], 42.0f);
-    EXPECT_EQ(out[b * kStride + kDim + 1], 42.0f);
+    // The empty bag pools to zeros.
+    for (int64_t j = 0; j < dim; ++j) EXPECT_EQ(out[1 * stride + j], 0.0f);
   }
-  // The empty bag pools to zeros.
-  for (int64_t j = 0; j < kDim; ++j) EXPECT_EQ(out[1 * kStride + j], 0.0f);
 }
 
 TEST_P(EmbeddingBagTest, BackwardMatchesFiniteDifferences) {
