@@ -109,6 +109,36 @@ TEST_P(EmbeddingBagTest, BackwardMatchesFiniteDifferences) {
   for (int64_t i = bags.offsets[4] * kDim; i < bags.offsets[5] * kDim; ++i) EXPECT_EQ(drows[i], 0.0f);
 }
 
+// The backward's floats exactly: entry i of bag b gets (w_i * pool * scale)
+// * dout[b] (pool 1 / bag size for a mean), at one float a row (its own
+// loop) and at three; a padding bag's entries get zeros.
+TEST_P(EmbeddingBagTest, BackwardIsEachWeightTimesItsBagsGradient) {
+  const Pooling pooling = std::get<0>(GetParam());
+  const bool weighted = std::get<1>(GetParam());
+  const Bags bags;
+  constexpr int64_t kValid = 4;
+  constexpr float kScale = 0.375f;
+  for (int64_t dim : {1, 3}) {
+    const int64_t stride = dim + 1;
+    const std::vector<float> weights = Random(bags.ids(), 6, 0.5f, 2.0f);
+    const std::vector<float> g = Random(bags.batch() * stride, 7);
+    const float* w = weighted ? weights.data() : nullptr;
+    std::vector<float> drows(bags.ids() * dim, 7.0f);
+    EmbeddingBagBackward(g.data(), stride, dim, bags.offsets.data(), w, bags.batch(), kValid, pooling, drows.data(),
+                         kScale);
+    for (int64_t b = 0; b < bags.batch(); ++b) {
+      const int64_t begin = bags.offsets[b], end = bags.offsets[b + 1];
+      const float pool = pooling == Pooling::kMean && end > begin ? 1.0f / static_cast<float>(end - begin) : 1.0f;
+      for (int64_t i = begin; i < end; ++i) {
+        for (int64_t j = 0; j < dim; ++j) {
+          const float want = b >= kValid ? 0.0f : (weighted ? weights[i] : 1.0f) * pool * kScale * g[b * stride + j];
+          EXPECT_EQ(drows[i * dim + j], want) << "dim " << dim << " bag " << b << " entry " << i << " element " << j;
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(All, EmbeddingBagTest,
                          ::testing::Combine(::testing::Values(Pooling::kSum, Pooling::kMean), ::testing::Bool()));
 
