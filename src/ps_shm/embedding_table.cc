@@ -36,7 +36,7 @@ namespace shardwild {
 inline constexpr uint64_t kEmbeddingMagic = 0x314445424D455753ULL;  // "SWEMBED1" little-endian
 // 2: row_lock; 3: lean rows (static rows carry no metadata; 16-byte RowMeta;
 // side words; strides below 64 bytes); 4: bf16 parameters.
-inline constexpr uint32_t kEmbeddingFormatVersion = 4;
+inline constexpr uint32_t kEmbeddingFormatVersion = 5;
 inline constexpr size_t kHeaderBytes = 4096;
 inline constexpr int kMaxNameBytes = 48;
 
@@ -59,6 +59,7 @@ struct EmbeddingTableHeader {
   float init_stddev;
   float slot_init[kMaxEmbeddingSlots];
   uint32_t row_lock;     // 0 or 1: rows are updated under their seqlock word
+  uint32_t count_updates;  // 0 or 1: rows count their updates (Adam's per-row step)
   uint32_t tick_shift;   // LRU: a row's 16-bit tick is clock >> tick_shift (TickShift); else 0
   uint32_t bf16;         // 0 or 1: parameters are bf16 (2 bytes each), slots f32 after them
   uint32_t params_bytes; // bytes of a row's parameters (ParamsBytes): where its slots start
@@ -259,8 +260,6 @@ uint32_t TickShift(int64_t capacity) {
 
 // Whether rows keep an update count (Adam's step t): tables with at least
 // two slots, which is what Adam needs.
-constexpr bool CountsUpdates(int num_slots) { return num_slots >= 2; }
-
 uint64_t NextPow2(uint64_t x) {
   uint64_t p = 1;
   while (p < x) p <<= 1;
@@ -299,7 +298,7 @@ Layout ComputeLayout(const EmbeddingTableOptions& o) {
     if (o.on_full == CapacityPolicy::kEvictLru) l.tick_shift = TickShift(o.capacity);
   } else {
     l.row_stride = RowStride(float_bytes);
-    l.side_stride = sizeof(uint32_t) * ((o.row_lock ? 1 : 0) + (CountsUpdates(o.num_slots) ? 1 : 0));
+    l.side_stride = sizeof(uint32_t) * ((o.row_lock ? 1 : 0) + (o.count_updates ? 1 : 0));
   }
   l.index_offset = kHeaderBytes;
   const uint64_t after_index = l.index_offset + l.index_slots * sizeof(EmbeddingIndexEntry);
@@ -469,6 +468,7 @@ absl::Status EmbeddingTableOptions::Validate() const {
 
 void EmbeddingTableOptions::SetOptimizer(const OptimizerOptions& optimizer) {
   num_slots = NumSlots(optimizer.type);
+  count_updates = optimizer.type == OptimizerType::kAdam;
   for (int k = 0; k < kMaxEmbeddingSlots; ++k) slot_init[k] = k < num_slots ? SlotInitialValue(optimizer, k) : 0.0f;
 }
 
@@ -522,6 +522,7 @@ absl::StatusOr<EmbeddingTable> EmbeddingTable::Format(void* region, size_t bytes
   h->init_stddev = options.init.stddev;
   for (int k = 0; k < kMaxEmbeddingSlots; ++k) h->slot_init[k] = options.slot_init[k];
   h->row_lock = options.row_lock ? 1 : 0;
+  h->count_updates = options.count_updates ? 1 : 0;
   h->tick_shift = l.tick_shift;
   h->bf16 = options.bf16 ? 1 : 0;
   h->params_bytes = static_cast<uint32_t>(ParamsBytes(options));
@@ -615,6 +616,8 @@ absl::StatusOr<EmbeddingTable> EmbeddingTable::FromHeader(void* region, size_t b
   for (int k = 0; k < kMaxEmbeddingSlots; ++k) o.slot_init[k] = h->slot_init[k];
   if (h->row_lock > 1) return bad(absl::StrCat("row_lock is ", h->row_lock, ", expected 0 or 1"));
   o.row_lock = h->row_lock == 1;
+  if (h->count_updates > 1) return bad(absl::StrCat("count_updates is ", h->count_updates, ", expected 0 or 1"));
+  o.count_updates = h->count_updates == 1;
   if (h->bf16 > 1) return bad(absl::StrCat("bf16 is ", h->bf16, ", expected 0 or 1"));
   o.bf16 = h->bf16 == 1;
   if (absl::Status s = o.Validate(); !s.ok()) return bad(std::string(s.message()));
@@ -672,7 +675,7 @@ void EmbeddingTable::Bind(const EmbeddingTableOptions& o, char* base) {
   meta_offset_ = l.meta_offset;
   side_stride_ = l.side_stride;
   tick_shift_ = l.tick_shift;
-  counts_ = CountsUpdates(o.num_slots);
+  counts_ = o.count_updates;
   // Where the seqlock word and the update count live, as byte offsets into
   // MetaWords(row): the side words (static) or the RowMeta (dynamic).
   seq_at_ = count_at_ = -1;
@@ -1217,6 +1220,12 @@ absl::Status EmbeddingTable::Push(absl::Span<const uint64_t> ids, const float* g
           " at ", SlotInitialValue(optimizer, k), ", the table's rows start it at ", options_.slot_init[k],
           " (create the table with EmbeddingTableOptions::SetOptimizer)"));
     }
+  }
+  if (optimizer.type == OptimizerType::kAdam && !counts_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "embedding table '", options_.name, "': optimizer adam needs each row's update count (its bias ",
+        "correction is per row), the table keeps none (create it with EmbeddingTableOptions::SetOptimizer, or ",
+        "count_updates)"));
   }
   SW_RETURN_IF_ERROR(CheckIds(ids));
 

@@ -240,8 +240,14 @@ struct EmbeddingTableOptions {
   // count change together under the row's seqlock, and Pull copies whole
   // rows (never half from one push and half from another). Off: hogwild.
   bool row_lock = false;
+  // Each row counts its updates, the step t of Adam's bias correction (per
+  // row: lazy Adam). A static row's count is a 4-byte side word, a dynamic
+  // row's a word of its RowMeta. Push with Adam needs it; no other
+  // optimizer reads it, so SetOptimizer sets it for Adam only.
+  bool count_updates = false;
 
-  // Sizes and fills the slots for `optimizer` (NumSlots, SlotInitialValue).
+  // Sizes and fills the slots for `optimizer` (NumSlots, SlotInitialValue)
+  // and keeps update counts if it reads them (count_updates).
   void SetOptimizer(const OptimizerOptions& optimizer);
 
   // Checks the values together; errors name the field ("embedding.dim: must
@@ -344,9 +350,9 @@ class EmbeddingTable {
   // then each unique row is updated once by core's ApplyUpdate on its
   // params+slots block, with its own update count as Adam's step. Missing ids
   // of a dynamic table are inserted first (initial value, slots at slot_init).
-  // `optimizer` must have passed Validate(), need at most num_slots() slots
-  // and start its slots at the table's slot_init (FailedPrecondition
-  // otherwise); its hyper-parameters should be the same for every push.
+  // `optimizer` must have passed Validate(), need at most num_slots() slots,
+  // start its slots at the table's slot_init and, if it is Adam, have a
+  // table that counts updates (FailedPrecondition otherwise); its hyper-parameters should be the same for every push.
   // `scratch` is the calling thread's (not shared). Errors as for Pull;
   // validation errors are found before any row is changed. Thread-safe
   // (Hogwild); allocates only while `scratch` grows.

@@ -61,8 +61,14 @@ int main(int argc, char** argv) {
   dynamic.name = "seed_dynamic";
   dynamic.kind = shardwild::EmbeddingKind::kDynamic;
   dynamic.num_slots = 2;
+  dynamic.count_updates = true;
+  shardwild::EmbeddingTableOptions adam = f32;  // Adam's layout: two slots, update counts in side words
+  adam.name = "seed_adam";
+  adam.num_slots = 2;
+  adam.count_updates = true;
   bool ok = Seed(dir, "static-f32", f32, {});
   ok = Seed(dir, "static-bf16", bf16, {}) && ok;
+  ok = Seed(dir, "static-adam", adam, {}) && ok;
   ok = Seed(dir, "dynamic", dynamic, {3, 1ull << 40, 77}) && ok;
   return ok ? 0 : 1;
 }

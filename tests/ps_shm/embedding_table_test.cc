@@ -68,6 +68,8 @@ EmbeddingTableOptions StaticOptions(int64_t dim, int64_t capacity, int num_slots
   o.dim = dim;
   o.capacity = capacity;
   o.num_slots = num_slots;
+  // Two slots are Adam's here, which counts each row's updates.
+  o.count_updates = num_slots >= 2;
   o.seed = 11;
   o.table_id = 3;
   return o;
@@ -80,6 +82,7 @@ EmbeddingTableOptions DynamicOptions(int64_t dim, int64_t capacity, CapacityPoli
   o.dim = dim;
   o.capacity = capacity;
   o.num_slots = 2;
+  o.count_updates = true;  // Adam's
   o.on_full = on_full;
   o.seed = 5;
   o.table_id = 9;
@@ -140,25 +143,67 @@ TEST(EmbeddingTableTest, StaticRowsCarryNoMetadata) {
   for (int slots : {0, 1, 2, 4}) {
     for (int64_t dim : {1, 7, 16, 64, 100}) {
       for (bool row_lock : {false, true}) {
+       for (bool counts : {false, true}) {
         EmbeddingTableOptions o = StaticOptions(dim, 3, slots);
         o.row_lock = row_lock;
+        o.count_updates = counts;
         Region region(EmbeddingTable::BytesFor(o));
         auto t = EmbeddingTable::Create(region.data(), region.size(), o);
         ASSERT_TRUE(t.ok()) << t.status();
         const size_t floats = (1 + slots) * dim * sizeof(float);
         EXPECT_EQ(t->row_stride(), ExpectedStride(floats)) << "slots " << slots << " dim " << dim;
         // Side words: the seqlock word (row_lock) and the update count
-        // (two or more slots, as Adam has); nothing else.
-        const size_t side = 4 * ((row_lock ? 1 : 0) + (slots >= 2 ? 1 : 0));
+        // (count_updates, for Adam); nothing else.
+        const size_t side = 4 * ((row_lock ? 1 : 0) + (counts ? 1 : 0));
         EXPECT_EQ(t->meta_bytes_per_row(), side);
         EXPECT_EQ(t->bytes_per_row(), t->row_stride() + side);
         // A block of at most 64 bytes never straddles a cache line.
         if (t->row_stride() <= 64) {
           EXPECT_EQ(64 % t->row_stride(), 0u);
         }
+       }
       }
     }
   }
+}
+
+// Only Adam reads a row's update count, so only its tables keep one: FTRL's
+// two slots (z and n) come with no side word, which sparse_logreg's table
+// of 2^20 rows spent 4 MiB on. Adam refuses a table without counts; the
+// flag survives an attach.
+TEST(EmbeddingTableTest, OnlyAdamsTablesCountUpdates) {
+  for (OptimizerType type : {OptimizerType::kSgd, OptimizerType::kMomentum, OptimizerType::kAdagrad,
+                             OptimizerType::kRmsprop, OptimizerType::kFtrl, OptimizerType::kAdam}) {
+    const bool adam = type == OptimizerType::kAdam;
+    EmbeddingTableOptions o = StaticOptions(1, 64, 0);
+    o.SetOptimizer(Optimizer(type));
+    EXPECT_EQ(o.count_updates, adam) << OptimizerTypeName(type);
+    Region region(EmbeddingTable::BytesFor(o));
+    auto t = EmbeddingTable::Create(region.data(), region.size(), o);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ(t->meta_bytes_per_row(), adam ? 4u : 0u) << OptimizerTypeName(type);
+    const uint64_t id = 5;
+    const float g = 0.25f;
+    EmbeddingTable::Scratch scratch;
+    EXPECT_TRUE(t->Push({&id, 1}, &g, Optimizer(type), 0.1f, &scratch).ok()) << OptimizerTypeName(type);
+    auto attached = EmbeddingTable::Attach(region.data(), region.size());
+    ASSERT_TRUE(attached.ok()) << attached.status();
+    EXPECT_EQ(attached->meta_bytes_per_row(), adam ? 4u : 0u) << OptimizerTypeName(type);
+  }
+  // A table with Adam's two slots and no counts: Adam is refused, nothing
+  // changes.
+  EmbeddingTableOptions o = StaticOptions(1, 64, 2);
+  o.count_updates = false;
+  Region region(EmbeddingTable::BytesFor(o));
+  auto t = EmbeddingTable::Create(region.data(), region.size(), o);
+  ASSERT_TRUE(t.ok());
+  const uint64_t id = 5;
+  const float g = 0.25f;
+  EmbeddingTable::Scratch scratch;
+  const absl::Status s = t->Push({&id, 1}, &g, Optimizer(OptimizerType::kAdam), 0.1f, &scratch);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(MessageContains(s, {"static_emb", "adam", "update count", "count_updates"}));
+  EXPECT_EQ(PullOne(*t, id), Initial(o, id));
 }
 
 TEST(EmbeddingTableTest, StaticSgdDim16RowIs64Bytes) {
@@ -244,16 +289,17 @@ TEST(EmbeddingTableTest, AttachRefusesAnotherFormatVersion) {
   const size_t bytes = EmbeddingTable::BytesFor(o);
   Region region(bytes);
   ASSERT_TRUE(EmbeddingTable::Create(region.data(), bytes, o).ok());
-  // format_version follows the 8-byte magic. Version 3 had no bf16 rows
-  // (nor their header fields); this build must not read its header.
+  // format_version follows the 8-byte magic. Version 4 gave every table of
+  // two or more slots update counts and had no count_updates field; this
+  // build must not read its header.
   uint32_t version = 0;
   std::memcpy(&version, static_cast<char*>(region.data()) + 8, sizeof(version));
-  EXPECT_EQ(version, 4u);
-  const uint32_t old = 3;
+  EXPECT_EQ(version, 5u);
+  const uint32_t old = 4;
   std::memcpy(static_cast<char*>(region.data()) + 8, &old, sizeof(old));
   const auto s = EmbeddingTable::Attach(region.data(), bytes);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(MessageContains(s.status(), {"format_version is 3", "reads 4"}));
+  EXPECT_TRUE(MessageContains(s.status(), {"format_version is 4", "reads 5"}));
 }
 
 TEST(EmbeddingTableTest, UpdateCountsSurviveEveryMetadataLayout) {
