@@ -143,25 +143,25 @@ TEST(EmbeddingTableTest, StaticRowsCarryNoMetadata) {
   for (int slots : {0, 1, 2, 4}) {
     for (int64_t dim : {1, 7, 16, 64, 100}) {
       for (bool row_lock : {false, true}) {
-       for (bool counts : {false, true}) {
-        EmbeddingTableOptions o = StaticOptions(dim, 3, slots);
-        o.row_lock = row_lock;
-        o.count_updates = counts;
-        Region region(EmbeddingTable::BytesFor(o));
-        auto t = EmbeddingTable::Create(region.data(), region.size(), o);
-        ASSERT_TRUE(t.ok()) << t.status();
-        const size_t floats = (1 + slots) * dim * sizeof(float);
-        EXPECT_EQ(t->row_stride(), ExpectedStride(floats)) << "slots " << slots << " dim " << dim;
-        // Side words: the seqlock word (row_lock) and the update count
-        // (count_updates, for Adam); nothing else.
-        const size_t side = 4 * ((row_lock ? 1 : 0) + (counts ? 1 : 0));
-        EXPECT_EQ(t->meta_bytes_per_row(), side);
-        EXPECT_EQ(t->bytes_per_row(), t->row_stride() + side);
-        // A block of at most 64 bytes never straddles a cache line.
-        if (t->row_stride() <= 64) {
-          EXPECT_EQ(64 % t->row_stride(), 0u);
+        for (bool counts : {false, true}) {
+          EmbeddingTableOptions o = StaticOptions(dim, 3, slots);
+          o.row_lock = row_lock;
+          o.count_updates = counts;
+          Region region(EmbeddingTable::BytesFor(o));
+          auto t = EmbeddingTable::Create(region.data(), region.size(), o);
+          ASSERT_TRUE(t.ok()) << t.status();
+          const size_t floats = (1 + slots) * dim * sizeof(float);
+          EXPECT_EQ(t->row_stride(), ExpectedStride(floats)) << "slots " << slots << " dim " << dim;
+          // Side words: the seqlock word (row_lock) and the update count
+          // (count_updates, for Adam); nothing else.
+          const size_t side = 4 * ((row_lock ? 1 : 0) + (counts ? 1 : 0));
+          EXPECT_EQ(t->meta_bytes_per_row(), side);
+          EXPECT_EQ(t->bytes_per_row(), t->row_stride() + side);
+          // A block of at most 64 bytes never straddles a cache line.
+          if (t->row_stride() <= 64) {
+            EXPECT_EQ(64 % t->row_stride(), 0u);
+          }
         }
-       }
       }
     }
   }
@@ -530,8 +530,8 @@ TEST(EmbeddingTableTest, PushSumsEveryRepeatedIdsGradientsAtEveryRowLength) {
         for (int64_t i = 0; i < n; ++i) {
           std::copy(g.begin() + i * dim, g.begin() + (i + 1) * dim, shuffled.begin() + perm[i] * dim);
         }
-        const absl::Status s =
-            with_grad_rows ? t->Push(ids, shuffled.data(), perm, opt, lr, &scratch) : t->Push(ids, g.data(), opt, lr, &scratch);
+        const absl::Status s = with_grad_rows ? t->Push(ids, shuffled.data(), perm, opt, lr, &scratch)
+                                              : t->Push(ids, g.data(), opt, lr, &scratch);
         ASSERT_TRUE(s.ok()) << s;
         std::map<uint64_t, std::vector<float>> sums;
         for (int64_t i = 0; i < n; ++i) {
