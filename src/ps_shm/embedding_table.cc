@@ -35,7 +35,8 @@ namespace shardwild {
 
 inline constexpr uint64_t kEmbeddingMagic = 0x314445424D455753ULL;  // "SWEMBED1" little-endian
 // 2: row_lock; 3: lean rows (static rows carry no metadata; 16-byte RowMeta;
-// side words; strides below 64 bytes); 4: bf16 parameters.
+// side words; strides below 64 bytes); 4: bf16 parameters; 5: update counts
+// only where asked for (count_updates), not for every table of two slots.
 inline constexpr uint32_t kEmbeddingFormatVersion = 5;
 inline constexpr size_t kHeaderBytes = 4096;
 inline constexpr int kMaxNameBytes = 48;
@@ -186,13 +187,26 @@ constexpr double kSumEveryRepeats = 0.125;
 // computed from it back into branches on it.
 inline void Opaque(uint32_t& x) { asm("" : "+r"(x)); }
 
+// Push's map (open addressing over mask + 1 entries, valid iff their stamp
+// is `stamp`): the entry of `id`, or the empty one where it goes. Linear
+// probing past other ids' entries, one branch a probe, rarely taken: not
+// a first one on whether the entry is empty, which a batch of half new ids
+// and half repeats mispredicts on every other id.
+inline EmbeddingTable::Scratch::MapEntry& FindEntry(EmbeddingTable::Scratch::MapEntry* map, uint64_t mask,
+                                                    uint32_t stamp, uint64_t id) {
+  for (uint64_t h = Mix(id) & mask;; h = (h + 1) & mask) {
+    uint32_t other = static_cast<uint32_t>(map[h].stamp == stamp) & static_cast<uint32_t>(map[h].key != id);
+    Opaque(other);
+    if (other == 0) return map[h];
+  }
+}
+
 // Push's deduplication where every unique id's gradient sum is kept (rows
 // of at most kSumEveryDim floats): ids[0, n) into unique_ids (first
 // occurrences, in order) and summed[u * d, +d) (unique id u's gradients,
 // from its first occurrence on, in batch order); returns how many are
 // unique. The gradient of ids[i] is grads' row grad_rows[i] (i where
-// grad_rows is null). map: open addressing over mask + 1 entries, valid iff
-// their stamp is `stamp`.
+// grad_rows is null). map, mask, stamp: as FindEntry's.
 //
 // One probe per id, and neither of its common outcomes (a new id in an
 // empty entry, a repeat in its own) takes a branch: the entry, the next
@@ -209,15 +223,7 @@ size_t DedupSummingEvery(const uint64_t* ids, size_t n, const uint32_t* grad_row
   for (size_t i = 0; i < n; ++i) {
     const uint64_t id = ids[i];
     const size_t row = grad_rows == nullptr ? i : grad_rows[i];
-    uint64_t h = Mix(id) & mask;
-    // Past other ids' entries: one branch, rarely taken.
-    for (;;) {
-      uint32_t other = static_cast<uint32_t>(map[h].stamp == stamp) & static_cast<uint32_t>(map[h].key != id);
-      Opaque(other);  // one branch, not two (the first on whether the entry is empty)
-      if (other == 0) break;
-      h = (h + 1) & mask;
-    }
-    EmbeddingTable::Scratch::MapEntry& e = map[h];
+    EmbeddingTable::Scratch::MapEntry& e = FindEntry(map, mask, stamp, id);
     // All ones where the id is new, else zero.
     uint32_t fresh = 0u - static_cast<uint32_t>(e.stamp != stamp);
     Opaque(fresh);
@@ -258,8 +264,6 @@ uint32_t TickShift(int64_t capacity) {
   return bits > 12 ? bits - 12 : 0;
 }
 
-// Whether rows keep an update count (Adam's step t): tables with at least
-// two slots, which is what Adam needs.
 uint64_t NextPow2(uint64_t x) {
   uint64_t p = 1;
   while (p < x) p <<= 1;
@@ -468,7 +472,7 @@ absl::Status EmbeddingTableOptions::Validate() const {
 
 void EmbeddingTableOptions::SetOptimizer(const OptimizerOptions& optimizer) {
   num_slots = NumSlots(optimizer.type);
-  count_updates = optimizer.type == OptimizerType::kAdam;
+  count_updates = UsesStepCount(optimizer.type);
   for (int k = 0; k < kMaxEmbeddingSlots; ++k) slot_init[k] = k < num_slots ? SlotInitialValue(optimizer, k) : 0.0f;
 }
 
@@ -1221,11 +1225,12 @@ absl::Status EmbeddingTable::Push(absl::Span<const uint64_t> ids, const float* g
           " (create the table with EmbeddingTableOptions::SetOptimizer)"));
     }
   }
-  if (optimizer.type == OptimizerType::kAdam && !counts_) {
+  const bool counts_steps = UsesStepCount(optimizer.type);
+  if (counts_steps && !counts_) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "embedding table '", options_.name, "': optimizer adam needs each row's update count (its bias ",
-        "correction is per row), the table keeps none (create it with EmbeddingTableOptions::SetOptimizer, or ",
-        "count_updates)"));
+        "embedding table '", options_.name, "': optimizer ", OptimizerTypeName(optimizer.type),
+        " needs each row's update count (its bias correction is per row), the table keeps none (create it with ",
+        "EmbeddingTableOptions::SetOptimizer, or count_updates)"));
   }
   SW_RETURN_IF_ERROR(CheckIds(ids));
 
@@ -1266,40 +1271,33 @@ absl::Status EmbeddingTable::Push(absl::Span<const uint64_t> ids, const float* g
     // Longer rows: only an id that repeats gets a sum in summed_ (its first
     // gradient plus the later ones); the others are read in place.
     size_t sums = 0;
-    const uint64_t mask = cap - 1;
     for (size_t i = 0; i < n; ++i) {
       const uint64_t id = ids[i];
       const uint32_t row = grad_rows.empty() ? static_cast<uint32_t>(i) : grad_rows[i];
-      for (uint64_t h = Mix(id) & mask;; h = (h + 1) & mask) {
-        Scratch::MapEntry& e = sc.map_[h];
-        if (e.stamp != sc.stamp_) {
-          const uint32_t u = static_cast<uint32_t>(m++);
-          e = Scratch::MapEntry{id, u, sc.stamp_};
-          sc.unique_ids_[u] = id;
-          sc.first_row_[u] = row;
-          sc.sum_of_[u] = -1;
-          break;
-        }
-        if (e.key == id) {
-          const uint32_t u = e.value;
-          const float* g = grads + static_cast<size_t>(row) * d;
-          if (sc.sum_of_[u] < 0) {
-            // Second occurrence: start the sum from the first one.
-            if (sc.summed_.size() < (sums + 1) * d) sc.summed_.resize(std::max((sums + 1) * d, sc.summed_.size() * 2));
-            sc.sum_of_[u] = static_cast<int32_t>(sums++);
-            const float* first = grads + static_cast<size_t>(sc.first_row_[u]) * d;
-            std::copy(first, first + d, sc.summed_.data() + static_cast<size_t>(sc.sum_of_[u]) * d);
-          }
-          float* sum = sc.summed_.data() + static_cast<size_t>(sc.sum_of_[u]) * d;
-          for (size_t j = 0; j < d; ++j) sum[j] += g[j];
-          break;
-        }
+      Scratch::MapEntry& e = FindEntry(sc.map_.data(), cap - 1, sc.stamp_, id);
+      if (e.stamp != sc.stamp_) {
+        const uint32_t u = static_cast<uint32_t>(m++);
+        e = Scratch::MapEntry{id, u, sc.stamp_};
+        sc.unique_ids_[u] = id;
+        sc.first_row_[u] = row;
+        sc.sum_of_[u] = -1;
+        continue;
       }
+      const uint32_t u = e.value;
+      if (sc.sum_of_[u] < 0) {
+        // Second occurrence: start the sum from the first one.
+        if (sc.summed_.size() < (sums + 1) * d) sc.summed_.resize(std::max((sums + 1) * d, sc.summed_.size() * 2));
+        sc.sum_of_[u] = static_cast<int32_t>(sums++);
+        const float* first = grads + static_cast<size_t>(sc.first_row_[u]) * d;
+        std::copy(first, first + d, sc.summed_.data() + static_cast<size_t>(sc.sum_of_[u]) * d);
+      }
+      const float* g = grads + static_cast<size_t>(row) * d;
+      float* sum = sc.summed_.data() + static_cast<size_t>(sc.sum_of_[u]) * d;
+      for (size_t j = 0; j < d; ++j) sum[j] += g[j];
     }
   }
 
   sc.repeated_ = static_cast<double>(n - m) / static_cast<double>(n);
-  const bool counts_steps = optimizer.type == OptimizerType::kAdam;
   const uint64_t tick = lru_ ? Atomic(header_->clock).fetch_add(1, std::memory_order_relaxed) + 1 : 0;
   // The hardware streams the rest of a long row once its first lines are requested.
   const int lines = LinesFor(row_stride_);

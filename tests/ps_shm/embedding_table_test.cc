@@ -555,6 +555,53 @@ TEST(EmbeddingTableTest, PushSumsEveryRepeatedIdsGradientsAtEveryRowLength) {
   }
 }
 
+// Which of its two ways a push deduplicates in (a short row's every sum
+// kept after a push with repeats, else only the repeats') changes no float:
+// two tables pushed the same batches, one through a scratch whose last push
+// had repeats and one through a scratch whose last push had none, hold the
+// same bits (Adagrad, whose square of the summed gradient shows any other
+// sum).
+TEST(EmbeddingTableTest, BothDeduplicationsGiveTheSameBits) {
+  for (int64_t dim : {1, 4, 16}) {
+    const int64_t rows = 64;
+    OptimizerOptions opt = Optimizer(OptimizerType::kAdagrad);
+    opt.initial_accumulator_value = 0.1f;
+    EmbeddingTableOptions o = StaticOptions(dim, rows, 0);
+    o.SetOptimizer(opt);
+    Region a_region(EmbeddingTable::BytesFor(o)), b_region(EmbeddingTable::BytesFor(o));
+    Region primer_region(EmbeddingTable::BytesFor(o));
+    auto a = EmbeddingTable::Create(a_region.data(), a_region.size(), o);
+    auto b = EmbeddingTable::Create(b_region.data(), b_region.size(), o);
+    auto primer = EmbeddingTable::Create(primer_region.data(), primer_region.size(), o);
+    ASSERT_TRUE(a.ok() && b.ok() && primer.ok());
+    std::mt19937_64 rng(static_cast<uint64_t>(dim));
+    EmbeddingTable::Scratch with_repeats, without;
+    std::vector<uint64_t> repeated(40, 3), distinct(40);
+    std::iota(distinct.begin(), distinct.end(), uint64_t{0});
+    const std::vector<float> primer_g(40 * dim, 0.0f);
+    for (int step = 0; step < 6; ++step) {
+      ASSERT_TRUE(primer->Push(repeated, primer_g.data(), opt, 0.0f, &with_repeats).ok());
+      ASSERT_TRUE(primer->Push(distinct, primer_g.data(), opt, 0.0f, &without).ok());
+      std::vector<uint64_t> ids(100);
+      for (uint64_t& id : ids) id = rng() % 30;
+      std::vector<float> g(ids.size() * dim);
+      for (float& x : g) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+      ASSERT_TRUE(a->Push(ids, g.data(), opt, 0.05f, &with_repeats).ok());
+      ASSERT_TRUE(b->Push(ids, g.data(), opt, 0.05f, &without).ok());
+    }
+    for (uint64_t id = 0; id < static_cast<uint64_t>(rows); ++id) {
+      std::vector<float> pa(dim), pb(dim), sa(dim), sb(dim);
+      float* slots_a[] = {sa.data()};
+      float* slots_b[] = {sb.data()};
+      uint64_t count = 0;
+      ASSERT_TRUE(a->ReadRowState(id, pa.data(), slots_a, &count).ok());
+      ASSERT_TRUE(b->ReadRowState(id, pb.data(), slots_b, &count).ok());
+      ASSERT_EQ(std::memcmp(pa.data(), pb.data(), dim * sizeof(float)), 0) << "dim " << dim << " id " << id;
+      ASSERT_EQ(std::memcmp(sa.data(), sb.data(), dim * sizeof(float)), 0) << "dim " << dim << " id " << id;
+    }
+  }
+}
+
 TEST(EmbeddingTableTest, SlotsStartAtTheOptimizersInitialValue) {
   OptimizerOptions adagrad = Optimizer(OptimizerType::kAdagrad);
   adagrad.initial_accumulator_value = 0.1f;

@@ -38,6 +38,8 @@ int NumSlots(OptimizerType type) {
   return 0;
 }
 
+bool UsesStepCount(OptimizerType type) { return type == OptimizerType::kAdam; }
+
 float SlotInitialValue(const OptimizerOptions& opt, int slot) {
   const bool accumulator = (opt.type == OptimizerType::kAdagrad || opt.type == OptimizerType::kFtrl) && slot == 0;
   return accumulator ? opt.initial_accumulator_value : 0.0f;

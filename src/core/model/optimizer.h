@@ -27,6 +27,11 @@ int NumSlots(OptimizerType type);
 // arrays with it when it creates them.
 float SlotInitialValue(const OptimizerOptions& opt, int slot);
 
+// Whether the update reads UpdateParams::step (Adam's bias correction): a
+// store must then count the updates of each span it updates apart (an
+// embedding row: EmbeddingTableOptions::count_updates).
+bool UsesStepCount(OptimizerType type);
+
 // Hyper-parameters resolved for one update.
 struct UpdateParams {
   float lr = 0;        // learning rate for this step (after any schedule)

@@ -548,6 +548,31 @@ TEST(NumSlotsTest, PerOptimizer) {
   EXPECT_EQ(NumSlots(OptimizerType::kFtrl), 2);
 }
 
+// UsesStepCount says exactly which updates depend on the step: the same
+// state and gradient at step 1 and at step 5 give different parameters for
+// those, the same for the others.
+TEST(UsesStepCountTest, ExactlyTheUpdatesThatReadTheStep) {
+  for (OptimizerType type : {OptimizerType::kSgd, OptimizerType::kMomentum, OptimizerType::kAdam,
+                             OptimizerType::kAdagrad, OptimizerType::kRmsprop, OptimizerType::kFtrl}) {
+    OptimizerOptions opt;
+    opt.type = type;
+    opt.initial_accumulator_value = 0.1f;
+    std::vector<float> params[2];
+    for (int k = 0; k < 2; ++k) {
+      params[k] = {0.5f, -0.25f, 1.0f};
+      std::vector<std::vector<float>> slot_data(NumSlots(type), std::vector<float>(3));
+      std::vector<float*> slots;
+      for (int s = 0; s < NumSlots(type); ++s) {
+        std::fill(slot_data[s].begin(), slot_data[s].end(), s == 0 ? 0.2f : 0.05f);
+        slots.push_back(slot_data[s].data());
+      }
+      const std::vector<float> g = {0.3f, -0.6f, 0.9f};
+      ApplyUpdate(opt, UpdateParams{0.1f, k == 0 ? 1 : 5}, params[k].data(), slots.data(), g.data(), 3);
+    }
+    EXPECT_EQ(params[0] != params[1], UsesStepCount(type)) << OptimizerTypeName(type);
+  }
+}
+
 TEST(SlotInitialValueTest, AccumulatorsStartAtInitialAccumulatorValue) {
   OptimizerOptions o;
   o.initial_accumulator_value = 0.3f;
