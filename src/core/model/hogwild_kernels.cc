@@ -448,14 +448,16 @@ struct BagSgdOp {
 // for the random-row bound (RewriteRows) over the same rows.
 // The sums are the same floats: 0 + w_0 r_0 + w_1 r_1 ..., then * s.
 // (Named accumulators, not an array: scalable vectors cannot be array elements.)
-template <class D, typename T>
-HWY_INLINE void PoolFourVectors(D d, const T* const* rows, const float* weights, int64_t begin, int64_t end,
+// row_of(i): where entry i's row starts (an address in place, or a gathered
+// row).
+template <class D, class RowOf>
+HWY_INLINE void PoolFourVectors(D d, const RowOf& row_of, const float* weights, int64_t begin, int64_t end,
                                 bool scale, float s, int64_t c, float* o) {
   const int64_t n = static_cast<int64_t>(hn::Lanes(d));
   auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
   for (int64_t i = begin; i < end; ++i) {
     const auto w = hn::Set(d, weights ? weights[i] : 1.0f);
-    const T* r = rows[i] + c;
+    const auto* r = row_of(i) + c;
     a0 = hn::Add(a0, hn::Mul(w, LoadRow(d, r)));
     a1 = hn::Add(a1, hn::Mul(w, LoadRow(d, r + n)));
     a2 = hn::Add(a2, hn::Mul(w, LoadRow(d, r + 2 * n)));
@@ -471,14 +473,33 @@ HWY_INLINE void PoolFourVectors(D d, const T* const* rows, const float* weights,
   hn::StoreU(a3, d, o + c + 3 * n);
 }
 
-template <class D, typename T>
-HWY_INLINE void PoolVector(D d, const T* const* rows, const float* weights, int64_t begin, int64_t end, bool scale,
+template <class D, class RowOf>
+HWY_INLINE void PoolVector(D d, const RowOf& row_of, const float* weights, int64_t begin, int64_t end, bool scale,
                            float s, int64_t c, float* o) {
   auto a = hn::Zero(d);
   for (int64_t i = begin; i < end; ++i) {
-    a = hn::Add(a, hn::Mul(hn::Set(d, weights ? weights[i] : 1.0f), LoadRow(d, rows[i] + c)));
+    a = hn::Add(a, hn::Mul(hn::Set(d, weights ? weights[i] : 1.0f), LoadRow(d, row_of(i) + c)));
   }
   hn::StoreU(scale ? hn::Mul(a, hn::Set(d, s)) : a, d, o + c);
+}
+
+// One bag's pooled vector, out[0, dim), from rows of T (float or bf16)
+// found by row_of (PoolFourVectors): groups of four vectors, then single
+// vectors, then 8 floats (where a vector holds more), then one at a time.
+template <typename T, class RowOf>
+HWY_INLINE void PoolBag(const RowOf& row_of, int64_t dim, const float* weights, int64_t begin, int64_t end,
+                        Pooling pooling, float* o) {
+  const hn::ScalableTag<float> d;
+  const hn::CappedTag<float, 8> d8;
+  const hn::CappedTag<float, 1> d1;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(d)), n8 = static_cast<int64_t>(hn::Lanes(d8));
+  const bool scale = pooling == Pooling::kMean && end > begin;
+  const float s = scale ? 1.0f / static_cast<float>(end - begin) : 1.0f;
+  int64_t c = 0;
+  for (; c + 4 * n <= dim; c += 4 * n) PoolFourVectors(d, row_of, weights, begin, end, scale, s, c, o);
+  for (; c + n <= dim; c += n) PoolVector(d, row_of, weights, begin, end, scale, s, c, o);
+  for (; c + n8 <= dim; c += n8) PoolVector(d8, row_of, weights, begin, end, scale, s, c, o);
+  for (; c < dim; ++c) PoolVector(d1, row_of, weights, begin, end, scale, s, c, o);
 }
 
 // The in-place embedding-bag forward over rows of T (float or bf16).
@@ -489,20 +510,22 @@ HWY_INLINE void EmbeddingBagForwardRows(const T* const* rows, int64_t dim, const
   constexpr int64_t kAhead = 16;
   const int64_t total = offsets[batch];
   const size_t bytes = static_cast<size_t>(dim) * sizeof(T);
-  const hn::ScalableTag<float> d;
-  const hn::CappedTag<float, 1> d1;
-  const int64_t n = static_cast<int64_t>(hn::Lanes(d));
+  const auto row_of = [rows](int64_t i) { return rows[i]; };
   for (int64_t b = 0; b < batch; ++b) {
-    float* o = out + b * out_stride;
     const int64_t begin = offsets[b], end = offsets[b + 1];
     // With intent to write: the step's fused update follows.
     for (int64_t i = begin + kAhead; i < std::min(end + kAhead, total); ++i) PrefetchLinesForWrite(rows[i], bytes);
-    const bool scale = pooling == Pooling::kMean && end > begin;
-    const float s = scale ? 1.0f / static_cast<float>(end - begin) : 1.0f;
-    int64_t c = 0;
-    for (; c + 4 * n <= dim; c += 4 * n) PoolFourVectors(d, rows, weights, begin, end, scale, s, c, o);
-    for (; c + n <= dim; c += n) PoolVector(d, rows, weights, begin, end, scale, s, c, o);
-    for (; c < dim; ++c) PoolVector(d1, rows, weights, begin, end, scale, s, c, o);
+    PoolBag<T>(row_of, dim, weights, begin, end, pooling, out + b * out_stride);
+  }
+}
+
+// The embedding-bag forward over gathered rows (private memory, not
+// parameters: no Hogwild attribute): row i at rows + i * dim.
+void EmbeddingBagForwardGatheredImpl(const float* rows, int64_t dim, const int64_t* offsets, const float* weights,
+                                     int64_t batch, Pooling pooling, float* out, int64_t out_stride) {
+  const auto row_of = [rows, dim](int64_t i) { return rows + i * dim; };
+  for (int64_t b = 0; b < batch; ++b) {
+    PoolBag<float>(row_of, dim, weights, offsets[b], offsets[b + 1], pooling, out + b * out_stride);
   }
 }
 
@@ -602,6 +625,7 @@ HWY_EXPORT(FillImpl);
 HWY_EXPORT(GatherRowsImpl);
 HWY_EXPORT(MergeRowsImpl);
 HWY_EXPORT(EmbeddingBagForwardImpl);
+HWY_EXPORT(EmbeddingBagForwardGatheredImpl);
 HWY_EXPORT(EmbeddingBagSgdImpl);
 HWY_EXPORT(EmbeddingBagForwardBf16Impl);
 HWY_EXPORT(EmbeddingBagSgdBf16Impl);
@@ -662,6 +686,14 @@ void HogwildGatherRows(const float* const* rows, int64_t count, int64_t dim, flo
 
 void HogwildMergeRows(float* const* shared, const float* local, const float* base, int64_t count, int64_t dim) {
   if (count > 0 && dim > 0) HWY_DYNAMIC_DISPATCH(MergeRowsImpl)(shared, local, base, count, dim);
+}
+
+void PoolGatheredBags(const float* rows, int64_t dim, const int64_t* offsets, const float* weights, int64_t batch,
+                      Pooling pooling, float* out, int64_t out_stride) {
+  if (batch > 0 && dim > 0) {
+    HWY_DYNAMIC_DISPATCH(EmbeddingBagForwardGatheredImpl)(rows, dim, offsets, weights, batch, pooling, out,
+                                                          out_stride);
+  }
 }
 
 void HogwildEmbeddingBagForward(const float* const* rows, int64_t dim, const int64_t* offsets, const float* weights,

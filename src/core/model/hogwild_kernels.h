@@ -128,6 +128,13 @@ void HogwildGatherRows(const float* const* rows, int64_t count, int64_t dim, flo
 // intent to write.
 void HogwildMergeRows(float* const* shared, const float* local, const float* base, int64_t count, int64_t dim);
 
+// EmbeddingBagForward's kernel (core/model/sparse_layers.h: the pools of
+// rows gathered into a private buffer, row i at rows + i * dim). Not a
+// Hogwild kernel (it reads no parameter memory), but the in-place forward
+// below pools with the same code, the same floats in the same order.
+void PoolGatheredBags(const float* rows, int64_t dim, const int64_t* offsets, const float* weights, int64_t batch,
+                      Pooling pooling, float* out, int64_t out_stride);
+
 // The fused embedding path (ParamStore::RowAddresses): rows read and updated
 // in the store's memory, with no pulled copy and no gradient buffer.
 //
