@@ -108,6 +108,10 @@ json PackedDataJson(Job& job) {
     j["records_after_slots"] = p->overflow_blocks;
     j["narrow_ids"] = p->narrow_ids;
     j["label_in_block"] = p->inline_label;
+    // Bags of at most one id each in the one-id layout, with the dense
+    // values in the block (PackedRecords::kOneIdBags).
+    j["one_id_bags"] = p->slot_load == PackedRecords::SlotLoad::kOneIdBags;
+    j["dense_in_block"] = p->dense_in_block;
     json weights = json::array();
     for (int k = 0; k < p->num_bags; ++k) {
       if (!p->weighted[k]) continue;

@@ -253,6 +253,13 @@ TEST_F(SparseCliTest, StreamedTrainingIsExactReproducibleAndReusesItsCache) {
   EXPECT_EQ(jw["data"]["packed"]["ids"], true) << jw["data"].dump();
   EXPECT_EQ(jw["data"]["packed"]["records"], 4000);
   EXPECT_EQ(jw["data"]["packed"]["weights"].size(), 0u);  // DLRM's lookups are not weighted
+  // Its 26 fields of one id or none and 13 dense values: the one-id layout,
+  // 164 bytes a record in 192-byte slots, the dense values in them.
+  EXPECT_EQ(jw["data"]["packed"]["one_id_bags"], true) << jw["data"].dump();
+  EXPECT_EQ(jw["data"]["packed"]["dense_in_block"], true) << jw["data"].dump();
+  EXPECT_EQ(jw["data"]["packed"]["layout"], "slots") << jw["data"].dump();
+  EXPECT_EQ(jw["data"]["packed"]["slot_bytes"], 192) << jw["data"].dump();
+  EXPECT_EQ(jw["data"]["packed"]["bytes"], 4000 * 192 + 3 * 8) << jw["data"].dump();
   EXPECT_TRUE(ja["data"]["packed"].is_null()) << ja["data"].dump();
   EXPECT_TRUE(std::filesystem::exists(Path("train.tsv.swcols/index.json")));
 }

@@ -326,5 +326,46 @@ TEST(NoAllocationTest, SlotLoadsAllocateNothing) {
 #endif
 }
 
+// Records of bags of at most one id each, with dense values (the Criteo
+// configs' layout, PackedRecords::kOneIdBags, which LoadBatch copies slot by
+// slot, each bag's word at its count): once a warm epoch has grown the id
+// buffers, a step from the packed records allocates nothing.
+TEST(NoAllocationTest, OneIdLoadsAllocateNothing) {
+#ifdef SHARDWILD_SANITIZED
+  GTEST_SKIP() << "sanitizers interpose the allocator";
+#else
+  Dataset data = testdata::TwoFieldSparseData(/*count=*/512, /*id_range=*/1000);
+  for (SparseField& f : data.fields) {
+    SparseField one;
+    one.name = f.name;
+    one.offsets.push_back(0);
+    for (int64_t r = 0; r < data.count; ++r) {
+      if (r % 5 != 0) one.ids.push_back(f.ids[f.offsets[r]]);  // every 5th record without
+      one.offsets.push_back(static_cast<int64_t>(one.ids.size()));
+    }
+    f = std::move(one);
+  }
+  ModelOptions model = testdata::TwoTableDotModel(Pooling::kSum);
+  model.tables[1].dynamic = false;  // narrow ids
+  std::vector<int32_t> order(data.count);
+  for (int64_t i = 0; i < data.count; ++i) order[i] = static_cast<int32_t>((i * 97) % data.count);
+  OpenStoreOptions so;
+  so.num_shards = 1;
+  so.optimizer.type = OptimizerType::kAdagrad;
+  so.store.job_name = "sw-noalloc-one-id";
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  std::unique_ptr<ShmParamStore> store;
+  std::unique_ptr<Worker> worker;
+  ASSERT_NO_FATAL_FAILURE(OpenSparseWorker(model, data, so, /*batch=*/32, engine, &store, &worker));
+  const std::optional<PackedRecords> packed = worker->model().PackRecords(data);
+  ASSERT_TRUE(packed.has_value());
+  ASSERT_EQ(packed->slot_load, PackedRecords::SlotLoad::kOneIdBags);
+  ASSERT_TRUE(packed->dense_in_block);
+  worker->set_packed_records(&*packed);
+  ExpectWarmEpochAllocatesNothing(*worker, data, order, so.optimizer, "from one-id slots");
+  worker->set_packed_records(nullptr);
+#endif
+}
+
 }  // namespace
 }  // namespace shardwild

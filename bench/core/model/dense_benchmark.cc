@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -391,61 +392,90 @@ BENCHMARK(BM_PrefetchBurst)
     ->Iterations(20000)
     ->UseManualTime();
 
-// A data phase over 1M packed records (outside the caches), in a shuffled
-// order. shape 0: the text model's (configs/text_bow.yaml: batches of 16
-// records of 1..35 token ids, 18 on average; about 150 MB); 1: sparse
-// logistic regression's (configs/sparse_logreg.yaml: batches of 64 libsvm
-// records of 4..32 weighted ids, 18 on average, each id with its weight;
-// about 200 MB). what 0: LoadBatch alone, nothing asked for before; 1: as a
-// worker runs it, PrefetchBatch of the next batch after LoadBatch, then
-// (untimed) a dependent chain of multiply-adds that touches no memory, as a
-// step's compute (1000 for text, about 1 us; 8000 for libsvm); both calls
-// timed. 2: the same batch loaded again (every line in L1), told it was
-// asked for as a worker's steady steps are (not re-read first: what 0's
-// Asked::kNo added TouchBatch and a second request to every load). 3, the
-// bound: the same bytes (blocks and labels) copied from a sequential
-// layout, as a data set already gathered in the epoch's order would be
-// read. 4 and 5: what 1 with only its LoadBatch timed (4) or only its
-// PrefetchBatch (5). layout 0: the packed
-// blocks one after the other, each found through its start word; 1: as
-// PackRecords chooses (text: 128-byte slots, the records of more than 30
-// ids after them; libsvm: 128-byte slots of coded weights, those of more
-// than 30 after them). Counter: records/s.
+// A data phase over packed records (outside the caches), in a shuffled
+// order. shape 0: the text model's (configs/text_bow.yaml: batches of 16 of
+// 1M records of 1..35 token ids, 18 on average; about 150 MB); 1: sparse
+// logistic regression's (configs/sparse_logreg.yaml: batches of 64 of 1M
+// libsvm records of 4..32 weighted ids, 18 on average, each id with its
+// weight; about 200 MB); 2: Wide & Deep's (configs/ctr_wide_deep.yaml:
+// batches of 256 of 400k Criteo records of 13 dense floats and 26
+// categorical fields of one id each, 8% of them missing, as in the
+// generated data; about 80 MB). what 0: LoadBatch alone, nothing asked for
+// before; 1: as a worker runs it, PrefetchBatch of the next batch after
+// LoadBatch, then (untimed) a dependent chain of multiply-adds that touches
+// no memory, as a step's compute (1000 for text, about 1 us; 8000 for
+// libsvm and Criteo); both calls timed. 2: the same batch loaded again
+// (every line in L1, or L2 for Criteo's 48 KB), told it was asked for as a
+// worker's steady steps are (not re-read first: what 0's Asked::kNo added
+// TouchBatch and a second request to every load). 3, the bound: the same
+// bytes (blocks and labels, and dense values kept apart from the blocks)
+// copied from a sequential layout, as a data set already gathered in the
+// epoch's order would be read. 4 and 5: what 1 with only its LoadBatch
+// timed (4) or only its PrefetchBatch (5). layout 0: the packed blocks one
+// after the other, each found through its start word; 1: as PackRecords
+// chooses (text: 128-byte slots, the records of more than 30 ids after
+// them; libsvm: 128-byte slots of coded weights, those of more than 30
+// after them; Criteo: 192-byte slots of the one-id layout, the dense
+// values in them). Counter: records/s.
 void BM_DataPhase(benchmark::State& state) {
   const int64_t what = state.range(0);
   const int64_t layout = state.range(1);
-  const bool libsvm = state.range(2) == 1;
-  constexpr int64_t kRecords = 1000000;
-  const int64_t kBatch = libsvm ? 64 : 16;
-  const int spin_steps = libsvm ? 8000 : 1000;
+  const bool libsvm = state.range(2) == 1, criteo = state.range(2) == 2;
+  const int64_t kRecords = criteo ? 400000 : 1000000;
+  const int64_t kBatch = criteo ? 256 : libsvm ? 64 : 16;
+  const int spin_steps = libsvm || criteo ? 8000 : 1000;
   Dataset data;
   data.count = kRecords;
-  data.num_classes = libsvm ? 2 : 4;
+  data.num_classes = libsvm || criteo ? 2 : 4;
   std::mt19937_64 rng(3);
-  SparseField f;
-  f.name = libsvm ? "features" : "tokens";
-  f.offsets.push_back(0);
-  const int64_t rows = libsvm ? 1048576 : 2000000;
-  for (int64_t r = 0; r < kRecords; ++r) {
-    data.labels.push_back(static_cast<int32_t>(rng() % data.num_classes));
-    const int64_t n = libsvm ? 4 + static_cast<int64_t>(rng() % 15 + rng() % 15) : 1 + static_cast<int64_t>(rng() % 35);
-    for (int64_t i = 0; i < n; ++i) {
-      f.ids.push_back(rng() % static_cast<uint64_t>(rows));
-      if (libsvm) f.weights.push_back(static_cast<float>(rng() % 1000) / 1000.0f);
-    }
-    f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
-  }
-  data.fields.push_back(std::move(f));
   ModelOptions opts;
-  if (libsvm) {
+  if (criteo) {
+    constexpr int kDense = 13, kFields = 26;
+    constexpr int64_t kRows = 1000000;
+    data.dense_dim = kDense;
+    for (int f = 0; f < kFields; ++f) {
+      SparseField& field = data.fields.emplace_back();
+      field.name = absl::StrCat("C", f + 1);
+      field.offsets.push_back(0);
+      opts.tables.push_back({field.name, kRows, 8, false, false, 0.001f});
+      opts.sparse.push_back({field.name, field.name, Pooling::kSum, false});
+    }
+    for (int64_t r = 0; r < kRecords; ++r) {
+      data.labels.push_back(static_cast<int32_t>(rng() % 4 == 0));
+      for (int i = 0; i < kDense; ++i) data.dense.push_back(std::log1p(static_cast<float>(rng() % 1000)));
+      for (SparseField& field : data.fields) {
+        if (rng() % 100 >= 8) field.ids.push_back(rng());
+        field.offsets.push_back(static_cast<int64_t>(field.ids.size()));
+      }
+    }
     opts.head = HeadType::kBinary;
-    opts.tables = {{"features", rows, 1, false, false, 0.0001f}};
-    opts.sparse = {{"features", "features", Pooling::kSum, true}};
     opts.layers = {{"dense", 1, Activation::kNone}};
   } else {
-    opts.tables = {{"tokens", rows, 64, false, false, 0.015625f}};
-    opts.sparse = {{"tokens", "tokens", Pooling::kMean, true}};
-    opts.layers = {{"dense", 4, Activation::kNone}};
+    SparseField f;
+    f.name = libsvm ? "features" : "tokens";
+    f.offsets.push_back(0);
+    const int64_t rows = libsvm ? 1048576 : 2000000;
+    for (int64_t r = 0; r < kRecords; ++r) {
+      data.labels.push_back(static_cast<int32_t>(rng() % data.num_classes));
+      const int64_t n =
+          libsvm ? 4 + static_cast<int64_t>(rng() % 15 + rng() % 15) : 1 + static_cast<int64_t>(rng() % 35);
+      for (int64_t i = 0; i < n; ++i) {
+        f.ids.push_back(rng() % static_cast<uint64_t>(rows));
+        if (libsvm) f.weights.push_back(static_cast<float>(rng() % 1000) / 1000.0f);
+      }
+      f.offsets.push_back(static_cast<int64_t>(f.ids.size()));
+    }
+    data.fields.push_back(std::move(f));
+    if (libsvm) {
+      opts.head = HeadType::kBinary;
+      opts.tables = {{"features", rows, 1, false, false, 0.0001f}};
+      opts.sparse = {{"features", "features", Pooling::kSum, true}};
+      opts.layers = {{"dense", 1, Activation::kNone}};
+    } else {
+      opts.tables = {{"tokens", rows, 64, false, false, 0.015625f}};
+      opts.sparse = {{"tokens", "tokens", Pooling::kMean, true}};
+      opts.layers = {{"dense", 4, Activation::kNone}};
+    }
   }
   dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   auto m = Model::Create(opts, DataShape::Of(data), kBatch, engine, 1);
@@ -463,6 +493,8 @@ void BM_DataPhase(benchmark::State& state) {
   std::shuffle(order.begin(), order.end(), rng);
   const size_t batch_words = kBatch * (packed->words.size() / kRecords + 1);
   std::vector<uint64_t> copy(batch_words + kBatch);
+  // The dense values where the blocks do not hold them.
+  std::vector<float> dense_copy(packed->dense_in_block ? 0 : static_cast<size_t>(kBatch * data.dense_dim));
   const int64_t batches = kRecords / kBatch - 1;
   int64_t b = 0;
   float spin = 1.0f;
@@ -493,6 +525,10 @@ void BM_DataPhase(benchmark::State& state) {
       const uint64_t* from = packed->words.data() + (b * batch_words) % (packed->words.size() - batch_words);
       std::memcpy(copy.data(), from, batch_words * sizeof(uint64_t));
       std::memcpy(copy.data() + batch_words, data.labels.data() + b * kBatch, kBatch * sizeof(int32_t));
+      if (!dense_copy.empty()) {
+        std::memcpy(dense_copy.data(), data.dense.data() + (b * kBatch * data.dense_dim) % (data.dense.size() - dense_copy.size()),
+                    dense_copy.size() * sizeof(float));
+      }
     } else {
       (*m)->LoadBatch(data, records, kBatch, &*packed, what == 0 ? Model::Asked::kNo : asked);
     }
@@ -512,13 +548,13 @@ void BM_DataPhase(benchmark::State& state) {
                           "bound: sequential copy",
                           "load, asked for a step ahead",
                           "prefetch a step ahead"};
-  state.SetLabel(absl::StrCat(libsvm ? "libsvm, " : "text, ", labels[what], ", ",
+  state.SetLabel(absl::StrCat(criteo ? "criteo, " : libsvm ? "libsvm, " : "text, ", labels[what], ", ",
                               packed->stride_words > 0 ? absl::StrCat(packed->stride_words * 8, "-byte slots")
                                                        : std::string("blocks one after the other")));
 }
 BENCHMARK(BM_DataPhase)
     ->ArgNames({"what", "layout", "shape"})
-    ->ArgsProduct({{0, 1, 2, 3, 4, 5}, {0, 1}, {0, 1}})
+    ->ArgsProduct({{0, 1, 2, 3, 4, 5}, {0, 1}, {0, 1, 2}})
     ->UseManualTime();
 
 }  // namespace

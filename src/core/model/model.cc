@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cassert>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -634,11 +635,33 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
     }
     const bool regression = head_ == HeadType::kRegression;
     p.inline_label = regression ? !data.targets.empty() : !data.labels.empty();
-    p.head_words = static_cast<int>((nb + (p.inline_label ? 1 : 0) + 1) / 2);
+    // The one-id layout (PackedRecords::kOneIdBags) where every record
+    // allows it and its block fits the slots asked for (a slot of its words
+    // or more; blocks one after the other keep the counts). The one layout
+    // that the other slot loads do not cover: several bags, or dense values.
+    const size_t nd = static_cast<size_t>(data.count) * static_cast<size_t>(dense_dim_);
+    bool one_id = p.narrow_ids && p.inline_label && !regression && !data.multi_label() &&
+                  nb <= static_cast<size_t>(PackedRecords::kMaxOneIdBags) && (nb > 1 || dense_dim_ > 0) &&
+                  data.dense.size() == nd && std::find(p.weighted.begin(), p.weighted.end(), 1) == p.weighted.end();
+    for (size_t k = 0; k < nb && one_id; ++k) {
+      const SparseField& f = data.fields[spec_.lookups[bags[k]].data_field];
+      for (int64_t r = 0; r < data.count && one_id; ++r) one_id = f.size(r) <= 1;
+    }
+    const uint64_t one_id_words =
+        1 + (nb * sizeof(uint32_t) + static_cast<uint64_t>(dense_dim_) * sizeof(float) + sizeof(uint64_t) - 1) /
+                sizeof(uint64_t);
+    one_id = one_id && one_id_words <= static_cast<uint64_t>(kMaxStrideWords) &&
+             (stride_bytes == kAutoStride ||
+              std::clamp<int64_t>(stride_bytes / static_cast<int64_t>(sizeof(uint64_t)), 2, kMaxStrideWords) >=
+                  static_cast<int64_t>(one_id_words));
+    p.head_words = one_id ? 1 : static_cast<int>((nb + (p.inline_label ? 1 : 0) + 1) / 2);
+    p.dense_in_block = one_id && dense_dim_ > 0;
     // Each block's words: its head, then each bag's ids (two a word when
-    // narrow) and weights (floats), the last word padded.
+    // narrow) and weights (floats), the last word padded; in the one-id
+    // layout, one_id_words.
     const uint64_t id_bytes = p.narrow_ids ? sizeof(uint32_t) : sizeof(uint64_t);
     auto block_words = [&](int64_t r) {
+      if (one_id) return one_id_words;
       uint64_t bytes = 0;
       for (size_t k = 0; k < nb; ++k) {
         const uint64_t c = static_cast<uint64_t>(data.fields[spec_.lookups[bags[k]].data_field].size(r));
@@ -663,7 +686,12 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
     } else if (stride_bytes > 0) {
       stride = std::clamp<int64_t>(stride_bytes / static_cast<int64_t>(sizeof(uint64_t)), 2, kMaxStrideWords);
     }
-    if (!overflow_mark_free) stride = 0;
+    // (A one-id block has no counts: its first word may be any bits, and no
+    // block is after the slots to need the mark.)
+    if (!overflow_mark_free && !one_id) stride = 0;
+    // The one-id blocks are all one_id_words long, and the stride chosen for
+    // them is the first that holds them (fewest lines, none after the slots).
+    assert(!one_id || stride >= static_cast<int64_t>(one_id_words));
     p.stride_words = stride;
     uint64_t at = 0;  // where the next block one after another (or past the slots) goes
     if (stride == 0) {
@@ -691,6 +719,24 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
       }
       char* head = reinterpret_cast<char*>(p.words.data() + to);
       char* ids = head + p.head_words * sizeof(uint64_t);
+      if (one_id) {
+        // [mask, label][an id a bag][dense values] (PackedRecords).
+        uint32_t mask = 0;
+        for (size_t k = 0; k < nb; ++k) {
+          const size_t l = bags[k];
+          const SparseField& f = data.fields[spec_.lookups[l].data_field];
+          if (f.size(r) == 0) continue;
+          mask |= uint32_t{1} << k;
+          const uint32_t id = static_cast<uint32_t>(StoreId(f.ids[f.offsets[r]], static_rows_[l]));
+          std::memcpy(ids + k * sizeof(uint32_t), &id, sizeof(id));
+        }
+        std::memcpy(head, &mask, sizeof(mask));
+        std::memcpy(head + sizeof(mask), &data.labels[r], sizeof(int32_t));
+        if (dense_dim_ > 0) {
+          std::memcpy(ids + nb * sizeof(uint32_t), data.dense.data() + r * dense_dim_, dense_dim_ * sizeof(float));
+        }
+        continue;
+      }
       for (size_t k = 0; k < nb; ++k) {
         const size_t l = bags[k];
         const SparseField& f = data.fields[spec_.lookups[l].data_field];
@@ -741,17 +787,20 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
     // Slot by slot where the model reads one bag and a label, and nothing
     // else, from each record (its head one word: the count and the label).
     using SlotLoad = PackedRecords::SlotLoad;
-    if (stride > 0 && p.narrow_ids && lookups_.size() == 1 && p.inline_label && dense_dim_ == 0 &&
-        head_ != HeadType::kRegression && !data.multi_label()) {
+    if (one_id) {
+      p.slot_load = SlotLoad::kOneIdBags;
+    } else if (stride > 0 && p.narrow_ids && lookups_.size() == 1 && p.inline_label && dense_dim_ == 0 &&
+               head_ != HeadType::kRegression && !data.multi_label()) {
       p.slot_load = !p.weighted[0]                 ? SlotLoad::kIds
                     : p.weight_codes[0].coded() ? SlotLoad::kCodedWeights
                                                 : SlotLoad::kIdsThenWeights;
     }
   }
   // Dense bytes, only if every value is exactly k / 255.0f (checked value
-  // by value, so the loads give back the same floats).
+  // by value, so the loads give back the same floats), and not where the
+  // blocks hold the dense values.
   const size_t nd = static_cast<size_t>(data.count) * static_cast<size_t>(dense_dim_);
-  if (nd > 0 && data.dense.size() == nd) {
+  if (nd > 0 && data.dense.size() == nd && !p.dense_in_block) {
     HugePageVector<uint8_t> bytes(nd);
     bool exact = true;
     for (size_t i = 0; i < nd && exact; ++i) {
@@ -792,7 +841,7 @@ void Model::PrefetchRecord(const Dataset& data, int64_t r, const PackedRecords* 
   }
   if (packed != nullptr && packed->has_dense_bytes()) {
     PrefetchLines(packed->dense_bytes.data() + r * dense_dim_, static_cast<size_t>(dense_dim_));
-  } else {
+  } else if (packed == nullptr || !packed->dense_in_block) {
     PrefetchLines(data.dense.data() + r * dense_dim_, static_cast<size_t>(dense_dim_) * sizeof(float));
   }
   if (packed != nullptr && packed->has_ids()) {
@@ -808,7 +857,8 @@ void Model::PrefetchRecord(const Dataset& data, int64_t r, const PackedRecords* 
 
 void Model::PrefetchBatch(const Dataset& data, const int32_t* records, int64_t n,
                           const PackedRecords* packed) const {
-  if (packed != nullptr && packed->has_ids() && packed->stride_words > 0 && packed->inline_label && dense_dim_ == 0) {
+  if (packed != nullptr && packed->has_ids() && packed->stride_words > 0 && packed->inline_label &&
+      (dense_dim_ == 0 || packed->dense_in_block)) {
     // All of a record in its slot (or found from it): PrefetchRecord's work
     // without its tests, a slot's lines a record (text config, the part
     // asked for after the forward, timed in an instrumented build: 65 -> 40
@@ -875,7 +925,9 @@ void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, co
   using SlotLoad = PackedRecords::SlotLoad;
   const SlotLoad slot_load = packed != nullptr ? packed->slot_load : SlotLoad::kRecords;
   if (slot_load != SlotLoad::kRecords) {
-    if (slot_load == SlotLoad::kIds) {
+    if (slot_load == SlotLoad::kOneIdBags) {
+      LoadOneIdSlots(records, n, *packed);
+    } else if (slot_load == SlotLoad::kIds) {
       LoadSlots<SlotLoad::kIds>(records, n, *packed);
     } else if (slot_load == SlotLoad::kCodedWeights) {
       LoadSlots<SlotLoad::kCodedWeights>(records, n, *packed);
@@ -1028,6 +1080,58 @@ void Model::LoadSlots(const int32_t* records, int64_t n, const PackedRecords& pa
   st.count = count;
 }
 
+void Model::LoadOneIdSlots(const int32_t* records, int64_t n, const PackedRecords& packed) {
+  // Record after record, every bag's word stored at its bag's count, which
+  // the mask's bit then advances: no branch on whether a bag has its id (8%
+  // of the generated Criteo fields have none), and a word stored past a
+  // bag's count is overwritten by the next record's or left unread. The
+  // bags' pointers and counts are in arrays on the stack (26 bags outgrow
+  // the registers); each record's dense values are one copy from its slot.
+  const int nb = packed.num_bags;
+  uint64_t* ids[PackedRecords::kMaxOneIdBags];
+  int64_t* offsets[PackedRecords::kMaxOneIdBags];
+  int64_t counts[PackedRecords::kMaxOneIdBags];
+  for (int k = 0; k < nb; ++k) {
+    const size_t l = bags_[k];
+    EnsureIds(l, static_cast<size_t>(n));  // at most one id a record
+    ids[k] = lookups_[l].ids.data();
+    offsets[k] = lookups_[l].offsets.data();
+    counts[k] = 0;  // (BeginLoad)
+  }
+  const bool softmax = head_ == HeadType::kSoftmax;
+  if (softmax && label_sets_.size() < static_cast<size_t>(n)) label_sets_.resize(n);
+  const uint64_t* const words = packed.words.data();
+  const int64_t stride = packed.stride_words;
+  int32_t* const labels = labels_.data();
+  int32_t* const label_sets = softmax ? label_sets_.data() : nullptr;
+  int64_t* const label_offsets = label_offsets_.data();
+  float* const input = input_.data();
+  const int64_t dense_dim = dense_dim_;
+  for (int64_t s = 0; s < n; ++s) {
+    const uint64_t* block = words + records[s] * stride;
+    const uint32_t mask = static_cast<uint32_t>(block[0]);
+    int32_t label;
+    std::memcpy(&label, reinterpret_cast<const char*>(block) + sizeof(uint32_t), sizeof(label));
+    labels[s] = label;
+    if (softmax) {
+      label_sets[s] = label;
+      label_offsets[s + 1] = s + 1;
+    }
+    const char* id_words = reinterpret_cast<const char*>(block + 1);
+    for (int k = 0; k < nb; ++k) {
+      uint32_t id;
+      std::memcpy(&id, id_words + k * sizeof(uint32_t), sizeof(id));
+      ids[k][counts[k]] = id;
+      counts[k] += (mask >> k) & 1u;
+      offsets[k][s + 1] = counts[k];
+    }
+    if (dense_dim > 0) {
+      std::memcpy(input + s * dense_dim, id_words + nb * sizeof(uint32_t), dense_dim * sizeof(float));
+    }
+  }
+  for (int k = 0; k < nb; ++k) lookups_[bags_[k]].count = static_cast<size_t>(counts[k]);
+}
+
 int64_t Model::RecordsPerPrefetchBurst(const PackedRecords* packed) const {
   // A record's lines: its bytes, and its label's line where the label is
   // not in its block.
@@ -1038,7 +1142,8 @@ int64_t Model::RecordsPerPrefetchBurst(const PackedRecords* packed) const {
 
 int64_t Model::RecordBytes(const PackedRecords* packed) const {
   const bool bytes = packed != nullptr && packed->has_dense_bytes();
-  int64_t b = dense_dim_ * static_cast<int64_t>(bytes ? sizeof(uint8_t) : sizeof(float));
+  const bool in_block = packed != nullptr && packed->dense_in_block;
+  int64_t b = in_block ? 0 : dense_dim_ * static_cast<int64_t>(bytes ? sizeof(uint8_t) : sizeof(float));
   if (packed != nullptr) b += packed->prefetch_bytes;
   return b;
 }

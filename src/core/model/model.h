@@ -173,9 +173,24 @@ struct PackedRecords {
   // narrow and in slots with the label, and there are no dense values, one
   // label a record and no regression target; what a slot holds after its
   // head then: ids, ids then their weights, or words with the weights coded
-  // (WeightCode). kRecords: record by record (Model::LoadRecord).
-  enum class SlotLoad : uint8_t { kRecords, kIds, kIdsThenWeights, kCodedWeights };
+  // (WeightCode). kOneIdBags: slot by slot in the one-id layout below
+  // (Model::LoadOneIdSlots). kRecords: record by record (Model::LoadRecord).
+  enum class SlotLoad : uint8_t { kRecords, kIds, kIdsThenWeights, kCodedWeights, kOneIdBags };
   SlotLoad slot_load = SlotLoad::kRecords;
+  // The one-id layout (slot_load kOneIdBags), for records of several bags of
+  // at most one id each and perhaps dense values (Criteo's 26 categorical
+  // fields, each one id or missing, and its 13 integers): where the ids are
+  // narrow and unweighted, there are at most kMaxOneIdBags bags, one label a
+  // record and no regression target, and the block fits a slot, a record's
+  // block is one word, a mask of the bags that have their id (bit k: bag k)
+  // and the label, then one uint32 a bag, in bag order (0 for a bag without
+  // its id, never read), then the record's dense values (floats, the very
+  // ones of Dataset::dense: dense_in_block). No counts to read and no
+  // second place to look for the dense values: Wide & Deep's record, 26
+  // counts, the label and 26 ids in a 256-byte slot and its 13 floats apart
+  // (4 lines and 1 or 2), becomes 164 bytes in a 192-byte slot (3 lines).
+  static constexpr int kMaxOneIdBags = 32;
+  bool dense_in_block = false;  // the dense values are in the block (the one-id layout only)
   // The bytes of `words` a record's prefetch asks for (Model::RecordBytes):
   // its slot where stride_words > 0, else its block's mean; 0 without ids.
   int64_t prefetch_bytes = 0;
@@ -194,8 +209,11 @@ struct PackedRecords {
   // Record r's block (has_ids()).
   const uint64_t* Block(int64_t r) const {
     if (stride_words == 0) return words.data() + start[r];
+    // (kOverflowSlot marks a slot only where some block is after the slots:
+    // elsewhere a block may begin with any bits, as a one-id block's mask
+    // and label.)
     const uint64_t* slot = Slot(r);
-    return slot[0] == kOverflowSlot ? words.data() + slot[1] : slot;
+    return overflow_blocks > 0 && slot[0] == kOverflowSlot ? words.data() + slot[1] : slot;
   }
 };
 
@@ -404,6 +422,8 @@ class Model {
 
   // [batch x outputs()] after Forward: logits (softmax, binary) or predictions (regression).
   const float* logits() const { return logits_; }
+  // The loaded batch's dense inputs ([batch x dense_dim()]).
+  const float* dense_inputs() const { return input_.data(); }
   // The loaded batch's labels ([batch]; classification) and targets ([batch]; regression).
   const int32_t* labels() const { return labels_.data(); }
   const float* targets() const { return targets_.data(); }
@@ -442,6 +462,10 @@ class Model {
   // one label a record (PackedRecords::slot_load, kEntries, says which).
   template <PackedRecords::SlotLoad kEntries>
   void LoadSlots(const int32_t* records, int64_t n, const PackedRecords& packed);
+  // LoadRecord for every record of a batch in the one-id layout
+  // (PackedRecords::kOneIdBags): each bag's id where the record's mask has
+  // it, the label and the dense values, from each record's slot.
+  void LoadOneIdSlots(const int32_t* records, int64_t n, const PackedRecords& packed);
   template <PackedRecords::SlotLoad kEntries>
   static void CopySlotEntries(const char* __restrict from, uint32_t count, int64_t copy, uint64_t* __restrict ids,
                               float* __restrict weights);

@@ -127,6 +127,10 @@ class ModelTest : public ::testing::Test {
                 std::vector<uint64_t>(b.ids(l).begin(), b.ids(l).end()))
           << "lookup " << l << ", " << what;
     }
+    for (int64_t i = 0; i < b.batch() * b.dense_dim(); ++i) {
+      EXPECT_EQ(std::bit_cast<uint32_t>(a.dense_inputs()[i]), std::bit_cast<uint32_t>(b.dense_inputs()[i]))
+          << "dense input " << i << ", " << what;
+    }
     for (int64_t i = 0; i < b.batch(); ++i) {
       EXPECT_EQ(a.labels()[i], b.labels()[i]) << i << ", " << what;
       EXPECT_EQ(std::bit_cast<uint32_t>(a.targets()[i]), std::bit_cast<uint32_t>(b.targets()[i])) << i << ", " << what;
@@ -179,7 +183,7 @@ class ModelTest : public ::testing::Test {
       const int64_t asked_bytes = packed->stride_words > 0 ? packed->stride_words * 8
                                                            : static_cast<int64_t>(packed->words.size() * 8) / d.count;
       EXPECT_EQ(packed->prefetch_bytes, asked_bytes) << layout;
-      if (d.dense_dim == 0 && packed->inline_label) {
+      if ((d.dense_dim == 0 || packed->dense_in_block) && packed->inline_label) {
         EXPECT_EQ(packed_model->RecordsPerPrefetchBurst(&*packed),
                   std::max<int64_t>(1, Model::kPrefetchBurstLines / ((asked_bytes + 63) / 64)))
             << layout;
@@ -496,6 +500,163 @@ TEST_F(ModelTest, NarrowPackedIdsAndTheLabelInTheBlockLoadAsTheFieldsDo) {
   ASSERT_TRUE(wide_rows);
   EXPECT_FALSE(wide_rows->PackRecords(d)->narrow_ids);
   EXPECT_TRUE(wide_rows->PackRecords(d)->inline_label);
+}
+
+// SmallData's fields with at most one id a bag: "a" and "b" one id or none
+// (every `missing`-th record, at different records, and a run of records
+// with neither), "c" always one; no weights.
+Dataset OneIdData(int64_t count, int64_t dense, int32_t classes, uint32_t seed, int64_t missing) {
+  Dataset d = SmallData(count, dense, classes, false, seed);
+  for (int f = 0; f < 3; ++f) {
+    SparseField& field = d.fields[f];
+    SparseField one;
+    one.name = field.name;
+    one.offsets.push_back(0);
+    for (int64_t r = 0; r < count; ++r) {
+      const bool none = f < 2 && ((r + f) % missing == 0 || (r >= 20 && r < 26));
+      if (!none) one.ids.push_back(field.ids[field.offsets[r]]);
+      one.offsets.push_back(static_cast<int64_t>(one.ids.size()));
+    }
+    field = std::move(one);
+  }
+  return d;
+}
+
+// Records of several bags of at most one id each (Criteo's fields) are
+// packed in the one-id layout (a mask of the bags with their id, the label,
+// an id a bag, the dense values) where the slots hold its blocks, and load
+// as from the fields: the ids, their bags (offsets), labels and dense
+// values, bit for bit, for softmax and binary heads, batch after batch into
+// the same buffers; slots too short, blocks one after the other, and data
+// the layout cannot hold keep the counts.
+TEST_F(ModelTest, OneIdBagsLoadAsTheFieldsDo) {
+  using SlotLoad = PackedRecords::SlotLoad;
+  std::vector<std::vector<int32_t>> batches = SpreadBatches(60, 6, 7);
+  batches.push_back({20, 21, 22, 23, 24, 25});  // neither "a" nor "b" has an id
+  batches.push_back({59});
+  batches.push_back({});
+  for (HeadType head : {HeadType::kSoftmax, HeadType::kBinary}) {
+    const int32_t classes = head == HeadType::kSoftmax ? 3 : 2;
+    const int64_t outputs = head == HeadType::kSoftmax ? 3 : 1;
+    const Dataset d = OneIdData(60, 2, classes, 11, /*missing=*/4);
+    ModelOptions opts = SmallOptions(Interaction::kConcat, head, outputs, /*wide=*/true, /*bottom=*/true);
+    opts.tables[1].dynamic = false;  // tc: static, 2^20 rows (narrow ids)
+    const std::optional<PackedRecords> packed = ExpectPackedLoadsAsFields(opts, d, /*batch=*/6, outputs, batches);
+    ASSERT_TRUE(packed.has_value()) << static_cast<int>(head);
+    // 5 bags (a, b, c and the wide part's a and b, through tables of other
+    // rows) and 2 dense values: the head word, 5 ids and 2 floats, 40 bytes,
+    // in 64-byte slots.
+    EXPECT_EQ(packed->num_bags, 5);
+    EXPECT_EQ(packed->slot_load, SlotLoad::kOneIdBags);
+    EXPECT_TRUE(packed->dense_in_block);
+    EXPECT_FALSE(packed->has_dense_bytes());
+    EXPECT_EQ(packed->head_words, 1);
+    EXPECT_EQ(packed->stride_words, 8);
+    EXPECT_EQ(packed->overflow_blocks, 0);
+    EXPECT_EQ(packed->prefetch_bytes, 64);
+    const std::unique_ptr<Model> m = Make(opts, d, 6);
+    ASSERT_TRUE(m);
+    // Its block, word by word, for a record with "b" missing (r = 3: (3 + 1)
+    // % 4), and so the wide part's "b".
+    const uint64_t* block = packed->Block(3);
+    EXPECT_EQ(static_cast<uint32_t>(block[0]), 0b01101u);
+    EXPECT_EQ(static_cast<int32_t>(block[0] >> 32), d.labels[3]);
+    EXPECT_EQ(static_cast<uint32_t>(block[1]), d.fields[0].ids[d.fields[0].offsets[3]] % 5);
+    float dense[2];
+    std::memcpy(dense, reinterpret_cast<const char*>(block + 1) + 5 * sizeof(uint32_t), sizeof(dense));
+    EXPECT_EQ(dense[0], d.dense[6]);
+    EXPECT_EQ(dense[1], d.dense[7]);
+    // Slots that hold the block take it; shorter ones, and blocks one after
+    // the other, keep the counts.
+    for (int64_t stride : {64, 128}) EXPECT_EQ(m->PackRecords(d, stride)->slot_load, SlotLoad::kOneIdBags) << stride;
+    for (int64_t stride : {0, 16, 24, 32}) {
+      const std::optional<PackedRecords> counts = m->PackRecords(d, stride);
+      EXPECT_EQ(counts->slot_load, SlotLoad::kRecords) << stride;
+      EXPECT_FALSE(counts->dense_in_block) << stride;
+    }
+  }
+  // One bag of at most one id with dense values takes the layout; without
+  // dense values it is a bag of words (kIds).
+  {
+    Dataset d = OneIdData(40, 3, 2, 5, 3);
+    d.fields.resize(1);
+    ModelOptions opts = SmallOptions(Interaction::kConcat, HeadType::kBinary, 1, false, false);
+    opts.sparse.resize(1);
+    EXPECT_EQ(ExpectPackedLoadsAsFields(opts, d, 5, 1, SpreadBatches(40, 5, 3))->slot_load, SlotLoad::kOneIdBags);
+    d.dense_dim = 0;
+    d.dense.clear();
+    EXPECT_EQ(ExpectPackedLoadsAsFields(opts, d, 5, 1, SpreadBatches(40, 5, 3))->slot_load, SlotLoad::kIds);
+  }
+  // Dense values that are all bytes k / 255 go in the block as the floats.
+  {
+    Dataset d = OneIdData(40, 2, 3, 7, 5);
+    for (size_t i = 0; i < d.dense.size(); ++i) d.dense[i] = static_cast<float>(i % 256) / 255.0f;
+    ModelOptions opts = SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, false, true);
+    opts.tables[1].dynamic = false;
+    const std::optional<PackedRecords> packed = ExpectPackedLoadsAsFields(opts, d, 4, 3, SpreadBatches(40, 4, 9));
+    EXPECT_EQ(packed->slot_load, SlotLoad::kOneIdBags);
+    EXPECT_FALSE(packed->has_dense_bytes());
+  }
+  // What the layout cannot hold: a bag of two ids, weights, a regression
+  // target, several labels, 64-bit ids, more than 32 bags.
+  auto slot_load = [&](const ModelOptions& opts, const Dataset& d) {
+    const std::unique_ptr<Model> m = Make(opts, d, 4);
+    return m ? m->PackRecords(d)->slot_load : SlotLoad::kRecords;
+  };
+  ModelOptions opts = SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, false, true);
+  opts.tables[1].dynamic = false;
+  EXPECT_EQ(slot_load(opts, OneIdData(30, 2, 3, 1, 4)), SlotLoad::kOneIdBags);
+  {
+    Dataset two = OneIdData(30, 2, 3, 1, 4);
+    SparseField& c = two.fields[2];
+    c.ids.insert(c.ids.begin() + c.offsets[29], 1000);
+    ++c.offsets[30];
+    EXPECT_EQ(slot_load(opts, two), SlotLoad::kRecords);
+  }
+  {
+    Dataset weighted = OneIdData(30, 2, 3, 1, 4);
+    weighted.fields[0].weights.assign(weighted.fields[0].ids.size(), 0.5f);
+    EXPECT_EQ(slot_load(opts, weighted), SlotLoad::kRecords);
+  }
+  {
+    ModelOptions regression = SmallOptions(Interaction::kConcat, HeadType::kRegression, 1, false, true);
+    regression.tables[1].dynamic = false;
+    EXPECT_EQ(slot_load(regression, OneIdData(30, 2, 0, 1, 4)), SlotLoad::kRecords);
+  }
+  {
+    Dataset multi = OneIdData(30, 2, 3, 1, 4);
+    multi.label_offsets.push_back(0);
+    for (int64_t r = 0; r < multi.count; ++r) {
+      multi.label_sets.push_back(multi.labels[r]);
+      multi.label_offsets.push_back(r + 1);
+    }
+    EXPECT_EQ(slot_load(opts, multi), SlotLoad::kRecords);
+  }
+  {
+    ModelOptions dynamic = SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, false, true);  // tc dynamic
+    EXPECT_EQ(slot_load(dynamic, OneIdData(30, 2, 3, 1, 4)), SlotLoad::kRecords);
+  }
+  for (int fields : {32, 33}) {
+    Dataset d = OneIdData(30, 2, 3, 1, 4);
+    ModelOptions many = SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, false, true);
+    many.tables = {{"t", 97, 2, false, false, 0.5f}};
+    many.sparse.clear();
+    for (int f = 0; f < fields; ++f) {
+      if (f >= 3) {
+        SparseField copy = d.fields[f % 3];
+        copy.name = absl::StrCat("f", f);
+        d.fields.push_back(std::move(copy));
+      }
+      many.sparse.push_back({d.fields[f].name, "t", Pooling::kSum, false});
+    }
+    if (fields == 32) {
+      const std::optional<PackedRecords> packed = ExpectPackedLoadsAsFields(many, d, 4, 3, SpreadBatches(30, 4, 7));
+      EXPECT_EQ(packed->slot_load, SlotLoad::kOneIdBags);
+      EXPECT_EQ(packed->num_bags, 32);
+    } else {
+      EXPECT_EQ(slot_load(many, d), SlotLoad::kRecords);
+    }
+  }
 }
 
 // Packed blocks are copied in chunks of several ids: bags of every length
