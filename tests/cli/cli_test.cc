@@ -620,8 +620,12 @@ TEST(CliDataGenTest, BadArguments) {
   ExpectOneErrorLine(RunCli({"data", "gen", "--kind", "criteo", "--out", out}), {"--rows"});
   ExpectOneErrorLine(RunCli({"data", "gen", "--kind", "text", "--rows", "10", "--out", out, "--classes", "1"}),
                      {"text_classes"});
-  ExpectOneErrorLine(RunCli({"data", "gen", "--kind", "libsvm", "--rows", "10", "--out", out + "/no/such/dir"}),
-                     {"no/such/dir"});
+  // A folder that cannot be made (a file in its place); a missing one is
+  // made (data_gen_test).
+  const std::string file = (dir.path() / "a_file").string();
+  std::ofstream(file) << "x\n";
+  ExpectOneErrorLine(RunCli({"data", "gen", "--kind", "libsvm", "--rows", "10", "--out", file + "/sub/data.txt"}),
+                     {file + "/sub/data.txt", "cannot be made"});
   EXPECT_FALSE(fs::exists(out));
 }
 

@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <numeric>
 #include <span>
@@ -543,6 +544,18 @@ absl::StatusOr<DataGenResult> GenerateData(const DataGenOptions& options) {
   SW_RETURN_IF_ERROR(options.Validate());
   SW_ASSIGN_OR_RETURN(const Compression compression, ParseCompression(options.compress));
   const std::vector<std::string> paths = options.Paths();
+  // The files' folder is made where it is missing (`--out data/train.tsv` in
+  // a fresh clone, as the shipped configs say), as `mkdir -p` would.
+  for (const std::string& path : paths) {
+    const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+    std::error_code ec;
+    if (dir.empty() || std::filesystem::is_directory(dir, ec)) continue;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, ": cannot be written: its folder ", dir.string(), " cannot be made: ", ec.message()));
+    }
+  }
   const int n = static_cast<int>(paths.size());
   const int hw = ResolveThreads(0);
   const int parallel = std::min(n, ResolveThreads(options.threads));

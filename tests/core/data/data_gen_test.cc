@@ -253,12 +253,26 @@ TEST(DataGenTest, RejectsBadOptions) {
   EXPECT_FALSE(fs::exists(out));
 }
 
-TEST(DataGenTest, UnwritableDirectoryIsAnErrorNamingThePath) {
+// A missing folder is made (`--out data/train.tsv` in a fresh clone); one
+// that cannot be (a file in its place) is an error naming the path.
+TEST(DataGenTest, MakesTheFilesFolderOrNamesThePath) {
   TempDir dir;
   const std::string out = dir.File("no/such/dir/data.tsv");
   absl::StatusOr<DataGenResult> r = GenerateData(Options("criteo", 10, out));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Lines(ReadFile(out)).size(), 10u);
+  DataGenOptions split = Options("text", 10, dir.File("parts/of/text.txt"));
+  split.files = 2;
+  r = GenerateData(split);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->files.size(), 2u);
+  for (const auto& f : r->files) EXPECT_TRUE(fs::exists(f.path)) << f.path;
+  std::ofstream(dir.File("a_file")) << "x\n";
+  const std::string blocked = dir.File("a_file/sub/data.tsv");
+  r = GenerateData(Options("criteo", 10, blocked));
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("no/such/dir"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find(blocked), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("cannot be made"), std::string::npos) << r.status();
 }
 
 TEST(DataGenTest, ReplacesAnExistingFile) {
