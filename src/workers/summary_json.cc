@@ -111,7 +111,7 @@ json PackedDataJson(Job& job) {
     // Bags of at most one id each in the one-id layout, with the dense
     // values in the block (PackedRecords::kOneIdBags).
     j["one_id_bags"] = p->slot_load == PackedRecords::SlotLoad::kOneIdBags;
-    j["dense_in_block"] = p->dense_in_block;
+    j["dense_in_block"] = p->dense_in_block() && model.dense_dim() > 0;
     json weights = json::array();
     for (int k = 0; k < p->num_bags; ++k) {
       if (!p->weighted[k]) continue;

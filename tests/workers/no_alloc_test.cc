@@ -360,7 +360,7 @@ TEST(NoAllocationTest, OneIdLoadsAllocateNothing) {
   const std::optional<PackedRecords> packed = worker->model().PackRecords(data);
   ASSERT_TRUE(packed.has_value());
   ASSERT_EQ(packed->slot_load, PackedRecords::SlotLoad::kOneIdBags);
-  ASSERT_TRUE(packed->dense_in_block);
+  ASSERT_TRUE(packed->dense_in_block());
   worker->set_packed_records(&*packed);
   ExpectWarmEpochAllocatesNothing(*worker, data, order, so.optimizer, "from one-id slots");
   worker->set_packed_records(nullptr);

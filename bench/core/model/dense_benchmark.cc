@@ -494,7 +494,7 @@ void BM_DataPhase(benchmark::State& state) {
   const size_t batch_words = kBatch * (packed->words.size() / kRecords + 1);
   std::vector<uint64_t> copy(batch_words + kBatch);
   // The dense values where the blocks do not hold them.
-  std::vector<float> dense_copy(packed->dense_in_block ? 0 : static_cast<size_t>(kBatch * data.dense_dim));
+  std::vector<float> dense_copy(packed->dense_in_block() ? 0 : static_cast<size_t>(kBatch * data.dense_dim));
   const int64_t batches = kRecords / kBatch - 1;
   int64_t b = 0;
   float spin = 1.0f;

@@ -548,9 +548,9 @@ absl::StatusOr<DataGenResult> GenerateData(const DataGenOptions& options) {
   // a fresh clone, as the shipped configs say), as `mkdir -p` would.
   for (const std::string& path : paths) {
     const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+    if (dir.empty()) continue;
     std::error_code ec;
-    if (dir.empty() || std::filesystem::is_directory(dir, ec)) continue;
-    std::filesystem::create_directories(dir, ec);
+    std::filesystem::create_directories(dir, ec);  // (no error where it is there already)
     if (ec) {
       return absl::FailedPreconditionError(
           absl::StrCat(path, ": cannot be written: its folder ", dir.string(), " cannot be made: ", ec.message()));

@@ -615,6 +615,7 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
   p.records = data.count;
   const std::vector<size_t>& bags = bags_;
   const size_t nb = bags.size();
+  const size_t nd = static_cast<size_t>(data.count) * static_cast<size_t>(dense_dim_);  // dense values
   if (nb > 0) {
     p.num_bags = static_cast<int>(nb);
     // A weighted lookup's weights, where its field has them, follow its ids.
@@ -635,14 +636,22 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
     }
     const bool regression = head_ == HeadType::kRegression;
     p.inline_label = regression ? !data.targets.empty() : !data.labels.empty();
+    // What every slot load asks of the records: narrow ids and one label a
+    // record, in its block (no label sets, no regression target).
+    const bool one_label_in_block = p.narrow_ids && p.inline_label && !regression && !data.multi_label();
+    // The slots asked for: kAutoStride (ChooseStrideWords), 0 (blocks one
+    // after the other) or that many words.
+    const int64_t asked_stride =
+        stride_bytes == kAutoStride ? kAutoStride
+        : stride_bytes > 0 ? std::clamp<int64_t>(stride_bytes / static_cast<int64_t>(sizeof(uint64_t)), 2, kMaxStrideWords)
+                           : 0;
     // The one-id layout (PackedRecords::kOneIdBags) where every record
     // allows it and its block fits the slots asked for (a slot of its words
     // or more; blocks one after the other keep the counts). The one layout
     // that the other slot loads do not cover: several bags, or dense values.
-    const size_t nd = static_cast<size_t>(data.count) * static_cast<size_t>(dense_dim_);
-    bool one_id = p.narrow_ids && p.inline_label && !regression && !data.multi_label() &&
-                  nb <= static_cast<size_t>(PackedRecords::kMaxOneIdBags) && (nb > 1 || dense_dim_ > 0) &&
-                  data.dense.size() == nd && std::find(p.weighted.begin(), p.weighted.end(), 1) == p.weighted.end();
+    bool one_id = one_label_in_block && nb <= static_cast<size_t>(PackedRecords::kMaxOneIdBags) &&
+                  (nb > 1 || dense_dim_ > 0) && data.dense.size() == nd &&
+                  std::find(p.weighted.begin(), p.weighted.end(), 1) == p.weighted.end();
     for (size_t k = 0; k < nb && one_id; ++k) {
       const SparseField& f = data.fields[spec_.lookups[bags[k]].data_field];
       for (int64_t r = 0; r < data.count && one_id; ++r) one_id = f.size(r) <= 1;
@@ -651,11 +660,8 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
         1 + (nb * sizeof(uint32_t) + static_cast<uint64_t>(dense_dim_) * sizeof(float) + sizeof(uint64_t) - 1) /
                 sizeof(uint64_t);
     one_id = one_id && one_id_words <= static_cast<uint64_t>(kMaxStrideWords) &&
-             (stride_bytes == kAutoStride ||
-              std::clamp<int64_t>(stride_bytes / static_cast<int64_t>(sizeof(uint64_t)), 2, kMaxStrideWords) >=
-                  static_cast<int64_t>(one_id_words));
+             (asked_stride == kAutoStride || asked_stride >= static_cast<int64_t>(one_id_words));
     p.head_words = one_id ? 1 : static_cast<int>((nb + (p.inline_label ? 1 : 0) + 1) / 2);
-    p.dense_in_block = one_id && dense_dim_ > 0;
     // Each block's words: its head, then each bag's ids (two a word when
     // narrow) and weights (floats), the last word padded; in the one-id
     // layout, one_id_words.
@@ -680,17 +686,13 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
       ++histogram[std::min<uint64_t>(w, histogram.size() - 1)];
       overflow_mark_free = overflow_mark_free && first.size(r) < 0xffffffffu;
     }
-    int64_t stride = 0;
-    if (stride_bytes == kAutoStride) {
-      stride = ChooseStrideWords(histogram, total_words);
-    } else if (stride_bytes > 0) {
-      stride = std::clamp<int64_t>(stride_bytes / static_cast<int64_t>(sizeof(uint64_t)), 2, kMaxStrideWords);
-    }
+    int64_t stride = asked_stride == kAutoStride ? ChooseStrideWords(histogram, total_words) : asked_stride;
     // (A one-id block has no counts: its first word may be any bits, and no
     // block is after the slots to need the mark.)
     if (!overflow_mark_free && !one_id) stride = 0;
     // The one-id blocks are all one_id_words long, and the stride chosen for
-    // them is the first that holds them (fewest lines, none after the slots).
+    // them is the first that holds them (fewest lines, none after the slots;
+    // PackedLayout.BlocksOfOneSizeGetTheFirstSlotThatHoldsThem).
     assert(!one_id || stride >= static_cast<int64_t>(one_id_words));
     p.stride_words = stride;
     uint64_t at = 0;  // where the next block one after another (or past the slots) goes
@@ -789,8 +791,7 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
     using SlotLoad = PackedRecords::SlotLoad;
     if (one_id) {
       p.slot_load = SlotLoad::kOneIdBags;
-    } else if (stride > 0 && p.narrow_ids && lookups_.size() == 1 && p.inline_label && dense_dim_ == 0 &&
-               head_ != HeadType::kRegression && !data.multi_label()) {
+    } else if (stride > 0 && one_label_in_block && lookups_.size() == 1 && dense_dim_ == 0) {
       p.slot_load = !p.weighted[0]                 ? SlotLoad::kIds
                     : p.weight_codes[0].coded() ? SlotLoad::kCodedWeights
                                                 : SlotLoad::kIdsThenWeights;
@@ -799,8 +800,7 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
   // Dense bytes, only if every value is exactly k / 255.0f (checked value
   // by value, so the loads give back the same floats), and not where the
   // blocks hold the dense values.
-  const size_t nd = static_cast<size_t>(data.count) * static_cast<size_t>(dense_dim_);
-  if (nd > 0 && data.dense.size() == nd && !p.dense_in_block) {
+  if (nd > 0 && data.dense.size() == nd && !p.dense_in_block()) {
     HugePageVector<uint8_t> bytes(nd);
     bool exact = true;
     for (size_t i = 0; i < nd && exact; ++i) {
@@ -841,7 +841,7 @@ void Model::PrefetchRecord(const Dataset& data, int64_t r, const PackedRecords* 
   }
   if (packed != nullptr && packed->has_dense_bytes()) {
     PrefetchLines(packed->dense_bytes.data() + r * dense_dim_, static_cast<size_t>(dense_dim_));
-  } else if (packed == nullptr || !packed->dense_in_block) {
+  } else if (packed == nullptr || !packed->dense_in_block()) {
     PrefetchLines(data.dense.data() + r * dense_dim_, static_cast<size_t>(dense_dim_) * sizeof(float));
   }
   if (packed != nullptr && packed->has_ids()) {
@@ -858,7 +858,7 @@ void Model::PrefetchRecord(const Dataset& data, int64_t r, const PackedRecords* 
 void Model::PrefetchBatch(const Dataset& data, const int32_t* records, int64_t n,
                           const PackedRecords* packed) const {
   if (packed != nullptr && packed->has_ids() && packed->stride_words > 0 && packed->inline_label &&
-      (dense_dim_ == 0 || packed->dense_in_block)) {
+      (dense_dim_ == 0 || packed->dense_in_block())) {
     // All of a record in its slot (or found from it): PrefetchRecord's work
     // without its tests, a slot's lines a record (text config, the part
     // asked for after the forward, timed in an instrumented build: 65 -> 40
@@ -1142,7 +1142,7 @@ int64_t Model::RecordsPerPrefetchBurst(const PackedRecords* packed) const {
 
 int64_t Model::RecordBytes(const PackedRecords* packed) const {
   const bool bytes = packed != nullptr && packed->has_dense_bytes();
-  const bool in_block = packed != nullptr && packed->dense_in_block;
+  const bool in_block = packed != nullptr && packed->dense_in_block();
   int64_t b = in_block ? 0 : dense_dim_ * static_cast<int64_t>(bytes ? sizeof(uint8_t) : sizeof(float));
   if (packed != nullptr) b += packed->prefetch_bytes;
   return b;

@@ -185,12 +185,14 @@ struct PackedRecords {
   // block is one word, a mask of the bags that have their id (bit k: bag k)
   // and the label, then one uint32 a bag, in bag order (0 for a bag without
   // its id, never read), then the record's dense values (floats, the very
-  // ones of Dataset::dense: dense_in_block). No counts to read and no
+  // ones of Dataset::dense: dense_in_block()). No counts to read and no
   // second place to look for the dense values: Wide & Deep's record, 26
   // counts, the label and 26 ids in a 256-byte slot and its 13 floats apart
   // (4 lines and 1 or 2), becomes 164 bytes in a 192-byte slot (3 lines).
   static constexpr int kMaxOneIdBags = 32;
-  bool dense_in_block = false;  // the dense values are in the block (the one-id layout only)
+  // Whether a record's dense values (if the model has any) are in its block,
+  // not read from Dataset::dense or dense_bytes: the one-id layout's only.
+  bool dense_in_block() const { return slot_load == SlotLoad::kOneIdBags; }
   // The bytes of `words` a record's prefetch asks for (Model::RecordBytes):
   // its slot where stride_words > 0, else its block's mean; 0 without ids.
   int64_t prefetch_bytes = 0;

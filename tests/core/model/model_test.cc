@@ -183,7 +183,7 @@ class ModelTest : public ::testing::Test {
       const int64_t asked_bytes = packed->stride_words > 0 ? packed->stride_words * 8
                                                            : static_cast<int64_t>(packed->words.size() * 8) / d.count;
       EXPECT_EQ(packed->prefetch_bytes, asked_bytes) << layout;
-      if ((d.dense_dim == 0 || packed->dense_in_block) && packed->inline_label) {
+      if ((d.dense_dim == 0 || packed->dense_in_block()) && packed->inline_label) {
         EXPECT_EQ(packed_model->RecordsPerPrefetchBurst(&*packed),
                   std::max<int64_t>(1, Model::kPrefetchBurstLines / ((asked_bytes + 63) / 64)))
             << layout;
@@ -548,7 +548,7 @@ TEST_F(ModelTest, OneIdBagsLoadAsTheFieldsDo) {
     // in 64-byte slots.
     EXPECT_EQ(packed->num_bags, 5);
     EXPECT_EQ(packed->slot_load, SlotLoad::kOneIdBags);
-    EXPECT_TRUE(packed->dense_in_block);
+    EXPECT_TRUE(packed->dense_in_block());
     EXPECT_FALSE(packed->has_dense_bytes());
     EXPECT_EQ(packed->head_words, 1);
     EXPECT_EQ(packed->stride_words, 8);
@@ -572,7 +572,7 @@ TEST_F(ModelTest, OneIdBagsLoadAsTheFieldsDo) {
     for (int64_t stride : {0, 16, 24, 32}) {
       const std::optional<PackedRecords> counts = m->PackRecords(d, stride);
       EXPECT_EQ(counts->slot_load, SlotLoad::kRecords) << stride;
-      EXPECT_FALSE(counts->dense_in_block) << stride;
+      EXPECT_FALSE(counts->dense_in_block()) << stride;
     }
   }
   // One bag of at most one id with dense values takes the layout; without
@@ -962,6 +962,18 @@ TEST(PackedLayout, ChoosesTheStrideWhoseLoadsTouchTheFewestLines) {
 // PackRecords lays a data set out as ChooseStrideWords says: text-like
 // records (one bag of 5..30 ids, 32-bit, and the label: 4..16 words) in
 // 128-byte slots; records of 200 ids (over 512 bytes) one after the other.
+// Blocks all of one size (the one-id layout's) get the first slot size
+// that holds them: a power of two up to a line, then whole lines, none
+// after the slots. PackRecords relies on it for the one-id layout.
+TEST(PackedLayout, BlocksOfOneSizeGetTheFirstSlotThatHoldsThem) {
+  for (int64_t w = 1; w <= Model::kMaxStrideWords; ++w) {
+    std::vector<int64_t> histogram(Model::kStrideHistogramWords + 1, 0);
+    histogram[w] = 1000;
+    const int64_t first_holding = w <= 2 ? 2 : w <= 4 ? 4 : w <= 8 ? 8 : (w + 7) / 8 * 8;
+    EXPECT_EQ(Model::ChooseStrideWords(histogram, static_cast<uint64_t>(1000 * w)), first_holding) << w << " words";
+  }
+}
+
 TEST(PackedLayout, PackRecordsUsesTheChosenStride) {
   for (const auto& [min_ids, max_ids, want] : {std::tuple<int, int, int64_t>{5, 30, 16}, {200, 200, 0}}) {
     // (Init-captures: clang does not capture structured bindings.)
