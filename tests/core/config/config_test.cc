@@ -187,6 +187,27 @@ TEST(ShippedConfigTest, FashionMnistMlpLoads) {
   EXPECT_TRUE(c->Validate().ok());
 }
 
+// Every config under configs/ loads and validates as shipped (a typo in any
+// of them, a key moved or a section added, is one clear error here rather
+// than a user's first run), with its bench section read: the configs whose
+// step is tens of microseconds time 20000 steps, not the defaults' 200.
+TEST(ShippedConfigTest, EveryShippedConfigLoadsAndValidates) {
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(SHARDWILD_SOURCE_DIR "/configs")) {
+    if (entry.path().extension() != ".yaml") continue;
+    ++count;
+    absl::StatusOr<Config> c = LoadConfig(entry.path().string());
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_TRUE(c->Validate().ok()) << entry.path() << ": " << c->Validate();
+    const std::string name = entry.path().filename().string();
+    if (name == "sparse_logreg.yaml" || name == "text_bow.yaml") {
+      EXPECT_EQ(c->bench.warmup_steps, 200) << name;
+      EXPECT_EQ(c->bench.steps, 20000) << name;
+    }
+  }
+  EXPECT_EQ(count, 5);  // fashion_mnist_mlp, ctr_dlrm, ctr_wide_deep, sparse_logreg, text_bow
+}
+
 TEST(ConfigStringTest, EmptyDocumentFailsValidation) {
   // An empty file has no layers and no data: validation names the first missing key.
   absl::StatusOr<Config> c = LoadConfigFromString("", "empty.yaml");
