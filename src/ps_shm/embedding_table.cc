@@ -344,8 +344,9 @@ void FillInitial(const RowInitializer& init, uint64_t row_key, int64_t j0, int64
       std::fill(out, out + n, 0.0f);
       return;
     case RowInitializer::Kind::kUniform: {
-      // a + w * RowUnit(RowElementDraw(row_key, j, 0)), vectorised.
-      UniformRowValues(row_key, j0, n, init.a, static_cast<double>(init.b) - init.a, out);
+      // a + w * U(j) in floats (RowUniformValue), vectorised; w is b - a
+      // computed in double and rounded once.
+      UniformRowValues(row_key, j0, n, init.a, static_cast<float>(static_cast<double>(init.b) - init.a), out);
       return;
     }
     case RowInitializer::Kind::kNormal:

@@ -17,39 +17,37 @@ namespace shardwild {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// SplitMix64Mix on every lane (64-bit multiplies: native on AVX-512, from
-// 32-bit ones elsewhere; both exact modulo 2^64).
+// Mix32 (init_kernels.h) on every lane.
 template <class D, class V>
-HWY_INLINE V MixLanes(D d, V x) {
-  x = hn::Add(x, hn::Set(d, kSplitMix64Gamma));
-  x = hn::Mul(hn::Xor(x, hn::ShiftRight<30>(x)), hn::Set(d, kSplitMix64Mul1));
-  x = hn::Mul(hn::Xor(x, hn::ShiftRight<27>(x)), hn::Set(d, kSplitMix64Mul2));
-  return hn::Xor(x, hn::ShiftRight<31>(x));
+HWY_INLINE V Mix32Lanes(D d, V x) {
+  x = hn::Mul(hn::Xor(x, hn::ShiftRight<16>(x)), hn::Set(d, kMix32Mul1));
+  x = hn::Mul(hn::Xor(x, hn::ShiftRight<15>(x)), hn::Set(d, kMix32Mul2));
+  return hn::Xor(x, hn::ShiftRight<16>(x));
 }
 
-void UniformRowValuesImpl(uint64_t row_key, int64_t j0, int64_t n, double a, double w, float* out) {
-  const hn::ScalableTag<uint64_t> du;
+void UniformRowValuesImpl(uint64_t row_key, int64_t j0, int64_t n, float a, float w, float* out) {
+  const hn::ScalableTag<uint32_t> du;
   const hn::RebindToSigned<decltype(du)> di;
-  const hn::Repartition<double, decltype(du)> dd;
-  const hn::Rebind<float, decltype(dd)> df;
+  const hn::RebindToFloat<decltype(du)> df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(du));
-  const auto key = hn::Set(du, row_key);
-  const auto element_mul = hn::Set(du, kRowElementMul);
-  const auto step = hn::Set(du, static_cast<uint64_t>(lanes));
-  const auto scale = hn::Set(dd, 0x1.0p-53);
-  const auto va = hn::Set(dd, a);
-  const auto vw = hn::Set(dd, w);
-  auto j = hn::Iota(du, static_cast<uint64_t>(j0));
+  const uint32_t low = static_cast<uint32_t>(row_key);
+  const auto high = hn::Set(du, static_cast<uint32_t>(row_key >> 32));
+  // x = low + j * step for the lanes' j, advanced by lanes * step a vector
+  // (all modulo 2^32, as the scalar expression).
+  auto x = hn::Add(hn::Set(du, low + static_cast<uint32_t>(j0) * kRowLaneMul),
+                   hn::Mul(hn::Iota(du, 0u), hn::Set(du, kRowLaneMul)));
+  const auto advance = hn::Set(du, static_cast<uint32_t>(lanes) * kRowLaneMul);
+  const auto scale = hn::Set(df, 0x1.0p-24f);
+  const auto va = hn::Set(df, a);
+  const auto vw = hn::Set(df, w);
   int64_t i = 0;
   for (; i + lanes <= n; i += lanes) {
-    const auto elem = MixLanes(du, hn::Xor(key, hn::Mul(j, element_mul)));
-    const auto bits = hn::ShiftRight<11>(MixLanes(du, elem));  // < 2^53: exact as a double
-    const auto u = hn::Mul(hn::ConvertTo(dd, hn::BitCast(di, bits)), scale);
-    hn::StoreU(hn::DemoteTo(df, hn::Add(va, hn::Mul(vw, u))), df, out + i);
-    j = hn::Add(j, step);
+    const auto bits = hn::ShiftRight<8>(Mix32Lanes(du, hn::Xor(Mix32Lanes(du, x), high)));  // < 2^24: exact
+    const auto u = hn::Mul(hn::ConvertTo(df, hn::BitCast(di, bits)), scale);
+    hn::StoreU(hn::Add(va, hn::Mul(vw, u)), df, out + i);
+    x = hn::Add(x, advance);
   }
-  // The tail: the scalar expression (separate multiply and add, as above).
-  for (; i < n; ++i) out[i] = static_cast<float>(a + w * RowUnit(RowElementDraw(row_key, j0 + i, 0)));
+  for (; i < n; ++i) out[i] = RowUniformValue(row_key, j0 + i, a, w);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -61,7 +59,7 @@ namespace shardwild {
 
 HWY_EXPORT(UniformRowValuesImpl);
 
-void UniformRowValues(uint64_t row_key, int64_t j0, int64_t n, double a, double w, float* out) {
+void UniformRowValues(uint64_t row_key, int64_t j0, int64_t n, float a, float w, float* out) {
   if (n > 0) HWY_DYNAMIC_DISPATCH(UniformRowValuesImpl)(row_key, j0, n, a, w, out);
 }
 
