@@ -43,15 +43,21 @@ inline void DecodeWords(const uint32_t* src, int64_t m, int id_bits, double unit
   }
 }
 
-// One record's m words decoded: a vector of words at a time, each half
-// widened to ids and, through doubles, to weights (AVX-512: 16 words, the
-// 30 of a 128-byte slot in two, the second overlapping the first); words
-// one at a time where m is less than a vector. Reads and writes nothing
-// past m. Inlined into the loops below, which hoist its constants.
-HWY_INLINE void DecodeRecord(const uint32_t* src, int64_t m, int id_bits, double unit, uint64_t* id_to,
-                             float* weight_to) {
+// The first `count` of a record's m words decoded (count <= m): a vector of
+// words at a time, each half widened to ids and, through doubles, to
+// weights, until the count is covered (AVX-512: 16 words, the 30 of a
+// 128-byte slot in two, the second overlapping the first); words one at a
+// time where m is less than a vector. A slot's words past its count are
+// decoded only where they share a vector with the last one it needs (the
+// caller leaves them to be overwritten); libsvm's records of 18 ids on
+// average in 30-word slots need 3 of AVX2's 8-word vectors, not 4. Reads
+// and writes nothing past m. Inlined into the loops below, which hoist its
+// constants.
+HWY_INLINE void DecodeRecord(const uint32_t* src, int64_t count, int64_t m, int id_bits, double unit,
+                             uint64_t* id_to, float* weight_to) {
 #if HWY_TARGET == HWY_SCALAR
-  DecodeWords(src, m, id_bits, unit, id_to, weight_to);
+  (void)m;
+  DecodeWords(src, count, id_bits, unit, id_to, weight_to);
 #else
   const hn::ScalableTag<uint32_t> du;
   const hn::Half<decltype(du)> dh;
@@ -62,7 +68,7 @@ HWY_INLINE void DecodeRecord(const uint32_t* src, int64_t m, int id_bits, double
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(du));
   const int64_t half = static_cast<int64_t>(hn::Lanes(dh));
   if (m < lanes) {
-    DecodeWords(src, m, id_bits, unit, id_to, weight_to);
+    DecodeWords(src, count, id_bits, unit, id_to, weight_to);
     return;
   }
   const auto mask = hn::Set(du, (uint32_t{1} << id_bits) - 1);
@@ -78,14 +84,14 @@ HWY_INLINE void DecodeRecord(const uint32_t* src, int64_t m, int id_bits, double
     hn::StoreU(hn::DemoteTo(df32, hn::Mul(hn::PromoteTo(df64, upper), vunit)), df32, weight_to + i + half);
   };
   int64_t i = 0;
-  for (; i + lanes <= m; i += lanes) decode(i);
-  if (i < m) decode(m - lanes);  // the last vector, overlapping: the same values again
+  for (; i < count && i + lanes <= m; i += lanes) decode(i);
+  if (i < count) decode(m - lanes);  // the last vector, overlapping: the same values again
 #endif
 }
 
 void DecodeCodedEntriesImpl(const uint32_t* from, int64_t count, int id_bits, double unit, uint64_t* ids,
                             float* weights) {
-  DecodeRecord(from, count, id_bits, unit, ids, weights);
+  DecodeRecord(from, count, count, id_bits, unit, ids, weights);
 }
 
 int64_t DecodeCodedSlotsImpl(const CodedSlots& a, int64_t begin, int64_t* count) {
@@ -96,14 +102,14 @@ int64_t DecodeCodedSlotsImpl(const CodedSlots& a, int64_t begin, int64_t* count)
     uint32_t c;
     int32_t label;
     std::memcpy(&c, block, sizeof(c));
-    int64_t decoded = a.entries;  // a slot's every entry (those past its count unread)
+    int64_t words = a.entries;  // a slot's words (those past its count unread)
     if (block[0] == a.overflow_word) {
       // The record's block is after the slots (rarely: a predicted branch),
       // decoded to its count where that leaves every later slot its entries.
       block = a.words + block[1];
       std::memcpy(&c, block, sizeof(c));
-      decoded = c;
-      if (at + decoded + (a.n - s - 1) * a.entries > a.room) break;
+      words = c;
+      if (at + words + (a.n - s - 1) * a.entries > a.room) break;
     }
     std::memcpy(&label, reinterpret_cast<const char*>(block) + sizeof(c), sizeof(label));
     a.labels[s] = label;
@@ -111,7 +117,7 @@ int64_t DecodeCodedSlotsImpl(const CodedSlots& a, int64_t begin, int64_t* count)
       a.label_sets[s] = label;
       a.label_offsets[s + 1] = s + 1;
     }
-    DecodeRecord(reinterpret_cast<const uint32_t*>(block + 1), decoded, a.id_bits, a.unit, a.ids + at, a.weights + at);
+    DecodeRecord(reinterpret_cast<const uint32_t*>(block + 1), c, words, a.id_bits, a.unit, a.ids + at, a.weights + at);
     at += c;
     a.offsets[s + 1] = at;
   }
