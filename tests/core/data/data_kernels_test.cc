@@ -209,13 +209,69 @@ TEST(DataKernelsTest, DecodeCodedSlotsDecodesSlotsAndBlocksAfterThem) {
             EXPECT_EQ(offsets[s + 1], want) << s;
           }
           EXPECT_EQ(count, want);
-          // The last slot wrote its entries whole, and nothing after them.
+          // The last slot wrote nothing past its slot's words.
           const int64_t last_end = want - counts[records[n - 1]] + entries;
           for (int64_t i = last_end; i < static_cast<int64_t>(ids.size()); ++i) {
             ASSERT_EQ(ids[i], 0x5555u) << i;
             ASSERT_EQ(weights[i], -3.0f) << i;
           }
         }
+      }
+    }
+  }
+}
+
+// A slot of every count from 0 to its words, each decoded to its count on
+// every target (the kernel stops at the vectors that cover the count: the
+// counts around each vector width, 4, 8 and 16 words, and a full slot are
+// where that goes wrong), and nothing written past the last slot's words.
+TEST(DataKernelsTest, DecodeCodedSlotsDecodesEveryCountOfASlot) {
+  std::mt19937 rng(11);
+  for (const std::string& target : HogwildKernelTargets()) {
+    SCOPED_TRACE(target);
+    ScopedHogwildKernelTarget scoped(target);
+    ASSERT_TRUE(scoped.ok());
+    for (int64_t stride : {9, 16, 24}) {  // slots of 16, 30 and 46 entries
+      SCOPED_TRACE(testing::Message() << "stride " << stride);
+      const int64_t entries = 2 * (stride - 1);
+      const int64_t n = entries + 1;  // record r holds r entries
+      std::vector<uint64_t> words(n * stride);
+      for (uint64_t& w : words) w = (uint64_t{rng()} << 32) | rng();
+      std::vector<int32_t> records(n);
+      for (int64_t r = 0; r < n; ++r) {
+        records[r] = static_cast<int32_t>(n - 1 - r);  // the longest first: each slot overwrites the last's tail
+        const uint32_t count = static_cast<uint32_t>(r);
+        std::memcpy(&words[r * stride], &count, 4);
+      }
+      const int64_t room = n * entries;
+      std::vector<uint64_t> ids(room + 64, 0x5555);
+      std::vector<float> weights(room + 64, -3.0f);
+      std::vector<int32_t> labels(n);
+      std::vector<int64_t> label_offsets(n + 1), offsets(n + 1);
+      CodedSlots a{.words = words.data(), .stride_words = stride, .overflow_word = ~uint64_t{0},
+                   .records = records.data(), .n = n, .entries = entries, .id_bits = 20, .unit = 0.01,
+                   .ids = ids.data(), .weights = weights.data(), .room = room, .labels = labels.data(),
+                   .label_sets = nullptr, .label_offsets = label_offsets.data(), .offsets = offsets.data()};
+      int64_t count = 0;
+      ASSERT_EQ(DecodeCodedSlots(a, 0, &count), n);
+      int64_t at = 0;
+      for (int64_t s = 0; s < n; ++s) {
+        const int64_t r = records[s];
+        const char* from = reinterpret_cast<const char*>(&words[r * stride + 1]);
+        for (int64_t i = 0; i < r; ++i) {
+          uint32_t word;
+          std::memcpy(&word, from + 4 * i, 4);
+          ASSERT_EQ(ids[at + i], word & ((1u << 20) - 1)) << "count " << r << " entry " << i;
+          ASSERT_EQ(std::bit_cast<uint32_t>(weights[at + i]), std::bit_cast<uint32_t>(CodedWeight(word >> 20, 0.01)))
+              << "count " << r << " entry " << i;
+        }
+        at += r;
+        ASSERT_EQ(offsets[s + 1], at) << s;
+      }
+      EXPECT_EQ(count, at);
+      for (int64_t i = at - records[n - 1] + entries; i < static_cast<int64_t>(ids.size()); ++i) {
+        ASSERT_EQ(ids[i], 0x5555u) << i;
+        ASSERT_EQ(weights[i], -3.0f) << i;
       }
     }
   }
