@@ -5,7 +5,8 @@
 // caches next to a plain random-row read-modify-write of the same rows
 // (BM_InPlaceRows: compare their rows/s), and the text model's data phase
 // next to the same bytes read in sequence (BM_DataPhase: records/s; the
-// libsvm shape too).
+// libsvm shape too), and the MLP's pixels widened from their bytes next to
+// a copy of the floats they become (BM_BytesToUnitFloats).
 //
 //   build/bench/core/model/dense_benchmark --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
@@ -30,6 +31,7 @@
 #include "core/base/huge_page_allocator.h"
 #include "core/base/prefetch.h"
 #include "core/base/row_bound.h"
+#include "core/data/data_kernels.h"
 #include "core/data/dataset.h"
 #include "core/model/hogwild_kernels.h"
 #include "core/model/layers.h"
@@ -552,6 +554,42 @@ void BM_DataPhase(benchmark::State& state) {
                               packed->stride_words > 0 ? absl::StrCat(packed->stride_words * 8, "-byte slots")
                                                        : std::string("blocks one after the other")));
 }
+// A batch of the default MLP's images (128 of 784 pixels, 100 KB of bytes
+// in, 400 KB of floats out, both in L2) widened to unit floats on each
+// target the CPU has (what 0), next to the bound (what 1): a copy of the
+// same floats, what the batch gather did before the pixels were kept as
+// bytes. Counter: the floats' bytes written per second.
+void BM_BytesToUnitFloats(benchmark::State& state, const std::string& target, bool bound) {
+  ScopedHogwildKernelTarget scoped(target);
+  if (!scoped.ok()) {
+    state.SkipWithError("target not supported");
+    return;
+  }
+  constexpr int64_t kValues = 128 * 784;
+  std::vector<uint8_t> bytes(kValues);
+  for (int64_t i = 0; i < kValues; ++i) bytes[i] = static_cast<uint8_t>(i * 7 + i / 256);
+  std::vector<float> floats(kValues), out(kValues);
+  BytesToUnitFloats(bytes.data(), floats.data(), kValues);
+  for (auto _ : state) {
+    if (bound) {
+      std::memcpy(out.data(), floats.data(), kValues * sizeof(float));
+    } else {
+      BytesToUnitFloats(bytes.data(), out.data(), kValues);
+    }
+    benchmark::ClobberMemory();
+  }
+  state.counters["bytes/s"] =
+      benchmark::Counter(static_cast<double>(kValues * sizeof(float)), benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(bound ? "bound: memcpy of the floats" : target);
+}
+[[maybe_unused]] const bool kBytesRegistered = [] {
+  for (const std::string& target : HogwildKernelTargets()) {
+    benchmark::RegisterBenchmark(("BM_BytesToUnitFloats/" + target).c_str(), BM_BytesToUnitFloats, target, false);
+  }
+  benchmark::RegisterBenchmark("BM_BytesToUnitFloats/bound", BM_BytesToUnitFloats, std::string("SCALAR"), true);
+  return true;
+}();
+
 BENCHMARK(BM_DataPhase)
     ->ArgNames({"what", "layout", "shape"})
     ->ArgsProduct({{0, 1, 2, 3, 4, 5}, {0, 1}, {0, 1, 2}})

@@ -19,17 +19,22 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 void BytesToUnitFloatsImpl(const uint8_t* src, float* dst, int64_t n) {
   // Whole vectors of floats, each from a quarter-width vector of bytes.
+  // k / 255 as k / 256 + k * kUnitFloatLow (data_kernels.h): two multiplies
+  // and an add in place of a division, which on AVX-512 is issued once in
+  // 8-16 cycles (the MLP's batch of 128 images, 100,352 bytes, spent most of
+  // its data phase dividing).
   const hn::ScalableTag<float> df;
   const hn::Rebind<int32_t, decltype(df)> di;
   const hn::Rebind<uint8_t, decltype(df)> du8;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  const auto v255 = hn::Set(df, 255.0f);
+  const auto high = hn::Set(df, kUnitFloatHigh);
+  const auto low = hn::Set(df, kUnitFloatLow);
   int64_t i = 0;
   for (; i + lanes <= n; i += lanes) {
-    const auto bytes = hn::LoadU(du8, src + i);
-    hn::StoreU(hn::Div(hn::ConvertTo(df, hn::PromoteTo(di, bytes)), v255), df, dst + i);
+    const auto k = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(du8, src + i)));
+    hn::StoreU(hn::Add(hn::Mul(k, high), hn::Mul(k, low)), df, dst + i);
   }
-  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]) / 255.0f;
+  for (; i < n; ++i) dst[i] = UnitFloat(src[i]);
 }
 
 // One record's words, one at a time (the words are in uint64 storage: read

@@ -9,9 +9,24 @@
 
 namespace shardwild {
 
-// dst[i] = static_cast<float>(src[i]) / 255.0f for i in [0, n): IEEE division
-// on every target, so the floats are exactly those of the scalar expression
-// (the IDX reader's pixels; PackedRecords keeps them as these bytes).
+// k / 255.0f for a byte k, without a division: k * 2^-8 is exact (k has 8
+// bits), and k * kUnitFloatLow (the float nearest 1/255 - 1/256) is within
+// 2^-24 of its own value, so the sum is within about 2^-40 of k / 255 before
+// its one rounding, and k / 255 (a denominator of 255, odd) is never that
+// close to a point halfway between two floats: the sum rounds to the
+// correctly rounded quotient, for all 256 bytes. That holds whether the
+// compiler fuses the first multiply with the add (k * 2^-8 is exact) or the
+// second (one rounding of the exact sum); the tests check every byte on
+// every target.
+inline constexpr float kUnitFloatHigh = 0x1p-8f;
+inline constexpr float kUnitFloatLow = static_cast<float>(1.0 / 255.0 - 1.0 / 256.0);
+constexpr float UnitFloat(uint8_t k) {
+  return static_cast<float>(k) * kUnitFloatHigh + static_cast<float>(k) * kUnitFloatLow;
+}
+
+// dst[i] = static_cast<float>(src[i]) / 255.0f for i in [0, n), bit for bit
+// on every target (UnitFloat: no division), so the floats are exactly the
+// IDX reader's pixels (PackedRecords keeps them as these bytes).
 void BytesToUnitFloats(const uint8_t* src, float* dst, int64_t n);
 
 // A weight kept as a whole number k of units 10^-d (PackedRecords::WeightCode
