@@ -9,7 +9,9 @@
 // arrays each moves: triad 3 (two read, one written), an optimizer
 // 2 * (1 + slots) + 1 (params and slots read and written, gradient read).
 // n = 65536 keeps every array of Adam (5 x 256 KiB) in L2 of a server core;
-// n = 2^24 (64 MiB per array) is memory-bound.
+// n = 2^24 (64 MiB per array) is memory-bound. BM_MlpPush (the default
+// MLP's push) has its own bound beside it, BM_MlpPushBound: the same arrays
+// moved without Adam's arithmetic.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "bench/core/model/optimizer_benchmark.cc"
@@ -32,6 +34,29 @@ void TriadImpl(float* a, const float* b, const float* c, float s, int64_t n) {
   for (; i < n; ++i) a[i] = b[i] + s * c[i];
 }
 
+// The bytes of a fused Adam push without its arithmetic: p, m and v read
+// and written, g read and the worker's copy c written (8 streams, 32 bytes
+// a parameter), each new value the old one plus g.
+void PushStreamsImpl(float* p, float* m, float* v, const float* g, float* c, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto vg = hn::LoadU(d, g + i);
+    const auto vp = hn::Add(hn::LoadU(d, p + i), vg);
+    hn::StoreU(hn::Add(hn::LoadU(d, m + i), vg), d, m + i);
+    hn::StoreU(hn::Add(hn::LoadU(d, v + i), vg), d, v + i);
+    hn::StoreU(vp, d, p + i);
+    hn::StoreU(vp, d, c + i);
+  }
+  for (; i < n; ++i) {
+    p[i] += g[i];
+    m[i] += g[i];
+    v[i] += g[i];
+    c[i] = p[i];
+  }
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace shardwild
 HWY_AFTER_NAMESPACE();
@@ -49,6 +74,7 @@ namespace shardwild {
 namespace {
 
 HWY_EXPORT(TriadImpl);
+HWY_EXPORT(PushStreamsImpl);
 
 constexpr int64_t kSizes[] = {65536, int64_t{1} << 24};
 
@@ -119,6 +145,26 @@ void BM_MlpPush(benchmark::State& state, bool shared) {
 }
 BENCHMARK_CAPTURE(BM_MlpPush, shared, true)->Threads(1)->Threads(2)->UseRealTime();
 BENCHMARK_CAPTURE(BM_MlpPush, private, false)->Threads(1)->Threads(2)->UseRealTime();
+
+// The push's bound: the same arrays moved as BM_MlpPush moves them (shared
+// or private, the same threads), on the best target, with an add for each
+// of Adam's formulas. Compare the two's params/s.
+void BM_MlpPushBound(benchmark::State& state, bool shared) {
+  static SharedAdamState shared_state;
+  SharedAdamState private_state;
+  SharedAdamState& st = shared ? shared_state : private_state;
+  std::vector<float> g(kMlpParams, 0.0f), copy(kMlpParams);
+  for (auto _ : state) {
+    HWY_DYNAMIC_DISPATCH(PushStreamsImpl)(st.p.data(), st.m.data(), st.v.data(), g.data(), copy.data(), kMlpParams);
+    benchmark::ClobberMemory();
+  }
+  state.counters["params/s"] = benchmark::Counter(kMlpParams, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["bytes/s"] =
+      benchmark::Counter(8.0 * kMlpParams * sizeof(float), benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(shared ? "bound: the same streams, shared" : "bound: the same streams, private");
+}
+BENCHMARK_CAPTURE(BM_MlpPushBound, shared, true)->Threads(1)->Threads(2)->UseRealTime();
+BENCHMARK_CAPTURE(BM_MlpPushBound, private, false)->Threads(1)->Threads(2)->UseRealTime();
 
 // Registered per target the CPU supports, so each row names its target.
 [[maybe_unused]] const bool kRegistered = [] {
