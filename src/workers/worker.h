@@ -152,6 +152,18 @@ using MetricValues = std::vector<std::pair<std::string, double>>;
 // (test_auc, test_logloss, test_precision_at_5, test_rmse).
 MetricValues ExtraTestMetrics(const EvalResult& result);
 
+// The bytes one dense push of `model` moves through the caches under an
+// optimizer of `type`: each parameter and each of its slots read and
+// written, its gradient read and the worker's copy written (the fused pull).
+// The default MLP under Adam: 235,146 parameters, 32 bytes each.
+int64_t DensePushBytes(const Model& model, OptimizerType type);
+
+// Whether a step asks for the next batch's lines after its dense push rather
+// than during its forward and backward: where the push moves more bytes than
+// a core's L2 holds (`l2_bytes`), the lines asked for before it are gone
+// from the caches when the next step loads them.
+bool AskNextBatchAfterPush(int64_t dense_push_bytes, size_t l2_bytes);
+
 class Worker {
  public:
   // Builds the worker's model (oneDNN primitives for `batch` rows) and

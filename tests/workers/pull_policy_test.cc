@@ -312,5 +312,31 @@ TEST_F(PullPolicyTest, ATaskRunnerSendsHeartbeatsBetweenStepsAndStopsWhenThePare
   }
 }
 
+// The bytes a dense push moves, and where the next batch is asked for: the
+// default MLP's push under Adam (235,146 parameters of 32 bytes, 7.5 MB)
+// outgrows any L2, so its step asks after the push; a push that fits one
+// (a single weight, as sparse_logreg's) keeps asking during the step.
+TEST(AskNextBatchTest, FollowsThePushBytesAgainstTheL2) {
+  Dataset data;
+  data.count = 1;
+  data.dense_dim = 784;
+  data.num_classes = 10;
+  ModelOptions mlp;
+  mlp.layers = {{"dense", 256, Activation::kRelu}, {"dense", 128, Activation::kRelu}, {"dense", 10, Activation::kNone}};
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  absl::StatusOr<std::unique_ptr<Model>> m = Model::Create(mlp, DataShape::Of(data), 128, engine, 1);
+  ASSERT_TRUE(m.ok()) << m.status();
+  constexpr int64_t kParams = 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10;
+  static_assert(kParams == 235146);
+  EXPECT_EQ(DensePushBytes(**m, OptimizerType::kAdam), kParams * 32);  // p, m, v read and written, g, copy
+  EXPECT_EQ(DensePushBytes(**m, OptimizerType::kSgd), kParams * 16);
+  EXPECT_EQ(DensePushBytes(**m, OptimizerType::kMomentum), kParams * 24);
+  EXPECT_TRUE(AskNextBatchAfterPush(DensePushBytes(**m, OptimizerType::kAdam), size_t{2} << 20));
+  EXPECT_FALSE(AskNextBatchAfterPush(DensePushBytes(**m, OptimizerType::kAdam), size_t{16} << 20));
+  EXPECT_FALSE(AskNextBatchAfterPush(8, size_t{2} << 20));
+  EXPECT_FALSE(AskNextBatchAfterPush(size_t{2} << 20, size_t{2} << 20));  // an L2's worth still fits
+  EXPECT_FALSE(AskNextBatchAfterPush(0, 0));                               // no dense push
+}
+
 }  // namespace
 }  // namespace shardwild
