@@ -6,16 +6,26 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <mutex>
+#include <set>
 #include <vector>
 
 namespace shardwild::testing_ports {
 
 // `n` distinct ports the kernel says are free now (bound to port 0
-// together, then released); empty if that fails.
+// together, then released), none of them one this process was given
+// before: two calls in a row could otherwise get the same released port
+// back (a cluster test's evaluator was given a worker's, and every task
+// refused the spec). Empty if that fails.
 inline std::vector<int> FreePorts(int n) {
+  static std::mutex mu;
+  static std::set<int> given;
+  const std::lock_guard<std::mutex> lock(mu);
   std::vector<int> fds, ports;
   bool ok = true;
-  for (int i = 0; i < n && ok; ++i) {
+  // Ports given before are held bound too, so the kernel moves on; a few
+  // hundred tries are far more than a test's calls need.
+  for (int tries = 0; static_cast<int>(ports.size()) < n && ok && tries < n + 256; ++tries) {
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -25,10 +35,10 @@ inline std::vector<int> FreePorts(int n) {
     if (fd >= 0) fds.push_back(fd);
     ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
          getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-    if (ok) ports.push_back(ntohs(a.sin_port));
+    if (ok && given.insert(ntohs(a.sin_port)).second) ports.push_back(ntohs(a.sin_port));
   }
   for (int fd : fds) close(fd);
-  if (!ok) return {};
+  if (!ok || static_cast<int>(ports.size()) < n) return {};
   return ports;
 }
 
