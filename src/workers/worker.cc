@@ -8,10 +8,10 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
-#include "core/base/step_clock.h"
-#include "core/model/optimizer.h"
 #include "core/base/cpu_features.h"
 #include "core/base/status.h"
+#include "core/base/step_clock.h"
+#include "core/model/optimizer.h"
 #include "workers/replicated_store.h"
 #include "ps_shm/sync_aggregator.h"
 
@@ -286,11 +286,11 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
   //   Where the dense push moves more than an L2 (AskNextBatchAfterPush),
   // it evicts whatever was asked for before it, so the whole batch is asked
   // for after it, at the step's end, and that time counts as data too. (The
-  // default MLP, Adam's 7.5 MB against 2 MiB of L2, on a 2-core Xeon VM, 4
-  // alternating rounds: data 64 -> 48 us a step, the step 1574 -> 1512 us,
-  // medians. sparse_logreg's push is 8 bytes; there the batch asked for at
-  // the step's end was slower, 1.90 -> 2.62 us, as it had less time to
-  // arrive.)
+  // default MLP, Adam's 7.5 MB against 2 MiB of L2, on a 2-core Xeon VM, 5
+  // alternating rounds: data 65.7 -> 53.7 us a step, medians, the step's
+  // change within the noise. sparse_logreg's push is 8 bytes; asked for at
+  // the step's end its batch was slower, 1.90 -> 2.62 us a step, as it had
+  // less time to arrive.)
   const bool ask_after_push =
       !pushes_.empty() && AskNextBatchAfterPush(DensePushBytes(*model_, optimizer.type), L2CacheBytes());
   int64_t next_valid = 0;  // how many of next_records_ are the next step's
