@@ -418,20 +418,47 @@ BENCHMARK(BM_PrefetchBurst)
 // chooses (text: 128-byte slots, the records of more than 30 ids after
 // them; libsvm: 128-byte slots of coded weights, those of more than 30
 // after them; Criteo: 192-byte slots of the one-id layout, the dense
-// values in them). Counter: records/s.
+// values in them).
+//   shape 3: the default MLP's (configs/fashion_mnist_mlp.yaml: batches of
+// 128 of 60,000 images of 784 pixels, each k / 255, kept as bytes: 47 MB;
+// no ids, so layout 0 only). Its worker asks for the next batch after the
+// dense push, which moves more than an L2 (AskNextBatchAfterPush), so
+// here the untimed gap comes before the ask, not between the ask and the
+// load: a read-modify-write of one byte in every line of 8 MB (the push's
+// 7.5 MB: it leaves the model's input floats outside L2, as in a step).
+// what 1 is then the ask and the load of the same batch, back to back, as
+// the worker runs them; 4 and 5 time its load and its ask apart (the
+// ask's prefetches stall once the core's line fill buffers are full, and
+// its misses are still arriving when the load starts); 3, the
+// bound, widens 128 consecutive images (a data set gathered in the epoch's
+// order) into a buffer of the input's size after the same gap. The data
+// phase of a step is what 1. Counter: records/s.
 void BM_DataPhase(benchmark::State& state) {
   const int64_t what = state.range(0);
   const int64_t layout = state.range(1);
-  const bool libsvm = state.range(2) == 1, criteo = state.range(2) == 2;
-  const int64_t kRecords = criteo ? 400000 : 1000000;
-  const int64_t kBatch = criteo ? 256 : libsvm ? 64 : 16;
+  const bool libsvm = state.range(2) == 1, criteo = state.range(2) == 2, images = state.range(2) == 3;
+  const int64_t kRecords = images ? 60000 : criteo ? 400000 : 1000000;
+  const int64_t kBatch = images ? 128 : criteo ? 256 : libsvm ? 64 : 16;
   const int spin_steps = libsvm || criteo ? 8000 : 1000;
   Dataset data;
   data.count = kRecords;
-  data.num_classes = libsvm || criteo ? 2 : 4;
+  data.num_classes = images ? 10 : libsvm || criteo ? 2 : 4;
   std::mt19937_64 rng(3);
   ModelOptions opts;
-  if (criteo) {
+  if (images) {
+    constexpr int kPixels = 784;
+    data.dense_dim = kPixels;
+    data.dense.resize(static_cast<size_t>(kRecords) * kPixels);
+    for (int64_t r = 0; r < kRecords; ++r) {
+      data.labels.push_back(static_cast<int32_t>(rng() % 10));
+      // About half the pixels black, as in Fashion-MNIST.
+      for (int i = 0; i < kPixels; ++i) {
+        const uint64_t x = rng();
+        data.dense[r * kPixels + i] = x % 2 == 0 ? 0.0f : static_cast<float>((x >> 8) % 256) / 255.0f;
+      }
+    }
+    opts.layers = {{"dense", 10, Activation::kNone}};
+  } else if (criteo) {
     constexpr int kDense = 13, kFields = 26;
     constexpr int64_t kRows = 1000000;
     data.dense_dim = kDense;
@@ -504,6 +531,45 @@ void BM_DataPhase(benchmark::State& state) {
   // where it is a burst's worth (text), else LoadBatch asks again (libsvm).
   const Model::Asked asked =
       kBatch <= (*m)->RecordsPerPrefetchBurst(&*packed) ? Model::Asked::kInBursts : Model::Asked::kYes;
+  if (images) {
+    // The push's footprint, touched line by line between the steps.
+    std::vector<char> push(size_t{8} << 20, 1);
+    std::vector<float> widened(static_cast<size_t>(kBatch * data.dense_dim));
+    const int64_t values = kBatch * data.dense_dim;
+    for (auto _ : state) {
+      if (what != 2) {
+        for (size_t i = 0; i < push.size(); i += 64) push[i] = static_cast<char>(push[i] + 1);
+        benchmark::ClobberMemory();
+      }
+      const int32_t* records = order.data() + b * kBatch;
+      const auto s0 = std::chrono::steady_clock::now();
+      if (what == 3) {
+        const int64_t first = (b * kBatch) % (kRecords - kBatch);
+        BytesToUnitFloats(packed->dense_bytes.data() + first * data.dense_dim, widened.data(), values);
+        std::memcpy(copy.data(), data.labels.data() + first, kBatch * sizeof(int32_t));
+      } else if (what == 1 || what == 4 || what == 5) {
+        (*m)->PrefetchBatch(data, records, kBatch, &*packed);
+      }
+      const auto s1 = std::chrono::steady_clock::now();
+      if (what != 3) {
+        (*m)->LoadBatch(data, records, kBatch, &*packed, what == 0 ? Model::Asked::kNo : asked);
+      }
+      benchmark::ClobberMemory();
+      const auto s2 = std::chrono::steady_clock::now();
+      state.SetIterationTime(std::chrono::duration<double>(what == 4 ? s2 - s1 : what == 5 ? s1 - s0 : s2 - s0).count());
+      if (what != 2) b = (b + 1) % batches;
+    }
+    benchmark::DoNotOptimize(push.data());
+    state.counters["records/s"] = benchmark::Counter(kBatch, benchmark::Counter::kIsIterationInvariantRate);
+    const char* labels[] = {"load, cold",
+                            "ask + load, after an 8 MB push",
+                            "load, in L2",
+                            "bound: consecutive images widened, after an 8 MB push",
+                            "ask + load, after an 8 MB push: the load's part",
+                            "ask + load, after an 8 MB push: the ask's part"};
+    state.SetLabel(absl::StrCat("images, ", labels[what]));
+    return;
+  }
   if (what == 1 || what >= 4) (*m)->PrefetchBatch(data, order.data(), kBatch, &*packed);
   for (auto _ : state) {
     if (what >= 4) {
@@ -593,6 +659,7 @@ void BM_BytesToUnitFloats(benchmark::State& state, const std::string& target, bo
 BENCHMARK(BM_DataPhase)
     ->ArgNames({"what", "layout", "shape"})
     ->ArgsProduct({{0, 1, 2, 3, 4, 5}, {0, 1}, {0, 1, 2}})
+    ->ArgsProduct({{0, 1, 2, 3, 4, 5}, {0}, {3}})
     ->UseManualTime();
 
 }  // namespace
