@@ -568,6 +568,24 @@ void EmbeddingTable::InitRows(int64_t begin, int64_t end) const {
   for (int64_t r = begin; r < end; ++r) InitRowValues(r, static_cast<uint64_t>(r), /*published=*/false);
 }
 
+std::array<EmbeddingTable::ByteRange, 2> EmbeddingTable::InitRowsBytes(const EmbeddingTableOptions& options,
+                                                                       int64_t begin, int64_t end) {
+  std::array<ByteRange, 2> out;
+  if (options.kind != EmbeddingKind::kStatic) return out;
+  begin = std::clamp<int64_t>(begin, 0, options.capacity);
+  end = std::clamp<int64_t>(end, begin, options.capacity);
+  if (end == begin) return out;
+  const Layout l = ComputeLayout(options);
+  const uint64_t rows = static_cast<uint64_t>(end - begin);
+  out[0] = {static_cast<size_t>(l.rows_offset + static_cast<uint64_t>(begin) * l.row_stride),
+            static_cast<size_t>(rows * l.row_stride)};
+  if (l.side_stride > 0) {
+    out[1] = {static_cast<size_t>(l.side_offset + static_cast<uint64_t>(begin) * l.side_stride),
+              static_cast<size_t>(rows * l.side_stride)};
+  }
+  return out;
+}
+
 void EmbeddingTable::Publish() const {
   // Release: pairs with Attach's acquire load, so an attacher that sees the
   // magic sees the header and every initialised row.

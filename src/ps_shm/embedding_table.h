@@ -328,6 +328,19 @@ class EmbeddingTable {
   // InitRows may be called on the table, and Attach fails ("not created yet").
   static absl::StatusOr<EmbeddingTable> Format(void* region, size_t bytes, const EmbeddingTableOptions& options);
   void InitRows(int64_t begin, int64_t end) const;
+  // Where in its region a table with `options` keeps what InitRows(begin,
+  // end) writes (same clamping; known before Format): the rows' blocks and
+  // their side words, in that order, as offsets from the region's start; a
+  // range is empty where there is nothing to write (a dynamic table, a
+  // table without side words). A creator that reserves these pages just
+  // before InitRows writes them finds them still in the caches
+  // (ShmParamStore's set-up), and the rest of the region can be reserved
+  // before Format.
+  struct ByteRange {
+    size_t offset = 0;
+    size_t bytes = 0;
+  };
+  static std::array<ByteRange, 2> InitRowsBytes(const EmbeddingTableOptions& options, int64_t begin, int64_t end);
   void Publish() const;
 
   // Attaches to a table that Create formatted, possibly in another process

@@ -284,6 +284,52 @@ TEST(EmbeddingTableTest, InitRowsInParallelPiecesGivesCreatesBytes) {
   }
 }
 
+TEST(EmbeddingTableTest, InitRowsBytesAreWhereInitRowsWrites) {
+  // Every byte InitRows(b, e) changes lies in InitRowsBytes(b, e), and those
+  // ranges hold rows b..e-1 exactly: the store reserves them just before the
+  // rows are drawn, and a byte outside would land on a page not reserved.
+  for (int slots : {0, 2}) {
+    for (bool row_lock : {false, true}) {
+      EmbeddingTableOptions o = StaticOptions(12, 1000, slots);
+      o.row_lock = row_lock;
+      o.slot_init[0] = 0.25f;
+      const size_t bytes = EmbeddingTable::BytesFor(o);
+      Region region(bytes);
+      // Not zero, so that side words set to zero show as changed.
+      std::memset(region.data(), 0x5a, bytes);
+      auto t = EmbeddingTable::Format(region.data(), bytes, o);
+      ASSERT_TRUE(t.ok()) << t.status();
+      const char* base = static_cast<const char*>(region.data());
+      for (const auto& [b, e] : std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {333, 700}, {999, 1000}, {900, 2000}}) {
+        const std::array<EmbeddingTable::ByteRange, 2> r = EmbeddingTable::InitRowsBytes(o, b, e);
+        const int64_t rows = std::min<int64_t>(e, o.capacity) - b;
+        EXPECT_EQ(base + r[0].offset, reinterpret_cast<const char*>(t->StaticRowParams(static_cast<uint64_t>(b))));
+        EXPECT_EQ(r[0].bytes, static_cast<size_t>(rows) * t->row_stride());
+        EXPECT_EQ(r[1].bytes, static_cast<size_t>(rows) * (t->bytes_per_row() - t->row_stride()));
+        std::vector<char> before(base, base + bytes);
+        t->InitRows(b, e);
+        auto inside = [&](size_t i) {
+          for (const EmbeddingTable::ByteRange& x : r) {
+            if (i >= x.offset && i < x.offset + x.bytes) return true;
+          }
+          return false;
+        };
+        size_t changed = 0, outside = 0;
+        for (size_t i = 0; i < bytes; ++i) {
+          if (base[i] == before[i]) continue;
+          ++changed;
+          outside += !inside(i);
+        }
+        EXPECT_GT(changed, 0u) << "rows " << b << ".." << e;
+        EXPECT_EQ(outside, 0u) << "rows " << b << ".." << e << ", slots " << slots << ", row_lock " << row_lock;
+      }
+    }
+  }
+  // A dynamic table's rows are written as they are inserted: nothing.
+  const std::array<EmbeddingTable::ByteRange, 2> d = EmbeddingTable::InitRowsBytes(DynamicOptions(16, 10), 0, 10);
+  EXPECT_EQ(d[0].bytes + d[1].bytes, 0u);
+}
+
 TEST(EmbeddingTableTest, AttachRefusesAnotherFormatVersion) {
   const EmbeddingTableOptions o = StaticOptions(16, 10, 0);
   const size_t bytes = EmbeddingTable::BytesFor(o);
