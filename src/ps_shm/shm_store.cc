@@ -317,7 +317,8 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Create(const OpenS
       for (int t = 0; t < ntables; ++t) {
         for (const EmbeddingTable::ByteRange& r :
              EmbeddingTable::InitRowsBytes(table_options[t], 0, table_options[t].capacity)) {
-          if (r.bytes > 0) row_spans.push_back({table_entries[t].offset + r.offset, table_entries[t].offset + r.offset + r.bytes});
+          const uint64_t begin = table_entries[t].offset + r.offset;
+          if (r.bytes > 0) row_spans.push_back({begin, begin + r.bytes});
         }
       }
       std::sort(row_spans.begin(), row_spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
