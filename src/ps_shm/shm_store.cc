@@ -435,6 +435,7 @@ absl::Status ShmParamStore::BuildParts() {
   const int nvars = static_cast<int>(layout_.variables.size());
   num_slots_ = NumSlots(optimizer_.type);
   parts_.assign(nvars, std::vector<Part>(layout_.num_shards));
+  push_chunks_.clear();
   shard_versions_.clear();
   for (int s = first_hosted_; s < first_hosted_ + num_hosted_; ++s) {
     const ShmSegment& seg = *segments_[s - first_hosted_];
@@ -453,6 +454,11 @@ absl::Status ShmParamStore::BuildParts() {
       p.row_seq = reinterpret_cast<uint32_t*>(base + e.offset + (1 + h->num_slots) * e.array_bytes);
       p.row_begin = e.row_begin;
       p.row_end = e.row_end;
+      if (p.row_end > p.row_begin) {
+        const int64_t cols = layout_.variables[v].cols;
+        push_chunks_.push_back(std::make_unique<PushChunks>((p.row_end - p.row_begin) * cols));
+        p.chunks = push_chunks_.back().get();
+      }
     }
   }
   return absl::OkStatus();
@@ -998,9 +1004,18 @@ absl::Status ShmParamStore::PushImpl(absl::Span<const DenseGrad> grads, float lr
           UnlockRow(p.row_seq + r, odd);
         }
       } else {
-        ApplyUpdate(optimizer_, up, p.params, p.slots, g.grad + (p.row_begin - base) * cols,
-                    (p.row_end - p.row_begin) * cols, copy != nullptr ? copy + p.row_begin * cols : nullptr,
-                    copy16 != nullptr ? copy16 + p.row_begin * cols : nullptr);
+        // Chunk by chunk, leaving a chunk another push is in for later
+        // (push_chunks.h): the optimizers are element-wise, so the chunks'
+        // updates are the whole part's, bit for bit.
+        const float* grad = g.grad + (p.row_begin - base) * cols;
+        float* part_copy = copy != nullptr ? copy + p.row_begin * cols : nullptr;
+        uint16_t* part_copy16 = copy16 != nullptr ? copy16 + p.row_begin * cols : nullptr;
+        p.chunks->ForEach([&](int64_t b, int64_t e) {
+          float* slots[4];
+          for (int k = 0; k < 4; ++k) slots[k] = p.slots[k] != nullptr ? p.slots[k] + b : nullptr;
+          ApplyUpdate(optimizer_, up, p.params + b, slots, grad + b, e - b,
+                      part_copy != nullptr ? part_copy + b : nullptr, part_copy16 != nullptr ? part_copy16 + b : nullptr);
+        });
       }
       const int k = s - first_hosted_;  // hosted: parts of other shards have no rows
       if (k < 64) touched_small |= uint64_t{1} << k; else touched_all = true;

@@ -10,6 +10,7 @@
 
 #include "ps_shm/huge_pages.h"
 #include "ps_shm/param_store.h"
+#include "ps_shm/push_chunks.h"
 #include "ps_shm/shm_segment.h"
 #include "ps_shm/stale_segments.h"
 
@@ -265,8 +266,12 @@ class ShmParamStore final : public ParamStore {
     uint64_t* update_count = nullptr;
     uint32_t* row_seq = nullptr;  // one seqlock word per row held (shard_format.h)
     int64_t row_begin = 0, row_end = 0;
+    // The flags that keep concurrent pushes of this part's elements apart
+    // (push_chunks.h; owned by push_chunks_); null where it has no rows.
+    PushChunks* chunks = nullptr;
   };
   std::vector<std::vector<Part>> parts_;
+  std::vector<std::unique_ptr<PushChunks>> push_chunks_;
   std::vector<uint64_t*> shard_versions_;  // [hosted shard k]
   OptimizerOptions sparse_optimizer_;
   // tables_[t][k]: handle on hosted shard first_hosted_ + k's part of table t

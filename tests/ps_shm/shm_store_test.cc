@@ -26,11 +26,13 @@
 #include "absl/types/span.h"
 #include "core/config/options.h"
 #include "core/model/hogwild_kernels.h"
+#include "core/model/optimizer.h"
 #include "core/model/partitioner.h"
 #include "core/model/variable.h"
 #include "gtest/gtest.h"
 #include "ps_shm/memory_placer.h"
 #include "ps_shm/param_store.h"
+#include "ps_shm/push_chunks.h"
 #include "ps_shm/shard_format.h"
 #include "ps_shm/shm_segment.h"
 
@@ -354,6 +356,42 @@ TEST(ShmStoreTest, AdamCountsStepsPerVariable) {
   b_ref.Step(0.01, gb);
   const std::vector<float> b = PullAll(*store, 1);
   for (size_t i = 0; i < b.size(); ++i) EXPECT_NEAR(b[i], b_ref.params()[i], 1e-7) << i;
+}
+
+// A part larger than one push chunk (push_chunks.h) is updated chunk by
+// chunk: the result, and the fused pull's copy, must be those of one update
+// over the whole part, bit for bit, whatever the shard count. 1031 x 13
+// elements is 3 chunks and a partial one on one shard, and parts that start
+// and end inside chunks on three.
+TEST(ShmStoreTest, ChunkedPushEqualsOneUpdateOverTheVariable) {
+  for (OptimizerType type : {OptimizerType::kAdam, OptimizerType::kFtrl, OptimizerType::kSgd}) {
+    for (int shards : {1, 3}) {
+      SCOPED_TRACE(::testing::Message() << OptimizerTypeName(type) << ", " << shards << " shards");
+      OptimizerOptions opt;
+      opt.type = type;
+      opt.lr = 0.01f;
+      const VariableSpec spec{"big", 1031, 13, InitKind::kGlorotUniform, 1031, 13};
+      ASSERT_GT(spec.size(), 3 * PushChunks::kMinChunkElements);
+      absl::StatusOr<std::unique_ptr<ShmParamStore>> store =
+          ShmParamStore::Create(StoreOptionsFor(opt, shards, /*seed=*/5), {spec});
+      ASSERT_TRUE(store.ok()) << store.status();
+      std::vector<float> ref = InitialValue(spec, 5);
+      std::vector<std::vector<float>> ref_slots;
+      for (int k = 0; k < NumSlots(type); ++k) ref_slots.emplace_back(spec.size(), SlotInitialValue(opt, k));
+      float* slot_ptrs[4] = {};
+      for (size_t k = 0; k < ref_slots.size(); ++k) slot_ptrs[k] = ref_slots[k].data();
+      std::vector<float> copy(spec.size(), std::nanf(""));
+      for (int step = 1; step <= 3; ++step) {
+        const std::vector<float> g = Ramp(spec.size(), 0.01f * step, 0.5f - step);
+        const DenseGrad grad{0, g.data()};
+        const PullSlice pull{0, 0, spec.rows, copy.data()};
+        ASSERT_TRUE((*store)->PushPull({&grad, 1}, 0.01f, {&pull, 1}).ok());
+        ApplyUpdate(opt, UpdateParams{0.01f, step}, ref.data(), slot_ptrs, g.data(), spec.size());
+        ASSERT_TRUE(BitEqual(PullAll(**store, 0), ref)) << "step " << step;
+        ASSERT_TRUE(BitEqual(copy, ref)) << "fused pull, step " << step;
+      }
+    }
+  }
 }
 
 TEST(ShmStoreTest, MomentumPushMatchesReference) {
