@@ -23,10 +23,14 @@ sizes and seeds of the configs' comments).
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peer_common  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -76,6 +80,27 @@ def run(cmd, what):
     return result
 
 
+def check_peers(args):
+    """Every peer the chosen workloads need, looked for before anything runs.
+
+    The peer scripts exit 3 naming a missing peer, but only when their turn
+    comes: a missing fastText used to end a default run after the MLP's and
+    DLRM's 12 minutes, with no table. Exits 3 with one message naming all
+    that is missing and how to install it."""
+    missing = []
+    if {"mlp", "dlrm"} & set(args.workloads):
+        probe = subprocess.run([args.python, "-c", "import numpy, torch"], capture_output=True, text=True)
+        if probe.returncode != 0:
+            missing.append(f"PyTorch and numpy for {args.python} (python3-torch, python3-numpy)")
+    if "text" in args.workloads and shutil.which(args.fasttext) is None:
+        missing.append(f"fastText ({args.fasttext}: no such executable)")
+    if missing:
+        log(f"compare.py: error: the peers of --workloads {','.join(args.workloads)} are missing: "
+            f"{'; '.join(missing)}. Install them with:\n  {peer_common.APT_LINE}\n"
+            "(Debian's python3-torch installs into the system interpreter: give --python /usr/bin/python3)")
+        sys.exit(3)
+
+
 def ensure_data(args):
     """The generated files, written with `shardwild data gen` where missing."""
     d = args.data_dir
@@ -112,6 +137,8 @@ def commands(name, args, data, seed):
         sw += ["--set", f"train.batch_size={w['batch']}"]
         peer += ["--batch", str(w["batch"])]
     peer += ["--threads" if name == "text" else "--workers", str(args.threads)]
+    if name == "text":
+        peer += ["--fasttext", args.fasttext]
     if args.precision == "bf16":
         # Shardwild's dense layers in bf16; the PyTorch peers under
         # torch.autocast('cpu', bfloat16). fastText has no bf16 mode.
@@ -166,6 +193,7 @@ def main():
     ap.add_argument("--text-test-rows", type=int, default=20000)
     ap.add_argument("--python", default="/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable,
                     help="the interpreter Debian's python3-torch is installed for (default /usr/bin/python3)")
+    ap.add_argument("--fasttext", default="fasttext", help="the fastText binary the text peer runs (default: fasttext on PATH)")
     ap.add_argument("--precision", choices=["f32", "bf16"], default="f32",
                     help="bf16: Shardwild with model.precision=bf16, the PyTorch peers with autocast bf16 (default f32)")
     ap.add_argument("--out", help="also write every run's JSON, one line each, to this file")
@@ -182,6 +210,7 @@ def main():
     if not os.access(args.shardwild, os.X_OK):
         ap.error(f"--shardwild: {args.shardwild} is not an executable (build it first: make build)")
 
+    check_peers(args)
     data = ensure_data(args)
     out = open(args.out, "w") if args.out else None
     results = {}

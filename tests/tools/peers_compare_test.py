@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""bench/peers/compare.py looks for every peer its workloads need before it
+runs anything: a missing one ends the run at once with exit status 3 and one
+message naming each missing peer and the apt-get line, and no Shardwild or
+peer run has started (the fake shardwild below records any call).
+
+The peers are made missing on purpose: --python is a fake interpreter whose
+imports fail, and --fasttext names no executable. Where they are there (a
+fake fasttext, an interpreter whose probe passes), the check passes and the
+run goes on to call shardwild."""
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+import unittest
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'bench', 'peers', 'compare.py')
+
+
+def write_exe(path, text):
+    with open(path, 'w') as f:
+        f.write(text)
+    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
+
+
+class CompareChecksPeersFirst(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        d = self.tmp.name
+        self.marker = os.path.join(d, 'shardwild_ran')
+        self.shardwild = os.path.join(d, 'shardwild')
+        # Any call is recorded; `train` then fails, so a run that got past
+        # the check stops there.
+        write_exe(self.shardwild, f'#!/bin/sh\necho "$@" >> {self.marker}\nexit 1\n')
+        self.no_torch = os.path.join(d, 'python_without_torch')
+        write_exe(self.no_torch, '#!/bin/sh\nexit 1\n')
+        self.no_fasttext = os.path.join(d, 'no_such_dir', 'fasttext')
+        self.fasttext = os.path.join(d, 'fasttext')
+        write_exe(self.fasttext, '#!/bin/sh\nexit 0\n')
+        # Data files present, so that nothing is generated.
+        self.data = os.path.join(d, 'data')
+        os.mkdir(self.data)
+        for name in ('criteo_train.tsv', 'criteo_test.tsv', 'text_train.txt', 'text_test.txt'):
+            open(os.path.join(self.data, name), 'w').close()
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def compare(self, workloads, python, fasttext):
+        return subprocess.run([sys.executable, SCRIPT, '--shardwild', self.shardwild, '--python', python,
+                               '--fasttext', fasttext, '--workloads', workloads, '--repeats', '1',
+                               '--data-dir', self.data],
+                              capture_output=True, text=True, timeout=60)
+
+    def assertStoppedBeforeRunning(self, p, *named):
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertIn('compare.py: error: the peers of --workloads', p.stderr)
+        for what in named:
+            self.assertIn(what, p.stderr)
+        self.assertIn('apt-get install -y --no-install-recommends python3-torch', p.stderr)
+        self.assertFalse(os.path.exists(self.marker), 'shardwild ran before the peers were checked')
+
+    def test_missing_torch_stops_an_mlp_run_first(self):
+        self.assertStoppedBeforeRunning(self.compare('mlp', self.no_torch, self.fasttext), 'PyTorch and numpy')
+
+    def test_missing_fasttext_stops_a_run_whose_text_comes_last(self):
+        p = self.compare('mlp,dlrm,text', sys.executable, self.no_fasttext)
+        # (This interpreter may lack torch too: then both are named.)
+        self.assertStoppedBeforeRunning(p, f'fastText ({self.no_fasttext}: no such executable)')
+
+    def test_both_missing_are_named_in_one_message(self):
+        p = self.compare('text,dlrm', self.no_torch, self.no_fasttext)
+        self.assertStoppedBeforeRunning(p, 'PyTorch and numpy', 'fastText (')
+        self.assertEqual(p.stderr.count('compare.py: error'), 1)
+
+    def test_present_peers_pass_the_check(self):
+        # The fake interpreter imports nothing but exits 0 for the probe: the
+        # check passes and the run reaches shardwild, which fails on purpose.
+        ok_python = os.path.join(self.tmp.name, 'python_ok')
+        write_exe(ok_python, '#!/bin/sh\nexit 0\n')
+        p = self.compare('text', ok_python, self.fasttext)
+        self.assertNotIn('compare.py: error: the peers', p.stderr)
+        self.assertTrue(os.path.exists(self.marker), p.stderr)
+
+
+if __name__ == '__main__':
+    unittest.main()
