@@ -1087,20 +1087,35 @@ std::string CachePath(const std::string& path, const ReadOptions& o) {
 }
 
 std::optional<Dataset> ReadCache(const std::string& cache, const CacheHeader& want) {
-  FILE* f = std::fopen(cache.c_str(), "rb");
-  if (f == nullptr) return std::nullopt;
-  CacheHeader h;
+  // The file is mapped and its payload checked and decoded in place: no
+  // buffer of its size is zeroed and filled with a copy first. (DLRM's
+  // caches, 182 MB of training and 45 MB of test data, read on two threads
+  // on a 2-core Zen 5 VM where each first write to a page costs about 5 us,
+  // 3 alternating rounds: data.load_s 1.38-1.68 -> 0.79-0.83 s.) A cache is
+  // only ever replaced whole, by a rename (WriteCache), so the mapped file
+  // does not change under the decode.
+  const int fd = ::open(cache.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  struct stat sb;
   std::optional<Dataset> d;
-  if (std::fread(&h, sizeof h, 1, f) == 1 && std::memcmp(h.magic, kCacheMagic, 8) == 0 && h.version == kCacheVersion &&
-      h.source_size == want.source_size && h.source_mtime_ns == want.source_mtime_ns &&
-      h.options_hash == want.options_hash && h.payload_size < (uint64_t{1} << 40)) {
-    std::string payload(h.payload_size, '\0');
-    if (std::fread(payload.data(), 1, payload.size(), f) == payload.size() && std::fgetc(f) == EOF &&
-        Crc32c(payload.data(), payload.size()) == h.payload_crc) {
-      d = Deserialize(payload);
+  if (::fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && static_cast<uint64_t>(sb.st_size) >= sizeof(CacheHeader)) {
+    const size_t size = static_cast<size_t>(sb.st_size);
+    void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map != MAP_FAILED) {
+      const char* bytes = static_cast<const char*>(map);
+      CacheHeader h;
+      std::memcpy(&h, bytes, sizeof h);
+      // The payload runs to the end of the file, nothing after it.
+      if (std::memcmp(h.magic, kCacheMagic, 8) == 0 && h.version == kCacheVersion &&
+          h.source_size == want.source_size && h.source_mtime_ns == want.source_mtime_ns &&
+          h.options_hash == want.options_hash && h.payload_size == size - sizeof h) {
+        const std::string_view payload(bytes + sizeof h, h.payload_size);
+        if (Crc32c(payload.data(), payload.size()) == h.payload_crc) d = Deserialize(payload);
+      }
+      ::munmap(map, size);
     }
   }
-  std::fclose(f);
+  ::close(fd);
   return d;
 }
 

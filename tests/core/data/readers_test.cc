@@ -681,12 +681,31 @@ TEST(ReaderCacheTest, UsedWhileValidRewrittenOtherwise) {
   EXPECT_FALSE(st.from_cache);
   EXPECT_TRUE(st.cache_written);
   EXPECT_FLOAT_EQ(b->dense[0], 7.0f);
-  fs::resize_file(st.cache_path, 20);  // truncated
+  fs::resize_file(st.cache_path, 20);  // truncated inside the header
   b = ReadDataset(path, o, &st);
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_FALSE(st.from_cache);
   b = ReadDataset(path, o, &st);
   EXPECT_TRUE(st.from_cache);
+  // Truncated inside the payload, and a byte after the payload: the payload
+  // must run exactly to the file's end.
+  const uintmax_t whole = fs::file_size(st.cache_path);
+  fs::resize_file(st.cache_path, whole - 5);
+  b = ReadDataset(path, o, &st);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_FALSE(st.from_cache);
+  EXPECT_EQ(fs::file_size(st.cache_path), whole);  // rewritten
+  {
+    std::ofstream f(st.cache_path, std::ios::app | std::ios::binary);
+    f.put('\0');
+  }
+  b = ReadDataset(path, o, &st);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_FALSE(st.from_cache);
+  EXPECT_EQ(fs::file_size(st.cache_path), whole);
+  b = ReadDataset(path, o, &st);
+  EXPECT_TRUE(st.from_cache);
+  EXPECT_FLOAT_EQ(b->dense[0], 7.0f);
 
   // cache_dir.
   o.cache_dir = dir.path() + "/cache";
