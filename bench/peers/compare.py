@@ -68,13 +68,21 @@ def last_json(stdout, what):
     raise RuntimeError(f"{what}: no JSON line on stdout")
 
 
+class RunFailed(Exception):
+    """A run exited non-zero; `status` is compare.py's exit status for it."""
+
+    def __init__(self, status):
+        super().__init__(status)
+        self.status = status
+
+
 def run(cmd, what):
     log("  $ " + " ".join(cmd))
     t0 = time.monotonic()
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if p.returncode != 0:
         log(f"{what} failed with exit status {p.returncode}:\n{p.stderr[-3000:]}{p.stdout[-1000:]}")
-        sys.exit(p.returncode if p.returncode in (2, 3) else 1)
+        raise RunFailed(p.returncode if p.returncode in (2, 3) else 1)
     result = last_json(p.stdout, what)
     log(f"    done in {time.monotonic() - t0:.1f} s")
     return result
@@ -214,28 +222,34 @@ def main():
     data = ensure_data(args)
     out = open(args.out, "w") if args.out else None
     results = {}
-    for name in args.workloads:
-        log(f"== {name}: {args.repeats} x (shardwild, peer), alternating")
-        results[name] = {"shardwild": [], "peer": []}
-        for r in range(args.repeats):
-            # Repeat r runs both sides with seed r + 1: the medians compare
-            # accuracy over the same spread of initialisations and orders,
-            # not one lucky or unlucky draw.
-            sw_cmd, peer_cmd = commands(name, args, data, seed=r + 1)
-            order = [("shardwild", sw_cmd), ("peer", peer_cmd)]
-            if r % 2 == 1:
-                order.reverse()
-            for side, cmd in order:
-                res = run(cmd, f"{name} {side}")
-                results[name][side].append(res)
-                if out:
-                    out.write(json.dumps({"workload": name, "side": side, "repeat": r, "command": cmd,
-                                          "result": res}) + "\n")
-                    out.flush()
+    failed = None
+    try:
+        for name in args.workloads:
+            log(f"== {name}: {args.repeats} x (shardwild, peer), alternating")
+            results[name] = {"shardwild": [], "peer": []}
+            for r in range(args.repeats):
+                # Repeat r runs both sides with seed r + 1: the medians compare
+                # accuracy over the same spread of initialisations and orders,
+                # not one lucky or unlucky draw.
+                sw_cmd, peer_cmd = commands(name, args, data, seed=r + 1)
+                order = [("shardwild", sw_cmd), ("peer", peer_cmd)]
+                if r % 2 == 1:
+                    order.reverse()
+                for side, cmd in order:
+                    res = run(cmd, f"{name} {side}")
+                    results[name][side].append(res)
+                    if out:
+                        out.write(json.dumps({"workload": name, "side": side, "repeat": r, "command": cmd,
+                                              "result": res}) + "\n")
+                        out.flush()
+    except RunFailed as e:
+        # The table of the runs that finished, then the run's failure.
+        failed = e.status
+        log("compare.py: a run failed; the table below has only the runs that finished before it")
 
     peers = {"mlp": "PyTorch", "dlrm": "PyTorch", "text": "fastText"}
     rows = [("workload", "metric", "shardwild median (min-max)", "peer median (min-max)", "shardwild/peer")]
-    for name in args.workloads:
+    for name in results:
         for label, sw_key, peer_key in METRICS[name]:
             sw_med, sw_txt = summary([x.get(sw_key) for x in results[name]["shardwild"]])
             p_med, p_txt = summary([x.get(peer_key) for x in results[name]["peer"]])
@@ -251,6 +265,8 @@ def main():
             print("  ".join("-" * wd for wd in widths))
     if out:
         out.close()
+    if failed is not None:
+        sys.exit(failed)
 
 
 if __name__ == "__main__":

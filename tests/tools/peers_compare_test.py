@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """bench/peers/compare.py looks for every peer its workloads need before it
-runs anything: a missing one ends the run at once with exit status 3 and one
+runs anything, and a run that fails midway still prints the table of the runs
+before it. Looking first: a missing one ends the run at once with exit status 3 and one
 message naming each missing peer and the apt-get line, and no Shardwild or
 peer run has started (the fake shardwild below records any call).
 
@@ -82,6 +83,22 @@ class CompareChecksPeersFirst(unittest.TestCase):
         p = self.compare('text', ok_python, self.fasttext)
         self.assertNotIn('compare.py: error: the peers', p.stderr)
         self.assertTrue(os.path.exists(self.marker), p.stderr)
+
+    def test_a_failed_run_still_prints_the_runs_before_it(self):
+        # Shardwild's run succeeds; the peer's (the interpreter passes the
+        # check, then fails the script) does not: the table shows Shardwild's
+        # figures and the exit status is the failure's.
+        write_exe(self.shardwild, '#!/bin/sh\necho \'{"samples_per_s": 123456, "test_accuracy": 0.8899}\'\n')
+        python = os.path.join(self.tmp.name, 'python_check_only')
+        write_exe(python, '#!/bin/sh\n[ "$1" = "-c" ] && exit 0\necho "peer broke" >&2\nexit 1\n')
+        p = self.compare('mlp', python, self.fasttext)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn('peer broke', p.stderr)
+        self.assertIn('the table below has only the runs that finished before it', p.stderr)
+        lines = [line for line in p.stdout.splitlines() if line.startswith('mlp vs PyTorch')]
+        self.assertEqual(len(lines), 2, p.stdout)
+        self.assertIn('123,456', lines[0])
+        self.assertIn('0.8899', lines[1])
 
 
 if __name__ == '__main__':
