@@ -53,7 +53,6 @@ class PushChunks {
   // Flags for an array of `n` >= 0 elements, all free.
   explicit PushChunks(int64_t n);
 
-  int64_t size() const { return n_; }
   int64_t chunk_elements() const { return chunk_; }
   int num_chunks() const { return num_chunks_; }
 
@@ -92,26 +91,26 @@ class PushChunks {
 
 template <typename Update>
 void PushChunks::ForEach(Update&& update) {
+  auto update_chunk = [&](int c) {
+    const int64_t begin = c * chunk_;
+    update(begin, begin + chunk_ < n_ ? begin + chunk_ : n_);
+  };
   uint64_t skipped[kMaxChunks / 64] = {};
   bool any_skipped = false;
   for (int c = 0; c < num_chunks_; ++c) {
-    const int64_t begin = c * chunk_;
-    const int64_t end = begin + chunk_ < n_ ? begin + chunk_ : n_;
     if (!TryClaim(c)) {
       skipped[c / 64] |= uint64_t{1} << (c % 64);
       any_skipped = true;
       continue;
     }
-    update(begin, end);
+    update_chunk(c);
     Release(c);
   }
   if (!any_skipped) return;
   for (int c = 0; c < num_chunks_; ++c) {
     if (!((skipped[c / 64] >> (c % 64)) & 1)) continue;
-    const int64_t begin = c * chunk_;
-    const int64_t end = begin + chunk_ < n_ ? begin + chunk_ : n_;
     const bool claimed = TryClaim(c);
-    update(begin, end);
+    update_chunk(c);
     if (claimed) Release(c);
   }
 }
