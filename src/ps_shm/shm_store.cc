@@ -17,6 +17,7 @@
 #include "core/base/parallel_for.h"
 #include "core/base/status.h"
 #include "ps_shm/memory_placer.h"
+#include "ps_shm/push_chunks.h"
 #include "ps_shm/row_seqlock.h"
 #include "ps_shm/shard_format.h"
 
@@ -1014,7 +1015,8 @@ absl::Status ShmParamStore::PushImpl(absl::Span<const DenseGrad> grads, float lr
           float* slots[4];
           for (int k = 0; k < 4; ++k) slots[k] = p.slots[k] != nullptr ? p.slots[k] + b : nullptr;
           ApplyUpdate(optimizer_, up, p.params + b, slots, grad + b, e - b,
-                      part_copy != nullptr ? part_copy + b : nullptr, part_copy16 != nullptr ? part_copy16 + b : nullptr);
+                      part_copy != nullptr ? part_copy + b : nullptr,
+                      part_copy16 != nullptr ? part_copy16 + b : nullptr);
         });
       }
       const int k = s - first_hosted_;  // hosted: parts of other shards have no rows

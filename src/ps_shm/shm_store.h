@@ -10,12 +10,12 @@
 
 #include "ps_shm/huge_pages.h"
 #include "ps_shm/param_store.h"
-#include "ps_shm/push_chunks.h"
 #include "ps_shm/shm_segment.h"
 #include "ps_shm/stale_segments.h"
 
 namespace shardwild {
 
+class PushChunks;  // push_chunks.h
 
 // Partial stores (OpenStoreOptions::first_hosted_shard / num_hosted_shards):
 // a store may host only a contiguous block of the global shards, as one ps
