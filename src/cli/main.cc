@@ -300,9 +300,10 @@ int Train(const std::string& path, const std::vector<std::string>& sets, bool as
   absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(*config);
   if (!job.ok()) return Fail(job.status());
   const Placement& p = (*job)->placement();
-  std::printf("shardwild %s: training %s on %d workers x %d threads, %d shards (store %s, %.1f MiB)\n",
+  std::printf("shardwild %s: training %s on %d workers x %d threads, %d shards (store %s, %.1f MiB%s)\n",
               SHARDWILD_VERSION, path.c_str(), p.num_workers, p.threads_per_worker, p.num_shards,
-              (*job)->store().name().c_str(), (*job)->replicas().total_bytes() / 1048576.0);
+              (*job)->store().name().c_str(), (*job)->replicas().total_bytes() / 1048576.0,
+              (*job)->store().private_memory() ? " of private memory" : "");
   const ReplicationPlan& rp = (*job)->replicas().plan();
   std::printf("replication: %s (%s)", ReplicationPolicyName(rp.policy), rp.reason.c_str());
   if ((*job)->replicas().num_replicas() > 1) {

@@ -18,6 +18,7 @@ namespace shardwild {
 namespace {
 
 constexpr char kShmemEnabledPath[] = "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
+constexpr char kThpEnabledPath[] = "/sys/kernel/mm/transparent_hugepage/enabled";
 constexpr char kShmMountPoint[] = "/dev/shm";
 
 // The whole of a (proc or sys) file; nullopt if it cannot be opened.
@@ -71,15 +72,20 @@ bool ShmHugePagesAllowed(absl::string_view shmem_enabled, absl::string_view tmpf
   return tmpfs_huge == "always" || tmpfs_huge == "within_size" || tmpfs_huge == "advise";
 }
 
-std::optional<uint64_t> ShmemPmdMappedBytes(absl::string_view smaps_text, absl::Span<const MappedRange> ranges) {
+bool PrivateHugePagesAllowed(absl::string_view thp_enabled) {
+  return thp_enabled == "always" || thp_enabled == "madvise";
+}
+
+std::optional<uint64_t> PmdMappedBytes(absl::string_view smaps_text, absl::Span<const MappedRange> ranges,
+                                       absl::string_view field) {
   uint64_t pmd_bytes = 0;
   uint64_t area_bytes = 0;      // of the areas inside `ranges`, to check they cover them
   bool in_area = false;         // the current area lies inside a range
-  bool area_has_field = false;  // ... and its ShmemPmdMapped line was seen
+  bool area_has_field = false;  // ... and its `field` line was seen
   for (absl::string_view line : absl::StrSplit(smaps_text, '\n', absl::SkipEmpty())) {
     const absl::string_view first = line.substr(0, line.find(' '));
     if (!first.empty() && first.back() == ':') {
-      if (in_area && first == "ShmemPmdMapped:") {
+      if (in_area && first == field) {
         // "ShmemPmdMapped:     2048 kB"
         absl::string_view value = absl::StripAsciiWhitespace(line.substr(first.size()));
         if (!absl::ConsumeSuffix(&value, " kB")) return std::nullopt;
@@ -115,6 +121,7 @@ HugePageSettings ReadHugePageSettings() {
   if (std::optional<std::string> t = ReadWholeFile("/proc/self/mounts")) {
     s.tmpfs_huge = TmpfsHugeOption(*t, kShmMountPoint);
   }
+  if (std::optional<std::string> t = ReadWholeFile(kThpEnabledPath)) s.thp_enabled = SelectedThpSetting(*t);
   return s;
 }
 
@@ -122,10 +129,6 @@ bool AdviseHugePages(void* addr, size_t bytes) { return madvise(addr, bytes, MAD
 
 void CollapseHugePages(void* addr, size_t bytes) { (void)madvise(addr, bytes, MADV_COLLAPSE); }
 
-std::optional<uint64_t> ReadShmemPmdMappedBytes(absl::Span<const MappedRange> ranges) {
-  const std::optional<std::string> smaps = ReadWholeFile("/proc/self/smaps");
-  if (!smaps) return std::nullopt;
-  return ShmemPmdMappedBytes(*smaps, ranges);
-}
+std::optional<std::string> ReadSelfSmaps() { return ReadWholeFile("/proc/self/smaps"); }
 
 }  // namespace shardwild

@@ -18,6 +18,13 @@
 // huge pages synchronously where memory allows; both are requests, and the
 // kernel may grant less.
 //
+// A store in private memory (ps.memory_kind; shm_segment.h CreatePrivate)
+// is anonymous memory of its process: whether it may get huge pages is
+// /sys/kernel/mm/transparent_hugepage/enabled's choice ("always" or
+// "madvise": inside mappings marked MADV_HUGEPAGE; "never": not at all).
+// Its huge pages show as AnonHugePages in smaps, a shared mapping's as
+// ShmemPmdMapped.
+//
 // The parsing functions take file contents, so tests can feed them any
 // machine's files; the Read* functions read this machine's.
 #pragma once
@@ -43,6 +50,12 @@ struct HugePageStatus {
   // The huge= option of the /dev/shm mount ("never" when it has none); empty
   // when /dev/shm is not a mount point listed in /proc/self/mounts.
   std::string tmpfs_huge;
+  // Whether the shards are private memory of this process (ps.memory_kind),
+  // where /sys/kernel/mm/transparent_hugepage/enabled governs huge pages.
+  bool private_memory = false;
+  // The selected value of /sys/kernel/mm/transparent_hugepage/enabled; empty
+  // when the file is absent.
+  std::string thp_enabled;
   // Bytes of the shards mapped with PMD-size huge pages at the time of the
   // call (the ShmemPmdMapped lines of /proc/self/smaps for the shards'
   // mappings). Smaller multi-size THP folios are not counted. nullopt when it
@@ -63,25 +76,40 @@ std::string TmpfsHugeOption(absl::string_view mounts_text, absl::string_view mou
 // pages by asking, given `shmem_enabled` (rules above).
 bool ShmHugePagesAllowed(absl::string_view shmem_enabled, absl::string_view tmpfs_huge);
 
+// Whether anonymous memory marked MADV_HUGEPAGE can get huge pages, given
+// transparent_hugepage/enabled ("always" or "madvise").
+bool PrivateHugePagesAllowed(absl::string_view thp_enabled);
+
 // A mapped address range [begin, end).
 struct MappedRange {
   uintptr_t begin = 0;
   uintptr_t end = 0;
 };
 
-// Sums ShmemPmdMapped over the areas of `smaps_text` (the format of
-// /proc/self/smaps) that lie inside one of `ranges` (disjoint, each a whole
-// mapping, so page-aligned). nullopt when the areas inside do not cover the
-// ranges exactly, an area overlaps a range without lying inside it, or an
-// area inside has no ShmemPmdMapped line.
-std::optional<uint64_t> ShmemPmdMappedBytes(absl::string_view smaps_text, absl::Span<const MappedRange> ranges);
+// Sums the `field` lines ("ShmemPmdMapped:" for shared memory,
+// "AnonHugePages:" for private) over the areas of `smaps_text` (the format
+// of /proc/self/smaps) that lie inside one of `ranges` (disjoint, each a
+// whole mapping, so page-aligned). nullopt when the areas inside do not
+// cover the ranges exactly, an area overlaps a range without lying inside
+// it, or an area inside has no such line.
+std::optional<uint64_t> PmdMappedBytes(absl::string_view smaps_text, absl::Span<const MappedRange> ranges,
+                                       absl::string_view field);
+inline std::optional<uint64_t> ShmemPmdMappedBytes(absl::string_view smaps_text,
+                                                   absl::Span<const MappedRange> ranges) {
+  return PmdMappedBytes(smaps_text, ranges, "ShmemPmdMapped:");
+}
 
-// This machine's settings: shmem_enabled and the huge= option of /dev/shm.
-// Fields that cannot be read are empty. Thread-safe.
+// This machine's settings: shmem_enabled, the huge= option of /dev/shm and
+// transparent_hugepage/enabled. Fields that cannot be read are empty.
+// Thread-safe.
 struct HugePageSettings {
   std::string shmem_enabled;
   std::string tmpfs_huge;
+  std::string thp_enabled;
+  // Shared memory on /dev/shm can get huge pages.
   bool allowed() const { return ShmHugePagesAllowed(shmem_enabled, tmpfs_huge); }
+  // Private (anonymous) memory can.
+  bool private_allowed() const { return PrivateHugePagesAllowed(thp_enabled); }
 };
 HugePageSettings ReadHugePageSettings();
 
@@ -94,8 +122,9 @@ bool AdviseHugePages(void* addr, size_t bytes);
 // Failures (old kernel, no memory) are ignored: the pages stay small.
 void CollapseHugePages(void* addr, size_t bytes);
 
-// ShmemPmdMappedBytes of this process's /proc/self/smaps. Reads the whole
-// file (milliseconds in a large process): not for a hot path. Thread-safe.
-std::optional<uint64_t> ReadShmemPmdMappedBytes(absl::Span<const MappedRange> ranges);
+// This process's /proc/self/smaps, for PmdMappedBytes; nullopt when it
+// cannot be read. Reads the whole file (milliseconds in a large process):
+// not for a hot path. Thread-safe.
+std::optional<std::string> ReadSelfSmaps();
 
 }  // namespace shardwild

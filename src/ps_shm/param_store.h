@@ -168,6 +168,11 @@ struct OpenStoreOptions {
   // starts (which inherit its binding). Shards are set up one after
   // another. 0 = one per hardware thread.
   int init_threads = 0;
+  // Whether other processes may attach to the store by name (worker
+  // processes, Python, a cluster's worker on the same host). Only a store
+  // no one else attaches to may be put in private memory by
+  // store.memory_kind auto (ShmParamStore::Create).
+  bool others_attach = true;
 };
 
 // Per-thread scratch of PullRows/PushRows: ids grouped by shard and the

@@ -8,7 +8,9 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 
@@ -59,8 +61,8 @@ void UnregisterOwned(const std::string& name) {
   }
 }
 
-absl::Status Errno(const std::string& what, const std::string& name, int err) {
-  const std::string msg = absl::StrCat("shared memory /", name, ": ", what, ": ", std::strerror(err));
+absl::Status ErrnoFor(const std::string& described, const std::string& what, int err) {
+  const std::string msg = absl::StrCat(described, ": ", what, ": ", std::strerror(err));
   switch (err) {
     case EEXIST: return absl::AlreadyExistsError(msg);
     case ENOENT: return absl::NotFoundError(msg);
@@ -70,6 +72,27 @@ absl::Status Errno(const std::string& what, const std::string& name, int err) {
     case EPERM: return absl::PermissionDeniedError(msg);
     default: return absl::InternalError(msg);
   }
+}
+
+absl::Status Errno(const std::string& what, const std::string& name, int err) {
+  return ErrnoFor(absl::StrCat("shared memory /", name), what, err);
+}
+
+// MemAvailable of /proc/meminfo in bytes; nullopt when it cannot be read.
+std::optional<uint64_t> MemAvailableBytes() {
+  FILE* f = std::fopen("/proc/meminfo", "re");
+  if (f == nullptr) return std::nullopt;
+  char line[256];
+  std::optional<uint64_t> result;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    unsigned long long kb = 0;
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+      result = static_cast<uint64_t>(kb) * 1024;
+      break;
+    }
+  }
+  std::fclose(f);
+  return result;
 }
 
 absl::Status CheckName(const std::string& name) {
@@ -121,13 +144,64 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string
   return std::unique_ptr<ShmSegment>(new ShmSegment(name, p, bytes, /*owner=*/true, fd));
 }
 
+absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::CreatePrivate(const std::string& name, size_t bytes,
+                                                                      bool huge_pages) {
+  if (absl::Status s = CheckName(name); !s.ok()) return s;
+  if (bytes == 0) return absl::InvalidArgumentError("private memory of 0 bytes");
+  const std::string described = absl::StrCat("private memory ", name);
+  if (const std::optional<uint64_t> avail = MemAvailableBytes(); avail && *avail < bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(described, ": cannot reserve ", bytes, " bytes: only ", *avail,
+                                                     " are available (MemAvailable in /proc/meminfo)"));
+  }
+  // The mapping is widened to whole pages (2 MiB ones with huge pages, made
+  // to start on a 2 MiB boundary so that every part of it can be a huge
+  // page) and gets an inaccessible guard page on each side: they catch a
+  // stray access past either end, and keep the kernel from merging it with
+  // a neighbouring anonymous mapping, so that smaps accounts for it alone
+  // (huge_pages.h). Mapped longer by the alignment, the slack unmapped.
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t align = huge_pages ? size_t{2} << 20 : page;
+  const size_t map_bytes = (bytes + align - 1) / align * align;
+  const size_t reserve = map_bytes + align + 2 * page;
+  if (map_bytes < bytes || reserve < map_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(described, ": ", bytes, " bytes is too large"));
+  }
+  void* p = mmap(nullptr, reserve, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return ErrnoFor(described, absl::StrCat("cannot map ", bytes, " bytes"), errno);
+  char* const base = static_cast<char*>(p);
+  const uintptr_t first = reinterpret_cast<uintptr_t>(base) + page;
+  char* const start = base + ((first + align - 1) / align * align - reinterpret_cast<uintptr_t>(base));
+  char* const end = start + map_bytes;
+  if (start - page > base) munmap(base, static_cast<size_t>(start - page - base));
+  if (base + reserve > end + page) munmap(end + page, static_cast<size_t>(base + reserve - (end + page)));
+  if (mprotect(start - page, page, PROT_NONE) != 0 || mprotect(end, page, PROT_NONE) != 0) {
+    const int err = errno;
+    munmap(start - page, map_bytes + 2 * page);
+    return ErrnoFor(described, "cannot protect its guard pages", err);
+  }
+  // Best effort: a kernel without THP refuses the advice, and the pages are
+  // small.
+  if (huge_pages) (void)madvise(start, map_bytes, MADV_HUGEPAGE);
+  return std::unique_ptr<ShmSegment>(new ShmSegment(name, start, bytes, /*owner=*/true, /*fd=*/-1, map_bytes));
+}
+
+size_t ShmSegment::mapped_bytes() const {
+  if (is_private()) return map_bytes_;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return (size_ + page - 1) / page * page;
+}
+
+std::string ShmSegment::Describe() const {
+  return is_private() ? absl::StrCat("private memory ", name_) : absl::StrCat("shared memory /", name_);
+}
+
 absl::Status ShmSegment::Reserve(size_t offset, size_t bytes) const {
-  if (fd_ < 0) {
+  if (fd_ < 0 && !is_private()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("shared memory /", name_, ": Reserve on a segment not created with Reservation::kByOwner"));
+        absl::StrCat(Describe(), ": Reserve on a segment not created with Reservation::kByOwner"));
   }
   if (offset > size_ || bytes > size_ - offset) {
-    return absl::InvalidArgumentError(absl::StrCat("shared memory /", name_, ": cannot reserve [", offset, ", ",
+    return absl::InvalidArgumentError(absl::StrCat(Describe(), ": cannot reserve [", offset, ", ",
                                                    offset + bytes, "): the segment has ", size_, " bytes"));
   }
   if (bytes == 0) return absl::OkStatus();
@@ -144,6 +218,14 @@ absl::Status ShmSegment::Reserve(size_t offset, size_t bytes) const {
     if (madvise(start, len, MADV_POPULATE_WRITE) == 0) return absl::OkStatus();
     err = errno;
     if (err != EINTR && err != EAGAIN) break;
+  }
+  if (is_private()) {
+    // A kernel before 5.14 cannot populate: the pages come at their first
+    // write instead (zeroed, as they would have been here).
+    if (err == EINVAL) return absl::OkStatus();
+    if (err == EFAULT) err = ENOMEM;
+    return ErrnoFor(Describe(), absl::StrCat("cannot reserve ", len, " bytes at offset ", begin,
+                                             " (is there enough free memory?)"), err);
   }
   if (err == EINVAL) {
     // A kernel before 5.14: the pages are allocated, not yet mapped.
@@ -180,6 +262,11 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Attach(const std::string
 }
 
 ShmSegment::~ShmSegment() {
+  if (is_private()) {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    munmap(static_cast<char*>(data_) - page, map_bytes_ + 2 * page);  // with its guard pages
+    return;
+  }
   munmap(data_, size_);
   if (fd_ >= 0) close(fd_);
   if (owner_) {

@@ -148,6 +148,16 @@ absl::StatusOr<std::unique_ptr<ParamStore>> ParamStore::Open(const OpenStoreOpti
   return std::unique_ptr<ParamStore>(std::move(store));
 }
 
+bool UsePrivateMemory(const OpenStoreOptions& options, const HugePageSettings& settings) {
+  switch (options.store.memory_kind) {
+    case StoreMemoryKind::kPrivate: return true;
+    case StoreMemoryKind::kShared: return false;
+    case StoreMemoryKind::kAuto: break;
+  }
+  return !options.others_attach && options.store.huge_pages == HugePagePolicy::kAuto && settings.private_allowed() &&
+         !settings.allowed();
+}
+
 absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Create(const OpenStoreOptions& options,
                                                                      std::vector<VariableSpec> variables) {
   SW_RETURN_IF_ERROR(options.store.Validate());
@@ -217,7 +227,10 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Create(const OpenS
     }
   }
   st->huge_page_settings_ = ReadHugePageSettings();
-  const bool want_huge_pages = options.store.huge_pages == HugePagePolicy::kAuto && st->huge_page_settings_.allowed();
+  st->private_memory_ = UsePrivateMemory(options, st->huge_page_settings_);
+  const bool want_huge_pages =
+      options.store.huge_pages == HugePagePolicy::kAuto &&
+      (st->private_memory_ ? st->huge_page_settings_.private_allowed() : st->huge_page_settings_.allowed());
   st->huge_pages_requested_ = want_huge_pages;
 
   st->name_ = UniqueStoreName(options.store.job_name);
@@ -290,11 +303,16 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Create(const OpenS
 
     std::unique_ptr<ShmSegment> seg;
     auto create = [&]() -> absl::Status {
-      SW_ASSIGN_OR_RETURN(seg, ShmSegment::Create(SegmentName(st->name_, k), total,
-                                                  ShmSegment::Reservation::kByOwner));
-      // Advised before any page exists, so where /dev/shm allows huge
-      // pages the reservation below takes them directly.
-      if (want_huge_pages && !AdviseHugePages(seg->data(), seg->size())) st->huge_pages_requested_ = false;
+      if (st->private_memory_) {
+        // Advised (and aligned) by CreatePrivate.
+        SW_ASSIGN_OR_RETURN(seg, ShmSegment::CreatePrivate(SegmentName(st->name_, k), total, want_huge_pages));
+      } else {
+        SW_ASSIGN_OR_RETURN(seg, ShmSegment::Create(SegmentName(st->name_, k), total,
+                                                    ShmSegment::Reservation::kByOwner));
+        // Advised before any page exists, so where /dev/shm allows huge
+        // pages the reservation below takes them directly.
+        if (want_huge_pages && !AdviseHugePages(seg->data(), seg->size())) st->huge_pages_requested_ = false;
+      }
       // Every page is reserved (allocated zeroed, and mapped) by threads
       // bound to this node (this one and the helpers it starts, which
       // inherit its binding), a chunk at a time: in parallel, where
@@ -1319,12 +1337,22 @@ HugePageStatus ShmParamStore::huge_pages() const {
   status.requested = huge_pages_requested_;
   status.shmem_enabled = huge_page_settings_.shmem_enabled;
   status.tmpfs_huge = huge_page_settings_.tmpfs_huge;
-  std::vector<MappedRange> ranges;
+  status.private_memory = private_memory_;
+  status.thp_enabled = huge_page_settings_.thp_enabled;
+  // Per segment, and no more than its size: a private segment's mapping
+  // ends on a whole huge page (ShmSegment::mapped_bytes).
+  const std::optional<std::string> smaps = ReadSelfSmaps();
+  if (!smaps) return status;
+  uint64_t granted = 0;
   for (const auto& seg : segments_) {
     const auto begin = reinterpret_cast<uintptr_t>(seg->data());
-    ranges.push_back({begin, begin + seg->size()});
+    const MappedRange range{begin, begin + seg->mapped_bytes()};
+    const std::optional<uint64_t> bytes =
+        PmdMappedBytes(*smaps, {&range, 1}, private_memory_ ? "AnonHugePages:" : "ShmemPmdMapped:");
+    if (!bytes) return status;
+    granted += std::min<uint64_t>(*bytes, seg->size());
   }
-  status.granted_bytes = ReadShmemPmdMappedBytes(ranges);
+  status.granted_bytes = granted;
   return status;
 }
 

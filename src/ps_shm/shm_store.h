@@ -36,6 +36,14 @@ class PushChunks;  // push_chunks.h
 //     InvalidArgument naming the id and its shard, before anything is
 //     written or copied;
 //   * version() is the largest model version of the hosted shards.
+// Whether a store created with `options` lives in private memory
+// (ShmSegment::CreatePrivate) rather than in /dev/shm segments:
+// store.memory_kind private; or auto, when no other process attaches
+// (options.others_attach false), huge pages are asked for
+// (store.huge_pages auto), and this machine's `settings` grant them to
+// private memory but not to /dev/shm.
+bool UsePrivateMemory(const OpenStoreOptions& options, const HugePageSettings& settings);
+
 class ShmParamStore final : public ParamStore {
  public:
   // Creates the segments "<name>-s<k>", places them (placer), writes the
@@ -47,6 +55,9 @@ class ShmParamStore final : public ParamStore {
   // them. This layer does not log; the caller tells the user.
   // With options.store.huge_pages `auto`, each shard is marked MADV_HUGEPAGE
   // and collapsed into huge pages where the kernel allows (huge_pages.h).
+  // The shards are private memory of this process instead of /dev/shm
+  // segments where UsePrivateMemory says so (then no "<name>-s<k>" exists
+  // and Attach fails with NotFound).
   // A partial store creates only its hosted shards' segments ("<name>-s<k>",
   // k counted from the first hosted shard; shard_format.h). InvalidArgument
   // for a hosted block outside [0, num_shards).
@@ -202,6 +213,8 @@ class ShmParamStore final : public ParamStore {
   // /proc/self/smaps (milliseconds): not for a hot path. For an attached
   // store, `requested` is false (the creator decided).
   HugePageStatus huge_pages() const;
+  // Whether the shards are private memory of this process (UsePrivateMemory).
+  bool private_memory() const { return private_memory_; }
 
   // Replica averaging (ps.replication per_node / per_core): sets every
   // parameter of every store in `replicas` to the element-wise mean of that
@@ -281,6 +294,7 @@ class ShmParamStore final : public ParamStore {
   std::vector<StaleSegment> reported_stale_segments_;
   HugePageSettings huge_page_settings_;
   bool huge_pages_requested_ = false;
+  bool private_memory_ = false;
 };
 
 }  // namespace shardwild

@@ -265,6 +265,9 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
     so.seed = config.train.seed;
     so.num_shards = shards;
     so.placer = job->topology_.get();
+    // Worker processes attach to the store by name; otherwise only this
+    // process uses it, and ps.memory_kind auto may make it private.
+    so.others_attach = config.train.worker_processes;
     // Every core the workers will run on initialises the store.
     so.init_threads = 0;
     for (const WorkerPlacement& w : job->placement_.workers) so.init_threads += static_cast<int>(w.cores.size());

@@ -91,6 +91,7 @@ json HugePagesJson(const HugePageStatus& h) {
   return {{"requested", h.requested},
           {"shmem_enabled", text(h.shmem_enabled)},
           {"tmpfs_huge", text(h.tmpfs_huge)},
+          {"thp_enabled", text(h.thp_enabled)},
           {"granted_bytes", h.granted_bytes ? json(*h.granted_bytes) : json(nullptr)}};
 }
 
@@ -161,6 +162,7 @@ json TrainSummaryJson(const TrainSummary& s, Job& job) {
     j["store"]["replication"] = ReplicationJson(job.replicas());
     j["store"]["shards"] = ShardsJson(job);
     j["store"]["huge_pages"] = HugePagesJson(job.store().huge_pages());
+    j["store"]["memory_kind"] = job.store().private_memory() ? "private" : "shared";
   }
   json hist = json::array();
   for (const EpochResult& e : s.history) {

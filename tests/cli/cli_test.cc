@@ -266,6 +266,20 @@ TEST_F(CliTrainTest, LastLineIsJsonSummary) {
   } else {
     EXPECT_TRUE(hp["granted_bytes"].is_null()) << j.dump();
   }
+  // ps.memory_kind auto, one process: private memory exactly where THP's
+  // `enabled` gives anonymous memory huge pages and /dev/shm gets none
+  // (ps_shm/huge_pages.h's rules), and the first line says so.
+  auto text = [&](const char* key) { return hp[key].is_string() ? hp[key].get<std::string>() : std::string(); };
+  const std::string shmem = text("shmem_enabled"), tmpfs = text("tmpfs_huge"), thp = text("thp_enabled");
+  const bool shm_huge = shmem == "force" || (!shmem.empty() && shmem != "deny" &&
+                                             (tmpfs == "always" || tmpfs == "within_size" || tmpfs == "advise"));
+  const bool private_huge = thp == "always" || thp == "madvise";
+  const bool expect_private = private_huge && !shm_huge;
+  EXPECT_EQ(j["store"]["memory_kind"], expect_private ? "private" : "shared") << j.dump();
+  EXPECT_EQ(result_->out.find(" of private memory)") != std::string::npos, expect_private) << result_->out;
+  if (expect_private) {
+    EXPECT_EQ(hp["requested"], true) << j.dump();
+  }
 }
 
 // store.replication says what ps.replication chose and why (default: one copy).
@@ -330,7 +344,7 @@ TEST_F(CliTrainTest, NoSharedMemoryLeftBehind) {
 TEST(CliSignalTest, SigtermRemovesSharedMemory) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not under /usr/share/datasets/fashion-mnist";
   const std::string job_name = "clitest" + std::to_string(getpid()) + "sig";
-  Child child({"train", kConfig, "--set", "ps.job_name=" + job_name});
+  Child child({"train", kConfig, "--set", "ps.job_name=" + job_name, "--set", "ps.memory_kind=shared"});
   ASSERT_TRUE(child.started());
   const std::string prefix = job_name + "-" + std::to_string(child.pid()) + "-";
 
@@ -359,6 +373,34 @@ TEST(CliSignalTest, SigtermRemovesSharedMemory) {
   EXPECT_EQ(ShmEntriesContaining(prefix), std::vector<std::string>{});
 }
 
+// A store in private memory never appears in /dev/shm, so even SIGKILL
+// leaves nothing there.
+TEST(CliSignalTest, PrivateMemoryLeavesNothingInDevShmEvenWhenKilled) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not under /usr/share/datasets/fashion-mnist";
+  const std::string job_name = "clitest" + std::to_string(getpid()) + "priv";
+  Child child({"train", kConfig, "--set", "ps.job_name=" + job_name, "--set", "ps.memory_kind=private"});
+  ASSERT_TRUE(child.started());
+  const std::string prefix = job_name + "-" + std::to_string(child.pid()) + "-";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  bool training = false;
+  while (std::chrono::steady_clock::now() < deadline && !child.Poll()) {
+    if (child.out().find("training") != std::string::npos) {
+      training = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(training) << "stdout:\n" << child.out() << "\nstderr:\n" << child.err();
+  EXPECT_NE(child.out().find(" of private memory)"), std::string::npos) << child.out();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // some steps in
+  EXPECT_EQ(ShmEntriesContaining(prefix), std::vector<std::string>{});
+  ASSERT_EQ(kill(child.pid(), SIGKILL), 0);
+  const int status = child.Wait();
+  EXPECT_TRUE(WIFSIGNALED(status)) << "status " << status;
+  EXPECT_EQ(ShmEntriesContaining(prefix), std::vector<std::string>{});
+  EXPECT_EQ(ShmEntriesContaining(job_name), std::vector<std::string>{});
+}
+
 // SIGKILL after the first checkpoint, then the same command again: it
 // resumes from that checkpoint, counts every record exactly once, and the
 // killed run's shared memory is cleaned up by the next run.
@@ -368,7 +410,7 @@ TEST(CliSignalTest, SigkilledTrainingResumesFromItsCheckpoint) {
   const std::string dir = mkdtemp(tmpl);
   const std::string job_name = "clitest" + std::to_string(getpid()) + "kill";
   const std::vector<std::string> args = {"train", kConfig, "--set", "ps.job_name=" + job_name, "--set",
-                                         "data.max_train_records=12000", "--set", "data.max_test_records=1000",
+                                         "ps.memory_kind=shared", "--set", "data.max_train_records=12000", "--set", "data.max_test_records=1000",
                                          "--set", "train.epochs=2", "--set", "checkpoint.dir=" + dir, "--set",
                                          "checkpoint.every_steps=10", "--json"};
   Child child(args);

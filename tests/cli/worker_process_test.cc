@@ -160,6 +160,9 @@ TEST(WorkerProcessTest, SigkilledWorkerIsReplacedAndRecordsAreExact) {
   EXPECT_GE(j["worker_failures"].get<int64_t>(), 1) << j.dump();
   EXPECT_GE(j["tasks_requeued"].get<int64_t>(), 1) << j.dump();
   EXPECT_EQ(j["workers"], 2);
+  // The worker processes attached to it, so the store is shared memory
+  // whatever ps.memory_kind auto would pick for a one-process run.
+  EXPECT_EQ(j["store"]["memory_kind"], "shared") << j.dump();
   // Every done task's steps, no more: ceil(500 / 32) = 16 per task, 24 tasks per epoch.
   EXPECT_EQ(j["steps"], kEpochs * 24 * 16) << j.dump();
   // A killed task's pushes may have reached the store before it died.
@@ -567,6 +570,8 @@ TEST(WorkerProcessTest, ConfigErrorsNameTheKeys) {
                  {"train.worker_processes", "ps.update"});
   one_error_line({"train", kConfig, "--set", "train.worker_processes=true", "--set", "ps.replication=per_node"},
                  {"ps.replication", "train.worker_processes"});
+  one_error_line({"train", kConfig, "--set", "train.worker_processes=true", "--set", "ps.memory_kind=private"},
+                 {"ps.memory_kind", "train.worker_processes"});
   one_error_line({"train", kConfig, "--set", "train.task_timeout_s=0"}, {"train.task_timeout_s"});
   one_error_line({"train", kConfig, "--set", "train.max_task_retries=-1"}, {"train.max_task_retries"});
   one_error_line({"train", kConfig, "--set", "data.records_per_task=0"}, {"data.records_per_task"});

@@ -98,6 +98,38 @@ TEST(HugePagesTest, ShmemPmdMappedBytes) {
   EXPECT_EQ(ShmemPmdMappedBytes(old_kernel, {s0}), std::nullopt);
 }
 
+TEST(HugePagesTest, PrivateMemoryFollowsThpEnabled) {
+  EXPECT_TRUE(PrivateHugePagesAllowed("always"));
+  EXPECT_TRUE(PrivateHugePagesAllowed("madvise"));
+  EXPECT_FALSE(PrivateHugePagesAllowed("never"));
+  EXPECT_FALSE(PrivateHugePagesAllowed(""));  // no THP in the kernel
+  HugePageSettings s;
+  s.thp_enabled = "madvise";
+  s.shmem_enabled = "never";
+  s.tmpfs_huge = "never";
+  EXPECT_TRUE(s.private_allowed());
+  EXPECT_FALSE(s.allowed());
+}
+
+// Private memory's huge pages are its AnonHugePages lines.
+TEST(HugePagesTest, AnonHugePagesOfAPrivateMapping) {
+  const std::string smaps =
+      "7effffffe000-7efffffff000 ---p 00000000 00:00 0\n"
+      "Size:                  4 kB\n"
+      "AnonHugePages:         0 kB\n"
+      "ShmemPmdMapped:        0 kB\n"
+      "7f0000000000-7f0000600000 rw-p 00000000 00:00 0\n"
+      "Size:               6144 kB\n"
+      "AnonHugePages:      4096 kB\n"
+      "ShmemPmdMapped:        0 kB\n"
+      "VmFlags: rd wr mr mw me ac hg\n";
+  const MappedRange r{0x7f0000000000, 0x7f0000600000};
+  EXPECT_EQ(PmdMappedBytes(smaps, {r}, "AnonHugePages:"), std::optional<uint64_t>(4096 * 1024));
+  EXPECT_EQ(PmdMappedBytes(smaps, {r}, "ShmemPmdMapped:"), std::optional<uint64_t>(0));
+  // A range inside a larger area (a mapping merged with a neighbour): unknown.
+  EXPECT_EQ(PmdMappedBytes(smaps, {MappedRange{0x7f0000000000, 0x7f0000400000}}, "AnonHugePages:"), std::nullopt);
+}
+
 // ---- A real store on this machine -------------------------------------------
 
 OpenStoreOptions Options(HugePagePolicy policy) {
@@ -147,6 +179,37 @@ TEST(HugePagesTest, StatusMatchesThisMachine) {
   EXPECT_EQ(at.shmem_enabled, shmem_enabled);
   ASSERT_TRUE(at.granted_bytes.has_value());
   EXPECT_LE(*at.granted_bytes, (*store)->total_bytes());
+}
+
+// A store in private memory: huge pages asked for where THP's `enabled`
+// allows them, and what was granted measured from AnonHugePages, never more
+// than the store's bytes (its mapping ends on a whole huge page).
+TEST(HugePagesTest, PrivateStoreStatusMatchesThisMachine) {
+  OpenStoreOptions o = Options(HugePagePolicy::kAuto);
+  o.store.memory_kind = StoreMemoryKind::kPrivate;
+  // 3 MiB and a bit per shard: its mapping is 4 MiB.
+  absl::StatusOr<std::unique_ptr<ShmParamStore>> store =
+      ShmParamStore::Create(o, {VariableSpec{"w", 2048, 800, InitKind::kZeros}});
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->private_memory());
+  const HugePageStatus st = (*store)->huge_pages();
+  const std::optional<std::string> enabled = ReadFile("/sys/kernel/mm/transparent_hugepage/enabled");
+  EXPECT_TRUE(st.private_memory);
+  EXPECT_EQ(st.thp_enabled, enabled ? SelectedThpSetting(*enabled) : "");
+  EXPECT_EQ(st.requested, PrivateHugePagesAllowed(st.thp_enabled));
+  if (!enabled) GTEST_SKIP() << "no transparent huge pages";
+  ASSERT_TRUE(st.granted_bytes.has_value()) << "smaps should tell on a kernel with THP";
+  EXPECT_LE(*st.granted_bytes, (*store)->total_bytes());
+  if (!st.requested) {
+    EXPECT_EQ(*st.granted_bytes, 0u);
+  }
+  std::printf("thp_enabled=%s requested=%d granted=%llu of %llu bytes\n", st.thp_enabled.c_str(), st.requested,
+              static_cast<unsigned long long>(*st.granted_bytes),
+              static_cast<unsigned long long>((*store)->total_bytes()));
+  o.store.huge_pages = HugePagePolicy::kOff;
+  absl::StatusOr<std::unique_ptr<ShmParamStore>> off = ShmParamStore::Create(o, Variables());
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE((*off)->huge_pages().requested);
 }
 
 TEST(HugePagesTest, OffRequestsNothing) {

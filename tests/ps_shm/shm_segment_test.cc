@@ -308,6 +308,71 @@ TEST(ShmSegmentTest, HugeCreateReservedByOwnerFailsCleanly) {
   EXPECT_TRUE(small.ok()) << small.status();
 }
 
+// ---- Private memory (CreatePrivate) -----------------------------------------
+
+// Private memory is reserved by its owner like a segment reserved by its
+// owner, reads as zeros, and leaves no trace in /dev/shm: no other process
+// can find it.
+TEST(ShmSegmentTest, PrivateMemoryIsReservedZeroedAndInvisibleToOthers) {
+  const std::string name = UniqueName("private");
+  constexpr size_t kBytes = (size_t{3} << 20) + 100;
+  for (bool huge : {false, true}) {
+    SCOPED_TRACE(huge ? "huge pages" : "small pages");
+    absl::StatusOr<std::unique_ptr<ShmSegment>> seg = ShmSegment::CreatePrivate(name, kBytes, huge);
+    ASSERT_TRUE(seg.ok()) << seg.status();
+    EXPECT_TRUE((*seg)->is_private());
+    EXPECT_EQ((*seg)->size(), kBytes);
+    EXPECT_EQ((*seg)->name(), name);
+    const size_t align = huge ? size_t{2} << 20 : static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    EXPECT_EQ(reinterpret_cast<uintptr_t>((*seg)->data()) % align, 0u);
+    EXPECT_EQ((*seg)->mapped_bytes() % align, 0u);
+    EXPECT_GE((*seg)->mapped_bytes(), kBytes);
+    EXPECT_LT((*seg)->mapped_bytes(), kBytes + align);
+    EXPECT_FALSE(ShmSegment::Exists(name));
+    EXPECT_EQ(AllocatedBytes(name), -1);
+    EXPECT_EQ(ShmSegment::Attach(name).status().code(), absl::StatusCode::kNotFound);
+    constexpr size_t kHalf = (size_t{3} << 19) + 10;
+    absl::Status first, second;
+    std::thread t([&] { first = (*seg)->Reserve(0, kHalf); });
+    second = (*seg)->Reserve(kHalf, kBytes - kHalf);
+    t.join();
+    ASSERT_TRUE(first.ok()) << first;
+    ASSERT_TRUE(second.ok()) << second;
+    auto* bytes = static_cast<unsigned char*>((*seg)->data());
+    size_t nonzero = 0;
+    for (size_t i = 0; i < kBytes; ++i) nonzero += bytes[i] != 0;
+    EXPECT_EQ(nonzero, 0u);
+    // Reserving again keeps what is there.
+    bytes[5] = 7;
+    ASSERT_TRUE((*seg)->Reserve(0, 4096).ok());
+    EXPECT_EQ(bytes[5], 7);
+    EXPECT_EQ((*seg)->Reserve(kBytes - 10, 11).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE((*seg)->Reserve(kBytes, 0).ok());
+  }
+}
+
+// The guard pages on both sides of private memory catch a stray access.
+TEST(ShmSegmentDeathTest, PrivateMemoryHasGuardPages) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  absl::StatusOr<std::unique_ptr<ShmSegment>> seg = ShmSegment::CreatePrivate(UniqueName("guard"), 5000, false);
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  auto* bytes = static_cast<volatile unsigned char*>((*seg)->data());
+  bytes[(*seg)->mapped_bytes() - 1] = 1;  // the last byte mapped is usable
+  EXPECT_DEATH(bytes[(*seg)->mapped_bytes()] = 1, "");
+  EXPECT_DEATH(bytes[-1] = 1, "");
+}
+
+// More than this machine has available fails before anything is mapped,
+// naming the memory.
+TEST(ShmSegmentTest, HugePrivateCreateFailsCleanly) {
+  const std::string name = UniqueName("hugeprivate");
+  absl::StatusOr<std::unique_ptr<ShmSegment>> seg = ShmSegment::CreatePrivate(name, size_t{1} << 50, true);
+  ASSERT_FALSE(seg.ok());
+  EXPECT_EQ(seg.status().code(), absl::StatusCode::kResourceExhausted) << seg.status();
+  EXPECT_NE(seg.status().message().find("private memory " + name), absl::string_view::npos) << seg.status();
+  EXPECT_EQ(ShmSegment::CreatePrivate(name, 0, false).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ShmSegmentTest, ZeroBytesIsInvalidArgument) {
   const std::string name = UniqueName("zero");
   absl::StatusOr<std::unique_ptr<ShmSegment>> seg = ShmSegment::Create(name, 0);

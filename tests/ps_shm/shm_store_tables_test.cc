@@ -629,6 +629,67 @@ TEST(ShmStoreTables, DlrmLikeStoreOverheadIsAtMost5PercentOfParams) {
   }
 }
 
+// A store in private memory (ps.memory_kind private) holds what the same
+// store in /dev/shm does, row for row and after the same pushes, and leaves
+// nothing another process could find.
+TEST(ShmStoreTables, PrivateMemoryStoreEqualsTheSharedOne) {
+  for (int shards : {1, 3}) {
+    SCOPED_TRACE(::testing::Message() << shards << " shards");
+    OpenStoreOptions shared = DlrmLikeOptions(70000, shards);  // several pieces per table
+    shared.tables.resize(3);
+    shared.tables[2].kind = EmbeddingKind::kDynamic;
+    shared.tables[2].capacity = 500;
+    shared.store.memory_kind = StoreMemoryKind::kShared;
+    shared.store.huge_pages = HugePagePolicy::kAuto;
+    OpenStoreOptions priv = shared;
+    priv.store.memory_kind = StoreMemoryKind::kPrivate;
+    const std::vector<VariableSpec> vars = {VariableSpec{"w", 300, 40, InitKind::kGlorotUniform, 300, 40}};
+    std::unique_ptr<ShmParamStore> a = MakeStore(shared, vars);
+    std::unique_ptr<ShmParamStore> b = MakeStore(priv, vars);
+    ASSERT_NE(a, nullptr);
+    ASSERT_NE(b, nullptr);
+    EXPECT_FALSE(a->private_memory());
+    EXPECT_TRUE(b->private_memory());
+    EXPECT_EQ(a->total_bytes(), b->total_bytes());
+    for (int s = 0; s < shards; ++s) {
+      EXPECT_TRUE(ShmSegment::Exists(absl::StrCat(a->name(), "-s", s)));
+      EXPECT_FALSE(ShmSegment::Exists(absl::StrCat(b->name(), "-s", s)));
+    }
+    EXPECT_EQ(ShmParamStore::Attach(b->name(), shared.optimizer).status().code(), absl::StatusCode::kNotFound);
+    // The same pushes on both.
+    RowScratch scratch;
+    const std::vector<uint64_t> ids = {3, 69999, 3, 12345, 40000};
+    std::vector<float> grads(ids.size() * 16);
+    for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.01f * static_cast<float>(i % 17) - 0.05f;
+    std::vector<float> dense(300 * 40);
+    for (size_t i = 0; i < dense.size(); ++i) dense[i] = 0.001f * static_cast<float>(i % 101);
+    for (ShmParamStore* st : {a.get(), b.get()}) {
+      for (int t = 0; t < 2; ++t) ASSERT_TRUE(st->PushRows(t, ids, grads.data(), 0.1f, &scratch).ok());
+      const DenseGrad g{0, dense.data()};
+      ASSERT_TRUE(st->Push({&g, 1}, 0.1f).ok());
+    }
+    for (int t = 0; t < 2; ++t) {
+      for (int s = 0; s < shards; ++s) {
+        EmbeddingTable ta = a->table_shard(t, s), tb = b->table_shard(t, s);
+        std::vector<float> ra(16), rb(16);
+        for (int64_t id = 0; id < ta.capacity(); ++id) {
+          ASSERT_TRUE(ta.ReadRowState(static_cast<uint64_t>(id), ra.data(), {}).ok());
+          ASSERT_TRUE(tb.ReadRowState(static_cast<uint64_t>(id), rb.data(), {}).ok());
+          ASSERT_EQ(std::memcmp(ra.data(), rb.data(), 16 * sizeof(float)), 0)
+              << "table " << t << " shard " << s << " row " << id;
+        }
+      }
+    }
+    std::vector<float> pa(300 * 40), pb(300 * 40);
+    ASSERT_TRUE(a->PullVariable(0, pa.data()).ok());
+    ASSERT_TRUE(b->PullVariable(0, pb.data()).ok());
+    EXPECT_EQ(std::memcmp(pa.data(), pb.data(), pa.size() * sizeof(float)), 0);
+    // The dynamic table inserts in private memory too.
+    std::vector<float> row(ids.size() * 16);
+    EXPECT_TRUE(b->PullRows(2, ids, row.data(), PullMode::kInsert, &scratch).ok());
+  }
+}
+
 TEST(ShmStoreTables, ParallelInitGivesTheRowsOfSequentialInit) {
   for (int shards : {1, 3}) {
     OpenStoreOptions one = DlrmLikeOptions(70000, shards);  // several pieces per table

@@ -480,6 +480,37 @@ TEST(ShmStoreTest, SegmentsAreGoneAfterTheStoreIsDestroyed) {
   EXPECT_EQ(ShmParamStore::Attach(name, Sgd()).status().code(), absl::StatusCode::kNotFound);
 }
 
+// ps.memory_kind: private and shared are what they say; auto makes a store
+// private only when no other process attaches, huge pages are wanted, and
+// private memory gets them where /dev/shm does not.
+TEST(ShmStoreTest, UsePrivateMemoryFollowsKindAttachersAndPages) {
+  HugePageSettings only_private;
+  only_private.thp_enabled = "madvise";
+  only_private.shmem_enabled = "never";
+  only_private.tmpfs_huge = "never";
+  HugePageSettings both = only_private;
+  both.tmpfs_huge = "advise";
+  HugePageSettings neither = only_private;
+  neither.thp_enabled = "never";
+  OpenStoreOptions o = StoreOptionsFor(Sgd(), 1);
+  o.others_attach = false;
+  EXPECT_TRUE(UsePrivateMemory(o, only_private));
+  EXPECT_FALSE(UsePrivateMemory(o, both));
+  EXPECT_FALSE(UsePrivateMemory(o, neither));
+  o.store.huge_pages = HugePagePolicy::kOff;
+  EXPECT_FALSE(UsePrivateMemory(o, only_private));
+  o.store.huge_pages = HugePagePolicy::kAuto;
+  o.others_attach = true;
+  EXPECT_FALSE(UsePrivateMemory(o, only_private));
+  o.store.memory_kind = StoreMemoryKind::kPrivate;
+  for (const HugePageSettings& s : {only_private, both, neither}) EXPECT_TRUE(UsePrivateMemory(o, s));
+  o.store.memory_kind = StoreMemoryKind::kShared;
+  o.others_attach = false;
+  for (const HugePageSettings& s : {only_private, both, neither}) EXPECT_FALSE(UsePrivateMemory(o, s));
+  // The default: others may attach, so shared.
+  EXPECT_FALSE(UsePrivateMemory(StoreOptionsFor(Sgd(), 1), only_private));
+}
+
 TEST(ShmStoreTest, AttachInTheSameProcessSharesParameters) {
   std::unique_ptr<ShmParamStore> store = MakeStore(StoreOptionsFor(Sgd(), 5));
   ASSERT_NE(store, nullptr);

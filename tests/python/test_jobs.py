@@ -242,7 +242,10 @@ def test_streamed_training_from_python(tmp_path):
 INTERRUPTED = textwrap.dedent("""
     import glob, sys, shardwild
     config, job, update, processes = sys.argv[1:5]
+    # Shared memory, so that the segments' removal can be seen (auto may
+    # choose private memory for a one-process job, which never shows there).
     cfg = shardwild.load_config(config, overrides={"train.epochs": 50, "ps.job_name": job, "ps.update": update,
+                                                   "ps.memory_kind": "shared",
                                                    "train.worker_processes": processes == "1",
                                                    "train.log_every_s": 0.05})
     def cb(m):

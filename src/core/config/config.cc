@@ -416,6 +416,9 @@ void AddStoreLeaves(Section* s, StoreOptions* o) {
                                                           {"report", StaleSegmentPolicy::kReport},
                                                           {"fail", StaleSegmentPolicy::kFail}});
   s->leaves["huge_pages"] = Enum(&o->huge_pages, {{"auto", HugePagePolicy::kAuto}, {"off", HugePagePolicy::kOff}});
+  s->leaves["memory_kind"] = Enum(&o->memory_kind, {{"auto", StoreMemoryKind::kAuto},
+                                                    {"shared", StoreMemoryKind::kShared},
+                                                    {"private", StoreMemoryKind::kPrivate}});
   s->leaves["replication"] = Enum(&o->replication, {{"per_machine", ReplicationPolicy::kPerMachine},
                                                     {"per_node", ReplicationPolicy::kPerNode},
                                                     {"per_core", ReplicationPolicy::kPerCore},
@@ -779,7 +782,7 @@ constexpr const char* kRunOnlyOptimizerKeys[] = {"schedule",     "final_lr", "de
                                                  "loss_reduction"};
 // ps keys of a training job's workers and replicas rather than of one store.
 constexpr const char* kJobOnlyStoreKeys[] = {"max_staleness", "replication", "sync_every", "hot_rows",
-                                             "hot_rows_merge_every"};
+                                             "hot_rows_merge_every", "memory_kind"};
 
 // An optimizer section of a store spec (optimizer, optimizer.sparse) into `o`.
 void AddStoreOptimizerLeaves(Section* s, OptimizerOptions* o, EpochKeys* unused_epoch_keys) {

@@ -52,6 +52,15 @@ const char* ReplicationPolicyName(ReplicationPolicy p) {
   return "?";
 }
 
+const char* StoreMemoryKindName(StoreMemoryKind kind) {
+  switch (kind) {
+    case StoreMemoryKind::kAuto: return "auto";
+    case StoreMemoryKind::kShared: return "shared";
+    case StoreMemoryKind::kPrivate: return "private";
+  }
+  return "?";
+}
+
 const char* LossReductionName(LossReduction r) {
   switch (r) {
     case LossReduction::kSumOverBatchSize: return "sum_over_batch_size";
@@ -319,6 +328,10 @@ absl::Status StoreOptions::Validate() const {
   if (huge_pages != HugePagePolicy::kAuto && huge_pages != HugePagePolicy::kOff) {
     return Bad("ps.huge_pages", "must be auto or off");
   }
+  if (memory_kind != StoreMemoryKind::kAuto && memory_kind != StoreMemoryKind::kShared &&
+      memory_kind != StoreMemoryKind::kPrivate) {
+    return Bad("ps.memory_kind", "must be auto, shared or private");
+  }
   if (replication != ReplicationPolicy::kPerMachine && replication != ReplicationPolicy::kPerNode &&
       replication != ReplicationPolicy::kPerCore && replication != ReplicationPolicy::kAuto) {
     return Bad("ps.replication", "must be per_machine, per_node, per_core or auto");
@@ -544,6 +557,10 @@ absl::Status Config::Validate() const {
                                                 " cannot be combined with train.strategy allreduce (each process "
                                                 "keeps one copy); use ps.replication per_machine or auto"));
     }
+  }
+  if (train.worker_processes && ps.memory_kind == StoreMemoryKind::kPrivate) {
+    return Bad("ps.memory_kind", "private memory cannot be attached to by other processes, and "
+                                 "train.worker_processes' workers attach to the store; use shared or auto");
   }
   if (train.worker_processes && ps.update == UpdateMode::kSync) {
     return Bad("train.worker_processes",

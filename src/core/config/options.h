@@ -77,6 +77,17 @@ enum class LabelKind { kBinary, kMultiClass, kRegression };
 enum class StaleSegmentPolicy { kRemove, kReport, kFail };
 // Whether shards ask for transparent huge pages (ps.huge_pages).
 enum class HugePagePolicy { kAuto, kOff };
+// What memory the shards live in (ps.memory_kind).
+//   shared: a /dev/shm segment per shard, which other processes can attach
+//           to by name (worker processes, Python, a same-host cluster task).
+//   private: anonymous memory of the process that creates the store: no
+//           other process can attach, and nothing is left in /dev/shm if it
+//           dies. Its pages can be huge where /dev/shm's cannot (THP's
+//           `enabled` governs them, not `shmem_enabled` and tmpfs's huge=).
+//   auto: private for a store no other process attaches to, when private
+//         memory would get huge pages and /dev/shm would not; else shared.
+enum class StoreMemoryKind { kAuto, kShared, kPrivate };
+const char* StoreMemoryKindName(StoreMemoryKind kind);
 // How many copies of the dense variables a job keeps (ps.replication), after
 // DimmWitted and HogWild++. Embedding tables are never replicated.
 //   per_machine: one copy, its shards spread over the NUMA nodes.
@@ -357,6 +368,7 @@ struct StoreOptions {
   // `auto`: madvise(MADV_HUGEPAGE) each shard where the kernel's shmem THP
   // settings allow it (ps_shm/huge_pages.h); `off`: never ask.
   HugePagePolicy huge_pages = HugePagePolicy::kAuto;
+  StoreMemoryKind memory_kind = StoreMemoryKind::kAuto;
   // Copies of the dense variables (see ReplicationPolicy). Anything but
   // per_machine (or auto) is rejected with update sync, which averages every
   // step over a single copy already.

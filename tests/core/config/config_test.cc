@@ -408,6 +408,32 @@ TEST(ConfigPartitionerTest, ErrorsNameTheKey) {
   EXPECT_TRUE(MessageContains(c.status(), {"p.yaml:7:", "ps.partitioner", "expected a mapping"}));
 }
 
+// ps.memory_kind: auto by default; shared and private read; anything else
+// names the key, the line and the choices; private cannot serve worker
+// processes, which attach to the store.
+TEST(ConfigStoreMemoryTest, ReadsChecksAndRefusesWorkerProcesses) {
+  absl::StatusOr<Config> c = LoadConfigFromString(kMinimal, "m.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->ps.memory_kind, StoreMemoryKind::kAuto);
+  c = LoadConfigFromString(kMinimal, "m.yaml", Sets({"ps.memory_kind=private"}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->ps.memory_kind, StoreMemoryKind::kPrivate);
+  c = LoadConfigFromString(std::string(kMinimal) + "ps:\n  memory_kind: shared\n", "m.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->ps.memory_kind, StoreMemoryKind::kShared);
+  EXPECT_STREQ(StoreMemoryKindName(c->ps.memory_kind), "shared");
+  c = LoadConfigFromString(std::string(kMinimal) + "ps:\n  memory_kind: anonymous\n", "m.yaml");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(MessageContains(c.status(), {"m.yaml:7:", "ps.memory_kind", "auto", "shared", "private", "'anonymous'"}))
+      << c.status();
+  c = LoadConfigFromString(kMinimal, "m.yaml", Sets({"ps.memory_kind=private", "train.worker_processes=true"}));
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(MessageContains(c.status(), {"ps.memory_kind", "train.worker_processes", "shared or auto"}))
+      << c.status();
+  c = LoadConfigFromString(kMinimal, "m.yaml", Sets({"ps.memory_kind=auto", "train.worker_processes=true"}));
+  EXPECT_TRUE(c.ok()) << c.status();
+}
+
 TEST(ConfigPartitionerTest, ValidateNamesTheKey) {
   PartitionerOptions p;
   EXPECT_TRUE(p.Validate().ok());

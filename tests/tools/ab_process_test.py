@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""bench/workers/ab_process.py runs each variant in turn with its own --set
+keys and the common ones, rotates the order each round, and reports the
+process's time minus the summary's wall_s next to store.setup_s and
+data.load_s. A fake shardwild records each call and sleeps a set time
+before printing a summary whose wall_s is known, so the overhead is known
+to within the start-up of a shell."""
+import json
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+import unittest
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'bench', 'workers', 'ab_process.py')
+
+
+def write_exe(path, text):
+    with open(path, 'w') as f:
+        f.write(text)
+    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
+
+
+class AbProcess(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        d = self.tmp.name
+        self.calls = os.path.join(d, 'calls')
+        self.fake = os.path.join(d, 'shardwild')
+        # Sleeps 0.3 s and claims 0.1 s of training: about 0.2 s of overhead.
+        write_exe(self.fake, '#!/bin/sh\n'
+                  f'echo "$@" >> {self.calls}\n'
+                  'sleep 0.3\n'
+                  'echo "shardwild: training"\n'
+                  'echo \'{"wall_s": 0.1, "store": {"setup_s": 0.05, "memory_kind": "private"}, '
+                  '"data": {"load_s": 0.02}}\'\n')
+        self.failing = os.path.join(d, 'failing')
+        write_exe(self.failing, '#!/bin/sh\necho "boom on stderr" >&2\nexit 2\n')
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def run_script(self, *args):
+        return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=60)
+
+    def test_alternates_and_reports_the_overhead(self):
+        out = os.path.join(self.tmp.name, 'out.json')
+        p = self.run_script('c.yaml', '--run', f'a={self.fake}', '--run', f'b={self.fake}', '--variant-set',
+                            'a:ps.memory_kind=shared', '--set', 'train.epochs=1', '--rounds', '2', '--out', out)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(self.calls) as f:
+            calls = f.read().splitlines()
+        self.assertEqual(calls, [
+            'train c.yaml --json --set train.epochs=1 --set ps.memory_kind=shared',
+            'train c.yaml --json --set train.epochs=1',
+            'train c.yaml --json --set train.epochs=1',  # round 2 starts with b
+            'train c.yaml --json --set train.epochs=1 --set ps.memory_kind=shared',
+        ])
+        with open(out) as f:
+            r = json.load(f)
+        self.assertEqual([m['variant'] for m in r['runs']], ['a', 'b', 'b', 'a'])
+        for m in r['runs']:
+            self.assertEqual(m['wall_s'], 0.1)
+            self.assertEqual(m['setup_s'], 0.05)
+            self.assertEqual(m['load_s'], 0.02)
+            self.assertEqual(m['memory_kind'], 'private')
+            self.assertAlmostEqual(m['overhead_s'], m['process_s'] - 0.1, places=9)
+            self.assertGreaterEqual(m['overhead_s'], 0.19)
+            self.assertLess(m['overhead_s'], 5.0)
+        self.assertEqual(r['summary']['a']['wall_s']['median'], 0.1)
+        self.assertIn('overhead_s', p.stdout)
+
+    def test_a_failing_run_is_reported(self):
+        p = self.run_script('c.yaml', '--run', f'x={self.failing}')
+        self.assertEqual(p.returncode, 1)
+        self.assertIn('boom on stderr', p.stderr)
+        self.assertIn('exited with status 2', p.stderr)
+
+    def test_bad_arguments(self):
+        for args, says in ((['--run', 'nobinary'], 'expected NAME=BINARY'),
+                           (['--run', f'a={self.fake}', '--variant-set', 'b:k=v'], "no --run names variant 'b'"),
+                           (['--run', f'a={self.fake}', '--variant-set', 'a:k'], 'expected NAME:key=value'),
+                           (['--run', f'a={self.fake}', '--rounds', '0'], '--rounds must be >= 1'),
+                           ([], 'at least one --run')):
+            p = self.run_script('c.yaml', *args)
+            self.assertEqual(p.returncode, 1, args)
+            self.assertIn(says, p.stderr, args)
+        self.assertFalse(os.path.exists(self.calls))
+
+
+if __name__ == '__main__':
+    unittest.main()
