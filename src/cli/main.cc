@@ -620,7 +620,9 @@ int Bench(const std::string& path, const std::vector<std::string>& sets, bool as
           frac(r->phases.read_params + r->phases.pull_rows + r->phases.push + r->phases.push_rows);
     }
     if ((*job)->has_local_store()) {
-      j["store"] = {{"memory", StoreMemoryJson((*job)->replicas())}, {"setup_s", (*job)->store_setup_seconds()}};
+      j["store"] = {{"memory", StoreMemoryJson((*job)->replicas())},
+                    {"setup_s", (*job)->store_setup_seconds()},
+                    {"memory_kind", (*job)->store().private_memory() ? "private" : "shared"}};
     }
     j["data"] = {{"packed", PackedDataJson(**job)}};
     j["machine"] = MachineJson((*job)->topology());

@@ -115,6 +115,16 @@ TEST_F(PrecisionTrainTest, BenchReportsBf16ImplementationsAndPeak) {
   EXPECT_EQ(k["data"]["packed"]["dense_bytes"], true) << k.dump();
   EXPECT_EQ(k["data"]["packed"]["ids"], false) << k.dump();
   EXPECT_GT(k["data"]["packed"]["bytes"].get<int64_t>(), 0);
+  // Where the store lives, as train reports it; and what ps.memory_kind asks.
+  EXPECT_TRUE(k["store"]["memory_kind"] == "private" || k["store"]["memory_kind"] == "shared") << k.dump();
+  const Result s = RunCli({"bench", kConfig, "--set", "bench.steps=5", "--set", "bench.warmup_steps=1", "--set",
+                           "ps.memory_kind=shared", "--json"});
+  ASSERT_EQ(s.code(), 0) << s.err;
+  EXPECT_EQ(LastLineJson(s.out)["store"]["memory_kind"], "shared") << s.out;
+  const Result p = RunCli({"bench", kConfig, "--set", "bench.steps=5", "--set", "bench.warmup_steps=1", "--set",
+                           "ps.memory_kind=private", "--json"});
+  ASSERT_EQ(p.code(), 0) << p.err;
+  EXPECT_EQ(LastLineJson(p.out)["store"]["memory_kind"], "private") << p.out;
 }
 
 }  // namespace
