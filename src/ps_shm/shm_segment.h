@@ -56,7 +56,7 @@ class ShmSegment {
   // MADV_HUGEPAGE, so that where transparent_hugepage/enabled is "always" or
   // "madvise" Reserve populates it with huge pages (a fault and a zeroing
   // per 2 MiB instead of per 4 KiB: on a paravirtualised 2-core VM, 1 GiB
-  // populated and first written in 0.07 s against 1.4-2.7 s for /dev/shm
+  // populated and first written in 0.07 s against 1.4-1.9 s for /dev/shm
   // pages). ResourceExhausted if MemAvailable in /proc/meminfo is smaller
   // than `bytes`, before anything is mapped.
   static absl::StatusOr<std::unique_ptr<ShmSegment>> CreatePrivate(const std::string& name, size_t bytes,
