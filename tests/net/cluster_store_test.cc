@@ -62,8 +62,11 @@ std::vector<VariableSpec> Variables() {
           VariableSpec{"e", 1, 2, InitKind::kGlorotUniform, 1, 2}, VariableSpec{"f", 1, 2, InitKind::kGlorotUniform, 1, 2}};
 }
 
-std::unique_ptr<ShmParamStore> Make(int first, int num, std::vector<VariableSpec> variables = Variables()) {
-  absl::StatusOr<std::unique_ptr<ShmParamStore>> s = ShmParamStore::Create(Options(first, num), std::move(variables));
+std::unique_ptr<ShmParamStore> Make(int first, int num, std::vector<VariableSpec> variables = Variables(),
+                                    StoreMemoryKind memory = StoreMemoryKind::kAuto) {
+  OpenStoreOptions o = Options(first, num);
+  o.store.memory_kind = memory;
+  absl::StatusOr<std::unique_ptr<ShmParamStore>> s = ShmParamStore::Create(o, std::move(variables));
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? std::move(*s) : nullptr;
 }
@@ -78,14 +81,15 @@ struct Cluster {
   std::vector<PsClientOptions> clients;
 
   static std::unique_ptr<Cluster> Start(const std::vector<std::string>& checkpoint_dirs = {},
-                                        const std::vector<VariableSpec>& variables = Variables()) {
+                                        const std::vector<VariableSpec>& variables = Variables(),
+                                        StoreMemoryKind memory = StoreMemoryKind::kAuto) {
     auto c = std::make_unique<Cluster>();
     absl::StatusOr<ShardMap> map = ShardMap::Make(kShards, kPs);
     EXPECT_TRUE(map.ok());
     if (!map.ok()) return nullptr;
     c->map = *map;
     for (int p = 0; p < kPs; ++p) {
-      c->stores.push_back(Make(c->map.first_shard(p), c->map.num_shards_of(p), variables));
+      c->stores.push_back(Make(c->map.first_shard(p), c->map.num_shards_of(p), variables, memory));
       if (!c->stores.back()) return nullptr;
       PsServerOptions so;
       so.token = kToken;
@@ -503,6 +507,29 @@ TEST(ClusterParamStoreTest, AttachLocalPsStoresFindsLoopbackTasks) {
   LocalPsStores wrong = AttachLocalPsStores(c->clients, "127.0.0.1", sgd, o.sparse_optimizer);
   EXPECT_EQ(wrong.stores[1], nullptr);
   EXPECT_NE(wrong.fallbacks[1].find("ps:1"), std::string::npos) << wrong.fallbacks[1];
+}
+
+// ps tasks whose stores are private memory (ps.memory_kind private): a
+// worker on their host cannot attach, says which task and why, and reaches
+// them through gRPC with the same results as one full store.
+TEST(ClusterParamStoreTest, PrivateMemoryPsTasksAreReachedThroughGrpc) {
+  std::unique_ptr<Cluster> c = Cluster::Start({}, Variables(), StoreMemoryKind::kPrivate);
+  ASSERT_TRUE(c);
+  const OpenStoreOptions o = Options(0, -1);
+  LocalPsStores local = AttachLocalPsStores(c->clients, "127.0.0.1", o.optimizer, o.sparse_optimizer);
+  for (int p = 0; p < kPs; ++p) {
+    ASSERT_TRUE(c->stores[p]->private_memory());
+    EXPECT_EQ(local.stores[p], nullptr);
+    EXPECT_NE(local.fallbacks[p].find(absl::StrCat("ps:", p)), std::string::npos) << local.fallbacks[p];
+    EXPECT_NE(local.fallbacks[p].find("cannot attach"), std::string::npos) << local.fallbacks[p];
+  }
+  absl::StatusOr<std::unique_ptr<ClusterParamStore>> cluster =
+      ClusterParamStore::Connect(c->map, c->clients, local.pointers());
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  EXPECT_FALSE((*cluster)->is_local(0) || (*cluster)->is_local(1));
+  std::unique_ptr<ShmParamStore> full = Make(0, -1);
+  ASSERT_TRUE(full);
+  EXPECT_TRUE(Exercise(**cluster) == Exercise(*full));
 }
 
 TEST(ClusterParamStoreTest, SaveAndRestoreShards) {
