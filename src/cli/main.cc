@@ -622,7 +622,7 @@ int Bench(const std::string& path, const std::vector<std::string>& sets, bool as
     if ((*job)->has_local_store()) {
       j["store"] = {{"memory", StoreMemoryJson((*job)->replicas())},
                     {"setup_s", (*job)->store_setup_seconds()},
-                    {"memory_kind", (*job)->store().private_memory() ? "private" : "shared"}};
+                    {"memory_kind", StoreMemoryKindName((*job)->store().memory_kind())}};
     }
     j["data"] = {{"packed", PackedDataJson(**job)}};
     j["machine"] = MachineJson((*job)->topology());

@@ -50,11 +50,9 @@ struct HugePageStatus {
   // The huge= option of the /dev/shm mount ("never" when it has none); empty
   // when /dev/shm is not a mount point listed in /proc/self/mounts.
   std::string tmpfs_huge;
-  // Whether the shards are private memory of this process (ps.memory_kind),
-  // where /sys/kernel/mm/transparent_hugepage/enabled governs huge pages.
-  bool private_memory = false;
-  // The selected value of /sys/kernel/mm/transparent_hugepage/enabled; empty
-  // when the file is absent.
+  // The selected value of /sys/kernel/mm/transparent_hugepage/enabled (which
+  // governs a private store's pages, ShmParamStore::memory_kind); empty when
+  // the file is absent.
   std::string thp_enabled;
   // Bytes of the shards mapped with PMD-size huge pages at the time of the
   // call (the ShmemPmdMapped lines of /proc/self/smaps for the shards'

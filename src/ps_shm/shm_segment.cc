@@ -235,7 +235,7 @@ absl::Status ShmSegment::Reserve(size_t offset, size_t bytes) const {
   // A page that cannot be allocated (tmpfs full) makes the populate fail
   // with EFAULT, where a plain write would have raised SIGBUS.
   if (err == EFAULT) err = ENOSPC;
-  return Errno(absl::StrCat("cannot reserve ", len, " bytes at offset ", begin, " ", kTooSmall), name_, err);
+  return ErrnoFor(Describe(), absl::StrCat("cannot reserve ", len, " bytes at offset ", begin, " ", kTooSmall), err);
 }
 
 absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Attach(const std::string& name) {

@@ -1337,7 +1337,6 @@ HugePageStatus ShmParamStore::huge_pages() const {
   status.requested = huge_pages_requested_;
   status.shmem_enabled = huge_page_settings_.shmem_enabled;
   status.tmpfs_huge = huge_page_settings_.tmpfs_huge;
-  status.private_memory = private_memory_;
   status.thp_enabled = huge_page_settings_.thp_enabled;
   // Per segment, and no more than its size: a private segment's mapping
   // ends on a whole huge page (ShmSegment::mapped_bytes).

@@ -215,6 +215,8 @@ class ShmParamStore final : public ParamStore {
   HugePageStatus huge_pages() const;
   // Whether the shards are private memory of this process (UsePrivateMemory).
   bool private_memory() const { return private_memory_; }
+  // The same as kPrivate or kShared, for reports (StoreMemoryKindName).
+  StoreMemoryKind memory_kind() const { return private_memory_ ? StoreMemoryKind::kPrivate : StoreMemoryKind::kShared; }
 
   // Replica averaging (ps.replication per_node / per_core): sets every
   // parameter of every store in `replicas` to the element-wise mean of that

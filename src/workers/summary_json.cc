@@ -162,7 +162,7 @@ json TrainSummaryJson(const TrainSummary& s, Job& job) {
     j["store"]["replication"] = ReplicationJson(job.replicas());
     j["store"]["shards"] = ShardsJson(job);
     j["store"]["huge_pages"] = HugePagesJson(job.store().huge_pages());
-    j["store"]["memory_kind"] = job.store().private_memory() ? "private" : "shared";
+    j["store"]["memory_kind"] = StoreMemoryKindName(job.store().memory_kind());
   }
   json hist = json::array();
   for (const EpochResult& e : s.history) {

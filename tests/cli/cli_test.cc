@@ -22,8 +22,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "gtest/gtest.h"
 #include "cli_child.h"
+#include "gtest/gtest.h"
+#include "ps_shm/shm_store.h"
 
 extern char** environ;
 
@@ -266,15 +267,18 @@ TEST_F(CliTrainTest, LastLineIsJsonSummary) {
   } else {
     EXPECT_TRUE(hp["granted_bytes"].is_null()) << j.dump();
   }
-  // ps.memory_kind auto, one process: private memory exactly where THP's
-  // `enabled` gives anonymous memory huge pages and /dev/shm gets none
-  // (ps_shm/huge_pages.h's rules), and the first line says so.
+  // ps.memory_kind auto in a one-process job: what the store decides for a
+  // store no other process attaches to, on the settings the run reports
+  // (the rules themselves are huge_pages_test's and shm_store_test's), and
+  // the first line says so.
   auto text = [&](const char* key) { return hp[key].is_string() ? hp[key].get<std::string>() : std::string(); };
-  const std::string shmem = text("shmem_enabled"), tmpfs = text("tmpfs_huge"), thp = text("thp_enabled");
-  const bool shm_huge = shmem == "force" || (!shmem.empty() && shmem != "deny" &&
-                                             (tmpfs == "always" || tmpfs == "within_size" || tmpfs == "advise"));
-  const bool private_huge = thp == "always" || thp == "madvise";
-  const bool expect_private = private_huge && !shm_huge;
+  HugePageSettings settings;
+  settings.shmem_enabled = text("shmem_enabled");
+  settings.tmpfs_huge = text("tmpfs_huge");
+  settings.thp_enabled = text("thp_enabled");
+  OpenStoreOptions one_process;
+  one_process.others_attach = false;
+  const bool expect_private = UsePrivateMemory(one_process, settings);
   EXPECT_EQ(j["store"]["memory_kind"], expect_private ? "private" : "shared") << j.dump();
   EXPECT_EQ(result_->out.find(" of private memory)") != std::string::npos, expect_private) << result_->out;
   if (expect_private) {
@@ -341,6 +345,17 @@ TEST_F(CliTrainTest, NoSharedMemoryLeftBehind) {
   EXPECT_EQ(ShmEntriesContaining(job_name_ + "-"), std::vector<std::string>{});
 }
 
+// Waits (up to 30 s) until `child` has printed its "training" line; false if
+// it ended or never did.
+bool WaitUntilTraining(Child& child) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline && !child.Poll()) {
+    if (child.out().find("training") != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
 TEST(CliSignalTest, SigtermRemovesSharedMemory) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not under /usr/share/datasets/fashion-mnist";
   const std::string job_name = "clitest" + std::to_string(getpid()) + "sig";
@@ -349,17 +364,7 @@ TEST(CliSignalTest, SigtermRemovesSharedMemory) {
   const std::string prefix = job_name + "-" + std::to_string(child.pid()) + "-";
 
   // Wait until training has started: the store exists and the first line is out.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  bool training = false;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (child.Poll()) break;
-    if (child.out().find("training") != std::string::npos) {
-      training = true;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_TRUE(training) << "stdout:\n" << child.out() << "\nstderr:\n" << child.err();
+  ASSERT_TRUE(WaitUntilTraining(child)) << "stdout:\n" << child.out() << "\nstderr:\n" << child.err();
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // some steps in
   const std::vector<std::string> segments = ShmEntriesContaining(prefix);
   EXPECT_FALSE(segments.empty()) << "no /dev/shm/" << prefix << "* while training";
@@ -381,16 +386,7 @@ TEST(CliSignalTest, PrivateMemoryLeavesNothingInDevShmEvenWhenKilled) {
   Child child({"train", kConfig, "--set", "ps.job_name=" + job_name, "--set", "ps.memory_kind=private"});
   ASSERT_TRUE(child.started());
   const std::string prefix = job_name + "-" + std::to_string(child.pid()) + "-";
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  bool training = false;
-  while (std::chrono::steady_clock::now() < deadline && !child.Poll()) {
-    if (child.out().find("training") != std::string::npos) {
-      training = true;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_TRUE(training) << "stdout:\n" << child.out() << "\nstderr:\n" << child.err();
+  ASSERT_TRUE(WaitUntilTraining(child)) << "stdout:\n" << child.out() << "\nstderr:\n" << child.err();
   EXPECT_NE(child.out().find(" of private memory)"), std::string::npos) << child.out();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // some steps in
   EXPECT_EQ(ShmEntriesContaining(prefix), std::vector<std::string>{});

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <fstream>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -254,6 +255,22 @@ int64_t AllocatedBytes(const std::string& name) {
   return static_cast<int64_t>(st.st_blocks) * 512;
 }
 
+// Two threads reserve the halves of `seg`'s `bytes` (the split not page
+// aligned); then every byte must read as zero.
+void ReserveHalvesInTwoThreadsAndCheckZeros(const ShmSegment& seg, size_t bytes) {
+  const size_t half = bytes / 2 + 10;
+  absl::Status first, second;
+  std::thread t([&] { first = seg.Reserve(0, half); });
+  second = seg.Reserve(half, bytes - half);
+  t.join();
+  ASSERT_TRUE(first.ok()) << first;
+  ASSERT_TRUE(second.ok()) << second;
+  const auto* data = static_cast<const unsigned char*>(seg.data());
+  size_t nonzero = 0;
+  for (size_t i = 0; i < bytes; ++i) nonzero += data[i] != 0;
+  EXPECT_EQ(nonzero, 0u);
+}
+
 // A segment reserved by its owner has no pages until Reserve; two threads
 // reserving halves (one range not page aligned) allocate them all, the
 // memory reads as zeros, and what is written is what another mapping reads.
@@ -264,18 +281,9 @@ TEST(ShmSegmentTest, ReservedByOwnerHasItsPagesOnlyOnceReserved) {
       ShmSegment::Create(name, kBytes, ShmSegment::Reservation::kByOwner);
   ASSERT_TRUE(seg.ok()) << seg.status();
   EXPECT_EQ(AllocatedBytes(name), 0);
-  constexpr size_t kHalf = (size_t{3} << 19) + 10;
-  absl::Status first, second;
-  std::thread t([&] { first = (*seg)->Reserve(0, kHalf); });
-  second = (*seg)->Reserve(kHalf, kBytes - kHalf);
-  t.join();
-  ASSERT_TRUE(first.ok()) << first;
-  ASSERT_TRUE(second.ok()) << second;
+  ASSERT_NO_FATAL_FAILURE(ReserveHalvesInTwoThreadsAndCheckZeros(**seg, kBytes));
   EXPECT_GE(AllocatedBytes(name), static_cast<int64_t>(kBytes));
   auto* bytes = static_cast<unsigned char*>((*seg)->data());
-  size_t nonzero = 0;
-  for (size_t i = 0; i < kBytes; ++i) nonzero += bytes[i] != 0;
-  EXPECT_EQ(nonzero, 0u);
   bytes[0] = 7;
   bytes[kBytes - 1] = 9;
   absl::StatusOr<std::unique_ptr<ShmSegment>> other = ShmSegment::Attach(name);
@@ -331,17 +339,8 @@ TEST(ShmSegmentTest, PrivateMemoryIsReservedZeroedAndInvisibleToOthers) {
     EXPECT_FALSE(ShmSegment::Exists(name));
     EXPECT_EQ(AllocatedBytes(name), -1);
     EXPECT_EQ(ShmSegment::Attach(name).status().code(), absl::StatusCode::kNotFound);
-    constexpr size_t kHalf = (size_t{3} << 19) + 10;
-    absl::Status first, second;
-    std::thread t([&] { first = (*seg)->Reserve(0, kHalf); });
-    second = (*seg)->Reserve(kHalf, kBytes - kHalf);
-    t.join();
-    ASSERT_TRUE(first.ok()) << first;
-    ASSERT_TRUE(second.ok()) << second;
+    ASSERT_NO_FATAL_FAILURE(ReserveHalvesInTwoThreadsAndCheckZeros(**seg, kBytes));
     auto* bytes = static_cast<unsigned char*>((*seg)->data());
-    size_t nonzero = 0;
-    for (size_t i = 0; i < kBytes; ++i) nonzero += bytes[i] != 0;
-    EXPECT_EQ(nonzero, 0u);
     // Reserving again keeps what is there.
     bytes[5] = 7;
     ASSERT_TRUE((*seg)->Reserve(0, 4096).ok());
@@ -363,13 +362,26 @@ TEST(ShmSegmentDeathTest, PrivateMemoryHasGuardPages) {
 }
 
 // More than this machine has available fails before anything is mapped,
-// naming the memory.
-TEST(ShmSegmentTest, HugePrivateCreateFailsCleanly) {
+// naming the memory: a size that mmap would grant (MAP_NORESERVE, well inside
+// the address space) but MemAvailable does not cover, so only the check
+// refuses it.
+TEST(ShmSegmentTest, PrivateCreateBeyondMemAvailableFailsCleanly) {
+  std::ifstream meminfo("/proc/meminfo");
+  uint64_t avail_kb = 0;
+  for (std::string key; meminfo >> key;) {
+    if (key == "MemAvailable:") {
+      meminfo >> avail_kb;
+      break;
+    }
+  }
+  if (avail_kb == 0) GTEST_SKIP() << "no MemAvailable in /proc/meminfo";
   const std::string name = UniqueName("hugeprivate");
-  absl::StatusOr<std::unique_ptr<ShmSegment>> seg = ShmSegment::CreatePrivate(name, size_t{1} << 50, true);
+  const size_t bytes = static_cast<size_t>(avail_kb) * 1024 * 2 + (size_t{1} << 30);
+  absl::StatusOr<std::unique_ptr<ShmSegment>> seg = ShmSegment::CreatePrivate(name, bytes, true);
   ASSERT_FALSE(seg.ok());
   EXPECT_EQ(seg.status().code(), absl::StatusCode::kResourceExhausted) << seg.status();
   EXPECT_NE(seg.status().message().find("private memory " + name), absl::string_view::npos) << seg.status();
+  EXPECT_NE(seg.status().message().find("MemAvailable"), absl::string_view::npos) << seg.status();
   EXPECT_EQ(ShmSegment::CreatePrivate(name, 0, false).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
