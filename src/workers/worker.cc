@@ -9,6 +9,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "core/base/cpu_features.h"
+#include "core/base/prefetch.h"
 #include "core/base/status.h"
 #include "core/base/step_clock.h"
 #include "core/model/optimizer.h"
@@ -232,6 +233,19 @@ int64_t TakeRecords(const int32_t* order, int64_t count, int64_t batch, bool cyc
   return n;
 }
 
+// Asks for the entries of `order` that the next TakeRecords after the
+// coming one reads, a step ahead: `batch` entries from *cursor, as far as
+// the range goes (a wrapping batch's first entries then miss once). The
+// order is read a line or a few a step, too slowly for the hardware's
+// stream prefetcher to follow once the step's other traffic has passed
+// through the caches, so each step's TakeRecords missed to memory (text
+// config, 2-core EPYC VM, instrumented build: 125-150 ns of a 560-600 ns
+// data phase; sparse_logreg's 4 lines 180 ns).
+void PrefetchOrder(const int32_t* order, int64_t count, int64_t batch, int64_t cursor) {
+  const int64_t end = std::min(cursor + batch, count);
+  if (end > cursor) PrefetchLines(order + cursor, static_cast<size_t>(end - cursor) * sizeof(int32_t));
+}
+
 }  // namespace
 
 absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max_steps,
@@ -334,6 +348,7 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
     }
     model_->LoadBatch(*train_, batch_records_.data(), valid, packed_, step > 0 ? asked : Model::Asked::kNo);
     next_valid = step + 1 < steps ? TakeRecords(order, count, batch, cycle, &cursor, next_records_.data()) : 0;
+    if (step + 2 < steps) PrefetchOrder(order, count, batch, cursor);
     int part = 0;
     if (part_at_data) prefetch_next_part(part++);
     const uint64_t t1 = StepClock::Now();
