@@ -24,11 +24,13 @@ Usage: bench/workers/ab_phases.py CONFIG --run old=/tmp/old/shardwild
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from ab_rounds import median_range, rotation, summary_line  # noqa: E402
+
 SOURCE = os.path.abspath(os.path.join(HERE, '..', '..'))
 
 PHASES = ['data', 'read_params', 'pull_rows', 'forward', 'backward', 'push', 'push_rows']
@@ -81,10 +83,10 @@ def run_once(binary, env, config, sets):
     p = subprocess.run(cmd, capture_output=True, text=True, env=full_env, cwd=SOURCE)
     if p.returncode != 0:
         fail(f"{' '.join(cmd)} exited with {p.returncode}:\n{p.stderr.strip()}")
-    lines = [line for line in p.stdout.splitlines() if line.startswith('{')]
-    if not lines:
+    summary = summary_line(p.stdout)
+    if summary is None:
         fail(f"{' '.join(cmd)} printed no JSON summary")
-    return json.loads(lines[-1])
+    return summary
 
 
 def show(value):
@@ -110,10 +112,7 @@ def main():
 
     runs = []
     for r in range(args.rounds):
-        # Round r starts at variant r mod V: every variant follows every
-        # other one equally often over V rounds.
-        for i in range(len(variants)):
-            name, binary, env = variants[(r + i) % len(variants)]
+        for name, binary, env in rotation(variants, r):
             f = figures(run_once(binary, env, args.config, args.set))
             runs.append({'round': r, 'variant': name, 'figures': f})
             print(f'round {r} {name}: ' + ' '.join(f'{k}={show(v)}' for k, v in f.items()), flush=True)
@@ -123,8 +122,7 @@ def main():
     for name in names:
         per = [run['figures'] for run in runs if run['variant'] == name]
         keys = [k for k in per[0] if all(k in f for f in per)]
-        summary[name] = {k: {'median': statistics.median(f[k] for f in per), 'min': min(f[k] for f in per),
-                             'max': max(f[k] for f in per)} for k in keys}
+        summary[name] = {k: median_range(f[k] for f in per) for k in keys}
         print(f'{name}: ' + ' '.join(f"{k}={show(s['median'])} [{show(s['min'])}-{show(s['max'])}]"
                                      for k, s in summary[name].items()))
     if args.out:

@@ -26,12 +26,14 @@ printed).
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from ab_rounds import median_range, rotation, summary_line  # noqa: E402
+
 SOURCE = os.path.abspath(os.path.join(HERE, '..', '..'))
 FIGURES = ['process_s', 'wall_s', 'overhead_s', 'setup_s', 'load_s']
 
@@ -60,14 +62,6 @@ def parse_variants(runs, variant_sets):
     if len(variants) < 1:
         fail('give at least one --run NAME=BINARY')
     return variants
-
-
-def summary_line(stdout):
-    for line in reversed(stdout.splitlines()):
-        line = line.strip()
-        if line.startswith('{'):
-            return json.loads(line)
-    return None
 
 
 def run_once(config, variant, common_sets):
@@ -109,8 +103,7 @@ def main():
     names = list(variants)
     runs = []
     for r in range(a.rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for name in order:
+        for name in rotation(names, r):
             m = run_once(a.config, variants[name], a.set)
             m.update({'variant': name, 'round': r + 1})
             runs.append(m)
@@ -129,9 +122,8 @@ def main():
                 summary[name][k] = None
                 cells.append(f'{"-":>22}')
                 continue
-            med = statistics.median(vals)
-            summary[name][k] = {'median': med, 'min': min(vals), 'max': max(vals)}
-            cells.append(f'{med:7.3f} [{min(vals):.3f}-{max(vals):.3f}]'.rjust(22))
+            m = summary[name][k] = median_range(vals)
+            cells.append(f'{m["median"]:7.3f} [{m["min"]:.3f}-{m["max"]:.3f}]'.rjust(22))
         print(f'{name:<12} ' + ' '.join(cells))
     if a.out:
         with open(a.out, 'w') as f:

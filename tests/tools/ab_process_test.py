@@ -7,19 +7,14 @@ before printing a summary whose wall_s is known, so the overhead is known
 to within the start-up of a shell."""
 import json
 import os
-import stat
 import subprocess
 import sys
 import tempfile
 import unittest
 
+from fake_exe import write_exe
+
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'bench', 'workers', 'ab_process.py')
-
-
-def write_exe(path, text):
-    with open(path, 'w') as f:
-        f.write(text)
-    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
 
 
 class AbProcess(unittest.TestCase):

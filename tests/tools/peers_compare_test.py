@@ -10,19 +10,14 @@ imports fail, and --fasttext names no executable. Where they are there (a
 fake fasttext, an interpreter whose probe passes), the check passes and the
 run goes on to call shardwild."""
 import os
-import stat
 import subprocess
 import sys
 import tempfile
 import unittest
 
+from fake_exe import write_exe
+
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'bench', 'peers', 'compare.py')
-
-
-def write_exe(path, text):
-    with open(path, 'w') as f:
-        f.write(text)
-    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
 
 
 class CompareChecksPeersFirst(unittest.TestCase):
