@@ -233,14 +233,15 @@ int64_t TakeRecords(const int32_t* order, int64_t count, int64_t batch, bool cyc
   return n;
 }
 
-// Asks for the entries of `order` that the next TakeRecords after the
-// coming one reads, a step ahead: `batch` entries from *cursor, as far as
-// the range goes (a wrapping batch's first entries then miss once). The
-// order is read a line or a few a step, too slowly for the hardware's
-// stream prefetcher to follow once the step's other traffic has passed
-// through the caches, so each step's TakeRecords missed to memory (text
-// config, 2-core EPYC VM, instrumented build: 125-150 ns of a 560-600 ns
-// data phase; sparse_logreg's 4 lines 180 ns).
+// Asks for the `batch` entries of `order` from `cursor` on, as far as the
+// range goes. Called once the next step's records are taken, these are
+// the ones the step after it takes, so they have a whole step to arrive
+// (where that batch wraps round the range, its entries from the range's
+// start miss once). The order is read a line or a few a step, too slowly
+// for the hardware's stream prefetcher to follow once the step's other
+// traffic has passed through the caches, so each step's TakeRecords
+// missed to memory (text config, 2-core EPYC VM, instrumented build:
+// 125-150 ns of a 560-600 ns data phase; sparse_logreg's 4 lines 180 ns).
 void PrefetchOrder(const int32_t* order, int64_t count, int64_t batch, int64_t cursor) {
   const int64_t end = std::min(cursor + batch, count);
   if (end > cursor) PrefetchLines(order + cursor, static_cast<size_t>(end - cursor) * sizeof(int32_t));
