@@ -99,7 +99,46 @@ void DecodeCodedEntriesImpl(const uint32_t* from, int64_t count, int id_bits, do
   DecodeRecord(from, count, count, id_bits, unit, ids, weights);
 }
 
-int64_t DecodeCodedSlotsImpl(const CodedSlots& a, int64_t begin, int64_t* count) {
+// m 32-bit ids from `src` widened into id_to[0, m): whole vectors, the
+// last one overlapping the one before where m is not a whole number of them
+// (a 128-byte slot's 30 ids: two AVX-512 vectors, four AVX2 ones); one at a
+// time where m is less than a vector. Reads and writes nothing past m.
+HWY_INLINE void WidenIds(const uint32_t* src, int64_t m, uint64_t* id_to) {
+#if HWY_TARGET == HWY_SCALAR
+  for (int64_t i = 0; i < m; ++i) {
+    uint32_t id;
+    std::memcpy(&id, reinterpret_cast<const char*>(src) + i * sizeof(uint32_t), sizeof(id));
+    id_to[i] = id;
+  }
+#else
+  const hn::ScalableTag<uint32_t> du;
+  const hn::Half<decltype(du)> dh;
+  const hn::Rebind<uint64_t, decltype(dh)> d64;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(du));
+  const int64_t half = static_cast<int64_t>(hn::Lanes(dh));
+  if (m < lanes) {
+    for (int64_t i = 0; i < m; ++i) {
+      uint32_t id;
+      std::memcpy(&id, reinterpret_cast<const char*>(src) + i * sizeof(uint32_t), sizeof(id));
+      id_to[i] = id;
+    }
+    return;
+  }
+  auto widen = [&](int64_t i) HWY_ATTR {
+    const auto v = hn::LoadU(du, src + i);
+    hn::StoreU(hn::PromoteTo(d64, hn::LowerHalf(dh, v)), d64, id_to + i);
+    hn::StoreU(hn::PromoteTo(d64, hn::UpperHalf(dh, v)), d64, id_to + i + half);
+  };
+  int64_t i = 0;
+  for (; i + lanes <= m; i += lanes) widen(i);
+  if (i < m) widen(m - lanes);  // overlapping: the same values again
+#endif
+}
+
+// DecodeCodedSlots and WidenIdSlots: one loop over the slots, the entries
+// decoded (kCoded) or widened.
+template <bool kCoded>
+HWY_INLINE int64_t SlotsImpl(const SlotBatch& a, int64_t begin, int64_t* count) {
   int64_t at = *count;
   int64_t s = begin;
   for (; s < a.n; ++s) {
@@ -122,12 +161,25 @@ int64_t DecodeCodedSlotsImpl(const CodedSlots& a, int64_t begin, int64_t* count)
       a.label_sets[s] = label;
       a.label_offsets[s + 1] = s + 1;
     }
-    DecodeRecord(reinterpret_cast<const uint32_t*>(block + 1), c, words, a.id_bits, a.unit, a.ids + at, a.weights + at);
+    if constexpr (kCoded) {
+      DecodeRecord(reinterpret_cast<const uint32_t*>(block + 1), c, words, a.id_bits, a.unit, a.ids + at,
+                   a.weights + at);
+    } else {
+      WidenIds(reinterpret_cast<const uint32_t*>(block + 1), words, a.ids + at);
+    }
     at += c;
     a.offsets[s + 1] = at;
   }
   *count = at;
   return s;
+}
+
+int64_t DecodeCodedSlotsImpl(const SlotBatch& a, int64_t begin, int64_t* count) {
+  return SlotsImpl<true>(a, begin, count);
+}
+
+int64_t WidenIdSlotsImpl(const SlotBatch& a, int64_t begin, int64_t* count) {
+  return SlotsImpl<false>(a, begin, count);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -140,6 +192,7 @@ namespace shardwild {
 HWY_EXPORT(BytesToUnitFloatsImpl);
 HWY_EXPORT(DecodeCodedEntriesImpl);
 HWY_EXPORT(DecodeCodedSlotsImpl);
+HWY_EXPORT(WidenIdSlotsImpl);
 
 void BytesToUnitFloats(const uint8_t* src, float* dst, int64_t n) {
   if (n > 0) HWY_DYNAMIC_DISPATCH(BytesToUnitFloatsImpl)(src, dst, n);
@@ -149,9 +202,14 @@ void DecodeCodedEntries(const uint32_t* from, int64_t count, int id_bits, double
   if (count > 0) HWY_DYNAMIC_DISPATCH(DecodeCodedEntriesImpl)(from, count, id_bits, unit, ids, weights);
 }
 
-int64_t DecodeCodedSlots(const CodedSlots& a, int64_t begin, int64_t* count) {
+int64_t DecodeCodedSlots(const SlotBatch& a, int64_t begin, int64_t* count) {
   if (begin >= a.n) return a.n;
   return HWY_DYNAMIC_DISPATCH(DecodeCodedSlotsImpl)(a, begin, count);
+}
+
+int64_t WidenIdSlots(const SlotBatch& a, int64_t begin, int64_t* count) {
+  if (begin >= a.n) return a.n;
+  return HWY_DYNAMIC_DISPATCH(WidenIdSlotsImpl)(a, begin, count);
 }
 
 }  // namespace shardwild

@@ -45,25 +45,26 @@ inline float CodedWeight(uint32_t k, double unit) {
 // before, where the count is not a whole number of vectors).
 void DecodeCodedEntries(const uint32_t* from, int64_t count, int id_bits, double unit, uint64_t* ids, float* weights);
 
-// A batch's slots of coded entries (Model::LoadSlots), decoded in one pass.
+// A batch's slots (Model::LoadSlots) of coded entries (DecodeCodedSlots) or
+// of plain 32-bit ids (WidenIdSlots), copied out in one pass.
 // Record records[s]'s slot is words[records[s] * stride_words, ...): its
 // head word (the count, uint32, in its first 4 bytes and the label, int32,
-// in the next 4), then `entries` words' worth of
-// coded entries (as DecodeCodedEntries reads them), the record's first
+// in the next 4), then `entries` words' worth of entries (uint32 each: a
+// coded entry as DecodeCodedEntries reads it, or an id), the record's first
 // `count` of them. A slot whose first word is `overflow_word` holds the
 // record elsewhere: its second word is where in `words` its block is, the
 // same head and then its `count` entries, as many as it has.
-struct CodedSlots {
+struct SlotBatch {
   const uint64_t* words = nullptr;
   int64_t stride_words = 0;
   uint64_t overflow_word = 0;
   const int32_t* records = nullptr;
   int64_t n = 0;
-  int64_t entries = 0;  // coded entries after a slot's first word
-  int id_bits = 0;      // 1..31
-  double unit = 0;
+  int64_t entries = 0;  // entries after a slot's first word
+  int id_bits = 0;      // 1..31 (coded entries only)
+  double unit = 0;      // (coded entries only)
   uint64_t* ids = nullptr;  // [room]
-  float* weights = nullptr;  // [room]
+  float* weights = nullptr;  // [room] (coded entries only)
   int64_t room = 0;
   int32_t* labels = nullptr;          // [n]
   int32_t* label_sets = nullptr;      // [n], or null: then label_offsets is not written
@@ -84,6 +85,14 @@ struct CodedSlots {
 // record, to be called again from there with more room. Reads no word past
 // a slot's `entries` or a block's count. One pass: a slot's first line is
 // read as the one before it is decoded.
-int64_t DecodeCodedSlots(const CodedSlots& a, int64_t begin, int64_t* count);
+int64_t DecodeCodedSlots(const SlotBatch& a, int64_t begin, int64_t* count);
+
+// DecodeCodedSlots for slots of plain ids (id_bits, unit and weights
+// unused): each slot's `entries` words widened to ids whatever its count
+// (as many vector copies for every record: no branch on the count to
+// mispredict; the words past the count are overwritten by the next
+// record's or left unread), a block after the slots to its count. The same
+// labels, offsets, room and return.
+int64_t WidenIdSlots(const SlotBatch& a, int64_t begin, int64_t* count);
 
 }  // namespace shardwild

@@ -944,9 +944,10 @@ void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, co
   FinishLoad(n);
 }
 
-// One record's entries in the slot layout (Model::LoadSlots): `copy` ids
-// from `from`, widened, and where weighted `copy` weights from after its
-// `count` ids. One entry at a time, which GCC widens 4 to a vector at the
+// One record's entries in the slot layout of ids then weights
+// (Model::LoadSlots; plain ids and coded weights go through the data
+// kernels): `copy` ids from `from`, widened, and `copy` weights from after
+// its `count` ids. One entry at a time, which GCC widens 4 to a vector at the
 // baseline x86-64; restrict, so that it need not test for overlap first.
 template <PackedRecords::SlotLoad kEntries>
 inline void Model::CopySlotEntries(const char* __restrict from, uint32_t count, int64_t copy,
@@ -1009,8 +1010,9 @@ void Model::LoadSlots(const int32_t* records, int64_t n, const PackedRecords& pa
   int32_t* const label_sets = softmax ? label_sets_.data() : nullptr;
   int64_t* const label_offsets = label_offsets_.data();
   int64_t* const offsets = st.offsets.data();
-  if constexpr (kCoded) {
-    // One pass of a vector kernel over the slots (DecodeCodedSlots; the
+  if constexpr (kCoded || kEntries == PackedRecords::SlotLoad::kIds) {
+    // One pass of a vector kernel over the slots (DecodeCodedSlots, or
+    // WidenIdSlots for plain ids; the
     // head is one word, the count and the label, as slot loads require),
     // blocks after the slots included; it stops only at one that needs
     // more room, made here. In one pass a slot's first line is read while
@@ -1021,9 +1023,13 @@ void Model::LoadSlots(const int32_t* records, int64_t n, const PackedRecords& pa
     // rounds on the 2-core EPYC VM: data 1.09 -> 1.01 and 1.02 -> 1.02 us a
     // step, medians). Decoded a word at a time in the loop below (4 a
     // vector at the baseline), the batch took 0.63 us in L1 (what:2); 0.41
-    // us in a kernel.
+    // us in a kernel. Plain ids likewise (the text config): widened by the
+    // compiler's loop at the baseline, 16 records in L1 took 186-192 ns,
+    // in WidenIdSlots 145-147 (BM_DataPhase what:2 shape:0, 3 alternating
+    // rounds on the 2-core EPYC VM), and the trainer's data phase went from
+    // 0.51 to 0.45 us a step (8 alternating rounds, medians).
     const PackedRecords::WeightCode& code = packed.weight_codes[0];
-    CodedSlots a{.words = words,
+    SlotBatch a{.words = words,
                  .stride_words = stride,
                  .overflow_word = PackedRecords::kOverflowSlot,
                  .records = records,
@@ -1038,8 +1044,11 @@ void Model::LoadSlots(const int32_t* records, int64_t n, const PackedRecords& pa
                  .label_sets = label_sets,
                  .label_offsets = label_offsets,
                  .offsets = offsets};
+    auto copy_from = [&a](int64_t s, int64_t* at) {
+      return kCoded ? DecodeCodedSlots(a, s, at) : WidenIdSlots(a, s, at);
+    };
     int64_t at = static_cast<int64_t>(count);
-    for (int64_t s = DecodeCodedSlots(a, 0, &at); s < n; s = DecodeCodedSlots(a, s, &at)) {
+    for (int64_t s = copy_from(0, &at); s < n; s = copy_from(s, &at)) {
       // Record s's block after the slots needs more room: for it and for
       // every later slot's entries. (GrowLookup keeps the weights as long
       // as the ids.)

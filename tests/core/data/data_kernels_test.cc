@@ -107,113 +107,124 @@ TEST(DataKernelsTest, DecodeCodedEntriesIsTheScalarDecodeOnEveryTarget) {
   }
 }
 
-// A batch's slots decoded in one pass, on every target, as the scalar
+// The slot kernels: coded entries (DecodeCodedSlots, ids of 20 bits and
+// weights of 2 or 3 decimals) or plain 32-bit ids (WidenIdSlots, which
+// writes no weight).
+int64_t CopySlots(bool coded, const SlotBatch& a, int64_t begin, int64_t* count) {
+  return coded ? DecodeCodedSlots(a, begin, count) : WidenIdSlots(a, begin, count);
+}
+uint64_t SlotId(bool coded, uint32_t word) { return coded ? word & ((1u << 20) - 1) : word; }
+
+// A batch's slots copied out in one pass, on every target, as the scalar
 // expressions give them: labels (and label sets and their offsets where
 // asked for), every slot's entries from the running count on, the offsets,
-// the count. A record whose slot holds the overflow word is decoded from
+// the count. A record whose slot holds the overflow word is copied from
 // its block after the slots, in the same pass where the room allows, else
 // the call stops before it and goes on from it when called with more room.
 // Nothing is written past the last record's entries (the kernel writes
 // what it reads, so nothing is read past them either) or past the room.
-TEST(DataKernelsTest, DecodeCodedSlotsDecodesSlotsAndBlocksAfterThem) {
+TEST(DataKernelsTest, SlotKernelsCopySlotsAndBlocksAfterThem) {
   constexpr uint64_t kOverflow = ~uint64_t{0};
   std::mt19937 rng(9);
   for (const std::string& target : HogwildKernelTargets()) {
     SCOPED_TRACE(target);
     ScopedHogwildKernelTarget scoped(target);
     ASSERT_TRUE(scoped.ok());
-    for (int64_t stride : {2, 9, 16, 24}) {  // slots of 2, 16, 30 and 46 entries
-      for (bool sets : {false, true}) {
-        for (bool tight : {false, true}) {
-          SCOPED_TRACE(testing::Message() << "stride " << stride << (sets ? ", label sets" : "")
-                                          << (tight ? ", room for the slots only" : ""));
-          const int64_t entries = 2 * (stride - 1);
-          constexpr int64_t kSlots = 40;
-          // Record 7's block after the slots: longer than any slot.
-          const uint32_t block_count = static_cast<uint32_t>(entries + 9);
-          const int64_t block_at = kSlots * stride;
-          std::vector<uint64_t> words(block_at + 1 + (block_count + 1) / 2 + 1);
-          for (uint64_t& w : words) w = (uint64_t{rng()} << 32) | rng();
-          std::vector<uint32_t> counts(kSlots);
-          auto write_head = [&](int64_t at, uint32_t count) {
-            const int32_t label = static_cast<int32_t>(rng() % 5);
-            std::memcpy(&words[at], &count, 4);
-            std::memcpy(reinterpret_cast<char*>(&words[at]) + 4, &label, 4);
-          };
-          for (int64_t r = 0; r < kSlots; ++r) {
-            counts[r] = static_cast<uint32_t>(rng() % (entries + 1));
-            write_head(r * stride, counts[r]);
-          }
-          counts[7] = block_count;
-          words[7 * stride] = kOverflow;
-          words[7 * stride + 1] = static_cast<uint64_t>(block_at);
-          write_head(block_at, block_count);
-          auto head_of = [&](int64_t r) { return r == 7 ? block_at : r * stride; };
-          const std::vector<int32_t> records = {3, 0, 39, 7, 12, 12, 5, 38, 1};
-          const int64_t n = static_cast<int64_t>(records.size());
-          constexpr int64_t kStart = 5;  // entries already loaded
-          // Just what record 7's block and the 5 slots after it need where
-          // it starts, or (tight) one entry short.
-          const int64_t at_block = kStart + counts[3] + counts[0] + counts[39];
-          const int64_t room = at_block + block_count + (n - 4) * entries - (tight ? 1 : 0);
-          std::vector<uint64_t> ids(room + 64, 0x5555);
-          std::vector<float> weights(room + 64, -3.0f);
-          std::vector<int32_t> labels(n, -9), label_sets(n, -9);
-          std::vector<int64_t> label_offsets(n + 1, -9), offsets(n + 1, -9);
-          CodedSlots a{.words = words.data(),
-                       .stride_words = stride,
-                       .overflow_word = kOverflow,
-                       .records = records.data(),
-                       .n = n,
-                       .entries = entries,
-                       .id_bits = 20,
-                       .unit = 0.001,
-                       .ids = ids.data(),
-                       .weights = weights.data(),
-                       .room = room,
-                       .labels = labels.data(),
-                       .label_sets = sets ? label_sets.data() : nullptr,
-                       .label_offsets = label_offsets.data(),
-                       .offsets = offsets.data()};
-          int64_t count = kStart;
-          if (tight) {
-            ASSERT_EQ(DecodeCodedSlots(a, 0, &count), 3);  // records[3] is 7
-            EXPECT_EQ(labels[3], -9);
-            EXPECT_EQ(offsets[4], -9);
-            for (int64_t i = room; i < static_cast<int64_t>(ids.size()); ++i) {
+    for (bool coded : {true, false}) {
+      for (int64_t stride : {2, 9, 16, 24}) {  // slots of 2, 16, 30 and 46 entries
+        for (bool sets : {false, true}) {
+          for (bool tight : {false, true}) {
+            SCOPED_TRACE(testing::Message() << (coded ? "coded" : "plain ids") << ", stride " << stride
+                                            << (sets ? ", label sets" : "")
+                                            << (tight ? ", room for the slots only" : ""));
+            const int64_t entries = 2 * (stride - 1);
+            constexpr int64_t kSlots = 40;
+            // Record 7's block after the slots: longer than any slot.
+            const uint32_t block_count = static_cast<uint32_t>(entries + 9);
+            const int64_t block_at = kSlots * stride;
+            std::vector<uint64_t> words(block_at + 1 + (block_count + 1) / 2 + 1);
+            for (uint64_t& w : words) w = (uint64_t{rng()} << 32) | rng();
+            std::vector<uint32_t> counts(kSlots);
+            auto write_head = [&](int64_t at, uint32_t count) {
+              const int32_t label = static_cast<int32_t>(rng() % 5);
+              std::memcpy(&words[at], &count, 4);
+              std::memcpy(reinterpret_cast<char*>(&words[at]) + 4, &label, 4);
+            };
+            for (int64_t r = 0; r < kSlots; ++r) {
+              counts[r] = static_cast<uint32_t>(rng() % (entries + 1));
+              write_head(r * stride, counts[r]);
+            }
+            counts[7] = block_count;
+            words[7 * stride] = kOverflow;
+            words[7 * stride + 1] = static_cast<uint64_t>(block_at);
+            write_head(block_at, block_count);
+            auto head_of = [&](int64_t r) { return r == 7 ? block_at : r * stride; };
+            const std::vector<int32_t> records = {3, 0, 39, 7, 12, 12, 5, 38, 1};
+            const int64_t n = static_cast<int64_t>(records.size());
+            constexpr int64_t kStart = 5;  // entries already loaded
+            // Just what record 7's block and the 5 slots after it need where
+            // it starts, or (tight) one entry short.
+            const int64_t at_block = kStart + counts[3] + counts[0] + counts[39];
+            const int64_t room = at_block + block_count + (n - 4) * entries - (tight ? 1 : 0);
+            std::vector<uint64_t> ids(room + 64, 0x5555);
+            std::vector<float> weights(room + 64, -3.0f);
+            std::vector<int32_t> labels(n, -9), label_sets(n, -9);
+            std::vector<int64_t> label_offsets(n + 1, -9), offsets(n + 1, -9);
+            SlotBatch a{.words = words.data(),
+                        .stride_words = stride,
+                        .overflow_word = kOverflow,
+                        .records = records.data(),
+                        .n = n,
+                        .entries = entries,
+                        .id_bits = 20,
+                        .unit = 0.001,
+                        .ids = ids.data(),
+                        .weights = coded ? weights.data() : nullptr,
+                         .room = room,
+                         .labels = labels.data(),
+                         .label_sets = sets ? label_sets.data() : nullptr,
+                         .label_offsets = label_offsets.data(),
+                         .offsets = offsets.data()};
+            int64_t count = kStart;
+            if (tight) {
+              ASSERT_EQ(CopySlots(coded, a, 0, &count), 3);  // records[3] is 7
+              EXPECT_EQ(labels[3], -9);
+              EXPECT_EQ(offsets[4], -9);
+              for (int64_t i = room; i < static_cast<int64_t>(ids.size()); ++i) {
+                ASSERT_EQ(ids[i], 0x5555u) << i;
+                ASSERT_EQ(weights[i], -3.0f) << i;
+              }
+              a.room = room + 1;  // the block and the slots after it fit now
+            }
+            ASSERT_EQ(CopySlots(coded, a, tight ? 3 : 0, &count), n);
+            int64_t want = kStart;
+            for (int64_t s = 0; s < n; ++s) {
+              const int64_t r = records[s];
+              int32_t label;
+              std::memcpy(&label, reinterpret_cast<const char*>(&words[head_of(r)]) + 4, 4);
+              EXPECT_EQ(labels[s], label) << s;
+              EXPECT_EQ(label_sets[s], sets ? label : -9) << s;
+              EXPECT_EQ(label_offsets[s + 1], sets ? s + 1 : -9) << s;
+              // The record's entries, where the next record did not write over them.
+              const char* from = reinterpret_cast<const char*>(&words[head_of(r) + 1]);
+              for (uint32_t i = 0; i < counts[r]; ++i) {
+                uint32_t word;
+                std::memcpy(&word, from + 4 * i, 4);
+                ASSERT_EQ(ids[want + i], SlotId(coded, word)) << "record " << s << " entry " << i;
+                ASSERT_EQ(std::bit_cast<uint32_t>(weights[want + i]),
+                          std::bit_cast<uint32_t>(coded ? CodedWeight(word >> 20, 0.001) : -3.0f))
+                    << "record " << s << " entry " << i;
+              }
+              want += counts[r];
+              EXPECT_EQ(offsets[s + 1], want) << s;
+            }
+            EXPECT_EQ(count, want);
+            // The last slot wrote nothing past its slot's words.
+            const int64_t last_end = want - counts[records[n - 1]] + entries;
+            for (int64_t i = last_end; i < static_cast<int64_t>(ids.size()); ++i) {
               ASSERT_EQ(ids[i], 0x5555u) << i;
               ASSERT_EQ(weights[i], -3.0f) << i;
             }
-            a.room = room + 1;  // the block and the slots after it fit now
-          }
-          ASSERT_EQ(DecodeCodedSlots(a, tight ? 3 : 0, &count), n);
-          int64_t want = kStart;
-          for (int64_t s = 0; s < n; ++s) {
-            const int64_t r = records[s];
-            int32_t label;
-            std::memcpy(&label, reinterpret_cast<const char*>(&words[head_of(r)]) + 4, 4);
-            EXPECT_EQ(labels[s], label) << s;
-            EXPECT_EQ(label_sets[s], sets ? label : -9) << s;
-            EXPECT_EQ(label_offsets[s + 1], sets ? s + 1 : -9) << s;
-            // The record's entries, where the next record did not write over them.
-            const char* from = reinterpret_cast<const char*>(&words[head_of(r) + 1]);
-            for (uint32_t i = 0; i < counts[r]; ++i) {
-              uint32_t word;
-              std::memcpy(&word, from + 4 * i, 4);
-              ASSERT_EQ(ids[want + i], word & ((1u << 20) - 1)) << "record " << s << " entry " << i;
-              ASSERT_EQ(std::bit_cast<uint32_t>(weights[want + i]),
-                        std::bit_cast<uint32_t>(CodedWeight(word >> 20, 0.001)))
-                  << "record " << s << " entry " << i;
-            }
-            want += counts[r];
-            EXPECT_EQ(offsets[s + 1], want) << s;
-          }
-          EXPECT_EQ(count, want);
-          // The last slot wrote nothing past its slot's words.
-          const int64_t last_end = want - counts[records[n - 1]] + entries;
-          for (int64_t i = last_end; i < static_cast<int64_t>(ids.size()); ++i) {
-            ASSERT_EQ(ids[i], 0x5555u) << i;
-            ASSERT_EQ(weights[i], -3.0f) << i;
           }
         }
       }
@@ -221,57 +232,62 @@ TEST(DataKernelsTest, DecodeCodedSlotsDecodesSlotsAndBlocksAfterThem) {
   }
 }
 
-// A slot of every count from 0 to its words, each decoded to its count on
-// every target (the kernel stops at the vectors that cover the count: the
-// counts around each vector width, 4, 8 and 16 words, and a full slot are
-// where that goes wrong), and nothing written past the last slot's words.
-TEST(DataKernelsTest, DecodeCodedSlotsDecodesEveryCountOfASlot) {
+// A slot of every count from 0 to its words, each copied to its count on
+// every target (DecodeCodedSlots stops at the vectors that cover the count,
+// WidenIdSlots copies the whole slot: the counts around each vector width,
+// 4, 8 and 16 words, and a full slot are where that goes wrong), and
+// nothing written past the last slot's words.
+TEST(DataKernelsTest, SlotKernelsCopyEveryCountOfASlot) {
   std::mt19937 rng(11);
   for (const std::string& target : HogwildKernelTargets()) {
     SCOPED_TRACE(target);
     ScopedHogwildKernelTarget scoped(target);
     ASSERT_TRUE(scoped.ok());
-    for (int64_t stride : {9, 16, 24}) {  // slots of 16, 30 and 46 entries
-      SCOPED_TRACE(testing::Message() << "stride " << stride);
-      const int64_t entries = 2 * (stride - 1);
-      const int64_t n = entries + 1;  // record r holds r entries
-      std::vector<uint64_t> words(n * stride);
-      for (uint64_t& w : words) w = (uint64_t{rng()} << 32) | rng();
-      std::vector<int32_t> records(n);
-      for (int64_t r = 0; r < n; ++r) {
-        records[r] = static_cast<int32_t>(n - 1 - r);  // the longest first: each slot overwrites the last's tail
-        const uint32_t count = static_cast<uint32_t>(r);
-        std::memcpy(&words[r * stride], &count, 4);
-      }
-      const int64_t room = n * entries;
-      std::vector<uint64_t> ids(room + 64, 0x5555);
-      std::vector<float> weights(room + 64, -3.0f);
-      std::vector<int32_t> labels(n);
-      std::vector<int64_t> label_offsets(n + 1), offsets(n + 1);
-      CodedSlots a{.words = words.data(), .stride_words = stride, .overflow_word = ~uint64_t{0},
-                   .records = records.data(), .n = n, .entries = entries, .id_bits = 20, .unit = 0.01,
-                   .ids = ids.data(), .weights = weights.data(), .room = room, .labels = labels.data(),
-                   .label_sets = nullptr, .label_offsets = label_offsets.data(), .offsets = offsets.data()};
-      int64_t count = 0;
-      ASSERT_EQ(DecodeCodedSlots(a, 0, &count), n);
-      int64_t at = 0;
-      for (int64_t s = 0; s < n; ++s) {
-        const int64_t r = records[s];
-        const char* from = reinterpret_cast<const char*>(&words[r * stride + 1]);
-        for (int64_t i = 0; i < r; ++i) {
-          uint32_t word;
-          std::memcpy(&word, from + 4 * i, 4);
-          ASSERT_EQ(ids[at + i], word & ((1u << 20) - 1)) << "count " << r << " entry " << i;
-          ASSERT_EQ(std::bit_cast<uint32_t>(weights[at + i]), std::bit_cast<uint32_t>(CodedWeight(word >> 20, 0.01)))
-              << "count " << r << " entry " << i;
+    for (bool coded : {true, false}) {
+      for (int64_t stride : {9, 16, 24}) {  // slots of 16, 30 and 46 entries
+        SCOPED_TRACE(testing::Message() << (coded ? "coded" : "plain ids") << ", stride " << stride);
+        const int64_t entries = 2 * (stride - 1);
+        const int64_t n = entries + 1;  // record r holds r entries
+        std::vector<uint64_t> words(n * stride);
+        for (uint64_t& w : words) w = (uint64_t{rng()} << 32) | rng();
+        std::vector<int32_t> records(n);
+        for (int64_t r = 0; r < n; ++r) {
+          records[r] = static_cast<int32_t>(n - 1 - r);  // the longest first: each slot overwrites the last's tail
+          const uint32_t count = static_cast<uint32_t>(r);
+          std::memcpy(&words[r * stride], &count, 4);
         }
-        at += r;
-        ASSERT_EQ(offsets[s + 1], at) << s;
-      }
-      EXPECT_EQ(count, at);
-      for (int64_t i = at - records[n - 1] + entries; i < static_cast<int64_t>(ids.size()); ++i) {
-        ASSERT_EQ(ids[i], 0x5555u) << i;
-        ASSERT_EQ(weights[i], -3.0f) << i;
+        const int64_t room = n * entries;
+        std::vector<uint64_t> ids(room + 64, 0x5555);
+        std::vector<float> weights(room + 64, -3.0f);
+        std::vector<int32_t> labels(n);
+        std::vector<int64_t> label_offsets(n + 1), offsets(n + 1);
+        SlotBatch a{.words = words.data(), .stride_words = stride, .overflow_word = ~uint64_t{0},
+                    .records = records.data(), .n = n, .entries = entries, .id_bits = 20, .unit = 0.01,
+                    .ids = ids.data(), .weights = coded ? weights.data() : nullptr, .room = room,
+                    .labels = labels.data(), .label_sets = nullptr, .label_offsets = label_offsets.data(),
+                    .offsets = offsets.data()};
+        int64_t count = 0;
+        ASSERT_EQ(CopySlots(coded, a, 0, &count), n);
+        int64_t at = 0;
+        for (int64_t s = 0; s < n; ++s) {
+          const int64_t r = records[s];
+          const char* from = reinterpret_cast<const char*>(&words[r * stride + 1]);
+          for (int64_t i = 0; i < r; ++i) {
+            uint32_t word;
+            std::memcpy(&word, from + 4 * i, 4);
+            ASSERT_EQ(ids[at + i], SlotId(coded, word)) << "count " << r << " entry " << i;
+            ASSERT_EQ(std::bit_cast<uint32_t>(weights[at + i]),
+                      std::bit_cast<uint32_t>(coded ? CodedWeight(word >> 20, 0.01) : -3.0f))
+                << "count " << r << " entry " << i;
+          }
+          at += r;
+          ASSERT_EQ(offsets[s + 1], at) << s;
+        }
+        EXPECT_EQ(count, at);
+        for (int64_t i = at - records[n - 1] + entries; i < static_cast<int64_t>(ids.size()); ++i) {
+          ASSERT_EQ(ids[i], 0x5555u) << i;
+          ASSERT_EQ(weights[i], -3.0f) << i;
+        }
       }
     }
   }
