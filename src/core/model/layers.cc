@@ -203,15 +203,27 @@ LossResult SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int64
         arg = j;
       }
     }
+    // Up to kKeptExponentials classes, the exponentials of the sum are kept
+    // for the gradient (softmax_j = e_j / sum) instead of computed again.
+    double e[kKeptExponentials];
+    const bool keep = k <= kKeptExponentials;
     double sum = 0;
-    for (int64_t j = 0; j < k; ++j) sum += std::exp(static_cast<double>(z[j] - mx));
+    for (int64_t j = 0; j < k; ++j) {
+      const double x = std::exp(static_cast<double>(z[j] - mx));
+      if (keep) e[j] = x;
+      sum += x;
+    }
     const double log_sum = std::log(sum);
     r.loss_sum += log_sum - static_cast<double>(z[label] - mx);
     r.correct += arg == label ? 1 : 0;
     if (dlogits) {
       float* d = dlogits + b * k;
-      for (int64_t j = 0; j < k; ++j) {
-        d[j] = static_cast<float>(std::exp(static_cast<double>(z[j] - mx) - log_sum)) * inv;
+      if (keep) {
+        for (int64_t j = 0; j < k; ++j) d[j] = static_cast<float>(e[j] / sum) * inv;
+      } else {
+        for (int64_t j = 0; j < k; ++j) {
+          d[j] = static_cast<float>(std::exp(static_cast<double>(z[j] - mx) - log_sum)) * inv;
+        }
       }
       d[label] -= inv;
     }

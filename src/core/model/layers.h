@@ -99,6 +99,12 @@ struct LossResult {
   int64_t correct = 0;    // valid rows predicted right (here: whose arg-max equals the label)
 };
 
+// The softmax losses keep the exponentials of rows of up to this many
+// classes (on the stack) for the gradient, instead of computing them twice
+// (the text config, 16 rows of 8 classes, 8 alternating rounds on the
+// 2-core EPYC VM: backward 3.10 -> 2.50 us, the step 14.75 -> 14.28 us).
+inline constexpr int64_t kKeptExponentials = 64;
+
 // Softmax cross-entropy over `valid` rows of `logits` ([batch, k]). Writes
 // dlogits = (softmax - onehot(label)) / valid for valid rows and zeros for
 // the padding rows (valid..batch). dlogits may be nullptr (evaluation).

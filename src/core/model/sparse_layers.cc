@@ -201,8 +201,16 @@ LossResult SoftmaxCrossEntropyMultiLabel(const float* logits, const int64_t* lab
     const float* z = logits + i * k;
     const int64_t arg = std::max_element(z, z + k) - z;
     const double m = z[arg];
+    // As in SoftmaxCrossEntropy, the exponentials of up to
+    // kKeptExponentials classes are kept for the gradient.
+    double e[kKeptExponentials];
+    const bool keep = k <= kKeptExponentials;
     double sum = 0;
-    for (int64_t c = 0; c < k; ++c) sum += std::exp(z[c] - m);
+    for (int64_t c = 0; c < k; ++c) {
+      const double x = std::exp(z[c] - m);
+      if (keep) e[c] = x;
+      sum += x;
+    }
     const double log_sum = std::log(sum);
     const int64_t begin = label_offsets[i], end = label_offsets[i + 1];
     const double t = end > begin ? 1.0 / static_cast<double>(end - begin) : 0.0;
@@ -218,7 +226,11 @@ LossResult SoftmaxCrossEntropyMultiLabel(const float* logits, const int64_t* lab
       std::fill(dlogits + i * k, dlogits + (i + 1) * k, 0.0f);
     } else if (dlogits) {
       float* d = dlogits + i * k;
-      for (int64_t c = 0; c < k; ++c) d[c] = static_cast<float>(std::exp(z[c] - m - log_sum) * inv);
+      if (keep) {
+        for (int64_t c = 0; c < k; ++c) d[c] = static_cast<float>(e[c] / sum * inv);
+      } else {
+        for (int64_t c = 0; c < k; ++c) d[c] = static_cast<float>(std::exp(z[c] - m - log_sum) * inv);
+      }
       for (int64_t j = begin; j < end; ++j) d[label_sets[j]] -= static_cast<float>(t * inv);
     }
   }

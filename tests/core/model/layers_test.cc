@@ -603,6 +603,36 @@ TEST(SoftmaxCrossEntropyTest, StableWithLargeLogits) {
   EXPECT_NEAR(d[2], -1.0, 1e-6);
 }
 
+// Rows of up to kKeptExponentials classes keep their exponentials for the
+// gradient; wider rows compute them again. Both give (softmax - onehot) /
+// valid, against a double-precision reference, on either side of the limit.
+TEST(SoftmaxCrossEntropyTest, GradientOnEitherSideOfTheKeptExponentials) {
+  std::mt19937 rng(17);
+  for (int64_t k : {int64_t{2}, kKeptExponentials - 1, kKeptExponentials, kKeptExponentials + 1, int64_t{300}}) {
+    SCOPED_TRACE(testing::Message() << "k " << k);
+    constexpr int64_t kValid = 3, kBatch = 4;
+    const std::vector<float> logits = Uniform(&rng, kBatch * k, -6, 6);
+    const std::vector<int32_t> labels = {0, static_cast<int32_t>(k - 1), static_cast<int32_t>(k / 2), 0};
+    std::vector<float> d(kBatch * k, kNaN);
+    const LossResult r = SoftmaxCrossEntropy(logits.data(), labels.data(), kValid, kBatch, k, d.data());
+    double want_loss = 0;
+    for (int64_t b = 0; b < kValid; ++b) {
+      const float* z = logits.data() + b * k;
+      const double mx = *std::max_element(z, z + k);
+      double sum = 0;
+      for (int64_t j = 0; j < k; ++j) sum += std::exp(z[j] - mx);
+      want_loss += std::log(sum) - (z[labels[b]] - mx);
+      for (int64_t j = 0; j < k; ++j) {
+        const double want = (std::exp(z[j] - mx) / sum - (j == labels[b] ? 1.0 : 0.0)) / kValid;
+        ASSERT_NEAR(d[b * k + j], want, 1e-7 + 1e-6 * std::abs(want)) << "row " << b << " class " << j;
+      }
+    }
+    // (The loss subtracts the maximum in float, as its callers' logits are.)
+    EXPECT_NEAR(r.loss_sum, want_loss, 1e-6 * want_loss);
+    for (int64_t j = kValid * k; j < kBatch * k; ++j) ASSERT_EQ(d[j], 0.0f) << j;  // the padding row
+  }
+}
+
 // ---------------------------------------------------------------------------
 // The dense-only Model (an MLP over the dense features, softmax head)
 

@@ -380,6 +380,38 @@ TEST(LossTest, MultiLabelSoftmaxHandValuesPaddingAndEmptyRows) {
             2);
 }
 
+// As SoftmaxCrossEntropy: the exponentials kept for the gradient up to
+// kKeptExponentials classes, computed again past it; both give (softmax -
+// target) / valid against a double-precision reference.
+TEST(LossTest, MultiLabelSoftmaxOnEitherSideOfTheKeptExponentials) {
+  for (int64_t k : {int64_t{2}, kKeptExponentials, kKeptExponentials + 1, int64_t{300}}) {
+    SCOPED_TRACE(testing::Message() << "k " << k);
+    const std::vector<float> logits = Random(3 * k, static_cast<uint32_t>(k), -6, 6);
+    const std::vector<int64_t> offsets = {0, 1, 3, 4};  // row 1 has two labels
+    const std::vector<int32_t> sets = {static_cast<int32_t>(k - 1), 0, 1, static_cast<int32_t>(k / 2)};
+    std::vector<float> d(3 * k, 99.0f);
+    const LossResult r = SoftmaxCrossEntropyMultiLabel(logits.data(), offsets.data(), sets.data(), 3, 3, k, d.data());
+    double want_loss = 0;
+    for (int64_t i = 0; i < 3; ++i) {
+      const float* z = logits.data() + i * k;
+      const double mx = *std::max_element(z, z + k);
+      double sum = 0;
+      for (int64_t c = 0; c < k; ++c) sum += std::exp(z[c] - mx);
+      const double t = 1.0 / static_cast<double>(offsets[i + 1] - offsets[i]);
+      std::vector<double> target(k, 0.0);
+      for (int64_t j = offsets[i]; j < offsets[i + 1]; ++j) {
+        target[sets[j]] += t;
+        want_loss -= t * (z[sets[j]] - mx - std::log(sum));
+      }
+      for (int64_t c = 0; c < k; ++c) {
+        const double want = (std::exp(z[c] - mx) / sum - target[c]) / 3;
+        ASSERT_NEAR(d[i * k + c], want, 1e-7 + 1e-6 * std::abs(want)) << "row " << i << " class " << c;
+      }
+    }
+    EXPECT_NEAR(r.loss_sum, want_loss, 1e-9 * want_loss);
+  }
+}
+
 TEST(LossTest, MultiLabelSoftmaxSpreadsTheTarget) {
   constexpr int64_t kK = 4;
   std::vector<float> logits = Random(3 * kK, 9);
