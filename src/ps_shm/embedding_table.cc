@@ -817,7 +817,18 @@ void EmbeddingTable::PrefetchAhead(absl::Span<const uint64_t> ids, size_t i, int
 }
 
 absl::Status EmbeddingTable::CheckIds(absl::Span<const uint64_t> ids) const {
+  // Every id is tested without a branch (a loop the compiler vectorises at
+  // the baseline x86-64: subtractions, ors and shifts), and only a batch
+  // that fails is searched for its first bad id. A loop that returned at
+  // the first bad id ran an id at a time: sparse_logreg.yaml checks 1,150
+  // ids at each pull and each push.
+  uint64_t bad = 0;
   if (kind_ == EmbeddingKind::kStatic) {
+    // id >= capacity (<= 2^40) exactly where capacity - 1 - id wraps below
+    // zero or id has its top bit: the top bit of one or the other.
+    const uint64_t last = static_cast<uint64_t>(capacity_) - 1;
+    for (uint64_t id : ids) bad |= (last - id) | id;
+    if ((bad >> 63) == 0) return absl::OkStatus();
     for (uint64_t id : ids) {
       if (id >= static_cast<uint64_t>(capacity_)) {
         return absl::InvalidArgumentError(absl::StrCat("embedding table '", options_.name, "': id ", id,
@@ -825,6 +836,10 @@ absl::Status EmbeddingTable::CheckIds(absl::Span<const uint64_t> ids) const {
       }
     }
   } else {
+    // ~id is 0 for the reserved id only.
+    uint64_t all_nonzero = 1;
+    for (uint64_t id : ids) all_nonzero &= static_cast<uint64_t>(~id != 0);
+    if (all_nonzero != 0) return absl::OkStatus();
     for (uint64_t id : ids) {
       if (id == kReservedId) {
         return absl::InvalidArgumentError(absl::StrCat("embedding table '", options_.name, "': id ", id,
@@ -832,7 +847,7 @@ absl::Status EmbeddingTable::CheckIds(absl::Span<const uint64_t> ids) const {
       }
     }
   }
-  return absl::OkStatus();
+  return absl::InternalError("embedding table: an id failed the batch's check but none failed alone");
 }
 
 absl::Status EmbeddingTable::FullError() const {

@@ -435,6 +435,37 @@ TEST(EmbeddingTableTest, StaticOutOfRangeIdIsInvalidArgument) {
   EXPECT_EQ(PullOne(*t, 1), Initial(o, 1));
 }
 
+// The whole batch is checked at once (CheckIds), and a batch that fails
+// names its first bad id: every kind of id out of range, alone and among
+// hundreds of good ones (the vectorised test, then the search), and ids
+// just inside the range pass.
+TEST(EmbeddingTableTest, StaticIdCheckFindsEveryOutOfRangeIdInALongBatch) {
+  const EmbeddingTableOptions o = StaticOptions(1, 1000, 0);
+  Region region(EmbeddingTable::BytesFor(o));
+  auto t = EmbeddingTable::Create(region.data(), region.size(), o);
+  ASSERT_TRUE(t.ok());
+  std::vector<uint64_t> ids(700);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = (i * 37) % 1000;
+  ids.back() = 999;
+  std::vector<float> out(1001);
+  ASSERT_TRUE(t->Pull(ids, out.data()).ok());
+  constexpr uint64_t kTop = uint64_t{1} << 63;
+  for (uint64_t bad : {uint64_t{1000}, uint64_t{1001}, uint64_t{1} << 40, kTop - 1, kTop, kTop + 999, kTop + 1000,
+                       ~uint64_t{0}}) {
+    for (size_t at : {size_t{0}, size_t{333}, ids.size() - 1}) {
+      SCOPED_TRACE(testing::Message() << "id " << bad << " at " << at);
+      std::vector<uint64_t> with = ids;
+      with[at] = bad;
+      for (bool second : {false, true}) {
+        if (second) with.push_back(5000);  // a second bad id after it: the first is named
+        const absl::Status pull = t->Pull(with, out.data());
+        EXPECT_EQ(pull.code(), absl::StatusCode::kInvalidArgument) << second;
+        EXPECT_TRUE(MessageContains(pull, {absl::StrCat("id ", bad, " "), "[0, 1000)"})) << second;
+      }
+    }
+  }
+}
+
 TEST(EmbeddingTableTest, PushNeedsEnoughSlots) {
   const EmbeddingTableOptions o = StaticOptions(4, 10, 0);
   Region region(EmbeddingTable::BytesFor(o));
