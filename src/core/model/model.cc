@@ -1012,8 +1012,8 @@ void Model::LoadSlots(const int32_t* records, int64_t n, const PackedRecords& pa
   int64_t* const offsets = st.offsets.data();
   if constexpr (kCoded || kEntries == PackedRecords::SlotLoad::kIds) {
     // One pass of a vector kernel over the slots (DecodeCodedSlots, or
-    // WidenIdSlots for plain ids; the
-    // head is one word, the count and the label, as slot loads require),
+    // WidenIdSlots for plain ids; the head is one word, the count and the
+    // label, as slot loads require),
     // blocks after the slots included; it stops only at one that needs
     // more room, made here. In one pass a slot's first line is read while
     // the slot before it is decoded. A first pass for the counts and
@@ -1030,20 +1030,20 @@ void Model::LoadSlots(const int32_t* records, int64_t n, const PackedRecords& pa
     // 0.51 to 0.45 us a step (8 alternating rounds, medians).
     const PackedRecords::WeightCode& code = packed.weight_codes[0];
     SlotBatch a{.words = words,
-                 .stride_words = stride,
-                 .overflow_word = PackedRecords::kOverflowSlot,
-                 .records = records,
-                 .n = n,
-                 .entries = entries,
-                 .id_bits = code.id_bits,
-                 .unit = code.unit,
-                 .ids = ids,
-                 .weights = weights,
-                 .room = static_cast<int64_t>(st.ids.size()),
-                 .labels = labels,
-                 .label_sets = label_sets,
-                 .label_offsets = label_offsets,
-                 .offsets = offsets};
+                .stride_words = stride,
+                .overflow_word = PackedRecords::kOverflowSlot,
+                .records = records,
+                .n = n,
+                .entries = entries,
+                .id_bits = code.id_bits,
+                .unit = code.unit,
+                .ids = ids,
+                .weights = weights,
+                .room = static_cast<int64_t>(st.ids.size()),
+                .labels = labels,
+                .label_sets = label_sets,
+                .label_offsets = label_offsets,
+                .offsets = offsets};
     auto copy_from = [&a](int64_t s, int64_t* at) {
       return kCoded ? DecodeCodedSlots(a, s, at) : WidenIdSlots(a, s, at);
     };
