@@ -104,12 +104,16 @@ void DecodeCodedEntriesImpl(const uint32_t* from, int64_t count, int id_bits, do
 // (a 128-byte slot's 30 ids: two AVX-512 vectors, four AVX2 ones); one at a
 // time where m is less than a vector. Reads and writes nothing past m.
 HWY_INLINE void WidenIds(const uint32_t* src, int64_t m, uint64_t* id_to) {
+  // One at a time (the words are in uint64 storage: read as bytes).
+  auto one_by_one = [&] {
+    for (int64_t i = 0; i < m; ++i) {
+      uint32_t id;
+      std::memcpy(&id, reinterpret_cast<const char*>(src) + i * sizeof(uint32_t), sizeof(id));
+      id_to[i] = id;
+    }
+  };
 #if HWY_TARGET == HWY_SCALAR
-  for (int64_t i = 0; i < m; ++i) {
-    uint32_t id;
-    std::memcpy(&id, reinterpret_cast<const char*>(src) + i * sizeof(uint32_t), sizeof(id));
-    id_to[i] = id;
-  }
+  one_by_one();
 #else
   const hn::ScalableTag<uint32_t> du;
   const hn::Half<decltype(du)> dh;
@@ -117,11 +121,7 @@ HWY_INLINE void WidenIds(const uint32_t* src, int64_t m, uint64_t* id_to) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(du));
   const int64_t half = static_cast<int64_t>(hn::Lanes(dh));
   if (m < lanes) {
-    for (int64_t i = 0; i < m; ++i) {
-      uint32_t id;
-      std::memcpy(&id, reinterpret_cast<const char*>(src) + i * sizeof(uint32_t), sizeof(id));
-      id_to[i] = id;
-    }
+    one_by_one();
     return;
   }
   auto widen = [&](int64_t i) HWY_ATTR {

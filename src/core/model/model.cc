@@ -944,23 +944,20 @@ void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, co
   FinishLoad(n);
 }
 
-// One record's entries in the slot layout of ids then weights
+// One record's entries in the slot layout of ids then float weights
 // (Model::LoadSlots; plain ids and coded weights go through the data
 // kernels): `copy` ids from `from`, widened, and `copy` weights from after
 // its `count` ids. One entry at a time, which GCC widens 4 to a vector at the
 // baseline x86-64; restrict, so that it need not test for overlap first.
-template <PackedRecords::SlotLoad kEntries>
-inline void Model::CopySlotEntries(const char* __restrict from, uint32_t count, int64_t copy,
-                                   uint64_t* __restrict ids, float* __restrict weights) {
+inline void Model::CopyIdsThenWeights(const char* __restrict from, uint32_t count, int64_t copy,
+                                      uint64_t* __restrict ids, float* __restrict weights) {
   for (int64_t i = 0; i < copy; ++i) {
     uint32_t id;
     std::memcpy(&id, from + i * sizeof(uint32_t), sizeof(id));
     ids[i] = id;
   }
-  if constexpr (kEntries == PackedRecords::SlotLoad::kIdsThenWeights) {
-    const char* __restrict w = from + count * sizeof(uint32_t);
-    for (int64_t i = 0; i < copy; ++i) std::memcpy(weights + i, w + i * sizeof(float), sizeof(float));
-  }
+  const char* __restrict w = from + count * sizeof(uint32_t);
+  for (int64_t i = 0; i < copy; ++i) std::memcpy(weights + i, w + i * sizeof(float), sizeof(float));
 }
 
 template <PackedRecords::SlotLoad kEntries>
@@ -1060,33 +1057,33 @@ void Model::LoadSlots(const int32_t* records, int64_t n, const PackedRecords& pa
       a.room = static_cast<int64_t>(st.ids.size());
     }
     st.count = static_cast<size_t>(at);
-    return;
-  }
-  for (int64_t s = 0; s < n; ++s) {
-    const uint64_t* block = words + records[s] * stride;
-    const bool after_slots = block[0] == PackedRecords::kOverflowSlot;
-    if (after_slots) block = words + block[1];
-    const uint32_t c = BlockCount(block, 0);
-    int64_t copy = entries;
-    if (after_slots) {
-      // A block after the slots: the same layout, longer, copied to its
-      // count.
-      copy = c;
-      room_for(static_cast<size_t>(c) + static_cast<size_t>(n - s - 1) * static_cast<size_t>(entries));
+  } else {
+    // Ids then their float weights, slot by slot.
+    for (int64_t s = 0; s < n; ++s) {
+      const uint64_t* block = words + records[s] * stride;
+      const bool after_slots = block[0] == PackedRecords::kOverflowSlot;
+      if (after_slots) block = words + block[1];
+      const uint32_t c = BlockCount(block, 0);
+      int64_t copy = entries;
+      if (after_slots) {
+        // A block after the slots: the same layout, longer, copied to its
+        // count.
+        copy = c;
+        room_for(static_cast<size_t>(c) + static_cast<size_t>(n - s - 1) * static_cast<size_t>(entries));
+      }
+      int32_t label;  // after the one lookup's count (PackedRecords)
+      std::memcpy(&label, reinterpret_cast<const char*>(block) + sizeof(uint32_t), sizeof(label));
+      labels[s] = label;
+      if (softmax) {
+        label_sets[s] = label;
+        label_offsets[s + 1] = s + 1;
+      }
+      CopyIdsThenWeights(reinterpret_cast<const char*>(block + head_words), c, copy, ids + count, weights + count);
+      count += c;
+      offsets[s + 1] = static_cast<int64_t>(count);
     }
-    int32_t label;  // after the one lookup's count (PackedRecords)
-    std::memcpy(&label, reinterpret_cast<const char*>(block) + sizeof(uint32_t), sizeof(label));
-    labels[s] = label;
-    if (softmax) {
-      label_sets[s] = label;
-      label_offsets[s + 1] = s + 1;
-    }
-    CopySlotEntries<kEntries>(reinterpret_cast<const char*>(block + head_words), c, copy, ids + count,
-                              kWeighted ? weights + count : nullptr);
-    count += c;
-    offsets[s + 1] = static_cast<int64_t>(count);
+    st.count = count;
   }
-  st.count = count;
 }
 
 void Model::LoadOneIdSlots(const int32_t* records, int64_t n, const PackedRecords& packed) {

@@ -468,9 +468,8 @@ class Model {
   // (PackedRecords::kOneIdBags): each bag's id where the record's mask has
   // it, the label and the dense values, from each record's slot.
   void LoadOneIdSlots(const int32_t* records, int64_t n, const PackedRecords& packed);
-  template <PackedRecords::SlotLoad kEntries>
-  static void CopySlotEntries(const char* __restrict from, uint32_t count, int64_t copy, uint64_t* __restrict ids,
-                              float* __restrict weights);
+  static void CopyIdsThenWeights(const char* __restrict from, uint32_t count, int64_t copy,
+                                 uint64_t* __restrict ids, float* __restrict weights);
   // Room in lookup l for `need` ids and kIdSlack more: LoadPackedIds copies
   // ids in chunks of kIdSlack + 1, so it may write up to kIdSlack past the
   // lookup's count. GrowLookup (never shrinks) when there is not.

@@ -113,7 +113,32 @@ TEST(DataKernelsTest, DecodeCodedEntriesIsTheScalarDecodeOnEveryTarget) {
 int64_t CopySlots(bool coded, const SlotBatch& a, int64_t begin, int64_t* count) {
   return coded ? DecodeCodedSlots(a, begin, count) : WidenIdSlots(a, begin, count);
 }
-uint64_t SlotId(bool coded, uint32_t word) { return coded ? word & ((1u << 20) - 1) : word; }
+
+// The id and weight copied from a slot's `word`: the scalar decode where
+// coded (the weights' unit `unit`), else the word itself and the weight
+// left as the tests filled it (kUntouchedWeight).
+constexpr uint64_t kUntouchedId = 0x5555;
+constexpr float kUntouchedWeight = -3.0f;
+testing::AssertionResult CopiedAs(bool coded, double unit, uint32_t word, uint64_t id, float weight) {
+  const uint64_t want_id = coded ? word & ((1u << 20) - 1) : word;
+  const float want_weight = coded ? CodedWeight(word >> 20, unit) : kUntouchedWeight;
+  if (id == want_id && std::bit_cast<uint32_t>(weight) == std::bit_cast<uint32_t>(want_weight)) {
+    return testing::AssertionSuccess();
+  }
+  return testing::AssertionFailure() << "word " << word << " gave id " << id << " and weight " << weight
+                                     << ", not " << want_id << " and " << want_weight;
+}
+
+// Nothing written from entry `from` on (ids and weights as the tests filled them).
+testing::AssertionResult UntouchedFrom(const std::vector<uint64_t>& ids, const std::vector<float>& weights,
+                                       int64_t from) {
+  for (size_t i = static_cast<size_t>(from); i < ids.size(); ++i) {
+    if (ids[i] != kUntouchedId || weights[i] != kUntouchedWeight) {
+      return testing::AssertionFailure() << "entry " << i << " written (first untouched entry: " << from << ")";
+    }
+  }
+  return testing::AssertionSuccess();
+}
 
 // A batch's slots copied out in one pass, on every target, as the scalar
 // expressions give them: labels (and label sets and their offsets where
@@ -166,8 +191,8 @@ TEST(DataKernelsTest, SlotKernelsCopySlotsAndBlocksAfterThem) {
             // it starts, or (tight) one entry short.
             const int64_t at_block = kStart + counts[3] + counts[0] + counts[39];
             const int64_t room = at_block + block_count + (n - 4) * entries - (tight ? 1 : 0);
-            std::vector<uint64_t> ids(room + 64, 0x5555);
-            std::vector<float> weights(room + 64, -3.0f);
+            std::vector<uint64_t> ids(room + 64, kUntouchedId);
+            std::vector<float> weights(room + 64, kUntouchedWeight);
             std::vector<int32_t> labels(n, -9), label_sets(n, -9);
             std::vector<int64_t> label_offsets(n + 1, -9), offsets(n + 1, -9);
             SlotBatch a{.words = words.data(),
@@ -180,20 +205,17 @@ TEST(DataKernelsTest, SlotKernelsCopySlotsAndBlocksAfterThem) {
                         .unit = 0.001,
                         .ids = ids.data(),
                         .weights = coded ? weights.data() : nullptr,
-                         .room = room,
-                         .labels = labels.data(),
-                         .label_sets = sets ? label_sets.data() : nullptr,
-                         .label_offsets = label_offsets.data(),
-                         .offsets = offsets.data()};
+                        .room = room,
+                        .labels = labels.data(),
+                        .label_sets = sets ? label_sets.data() : nullptr,
+                        .label_offsets = label_offsets.data(),
+                        .offsets = offsets.data()};
             int64_t count = kStart;
             if (tight) {
               ASSERT_EQ(CopySlots(coded, a, 0, &count), 3);  // records[3] is 7
               EXPECT_EQ(labels[3], -9);
               EXPECT_EQ(offsets[4], -9);
-              for (int64_t i = room; i < static_cast<int64_t>(ids.size()); ++i) {
-                ASSERT_EQ(ids[i], 0x5555u) << i;
-                ASSERT_EQ(weights[i], -3.0f) << i;
-              }
+              ASSERT_TRUE(UntouchedFrom(ids, weights, room));
               a.room = room + 1;  // the block and the slots after it fit now
             }
             ASSERT_EQ(CopySlots(coded, a, tight ? 3 : 0, &count), n);
@@ -210,9 +232,7 @@ TEST(DataKernelsTest, SlotKernelsCopySlotsAndBlocksAfterThem) {
               for (uint32_t i = 0; i < counts[r]; ++i) {
                 uint32_t word;
                 std::memcpy(&word, from + 4 * i, 4);
-                ASSERT_EQ(ids[want + i], SlotId(coded, word)) << "record " << s << " entry " << i;
-                ASSERT_EQ(std::bit_cast<uint32_t>(weights[want + i]),
-                          std::bit_cast<uint32_t>(coded ? CodedWeight(word >> 20, 0.001) : -3.0f))
+                ASSERT_TRUE(CopiedAs(coded, 0.001, word, ids[want + i], weights[want + i]))
                     << "record " << s << " entry " << i;
               }
               want += counts[r];
@@ -220,11 +240,7 @@ TEST(DataKernelsTest, SlotKernelsCopySlotsAndBlocksAfterThem) {
             }
             EXPECT_EQ(count, want);
             // The last slot wrote nothing past its slot's words.
-            const int64_t last_end = want - counts[records[n - 1]] + entries;
-            for (int64_t i = last_end; i < static_cast<int64_t>(ids.size()); ++i) {
-              ASSERT_EQ(ids[i], 0x5555u) << i;
-              ASSERT_EQ(weights[i], -3.0f) << i;
-            }
+            EXPECT_TRUE(UntouchedFrom(ids, weights, want - counts[records[n - 1]] + entries));
           }
         }
       }
@@ -257,8 +273,8 @@ TEST(DataKernelsTest, SlotKernelsCopyEveryCountOfASlot) {
           std::memcpy(&words[r * stride], &count, 4);
         }
         const int64_t room = n * entries;
-        std::vector<uint64_t> ids(room + 64, 0x5555);
-        std::vector<float> weights(room + 64, -3.0f);
+        std::vector<uint64_t> ids(room + 64, kUntouchedId);
+        std::vector<float> weights(room + 64, kUntouchedWeight);
         std::vector<int32_t> labels(n);
         std::vector<int64_t> label_offsets(n + 1), offsets(n + 1);
         SlotBatch a{.words = words.data(), .stride_words = stride, .overflow_word = ~uint64_t{0},
@@ -275,19 +291,13 @@ TEST(DataKernelsTest, SlotKernelsCopyEveryCountOfASlot) {
           for (int64_t i = 0; i < r; ++i) {
             uint32_t word;
             std::memcpy(&word, from + 4 * i, 4);
-            ASSERT_EQ(ids[at + i], SlotId(coded, word)) << "count " << r << " entry " << i;
-            ASSERT_EQ(std::bit_cast<uint32_t>(weights[at + i]),
-                      std::bit_cast<uint32_t>(coded ? CodedWeight(word >> 20, 0.01) : -3.0f))
-                << "count " << r << " entry " << i;
+            ASSERT_TRUE(CopiedAs(coded, 0.01, word, ids[at + i], weights[at + i])) << "count " << r << " entry " << i;
           }
           at += r;
           ASSERT_EQ(offsets[s + 1], at) << s;
         }
         EXPECT_EQ(count, at);
-        for (int64_t i = at - records[n - 1] + entries; i < static_cast<int64_t>(ids.size()); ++i) {
-          ASSERT_EQ(ids[i], 0x5555u) << i;
-          ASSERT_EQ(weights[i], -3.0f) << i;
-        }
+        EXPECT_TRUE(UntouchedFrom(ids, weights, at - records[n - 1] + entries));
       }
     }
   }
