@@ -7,22 +7,17 @@ records each call and prints a summary whose step depends on the variant's
 environment and on how many calls came before, so every figure is known."""
 import json
 import os
-import subprocess
-import sys
-import tempfile
 import unittest
 
-from fake_exe import write_exe
-
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'bench', 'workers', 'ab_phases.py')
+from fake_exe import ToolScriptTest, write_exe
 
 
-class AbPhases(unittest.TestCase):
+class AbPhases(ToolScriptTest):
+    SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'bench', 'workers', 'ab_phases.py')
+
     def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory()
-        d = self.tmp.name
-        self.calls = os.path.join(d, 'calls')
-        self.fake = os.path.join(d, 'shardwild')
+        super().setUp()
+        self.fake = os.path.join(self.dir, 'shardwild')
         # step_ms = STEP (the variant's, default 1) + 0.001 * the calls before
         # this one; data is a tenth of the step, push a fifth.
         write_exe(self.fake, '#!/bin/sh\n'
@@ -31,17 +26,9 @@ class AbPhases(unittest.TestCase):
                   'echo "shardwild: bench"\n'
                   'echo "{\\"step_ms\\": ${STEP:-1}.00$n, \\"samples_per_s\\": 1000, '
                   '\\"phases\\": {\\"data\\": 0.1, \\"push\\": 0.2}}"\n')
-        self.failing = os.path.join(d, 'failing')
-        write_exe(self.failing, '#!/bin/sh\necho "boom on stderr" >&2\nexit 2\n')
-
-    def tearDown(self):
-        self.tmp.cleanup()
-
-    def run_script(self, *args):
-        return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=60)
 
     def test_alternates_and_summarises_each_variant(self):
-        out = os.path.join(self.tmp.name, 'out.json')
+        out = os.path.join(self.dir, 'out.json')
         p = self.run_script('c.yaml', '--run', f'a={self.fake}', '--run', f'b={self.fake}:STEP=2',
                             '--set', 'bench.steps=10', '--rounds', '3', '--out', out)
         self.assertEqual(p.returncode, 0, p.stderr)
@@ -66,21 +53,16 @@ class AbPhases(unittest.TestCase):
 
     def test_a_failing_run_is_reported(self):
         p = self.run_script('c.yaml', '--run', f'x={self.failing}', '--run', f'y={self.fake}')
-        self.assertEqual(p.returncode, 1)
-        self.assertIn('boom on stderr', p.stderr)
-        self.assertIn('exited with 2', p.stderr)
+        self.assertFailingRunReported(p, 'exited with 2')
 
     def test_bad_arguments(self):
-        for args, says in ((['--run', f'a={self.fake}'], 'at least two variants'),
-                           (['--run', f'a={self.fake}', '--run', f'a={self.fake}'], 'variant names must differ'),
-                           (['--run', f'a={self.fake}:NOVALUE', '--run', f'b={self.fake}'], 'is not ENV=VALUE'),
-                           (['--run', 'a=/no/such/binary', '--run', f'b={self.fake}'], 'not an executable file'),
-                           (['--run', f'a={self.fake}', '--run', f'b={self.fake}', '--rounds', '0'],
-                            '--rounds must be at least 1')):
-            p = self.run_script('c.yaml', *args)
-            self.assertEqual(p.returncode, 1, args)
-            self.assertIn(says, p.stderr, args)
-        self.assertFalse(os.path.exists(self.calls))
+        self.assertBadArgumentsRefused('c.yaml', (
+            (['--run', f'a={self.fake}'], 'at least two variants'),
+            (['--run', f'a={self.fake}', '--run', f'a={self.fake}'], 'variant names must differ'),
+            (['--run', f'a={self.fake}:NOVALUE', '--run', f'b={self.fake}'], 'is not ENV=VALUE'),
+            (['--run', 'a=/no/such/binary', '--run', f'b={self.fake}'], 'not an executable file'),
+            (['--run', f'a={self.fake}', '--run', f'b={self.fake}', '--rounds', '0'], '--rounds must be at least 1'),
+        ))
 
 
 if __name__ == '__main__':

@@ -7,22 +7,17 @@ before printing a summary whose wall_s is known, so the overhead is known
 to within the start-up of a shell."""
 import json
 import os
-import subprocess
-import sys
-import tempfile
 import unittest
 
-from fake_exe import write_exe
-
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'bench', 'workers', 'ab_process.py')
+from fake_exe import ToolScriptTest, write_exe
 
 
-class AbProcess(unittest.TestCase):
+class AbProcess(ToolScriptTest):
+    SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'bench', 'workers', 'ab_process.py')
+
     def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory()
-        d = self.tmp.name
-        self.calls = os.path.join(d, 'calls')
-        self.fake = os.path.join(d, 'shardwild')
+        super().setUp()
+        self.fake = os.path.join(self.dir, 'shardwild')
         # Sleeps 0.3 s and claims 0.1 s of training: about 0.2 s of overhead.
         write_exe(self.fake, '#!/bin/sh\n'
                   f'echo "$@" >> {self.calls}\n'
@@ -30,17 +25,9 @@ class AbProcess(unittest.TestCase):
                   'echo "shardwild: training"\n'
                   'echo \'{"wall_s": 0.1, "store": {"setup_s": 0.05, "memory_kind": "private"}, '
                   '"data": {"load_s": 0.02}}\'\n')
-        self.failing = os.path.join(d, 'failing')
-        write_exe(self.failing, '#!/bin/sh\necho "boom on stderr" >&2\nexit 2\n')
-
-    def tearDown(self):
-        self.tmp.cleanup()
-
-    def run_script(self, *args):
-        return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=60)
 
     def test_alternates_and_reports_the_overhead(self):
-        out = os.path.join(self.tmp.name, 'out.json')
+        out = os.path.join(self.dir, 'out.json')
         p = self.run_script('c.yaml', '--run', f'a={self.fake}', '--run', f'b={self.fake}', '--variant-set',
                             'a:ps.memory_kind=shared', '--set', 'train.epochs=1', '--rounds', '2', '--out', out)
         self.assertEqual(p.returncode, 0, p.stderr)
@@ -68,20 +55,16 @@ class AbProcess(unittest.TestCase):
 
     def test_a_failing_run_is_reported(self):
         p = self.run_script('c.yaml', '--run', f'x={self.failing}')
-        self.assertEqual(p.returncode, 1)
-        self.assertIn('boom on stderr', p.stderr)
-        self.assertIn('exited with status 2', p.stderr)
+        self.assertFailingRunReported(p, 'exited with status 2')
 
     def test_bad_arguments(self):
-        for args, says in ((['--run', 'nobinary'], 'expected NAME=BINARY'),
-                           (['--run', f'a={self.fake}', '--variant-set', 'b:k=v'], "no --run names variant 'b'"),
-                           (['--run', f'a={self.fake}', '--variant-set', 'a:k'], 'expected NAME:key=value'),
-                           (['--run', f'a={self.fake}', '--rounds', '0'], '--rounds must be >= 1'),
-                           ([], 'at least one --run')):
-            p = self.run_script('c.yaml', *args)
-            self.assertEqual(p.returncode, 1, args)
-            self.assertIn(says, p.stderr, args)
-        self.assertFalse(os.path.exists(self.calls))
+        self.assertBadArgumentsRefused('c.yaml', (
+            (['--run', 'nobinary'], 'expected NAME=BINARY'),
+            (['--run', f'a={self.fake}', '--variant-set', 'b:k=v'], "no --run names variant 'b'"),
+            (['--run', f'a={self.fake}', '--variant-set', 'a:k'], 'expected NAME:key=value'),
+            (['--run', f'a={self.fake}', '--rounds', '0'], '--rounds must be >= 1'),
+            ([], 'at least one --run'),
+        ))
 
 
 if __name__ == '__main__':

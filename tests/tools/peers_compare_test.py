@@ -10,20 +10,18 @@ imports fail, and --fasttext names no executable. Where they are there (a
 fake fasttext, an interpreter whose probe passes), the check passes and the
 run goes on to call shardwild."""
 import os
-import subprocess
 import sys
-import tempfile
 import unittest
 
-from fake_exe import write_exe
-
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'bench', 'peers', 'compare.py')
+from fake_exe import ToolScriptTest, write_exe
 
 
-class CompareChecksPeersFirst(unittest.TestCase):
+class CompareChecksPeersFirst(ToolScriptTest):
+    SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'bench', 'peers', 'compare.py')
+
     def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory()
-        d = self.tmp.name
+        super().setUp()
+        d = self.dir
         self.marker = os.path.join(d, 'shardwild_ran')
         self.shardwild = os.path.join(d, 'shardwild')
         # Any call is recorded; `train` then fails, so a run that got past
@@ -40,14 +38,9 @@ class CompareChecksPeersFirst(unittest.TestCase):
         for name in ('criteo_train.tsv', 'criteo_test.tsv', 'text_train.txt', 'text_test.txt'):
             open(os.path.join(self.data, name), 'w').close()
 
-    def tearDown(self):
-        self.tmp.cleanup()
-
     def compare(self, workloads, python, fasttext):
-        return subprocess.run([sys.executable, SCRIPT, '--shardwild', self.shardwild, '--python', python,
-                               '--fasttext', fasttext, '--workloads', workloads, '--repeats', '1',
-                               '--data-dir', self.data],
-                              capture_output=True, text=True, timeout=60)
+        return self.run_script('--shardwild', self.shardwild, '--python', python, '--fasttext', fasttext,
+                               '--workloads', workloads, '--repeats', '1', '--data-dir', self.data)
 
     def assertStoppedBeforeRunning(self, p, *named):
         self.assertEqual(p.returncode, 3, p.stderr)
@@ -73,7 +66,7 @@ class CompareChecksPeersFirst(unittest.TestCase):
     def test_present_peers_pass_the_check(self):
         # The fake interpreter imports nothing but exits 0 for the probe: the
         # check passes and the run reaches shardwild, which fails on purpose.
-        ok_python = os.path.join(self.tmp.name, 'python_ok')
+        ok_python = os.path.join(self.dir, 'python_ok')
         write_exe(ok_python, '#!/bin/sh\nexit 0\n')
         p = self.compare('text', ok_python, self.fasttext)
         self.assertNotIn('compare.py: error: the peers', p.stderr)
@@ -84,7 +77,7 @@ class CompareChecksPeersFirst(unittest.TestCase):
         # check, then fails the script) does not: the table shows Shardwild's
         # figures and the exit status is the failure's.
         write_exe(self.shardwild, '#!/bin/sh\necho \'{"samples_per_s": 123456, "test_accuracy": 0.8899}\'\n')
-        python = os.path.join(self.tmp.name, 'python_check_only')
+        python = os.path.join(self.dir, 'python_check_only')
         write_exe(python, '#!/bin/sh\n[ "$1" = "-c" ] && exit 0\necho "peer broke" >&2\nexit 1\n')
         p = self.compare('mlp', python, self.fasttext)
         self.assertEqual(p.returncode, 1, p.stderr)
