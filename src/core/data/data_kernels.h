@@ -75,9 +75,9 @@ struct SlotBatch {
 // From record `begin` on: each record's label into labels[s] (and
 // label_sets[s] = label, label_offsets[s + 1] = s + 1 where label_sets is
 // not null), its entries decoded into ids and weights from *count on (a
-// slot's first count, and any of its later words that share a vector with
-// them, overwritten by the next record's or left unread; a block after the
-// slots to its count), then
+// slot's `entries` words whatever its count, those past the count
+// overwritten by the next record's or left unread; a block after the slots
+// to its count), then
 // *count += its count and offsets[s + 1] = *count. The caller gives room
 // for `entries` from *count on for every slot; a block after the slots is
 // decoded where its count leaves that room for every later slot, else the

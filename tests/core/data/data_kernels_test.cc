@@ -249,9 +249,9 @@ TEST(DataKernelsTest, SlotKernelsCopySlotsAndBlocksAfterThem) {
 }
 
 // A slot of every count from 0 to its words, each copied to its count on
-// every target (DecodeCodedSlots stops at the vectors that cover the count,
-// WidenIdSlots copies the whole slot: the counts around each vector width,
-// 4, 8 and 16 words, and a full slot are where that goes wrong), and
+// every target (both kernels copy the whole slot whatever its count, and the
+// next slot's entries overwrite its tail: the counts around each vector
+// width, 4, 8 and 16 words, and a full slot are where that goes wrong), and
 // nothing written past the last slot's words.
 TEST(DataKernelsTest, SlotKernelsCopyEveryCountOfASlot) {
   std::mt19937 rng(11);
