@@ -48,19 +48,23 @@ inline void DecodeWords(const uint32_t* src, int64_t m, int id_bits, double unit
   }
 }
 
-// A record's m words decoded: a vector of words at a time, each half
-// widened to ids and, through doubles, to weights (AVX-512: 16 words, the 30
-// of a 128-byte slot in two, the second overlapping the first); words one at
-// a time where m is less than a vector. A slot's words are all decoded,
-// whatever its count (as WidenIds copies them): the words past the count
-// are overwritten by the next record's or left unread, and no branch on the
-// count is mispredicted. Decoded only to the count, libsvm's records of 10 to
-// 30 entries took one or two AVX-512 vectors, and the data phase of
-// sparse_logreg.yaml was 1.43 us a step against 1.25 decoded whole (AVX2's
-// four vectors a slot against three on average: 1.78 against 1.63; 8
-// alternating rounds each on the 2-core EPYC VM, medians, lower in 8 and 7
-// of the 8 pairs). Reads and writes nothing past m. Inlined into the loops
-// below, which hoist its constants.
+// f(i) for the vectors of `lanes` words that cover [0, m) (m >= lanes): i =
+// 0, lanes, 2 * lanes, ..., and m - lanes last where m is not a whole number
+// of vectors, overlapping the one before (it computes the same values
+// again). The loop of DecodeRecord and WidenIds.
+template <class F>
+HWY_INLINE void EachVector(int64_t m, int64_t lanes, const F& f) {
+  int64_t i = 0;
+  for (; i + lanes <= m; i += lanes) f(i);
+  if (i < m) f(m - lanes);
+}
+
+// A record's m words decoded: a vector of words at a time (EachVector),
+// each half widened to ids and, through doubles, to weights (AVX-512: 16
+// words, the 30 of a 128-byte slot in two, the second overlapping the
+// first); words one at a time where m is less than a vector. Reads and
+// writes nothing past m. Inlined into the loops below, which hoist its
+// constants.
 HWY_INLINE void DecodeRecord(const uint32_t* src, int64_t m, int id_bits, double unit, uint64_t* id_to,
                              float* weight_to) {
 #if HWY_TARGET == HWY_SCALAR
@@ -90,9 +94,7 @@ HWY_INLINE void DecodeRecord(const uint32_t* src, int64_t m, int id_bits, double
     hn::StoreU(hn::DemoteTo(df32, hn::Mul(hn::PromoteTo(df64, lower), vunit)), df32, weight_to + i);
     hn::StoreU(hn::DemoteTo(df32, hn::Mul(hn::PromoteTo(df64, upper), vunit)), df32, weight_to + i + half);
   };
-  int64_t i = 0;
-  for (; i + lanes <= m; i += lanes) decode(i);
-  if (i < m) decode(m - lanes);  // the last vector, overlapping: the same values again
+  EachVector(m, lanes, decode);
 #endif
 }
 
@@ -131,9 +133,7 @@ HWY_INLINE void WidenIds(const uint32_t* src, int64_t m, uint64_t* id_to) {
     hn::StoreU(hn::PromoteTo(d64, hn::LowerHalf(dh, v)), d64, id_to + i);
     hn::StoreU(hn::PromoteTo(d64, hn::UpperHalf(dh, v)), d64, id_to + i + half);
   };
-  int64_t i = 0;
-  for (; i + lanes <= m; i += lanes) widen(i);
-  if (i < m) widen(m - lanes);  // overlapping: the same values again
+  EachVector(m, lanes, widen);
 #endif
 }
 
@@ -163,6 +163,14 @@ HWY_INLINE int64_t SlotsImpl(const SlotBatch& a, int64_t begin, int64_t* count) 
       a.label_sets[s] = label;
       a.label_offsets[s + 1] = s + 1;
     }
+    // A slot's words are all decoded or widened, whatever its count: those
+    // past it are overwritten by the next record's or left unread, and no
+    // branch on the count is mispredicted. Coded entries decoded only to
+    // the count (libsvm's records of 10 to 30 entries: one or two AVX-512
+    // vectors) took sparse_logreg.yaml's data phase to 1.43 us a step
+    // against 1.25 decoded whole (AVX2, four vectors a slot against three
+    // on average: 1.78 against 1.63; 8 alternating rounds each on the
+    // 2-core EPYC VM, medians, lower in 8 and 7 of the 8 pairs).
     if constexpr (kCoded) {
       DecodeRecord(reinterpret_cast<const uint32_t*>(block + 1), words, a.id_bits, a.unit, a.ids + at, a.weights + at);
     } else {
