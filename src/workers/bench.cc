@@ -1,9 +1,11 @@
 #include "workers/bench.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -116,6 +118,11 @@ struct Bf16Matmul {
 constexpr int kBoundSlices = 5;
 // Untimed steps at the start of each slice's call.
 constexpr int64_t kRewarmSteps = 2;
+// The fewest dense parameters whose push is timed against its bound: a
+// smaller push (a text model's softmax, 512 parameters; logistic
+// regression's 2) is its calls' fixed cost, which the kernel alone does not
+// bound (sparse_logreg: 0.2 us a step against 0.02).
+constexpr int64_t kMinPushBoundParams = 16384;
 // Rows each thread of the bound draws before timing and cycles through.
 constexpr int64_t kBoundRowsPerThread = int64_t{1} << 20;
 
@@ -197,6 +204,88 @@ absl::StatusOr<MatmulPeak> MeasureBf16MatmulPeak(WorkerPool& pool, int omp_threa
                                 absl::StrCat("oneDNN could not build a bf16 matmul ", size, "^3: ", e.what()));
                           }
                         });
+}
+
+absl::StatusOr<double> MeasureLineHandoff(WorkerPool& pool, double seconds) {
+  if (pool.size() < 2) return 0.0;
+  // Hand-offs a round: about 4.5 ms at the 225 ns of a 2-core EPYC VM's
+  // two vCPUs, 0.5-1 ms where the cores share a cache.
+  constexpr uint64_t kHandoffs = 20000;
+  constexpr int kMinRounds = 3, kMaxRounds = 15;
+  struct alignas(64) Line {
+    std::atomic<uint64_t> value{0};
+  };
+  const auto deadline = Clock::now() + std::chrono::duration<double>(std::max(seconds, 0.0));
+  std::vector<double> rounds;
+  for (int round = 0; round < kMaxRounds; ++round) {
+    if (round >= kMinRounds && Clock::now() >= deadline) break;
+    Line line;
+    double ns = 0;
+    // Thread t waits for the value to reach k (k = t, t + 2, ...), then
+    // writes k + 1: every write hands the line to the other thread's core.
+    // It spins before it yields, so that two threads on one core (an
+    // oversubscribed machine) still take turns.
+    SW_RETURN_IF_ERROR(pool.RunAll([&](int t) -> absl::Status {
+      if (t > 1) return absl::OkStatus();
+      const auto start = Clock::now();
+      for (uint64_t k = static_cast<uint64_t>(t); k < kHandoffs; k += 2) {
+        for (int spins = 0; line.value.load(std::memory_order_acquire) != k;) {
+          if (++spins == 4096) {
+            spins = 0;
+            std::this_thread::yield();
+          }
+        }
+        line.value.store(k + 1, std::memory_order_release);
+      }
+      if (t == 0) ns = std::chrono::duration<double, std::nano>(Clock::now() - start).count();
+      return absl::OkStatus();
+    }));
+    // Thread 0's loop ends once it has written kHandoffs - 1: that many
+    // hand-offs were waited for and made.
+    rounds.push_back(ns / static_cast<double>(kHandoffs - 1));
+  }
+  return Median(rounds);
+}
+
+absl::StatusOr<double> MeasureDensePushBound(WorkerPool& pool, const OptimizerOptions& optimizer, int64_t params,
+                                             bool bf16_copy, double seconds) {
+  if (params <= 0) return absl::InvalidArgumentError("dense push bound: no parameters");
+  const int slots = NumSlots(optimizer.type);
+  std::vector<double> per_thread(static_cast<size_t>(pool.size()), 0);
+  SW_RETURN_IF_ERROR(pool.RunAll([&](int t) -> absl::Status {
+    // Allocated and first written on the pool thread, as a worker's arrays
+    // and its shards' parts are on its node.
+    const size_t n = static_cast<size_t>(params);
+    std::vector<float> p(n, 0.01f), g(n, 1e-3f), copy(bf16_copy ? 0 : n);
+    std::vector<uint16_t> copy16(bf16_copy ? n : 0);
+    std::vector<std::vector<float>> s(static_cast<size_t>(slots));
+    float* slot_ptrs[2] = {nullptr, nullptr};
+    for (int k = 0; k < slots; ++k) {
+      s[k].assign(n, SlotInitialValue(optimizer, k));
+      slot_ptrs[k] = s[k].data();
+    }
+    UpdateParams up;
+    up.lr = optimizer.lr > 0 ? optimizer.lr : 1e-3f;
+    up.step = 0;
+    auto push = [&] {
+      ++up.step;
+      ApplyUpdate(optimizer, up, p.data(), slot_ptrs, g.data(), params, bf16_copy ? nullptr : copy.data(),
+                  bf16_copy ? copy16.data() : nullptr);
+    };
+    for (int i = 0; i < 3; ++i) push();  // every line touched, the caches in their steady state
+    std::vector<double> chunks;
+    const auto end = Clock::now() + std::chrono::duration<double>(std::max(seconds, 0.0));
+    do {
+      // Chunks of 8 pushes, whose median leaves out those an interrupt or
+      // another process cut into.
+      const auto start = Clock::now();
+      for (int i = 0; i < 8; ++i) push();
+      chunks.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count() / 8);
+    } while (Clock::now() < end || chunks.size() < 3);
+    per_thread[static_cast<size_t>(t)] = Median(chunks);
+    return absl::OkStatus();
+  }));
+  return Median(per_thread);
 }
 
 absl::Status CheckBenchConfig(const Config& config) {
@@ -336,6 +425,16 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
   r.layer_impls = model.ForwardImpls();
   const double bound = model.precision() == Precision::kBf16 ? r.bf16_peak.gflops : r.peak.gflops;
   r.peak_fraction = bound > 0 ? r.model_gflops / bound : 0;
+  // The dense push next to its bounds, on the same pinned threads.
+  for (int v = 0; v < model.num_variables(); ++v) r.dense_params += model.variable(v).size();
+  if (r.dense_params >= kMinPushBoundParams && r.steps_done > 0) {
+    r.push_us = 1e6 * r.phases.push / total_steps;
+    SW_ASSIGN_OR_RETURN(r.push_bound_us,
+                        MeasureDensePushBound(job.pool(), cfg.optimizer, r.dense_params,
+                                              model.precision() == Precision::kBf16, cfg.bench.peak_seconds / 4));
+    r.push_ratio = r.push_bound_us > 0 ? r.push_us / r.push_bound_us : 0;
+    SW_ASSIGN_OR_RETURN(r.line_handoff_ns, MeasureLineHandoff(job.pool(), cfg.bench.peak_seconds / 10));
+  }
   r.kernel_target = ActiveHogwildKernelTarget();
   r.kernel_targets = HogwildKernelTargets();
   r.data_load_s = job.data_load_seconds();
@@ -418,6 +517,16 @@ std::string FormatBenchReport(const BenchReport& r) {
                         "push %.1f%%  push rows %.1f%%\n",
                         pct(r.phases.data), pct(r.phases.read_params), pct(r.phases.pull_rows), pct(r.phases.forward),
                         pct(r.phases.backward), pct(r.phases.push), pct(r.phases.push_rows));
+  if (r.push_bound_us > 0) {
+    absl::StrAppendFormat(&s,
+                          "push: %.1f us a step for %d dense parameters; the same update on arrays of each "
+                          "worker's own, all workers at once (same run): %.1f us, ratio %.2f",
+                          r.push_us, r.dense_params, r.push_bound_us, r.push_ratio);
+    if (r.line_handoff_ns > 0) {
+      absl::StrAppendFormat(&s, "; a cache line moves between workers 0 and 1's cores in %.0f ns", r.line_handoff_ns);
+    }
+    s += "\n";
+  }
   absl::StrAppendFormat(&s, "data: read and parsed %d records in %.2f s before training (%.0f records/s)\n",
                         r.data_records, r.data_load_s, r.data_load_s > 0 ? r.data_records / r.data_load_s : 0.0);
   if (r.rows_per_s > 0) {

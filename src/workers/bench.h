@@ -43,6 +43,24 @@ inline const std::vector<int64_t> kPeakSizes = {256, 512, 1024};
 absl::StatusOr<MatmulPeak> MeasureBf16MatmulPeak(WorkerPool& pool, int omp_threads_per_worker,
                                                  const std::vector<int64_t>& sizes, double seconds);
 
+// One cache line handed back and forth between pool threads 0 and 1 (each
+// waits for the other's write to a std::atomic, then writes it): the
+// median over rounds of the one-way time, in ns, measured for at least 3
+// rounds of 20,000 hand-offs and at most `seconds` after that. What a push
+// pays for each line of parameters another worker wrote since, where the
+// line is still in that worker's caches. 0 for a pool of one thread.
+absl::StatusOr<double> MeasureLineHandoff(WorkerPool& pool, double seconds);
+
+// The bound of a step's dense push: the same optimizer update (`optimizer`,
+// ApplyUpdate's kernels) over `params` parameters, their slots and a
+// gradient, the worker's copy written in the same pass as the fused
+// push-and-pull writes it (bf16 where `bf16_copy`, model.precision bf16),
+// on arrays of each pool thread's own, every thread at once, for about
+// `seconds`: what the push costs where no other worker has written its
+// lines. The median over the threads of each one's median push, in us.
+absl::StatusOr<double> MeasureDensePushBound(WorkerPool& pool, const OptimizerOptions& optimizer, int64_t params,
+                                             bool bf16_copy, double seconds);
+
 struct BenchReport {
   int workers = 0;
   int intra_op_threads = 0;
@@ -77,6 +95,21 @@ struct BenchReport {
   // gathers; core/model/hogwild_kernels.h) ran on, and every one this CPU offers.
   std::string kernel_target;
   std::vector<std::string> kernel_targets;
+
+  // The dense push (models with at least 16,384 dense parameters, 64 KiB;
+  // zero otherwise, dense_params aside): the
+  // parameters a push updates, its time a step of one worker
+  // (phases.push over steps_done), the same-run bound
+  // (MeasureDensePushBound on the workers' threads, for bench.peak_seconds
+  // / 4), push_us over it, and the one-way line hand-off between workers 0
+  // and 1's cores (MeasureLineHandoff; 0 with one worker). A ratio well
+  // above 1 with a long hand-off is the workers' sharing of the lines, not
+  // the update's arithmetic.
+  int64_t dense_params = 0;
+  double push_us = 0;
+  double push_bound_us = 0;
+  double push_ratio = 0;
+  double line_handoff_ns = 0;
 
   // Embedding tables (models with sparse features; zero otherwise).
   // rows_per_s: ids gathered per second (= ids whose gradients were pushed),

@@ -66,6 +66,17 @@ TEST(BenchTest, TinyRunReportsEveryFigure) {
   EXPECT_GT(r->peak_fraction, 0);
   EXPECT_TRUE(std::isfinite(r->peak_fraction));
 
+  // The dense push beside its same-run bound and the workers' line hand-off:
+  // the MLP's 784x256 + 256 + 256x128 + 128 + 128x10 + 10 parameters.
+  EXPECT_EQ(r->dense_params, 235146);
+  EXPECT_GT(r->push_us, 0);
+  EXPECT_DOUBLE_EQ(r->push_us, 1e6 * r->phases.push / r->steps_done);
+  EXPECT_GT(r->push_bound_us, 0);
+  EXPECT_TRUE(std::isfinite(r->push_bound_us));
+  EXPECT_DOUBLE_EQ(r->push_ratio, r->push_us / r->push_bound_us);
+  EXPECT_GT(r->line_handoff_ns, 0);
+  EXPECT_TRUE(std::isfinite(r->line_handoff_ns));
+
   // The kernels ran on the best target this CPU offers, and the report says which.
   ASSERT_FALSE(r->kernel_targets.empty());
   EXPECT_EQ(r->kernel_target, r->kernel_targets.front());
@@ -74,6 +85,9 @@ TEST(BenchTest, TinyRunReportsEveryFigure) {
   EXPECT_NE(text.find("samples/s"), std::string::npos) << text;
   EXPECT_NE(text.find("fraction of peak"), std::string::npos) << text;
   EXPECT_NE(text.find("update kernels: " + r->kernel_target), std::string::npos) << text;
+  EXPECT_NE(text.find("push: "), std::string::npos) << text;
+  EXPECT_NE(text.find("for 235146 dense parameters"), std::string::npos) << text;
+  EXPECT_NE(text.find("a cache line moves between workers 0 and 1's cores in"), std::string::npos) << text;
 
   // The bf16 peak beside the f32 one, where the CPU has bf16 instructions.
   if (DetectCpuFeatures().bf16()) {
@@ -195,6 +209,44 @@ TEST(BenchTest, MatmulPeakIsTheBestSize) {
     EXPECT_EQ(peak->k, 192) << sizes[0];
   }
   EXPECT_FALSE(MeasureMatmulPeak(pool, 1, {}, 0.01).ok());
+}
+
+// One worker has no other core to hand a line to; two (or more: the third
+// idles) take turns on one line and report a one-way time, whatever their
+// cores (on one core they yield to each other).
+TEST(BenchTest, LineHandoff) {
+  WorkerPool one(1, [](int) { return absl::OkStatus(); });
+  absl::StatusOr<double> alone = MeasureLineHandoff(one, 0.01);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_EQ(*alone, 0);
+  for (int threads : {2, 3}) {
+    WorkerPool pool(threads, [](int) { return absl::OkStatus(); });
+    absl::StatusOr<double> ns = MeasureLineHandoff(pool, 0.01);
+    ASSERT_TRUE(ns.ok()) << ns.status();
+    EXPECT_GT(*ns, 0) << threads;
+    EXPECT_TRUE(std::isfinite(*ns)) << threads;
+  }
+}
+
+// The dense push's bound runs every optimizer, with an f32 or a bf16 copy,
+// on every pool thread; a push of nothing is an error.
+TEST(BenchTest, DensePushBound) {
+  WorkerPool pool(2, [](int) { return absl::OkStatus(); });
+  for (OptimizerType type : {OptimizerType::kSgd, OptimizerType::kMomentum, OptimizerType::kAdagrad,
+                             OptimizerType::kAdam, OptimizerType::kRmsprop, OptimizerType::kFtrl}) {
+    OptimizerOptions opt;
+    opt.type = type;
+    opt.lr = 0.01f;
+    for (bool bf16_copy : {false, true}) {
+      absl::StatusOr<double> us = MeasureDensePushBound(pool, opt, 20000, bf16_copy, 0.005);
+      ASSERT_TRUE(us.ok()) << us.status();
+      EXPECT_GT(*us, 0) << OptimizerTypeName(type) << " bf16 copy " << bf16_copy;
+      EXPECT_TRUE(std::isfinite(*us)) << OptimizerTypeName(type);
+    }
+  }
+  OptimizerOptions adam;
+  adam.type = OptimizerType::kAdam;
+  EXPECT_FALSE(MeasureDensePushBound(pool, adam, 0, false, 0.005).ok());
 }
 
 // The bf16 matmul builds, runs and reports one of its sizes (how fast it is

@@ -147,6 +147,11 @@ TEST_F(SparseTrainingTest, BenchReportsEmbeddingPhasesAgainstTheBound) {
   EXPECT_LE(r->phase_rows_ratio_min, r->phase_rows_ratio);
   EXPECT_LE(r->phase_rows_ratio, r->phase_rows_ratio_max);
   EXPECT_DOUBLE_EQ(r->rows_ratio, r->rows_per_s / r->bound_rows_per_s);
+  // The dense push is timed against its bound from 16,384 parameters on
+  // (a smaller one is its calls' fixed cost).
+  EXPECT_GT(r->dense_params, 0);
+  EXPECT_EQ(r->push_bound_us > 0, r->dense_params >= 16384) << r->dense_params;
+  EXPECT_EQ(r->line_handoff_ns > 0, r->dense_params >= 16384) << r->dense_params;
   // Each slice of 2 steps ends once the first worker has run them: 2 to 4
   // steps a slice in all. Every step pulls (fused with the push), the
   // slices' first ones too.
