@@ -617,9 +617,9 @@ int Bench(const std::string& path, const std::vector<std::string>& sets, bool as
       j["dense_push"] = {{"params", r->dense_params},
                          {"us_per_step", r->push_us},
                          {"bound_us", r->push_bound_us},
-                         {"ratio", r->push_ratio},
-                         {"line_handoff_ns", r->line_handoff_ns > 0 ? json(r->line_handoff_ns) : json(nullptr)}};
+                         {"ratio", r->push_ratio}};
     }
+    j["line_handoff_ns"] = r->line_handoff_ns > 0 ? json(r->line_handoff_ns) : json(nullptr);
     if (r->wire_bytes_per_step >= 0) {
       j["wire_bytes_per_step"] = r->wire_bytes_per_step;
       j["compression"] = GradientCompressionName(config->cluster.compression);

@@ -97,18 +97,19 @@ struct BenchReport {
   std::vector<std::string> kernel_targets;
 
   // The dense push (models with at least 16,384 dense parameters, 64 KiB;
-  // zero otherwise, dense_params aside): the
-  // parameters a push updates, its time a step of one worker
-  // (phases.push over steps_done), the same-run bound
-  // (MeasureDensePushBound on the workers' threads, for bench.peak_seconds
-  // / 4), push_us over it, and the one-way line hand-off between workers 0
-  // and 1's cores (MeasureLineHandoff; 0 with one worker). A ratio well
-  // above 1 with a long hand-off is the workers' sharing of the lines, not
-  // the update's arithmetic.
+  // zero otherwise, dense_params aside): the parameters a push updates, its
+  // time a step of one worker (phases.push over steps_done), the same-run
+  // bound (MeasureDensePushBound on the workers' threads, for
+  // bench.peak_seconds / 4) and push_us over it. A ratio well above 1 with
+  // a long line hand-off is the workers' sharing of the lines, not the
+  // update's arithmetic.
   int64_t dense_params = 0;
   double push_us = 0;
   double push_bound_us = 0;
   double push_ratio = 0;
+  // The one-way line hand-off between workers 0 and 1's cores, measured
+  // after the steps (MeasureLineHandoff, for at most bench.peak_seconds /
+  // 10 past its 3 rounds); 0 with one worker.
   double line_handoff_ns = 0;
 
   // Embedding tables (models with sparse features; zero otherwise).

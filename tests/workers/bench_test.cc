@@ -87,7 +87,9 @@ TEST(BenchTest, TinyRunReportsEveryFigure) {
   EXPECT_NE(text.find("update kernels: " + r->kernel_target), std::string::npos) << text;
   EXPECT_NE(text.find("push: "), std::string::npos) << text;
   EXPECT_NE(text.find("for 235146 dense parameters"), std::string::npos) << text;
-  EXPECT_NE(text.find("a cache line moves between workers 0 and 1's cores in"), std::string::npos) << text;
+  EXPECT_NE(text.find("line hand-off (same run): a cache line moves between workers 0 and 1's cores in"),
+            std::string::npos)
+      << text;
 
   // The bf16 peak beside the f32 one, where the CPU has bf16 instructions.
   if (DetectCpuFeatures().bf16()) {
@@ -226,6 +228,24 @@ TEST(BenchTest, LineHandoff) {
     EXPECT_GT(*ns, 0) << threads;
     EXPECT_TRUE(std::isfinite(*ns)) << threads;
   }
+}
+
+// The report's push and hand-off lines appear only where they were measured.
+TEST(BenchTest, PushAndHandoffLinesOnlyWhereMeasured) {
+  BenchReport r;
+  r.dense_params = 100;
+  std::string text = FormatBenchReport(r);
+  EXPECT_EQ(text.find("push: "), std::string::npos) << text;
+  EXPECT_EQ(text.find("line hand-off"), std::string::npos) << text;
+  r.dense_params = 20000;
+  r.push_us = 30;
+  r.push_bound_us = 20;
+  r.push_ratio = 1.5;
+  r.line_handoff_ns = 123;
+  text = FormatBenchReport(r);
+  EXPECT_NE(text.find("push: 30.0 us a step for 20000 dense parameters"), std::string::npos) << text;
+  EXPECT_NE(text.find("(same run): 20.0 us, ratio 1.50\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("cores in 123 ns"), std::string::npos) << text;
 }
 
 // The dense push's bound runs every optimizer, with an f32 or a bf16 copy,

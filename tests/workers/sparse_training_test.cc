@@ -151,7 +151,8 @@ TEST_F(SparseTrainingTest, BenchReportsEmbeddingPhasesAgainstTheBound) {
   // (a smaller one is its calls' fixed cost).
   EXPECT_GT(r->dense_params, 0);
   EXPECT_EQ(r->push_bound_us > 0, r->dense_params >= 16384) << r->dense_params;
-  EXPECT_EQ(r->line_handoff_ns > 0, r->dense_params >= 16384) << r->dense_params;
+  // The line hand-off is measured for every bench of 2 workers or more.
+  EXPECT_GT(r->line_handoff_ns, 0);
   // Each slice of 2 steps ends once the first worker has run them: 2 to 4
   // steps a slice in all. Every step pulls (fused with the push), the
   // slices' first ones too.
