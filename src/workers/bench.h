@@ -109,7 +109,8 @@ struct BenchReport {
   double push_ratio = 0;
   // The one-way line hand-off between workers 0 and 1's cores, measured
   // after the steps (MeasureLineHandoff, for at most bench.peak_seconds /
-  // 10 past its 3 rounds); 0 with one worker.
+  // 10 past its 3 rounds); 0 with one worker, and where the two are
+  // pinned to a core in common (more threads than cores).
   double line_handoff_ns = 0;
 
   // Embedding tables (models with sparse features; zero otherwise).

@@ -230,6 +230,28 @@ TEST(BenchTest, LineHandoff) {
   }
 }
 
+// Two workers pinned to a core in common (2 OpenMP threads each on a
+// machine of fewer than 4 cores) would time the scheduler, not a line: the
+// hand-off is measured only where their cores differ.
+TEST(BenchTest, NoHandoffWhereWorkersShareACore) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not under /usr/share/datasets/fashion-mnist";
+  absl::StatusOr<Config> config = LoadDefaultConfig(
+      {"data.max_train_records=2000", "data.max_test_records=100", "train.workers=2", "train.intra_op_threads=2",
+       "bench.warmup_steps=2", "bench.steps=5", "bench.peak_seconds=0.05"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<std::unique_ptr<Job>> job = Job::Create(*config);
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<BenchReport> r = RunBench(**job);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::vector<WorkerPlacement>& placed = (*job)->placement().workers;
+  ASSERT_EQ(placed.size(), 2u);
+  bool shared = false;
+  for (int c : placed[0].cores) {
+    for (int d : placed[1].cores) shared = shared || c == d;
+  }
+  EXPECT_EQ(r->line_handoff_ns == 0, shared) << (*job)->placement().ToString();
+}
+
 // The report's push and hand-off lines appear only where they were measured.
 TEST(BenchTest, PushAndHandoffLinesOnlyWhereMeasured) {
   BenchReport r;
