@@ -123,6 +123,10 @@ constexpr int64_t kRewarmSteps = 2;
 // regression's 2) is its calls' fixed cost, which the kernel alone does not
 // bound (sparse_logreg: 0.2 us a step against 0.02).
 constexpr int64_t kMinPushBoundParams = 16384;
+// The most parameters the push's bound is timed over on each thread: 16
+// MiB an array, 80 MiB a thread for Adam (parameters, two slots, gradient,
+// copy), past any core's share of the caches.
+constexpr int64_t kMaxPushBoundParams = int64_t{1} << 22;
 // Rows each thread of the bound draws before timing and cycles through.
 constexpr int64_t kBoundRowsPerThread = int64_t{1} << 20;
 
@@ -251,11 +255,14 @@ absl::StatusOr<double> MeasureDensePushBound(WorkerPool& pool, const OptimizerOp
                                              bool bf16_copy, double seconds) {
   if (params <= 0) return absl::InvalidArgumentError("dense push bound: no parameters");
   const int slots = NumSlots(optimizer.type);
+  // A larger push is timed over kMaxPushBoundParams and scaled: its arrays
+  // are far past every cache either way, so its time grows with its bytes.
+  const int64_t timed = std::min(params, kMaxPushBoundParams);
   std::vector<double> per_thread(static_cast<size_t>(pool.size()), 0);
   SW_RETURN_IF_ERROR(pool.RunAll([&](int t) -> absl::Status {
     // Allocated and first written on the pool thread, as a worker's arrays
     // and its shards' parts are on its node.
-    const size_t n = static_cast<size_t>(params);
+    const size_t n = static_cast<size_t>(timed);
     std::vector<float> p(n, 0.01f), g(n, 1e-3f), copy(bf16_copy ? 0 : n);
     std::vector<uint16_t> copy16(bf16_copy ? n : 0);
     std::vector<std::vector<float>> s(static_cast<size_t>(slots));
@@ -269,7 +276,7 @@ absl::StatusOr<double> MeasureDensePushBound(WorkerPool& pool, const OptimizerOp
     up.step = 0;
     auto push = [&] {
       ++up.step;
-      ApplyUpdate(optimizer, up, p.data(), slot_ptrs, g.data(), params, bf16_copy ? nullptr : copy.data(),
+      ApplyUpdate(optimizer, up, p.data(), slot_ptrs, g.data(), timed, bf16_copy ? nullptr : copy.data(),
                   bf16_copy ? copy16.data() : nullptr);
     };
     for (int i = 0; i < 3; ++i) push();  // every line touched, the caches in their steady state
@@ -285,7 +292,7 @@ absl::StatusOr<double> MeasureDensePushBound(WorkerPool& pool, const OptimizerOp
     per_thread[static_cast<size_t>(t)] = Median(chunks);
     return absl::OkStatus();
   }));
-  return Median(per_thread);
+  return Median(per_thread) * static_cast<double>(params) / static_cast<double>(timed);
 }
 
 absl::Status CheckBenchConfig(const Config& config) {

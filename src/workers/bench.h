@@ -58,6 +58,9 @@ absl::StatusOr<double> MeasureLineHandoff(WorkerPool& pool, double seconds);
 // on arrays of each pool thread's own, every thread at once, for about
 // `seconds`: what the push costs where no other worker has written its
 // lines. The median over the threads of each one's median push, in us.
+// Over at most 4,194,304 parameters (80 MiB a thread for Adam), scaled by
+// params over them beyond: such arrays are past the caches, and the time
+// grows with the bytes.
 absl::StatusOr<double> MeasureDensePushBound(WorkerPool& pool, const OptimizerOptions& optimizer, int64_t params,
                                              bool bf16_copy, double seconds);
 

@@ -289,6 +289,12 @@ TEST(BenchTest, DensePushBound) {
   OptimizerOptions adam;
   adam.type = OptimizerType::kAdam;
   EXPECT_FALSE(MeasureDensePushBound(pool, adam, 0, false, 0.005).ok());
+  // A push of a billion parameters is timed over 4M of them and scaled,
+  // instead of allocating its 20 GB a thread (more than this machine has).
+  absl::StatusOr<double> huge = MeasureDensePushBound(pool, adam, int64_t{1} << 30, false, 0.001);
+  ASSERT_TRUE(huge.ok()) << huge.status();
+  EXPECT_GT(*huge, 0);
+  EXPECT_TRUE(std::isfinite(*huge));
 }
 
 // The bf16 matmul builds, runs and reports one of its sizes (how fast it is
