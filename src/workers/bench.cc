@@ -137,6 +137,14 @@ double Median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// Whether two workers may run on a core in common.
+bool ShareACore(const WorkerPlacement& a, const WorkerPlacement& b) {
+  for (int c : a.cores) {
+    if (std::find(b.cores.begin(), b.cores.end(), c) != b.cores.end()) return true;
+  }
+  return false;
+}
+
 // The time a step spends on its embedding rows: pulling them, pooling them
 // in place in the forward, and pushing them.
 double EmbeddingSeconds(const PhaseTimes& p) { return p.pull_rows + p.rows_in_forward + p.push_rows; }
@@ -266,7 +274,7 @@ absl::StatusOr<double> MeasureDensePushBound(WorkerPool& pool, const OptimizerOp
     std::vector<float> p(n, 0.01f), g(n, 1e-3f), copy(bf16_copy ? 0 : n);
     std::vector<uint16_t> copy16(bf16_copy ? n : 0);
     std::vector<std::vector<float>> s(static_cast<size_t>(slots));
-    float* slot_ptrs[2] = {nullptr, nullptr};
+    std::vector<float*> slot_ptrs(static_cast<size_t>(slots), nullptr);
     for (int k = 0; k < slots; ++k) {
       s[k].assign(n, SlotInitialValue(optimizer, k));
       slot_ptrs[k] = s[k].data();
@@ -276,7 +284,7 @@ absl::StatusOr<double> MeasureDensePushBound(WorkerPool& pool, const OptimizerOp
     up.step = 0;
     auto push = [&] {
       ++up.step;
-      ApplyUpdate(optimizer, up, p.data(), slot_ptrs, g.data(), timed, bf16_copy ? nullptr : copy.data(),
+      ApplyUpdate(optimizer, up, p.data(), slot_ptrs.data(), g.data(), timed, bf16_copy ? nullptr : copy.data(),
                   bf16_copy ? copy16.data() : nullptr);
     };
     for (int i = 0; i < 3; ++i) push();  // every line touched, the caches in their steady state
@@ -445,12 +453,7 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
   // oversubscribed machine): there the ping-pong times the scheduler
   // switching threads (3 us a turn on one core of the 2-core VM), not a line.
   const std::vector<WorkerPlacement>& placed = job.placement().workers;
-  const bool shared_core =
-      cfg.train.pin_threads && placed.size() >= 2 &&
-      std::any_of(placed[0].cores.begin(), placed[0].cores.end(), [&](int c) {
-        return std::find(placed[1].cores.begin(), placed[1].cores.end(), c) != placed[1].cores.end();
-      });
-  if (!shared_core) {
+  if (!(cfg.train.pin_threads && placed.size() >= 2 && ShareACore(placed[0], placed[1]))) {
     SW_ASSIGN_OR_RETURN(r.line_handoff_ns, MeasureLineHandoff(job.pool(), cfg.bench.peak_seconds / 10));
   }
   r.kernel_target = ActiveHogwildKernelTarget();
