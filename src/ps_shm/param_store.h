@@ -116,6 +116,11 @@ struct PullSlice {
 absl::Status PullConvertingToBf16(absl::Span<const PullSlice> slices, const StoreLayout& layout,
                                   const std::function<absl::Status(absl::Span<const PullSlice>)>& pull_f32);
 
+// What a caller may do with the rows whose addresses ParamStore::RowAddresses
+// wrote: nothing (kNo: it pulls and pushes), read them (kRead), or read them
+// and update them with plain SGD (kReadAndSgd).
+enum class RowsInPlace : uint8_t { kNo, kRead, kReadAndSgd };
+
 // One lookup of a step's row pulls (ParamStore::PullRowsBatch): the rows of
 // `ids` of embedding table `table` into out[ids.size() x dim].
 struct RowPull {
@@ -280,25 +285,31 @@ class ParamStore {
     return absl::OkStatus();
   }
 
-  // The fused embedding path. Where table `table`'s rows live in this
-  // process's memory at fixed addresses, carry no per-row state, and this
-  // store updates them with plain SGD without locks (so PushRows is
-  // row -= lr * gradient and nothing else), writes the address of each id's
-  // dim() parameters to out[i] and returns true. The caller may then read
-  // the rows in place for its forward pass (HogwildEmbeddingBagForward) and
-  // apply each gradient in place fused with the embedding-bag backward
-  // (HogwildEmbeddingBagSgd), instead of PullRows into a copy and PushRows
-  // from a gradient buffer: the same update, except that a repeated id is
-  // updated once per occurrence rather than once with the sum. Returns
-  // false, writing nothing, where that does not hold (dynamic tables,
-  // row_lock and sync modes, optimizers with slots, remote stores): the
-  // caller pulls and pushes. Errors as PullRows for a bad table or id.
-  // A bf16 table's (layout().tables[table].bf16) addresses point at dim bf16
-  // values (uint16_t, cast to float*): read and update them with the bf16
-  // kernels (HogwildEmbeddingBagForwardBf16, HogwildEmbeddingBagSgdBf16).
-  // Thread-safe; allocates nothing. The default: false.
-  virtual absl::StatusOr<bool> RowAddresses(int table, absl::Span<const uint64_t> ids, float** out) {
-    return false;
+  // Rows in place. Where table `table`'s rows live in this process's memory
+  // at fixed addresses (a static table, all of its shards hosted here) and
+  // are written without locks (hogwild, no row_lock), writes the address of
+  // each id's dim() parameters to out[i] and says what the caller may do
+  // with them:
+  //   * kRead: read them in place for its forward pass
+  //     (HogwildEmbeddingBagForward) instead of PullRows into a copy, and
+  //     push its gradients with PushRows as before. The rows read are those
+  //     a pull would have copied: a pull of a static table copies each row's
+  //     parameters and nothing else, whatever the optimizer.
+  //   * kReadAndSgd: also, where this store updates them with plain SGD
+  //     (so PushRows is row -= lr * gradient and nothing else), apply each
+  //     gradient in place fused with the embedding-bag backward
+  //     (HogwildEmbeddingBagSgd) instead of PushRows from a gradient buffer:
+  //     the same update, except that a repeated id is updated once per
+  //     occurrence rather than once with the sum.
+  // Returns kNo, writing nothing, where neither holds (dynamic tables,
+  // row_lock and sync modes, remote stores): the caller pulls and pushes.
+  // Errors as PullRows for a bad table or id. A bf16 table's
+  // (layout().tables[table].bf16) addresses point at dim bf16 values
+  // (uint16_t, cast to float*): read and update them with the bf16 kernels
+  // (HogwildEmbeddingBagForwardBf16, HogwildEmbeddingBagSgdBf16).
+  // Thread-safe; allocates nothing. The default: kNo.
+  virtual absl::StatusOr<RowsInPlace> RowAddresses(int table, absl::Span<const uint64_t> ids, float** out) {
+    return RowsInPlace::kNo;
   }
 
   // Number of pushes applied so far (ElasticDL's model version).

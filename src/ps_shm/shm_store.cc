@@ -1233,18 +1233,17 @@ absl::Status ShmParamStore::PushRows(int table, absl::Span<const uint64_t> ids, 
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> ShmParamStore::RowAddresses(int table, absl::Span<const uint64_t> ids, float** out) {
+absl::StatusOr<RowsInPlace> ShmParamStore::RowAddresses(int table, absl::Span<const uint64_t> ids, float** out) {
   if (table < 0 || table >= static_cast<int>(tables_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("row addresses: no embedding table ", table));
   }
   const TableSpec& spec = layout_.tables[table];
   const int nshards = layout_.num_shards;
-  if (spec.kind != EmbeddingKind::kStatic || update_mode_ != UpdateMode::kHogwild ||
-      sparse_optimizer_.type != OptimizerType::kSgd || num_hosted_ != nshards) {
-    return false;
+  if (spec.kind != EmbeddingKind::kStatic || update_mode_ != UpdateMode::kHogwild || num_hosted_ != nshards) {
+    return RowsInPlace::kNo;
   }
   for (const EmbeddingTable& shard : tables_[table]) {
-    if (shard.row_lock()) return false;
+    if (shard.row_lock()) return RowsInPlace::kNo;
   }
   for (uint64_t id : ids) {
     if (id >= static_cast<uint64_t>(spec.capacity)) {
@@ -1259,7 +1258,7 @@ absl::StatusOr<bool> ShmParamStore::RowAddresses(int table, absl::Span<const uin
     const uint64_t n = static_cast<uint64_t>(nshards);
     for (size_t i = 0; i < ids.size(); ++i) out[i] = shards[ids[i] % n].StaticRowParams(ids[i] / n);
   }
-  return true;
+  return sparse_optimizer_.type == OptimizerType::kSgd ? RowsInPlace::kReadAndSgd : RowsInPlace::kRead;
 }
 
 absl::Status ShmParamStore::ReadTableRow(int table, uint64_t id, float* params, absl::Span<float* const> slots,

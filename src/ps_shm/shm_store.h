@@ -96,7 +96,7 @@ class ShmParamStore final : public ParamStore {
                         RowScratch* scratch) override;
   // Static tables, with every shard hosted here, in update mode hogwild
   // under a sparse optimizer of plain SGD: true and the rows' addresses.
-  absl::StatusOr<bool> RowAddresses(int table, absl::Span<const uint64_t> ids, float** out) override;
+  absl::StatusOr<RowsInPlace> RowAddresses(int table, absl::Span<const uint64_t> ids, float** out) override;
 
   // The hosted block of global shards: [first_hosted_shard(),
   // first_hosted_shard() + num_hosted_shards()); all of them in a full store.

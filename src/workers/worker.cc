@@ -111,7 +111,7 @@ absl::Status Worker::PullRows(PullMode mode) {
   if (lookups == 0) return absl::OkStatus();
   row_pulls_.clear();
   for (int l = 0; l < lookups; ++l) {
-    model_->UseRowAddresses(l, false);
+    model_->UseRowAddresses(l, false, false);
     row_pulls_.push_back(RowPull{model_->lookup(l).table, model_->ids(l), model_->rows(l)});
   }
   return store_->PullRowsBatch(row_pulls_, mode, &row_scratch_);
@@ -123,13 +123,17 @@ absl::Status Worker::PrepareRows(bool in_place_allowed) {
   row_pulls_.clear();
   for (int l = 0; l < lookups; ++l) {
     const Lookup& lk = model_->lookup(l);
-    bool in_place = false;
+    RowsInPlace mode = RowsInPlace::kNo;
     if (in_place_allowed && !lk.wide && in_place_possible_[l]) {
-      SW_ASSIGN_OR_RETURN(in_place, store_->RowAddresses(lk.table, model_->ids(l), model_->row_addresses(l)));
-      if (!in_place) in_place_possible_[l] = 0;
+      SW_ASSIGN_OR_RETURN(mode, store_->RowAddresses(lk.table, model_->ids(l), model_->row_addresses(l)));
+      if (mode == RowsInPlace::kNo) in_place_possible_[l] = 0;
     }
-    model_->UseRowAddresses(l, in_place);
-    if (in_place && !hot_.empty()) hot_.Redirect(lk.table, model_->ids(l), model_->row_addresses(l));
+    const bool in_place = mode != RowsInPlace::kNo;
+    const bool fused_sgd = mode == RowsInPlace::kReadAndSgd;
+    model_->UseRowAddresses(l, in_place, fused_sgd);
+    // Hot rows are copies updated by the fused SGD and merged as deltas; rows
+    // read in place and pushed are not redirected.
+    if (fused_sgd && !hot_.empty()) hot_.Redirect(lk.table, model_->ids(l), model_->row_addresses(l));
     if (in_place) {
       model_->PrefetchRowsInPlace(l);  // their lines asked for now, before the forward
     } else {
@@ -144,14 +148,14 @@ absl::Status Worker::UpdateRows(float lr) {
   const int lookups = model_->num_lookups();
   row_pushes_.clear();
   for (int l = 0; l < lookups; ++l) {
-    if (!model_->uses_row_addresses(l)) {
+    if (!model_->fuses_row_sgd(l)) {
       row_pushes_.push_back(RowGrad{model_->lookup(l).table, model_->ids(l), model_->row_grads(l)});
     }
   }
   if (!row_pushes_.empty()) SW_RETURN_IF_ERROR(store_->PushRowsBatch(row_pushes_, lr, &row_scratch_));
   model_->PrefetchRowsForUpdate();
   for (int l = 0; l < lookups; ++l) {
-    if (model_->uses_row_addresses(l)) model_->ApplyRowSgd(l, lr);
+    if (model_->fuses_row_sgd(l)) model_->ApplyRowSgd(l, lr);
   }
   return absl::OkStatus();
 }

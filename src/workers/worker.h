@@ -57,14 +57,15 @@ struct WorkerUpdateOptions {
   // The embedding tables' learning rate follows this one's schedule
   // (optimizer.sparse); nullptr = the dense optimizer's. Not owned.
   const OptimizerOptions* sparse_optimizer = nullptr;
-  // Read and update embedding rows in place where the store allows it
-  // (ParamStore::RowAddresses: local static tables under Hogwild SGD): the
-  // forward pools the rows from the store's memory and the embedding-bag
-  // backward is fused with the row update, with no pulled copy and no
-  // gradient buffer. Never with sync or replicas. false = always pull and
-  // push rows (tests compare the two).
+  // Read embedding rows in place where the store allows it
+  // (ParamStore::RowAddresses: local static tables under Hogwild): the
+  // forward pools the rows from the store's memory, with no pulled copy.
+  // Under plain SGD the embedding-bag backward is also fused with the row
+  // update, with no gradient buffer; under an optimizer with slots the
+  // rows' gradients are pushed as before. Never with sync or replicas.
+  // false = always pull and push rows (tests compare the two).
   bool rows_in_place = true;
-  // ps.hot_rows: per table read in place, this many of its most frequent
+  // ps.hot_rows: per table read and updated in place (plain SGD), this many of its most frequent
   // ids are read and updated in the worker's own copies, merged into the
   // store every hot_rows_merge_every steps and when a training call
   // returns (workers/hot_rows.h). 0 = none.

@@ -289,9 +289,9 @@ TEST(ShmStoreTables, RowAddressesAreTheStaticRowsUnderHogwildSgd) {
     RowScratch scratch;
     const std::vector<uint64_t> ids = {0, 1, 2, 49, 17, 1};
     std::vector<float*> addresses(ids.size(), nullptr);
-    absl::StatusOr<bool> in_place = store->RowAddresses(0, ids, addresses.data());
+    absl::StatusOr<RowsInPlace> in_place = store->RowAddresses(0, ids, addresses.data());
     ASSERT_TRUE(in_place.ok()) << in_place.status();
-    ASSERT_TRUE(*in_place) << shards << " shards";
+    ASSERT_EQ(*in_place, RowsInPlace::kReadAndSgd) << shards << " shards";
     EXPECT_EQ(addresses[1], addresses[5]) << "one id, one row";
     std::vector<float> pulled(ids.size() * kDim);
     ASSERT_TRUE(store->PullRows(0, ids, pulled.data(), PullMode::kInsert, &scratch).ok());
@@ -318,29 +318,64 @@ TEST(ShmStoreTables, RowAddressesAreTheStaticRowsUnderHogwildSgd) {
   }
 }
 
-TEST(ShmStoreTables, RowAddressesAreDeclinedWhereAPushIsMoreThanSgdInPlace) {
+// Rows under an optimizer with slots are read in place (the parameters a
+// pull copies, across every shard) but updated by PushRows; where rows move,
+// are locked or wait for a sync round, nothing is handed out.
+TEST(ShmStoreTables, RowAddressesAreReadOnlyUnderSlotsAndDeclinedWhereRowsAreNotFree) {
   struct Case {
     const char* what;
     EmbeddingKind kind;
     OptimizerType sparse;
     UpdateMode mode;
+    RowsInPlace expected;
   };
-  for (const Case& c : {Case{"dynamic table", EmbeddingKind::kDynamic, OptimizerType::kSgd, UpdateMode::kHogwild},
-                        Case{"adagrad rows", EmbeddingKind::kStatic, OptimizerType::kAdagrad, UpdateMode::kHogwild},
-                        Case{"momentum rows", EmbeddingKind::kStatic, OptimizerType::kMomentum, UpdateMode::kHogwild},
-                        Case{"row_lock", EmbeddingKind::kStatic, OptimizerType::kSgd, UpdateMode::kRowLock},
-                        Case{"sync", EmbeddingKind::kStatic, OptimizerType::kSgd, UpdateMode::kSync}}) {
-    OpenStoreOptions o = Options(Optimizer(OptimizerType::kSgd, 0.1f), {Table(c.kind, 50)});
-    o.sparse_optimizer = Optimizer(c.sparse, 0.1f);
-    o.store.update = c.mode;
-    std::unique_ptr<ShmParamStore> store = MakeStore(o);
-    ASSERT_NE(store, nullptr) << c.what;
-    const std::vector<uint64_t> ids = {1, 2};
-    std::vector<float*> addresses(ids.size(), nullptr);
-    absl::StatusOr<bool> in_place = store->RowAddresses(0, ids, addresses.data());
-    ASSERT_TRUE(in_place.ok()) << c.what << ": " << in_place.status();
-    EXPECT_FALSE(*in_place) << c.what;
-    EXPECT_EQ(addresses[0], nullptr) << c.what << ": nothing written";
+  for (const Case& c : {Case{"dynamic table", EmbeddingKind::kDynamic, OptimizerType::kSgd, UpdateMode::kHogwild,
+                             RowsInPlace::kNo},
+                        Case{"adagrad rows", EmbeddingKind::kStatic, OptimizerType::kAdagrad, UpdateMode::kHogwild,
+                             RowsInPlace::kRead},
+                        Case{"momentum rows", EmbeddingKind::kStatic, OptimizerType::kMomentum, UpdateMode::kHogwild,
+                             RowsInPlace::kRead},
+                        Case{"ftrl rows", EmbeddingKind::kStatic, OptimizerType::kFtrl, UpdateMode::kHogwild,
+                             RowsInPlace::kRead},
+                        Case{"adam rows", EmbeddingKind::kStatic, OptimizerType::kAdam, UpdateMode::kHogwild,
+                             RowsInPlace::kRead},
+                        Case{"row_lock", EmbeddingKind::kStatic, OptimizerType::kSgd, UpdateMode::kRowLock,
+                             RowsInPlace::kNo},
+                        Case{"sync", EmbeddingKind::kStatic, OptimizerType::kSgd, UpdateMode::kSync,
+                             RowsInPlace::kNo}}) {
+    for (int shards : {1, kShards}) {
+      OpenStoreOptions o = Options(Optimizer(OptimizerType::kSgd, 0.1f), {Table(c.kind, 50)}, shards);
+      o.sparse_optimizer = Optimizer(c.sparse, 0.1f);
+      o.store.update = c.mode;
+      std::unique_ptr<ShmParamStore> store = MakeStore(o);
+      ASSERT_NE(store, nullptr) << c.what;
+      RowScratch scratch;
+      const std::vector<uint64_t> ids = {1, 2, 49, 1};
+      std::vector<float*> addresses(ids.size(), nullptr);
+      absl::StatusOr<RowsInPlace> in_place = store->RowAddresses(0, ids, addresses.data());
+      ASSERT_TRUE(in_place.ok()) << c.what << ": " << in_place.status();
+      ASSERT_EQ(*in_place, c.expected) << c.what << ", " << shards << " shards";
+      if (c.expected == RowsInPlace::kNo) {
+        EXPECT_EQ(addresses[0], nullptr) << c.what << ": nothing written";
+        continue;
+      }
+      // What a pull copies, and after a push (the optimizer's own step, slots
+      // and all) what a pull copies then.
+      std::vector<float> pulled(ids.size() * kDim);
+      ASSERT_TRUE(store->PullRows(0, ids, pulled.data(), PullMode::kInsert, &scratch).ok()) << c.what;
+      for (size_t i = 0; i < ids.size(); ++i) {
+        ASSERT_EQ(std::memcmp(addresses[i], pulled.data() + i * kDim, kDim * sizeof(float)), 0)
+            << c.what << ", id " << ids[i];
+      }
+      std::vector<float> g(ids.size() * kDim);
+      for (size_t i = 0; i < g.size(); ++i) g[i] = 0.5f - 0.125f * static_cast<float>(i % 7);
+      ASSERT_TRUE(store->PushRows(0, ids, g.data(), 0.25f, &scratch).ok()) << c.what;
+      ASSERT_TRUE(store->PullRows(0, ids, pulled.data(), PullMode::kReadOnly, &scratch).ok()) << c.what;
+      for (size_t i = 0; i < ids.size(); ++i) {
+        ASSERT_EQ(std::memcmp(addresses[i], pulled.data() + i * kDim, kDim * sizeof(float)), 0)
+            << c.what << " after a push, id " << ids[i];
+      }
+    }
   }
 }
 
@@ -744,9 +779,9 @@ TEST(ShmStoreTables, Bf16TableHalvesItsParamsAndItsRowsInPlaceAreBf16) {
   EXPECT_EQ(m.tables[1].params, m.tables[0].params / 2);
   const std::vector<uint64_t> ids = {1, 2, 299};
   std::vector<float*> addresses(ids.size(), nullptr);
-  absl::StatusOr<bool> in_place = store->RowAddresses(1, ids, addresses.data());
+  absl::StatusOr<RowsInPlace> in_place = store->RowAddresses(1, ids, addresses.data());
   ASSERT_TRUE(in_place.ok()) << in_place.status();
-  EXPECT_TRUE(*in_place);
+  EXPECT_EQ(*in_place, RowsInPlace::kReadAndSgd);
 
   RowScratch scratch;
   std::vector<float> before(ids.size() * kDim), after(before.size());

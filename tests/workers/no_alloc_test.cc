@@ -238,9 +238,9 @@ TEST(NoAllocationTest, SparseStepAllocatesNothing) {
   std::vector<int32_t> order(data.count);
   for (int64_t i = 0; i < data.count; ++i) order[i] = static_cast<int32_t>(i);
   dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  // Adagrad rows are pulled and pushed; SGD rows of the static table are
-  // read and updated in place (WorkerUpdateOptions::rows_in_place), those
-  // of the dynamic one pulled.
+  // The static table's rows are read in place (WorkerUpdateOptions::
+  // rows_in_place): pushed under Adagrad, updated in place under SGD. The
+  // dynamic table's are pulled and pushed.
   for (OptimizerType type : {OptimizerType::kAdagrad, OptimizerType::kSgd}) {
     SCOPED_TRACE(OptimizerTypeName(type));
     OpenStoreOptions so;

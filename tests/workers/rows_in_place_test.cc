@@ -59,23 +59,30 @@ struct Hot {
   int merge_every = 32;
 };
 
-// The store of every test here: plain SGD (rows go in place) at lr 0.2.
-OpenStoreOptions StoreOptions(const SparseCase& c, const char* job_name, int shards) {
+// The store of every test here: plain SGD at lr 0.2, its rows updated by
+// `sparse` (SGD: the rows go in place and are updated there; an optimizer
+// with slots: they are read in place and pushed).
+OpenStoreOptions StoreOptions(const SparseCase& c, const char* job_name, int shards,
+                              OptimizerType sparse = OptimizerType::kSgd) {
   OpenStoreOptions so;
   so.store.job_name = job_name;
   so.num_shards = shards;
   so.optimizer.type = OptimizerType::kSgd;
   so.optimizer.lr = 0.2f;
+  OptimizerOptions rows = so.optimizer;
+  rows.type = sparse;
+  so.sparse_optimizer = rows;
   so.tables = c.tables;
   so.seed = 5;
   return so;
 }
 
-Trained Train(const SparseCase& c, bool in_place, int shards, int epochs = 2, Hot hot = {}) {
+Trained Train(const SparseCase& c, bool in_place, int shards, int epochs = 2, Hot hot = {},
+              OptimizerType sparse = OptimizerType::kSgd) {
   Trained out;
   const OpenStoreOptions so = StoreOptions(
       c, epochs == 0 ? "sw-inplace-0" : hot.rows > 0 ? "sw-inplace-h" : in_place ? "sw-inplace-a" : "sw-inplace-b",
-      shards);
+      shards, sparse);
   auto store = ShmParamStore::Create(so, c.variables);
   EXPECT_TRUE(store.ok()) << store.status();
   if (!store.ok()) return out;
@@ -108,14 +115,16 @@ Trained Train(const SparseCase& c, bool in_place, int shards, int epochs = 2, Ho
   return out;
 }
 
-void ExpectSameModel(ShmParamStore& a, ShmParamStore& b, ShmParamStore& untrained) {
+// The two stores' variables and rows are equal within `tolerance` of the
+// second's (relative, plus as much absolute); 0: bit for bit.
+void ExpectSameModel(ShmParamStore& a, ShmParamStore& b, ShmParamStore& untrained, float tolerance = 1e-4f) {
   const StoreLayout& layout = a.layout();
   for (int v = 0; v < static_cast<int>(layout.variables.size()); ++v) {
     std::vector<float> pa(layout.variables[v].size()), pb(layout.variables[v].size());
     ASSERT_TRUE(a.PullVariable(v, pa.data()).ok());
     ASSERT_TRUE(b.PullVariable(v, pb.data()).ok());
     for (size_t i = 0; i < pa.size(); ++i) {
-      ASSERT_NEAR(pa[i], pb[i], 1e-4f * (1 + std::abs(pb[i]))) << layout.variables[v].name << "[" << i << "]";
+      ASSERT_NEAR(pa[i], pb[i], tolerance * (1 + std::abs(pb[i]))) << layout.variables[v].name << "[" << i << "]";
     }
   }
   RowScratch scratch;
@@ -130,7 +139,7 @@ void ExpectSameModel(ShmParamStore& a, ShmParamStore& b, ShmParamStore& untraine
     ASSERT_TRUE(b.PullRows(t, ids, rb.data(), PullMode::kReadOnly, &scratch).ok());
     int64_t moved = 0;
     for (size_t i = 0; i < ra.size(); ++i) {
-      ASSERT_NEAR(ra[i], rb[i], 1e-4f * (1 + std::abs(rb[i]))) << layout.tables[t].name << " value " << i;
+      ASSERT_NEAR(ra[i], rb[i], tolerance * (1 + std::abs(rb[i]))) << layout.tables[t].name << " value " << i;
     }
     // The rows did train (the comparison is not of untouched tables).
     std::vector<float> initial(ids.size() * dim);
@@ -157,6 +166,36 @@ TEST(RowsInPlaceTest, TrainsTheModelThatPulledRowsTrain) {
       Trained untrained = Train(c, /*in_place=*/false, shards, /*epochs=*/0);
       ASSERT_NE(untrained.store, nullptr);
       ExpectSameModel(*in_place.store, *pulled.store, *untrained.store);
+    }
+  }
+}
+
+// Under an optimizer with slots the static table's rows are read in place
+// (the forward pools them from the store's memory, no pulled copy) and
+// their gradients pushed: with one worker, the very model that pulled rows
+// train, bit for bit. A fused SGD step in place would differ (its step is
+// not the optimizer's), as would a push of rows that also moved in place.
+TEST(RowsInPlaceTest, RowsReadInPlaceUnderSlotsTrainTheModelThatPulledRowsTrain) {
+  for (OptimizerType sparse : {OptimizerType::kAdagrad, OptimizerType::kFtrl, OptimizerType::kAdam,
+                               OptimizerType::kMomentum}) {
+    for (int shards : {1, 3}) {
+      SCOPED_TRACE(std::string(OptimizerTypeName(sparse)) + ", " + std::to_string(shards) + " shards");
+      const SparseCase c = MakeCase(Pooling::kMean);
+      Trained in_place = Train(c, /*in_place=*/true, shards, /*epochs=*/2, Hot{}, sparse);
+      Trained pulled = Train(c, /*in_place=*/false, shards, /*epochs=*/2, Hot{}, sparse);
+      ASSERT_NE(in_place.store, nullptr);
+      ASSERT_NE(pulled.store, nullptr);
+      EXPECT_GT(in_place.times.rows_in_forward, 0.0) << "the static table's rows were read in place";
+      EXPECT_EQ(pulled.times.rows_in_forward, 0.0);
+      Trained untrained = Train(c, /*in_place=*/false, shards, /*epochs=*/0, Hot{}, sparse);
+      ASSERT_NE(untrained.store, nullptr);
+      ExpectSameModel(*in_place.store, *pulled.store, *untrained.store, /*tolerance=*/0.0f);
+      // Hot rows are copies for the fused SGD only: asked for here, the
+      // worker reads the store's rows all the same.
+      Trained hot = Train(c, /*in_place=*/true, shards, /*epochs=*/2, Hot{.rows = 64, .merge_every = 3}, sparse);
+      ASSERT_NE(hot.store, nullptr);
+      EXPECT_EQ(hot.rows_merged, 0);
+      ExpectSameModel(*hot.store, *pulled.store, *untrained.store, /*tolerance=*/0.0f);
     }
   }
 }
@@ -303,7 +342,7 @@ class StepOrderStore final : public ParamStore {
     events_ += 'R';
     return base_->PushRowsBatch(parts, lr, scratch);
   }
-  absl::StatusOr<bool> RowAddresses(int table, absl::Span<const uint64_t> ids, float** out) override {
+  absl::StatusOr<RowsInPlace> RowAddresses(int table, absl::Span<const uint64_t> ids, float** out) override {
     return base_->RowAddresses(table, ids, out);
   }
 

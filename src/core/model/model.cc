@@ -1340,7 +1340,7 @@ LossResult Model::Backward(int64_t valid, const dnnl::stream& stream, GradientRe
     const Lookup& lk = spec_.lookups[l];
     if (lk.wide) continue;
     LookupState& st = lookups_[l];
-    if (st.in_place) continue;  // ApplyRowSgd reads dz_
+    if (st.in_place && st.fused_sgd) continue;  // ApplyRowSgd reads dz_
     EmbeddingBagBackward(dz_.data() + st.z_offset, zw, lk.dim, BagState(l).offsets.data(),
                          BatchWeights(BagState(l)), batch_, valid, lk.pooling, st.row_grads.data(),
                          sparse_scale / dense_scale);
@@ -1364,9 +1364,10 @@ std::vector<std::vector<int>> Model::BackwardGroups() const {
   return groups;
 }
 
-bool Model::UseRowAddresses(int l, bool use) {
+bool Model::UseRowAddresses(int l, bool use, bool fused_sgd) {
   if (use && spec_.lookups[l].wide) return false;
   lookups_[l].in_place = use;
+  lookups_[l].fused_sgd = use && fused_sgd;
   return true;
 }
 
@@ -1378,14 +1379,14 @@ void Model::PrefetchRowsInPlace(int l) const {
 void Model::PrefetchRowsForUpdate() const {
   if (!prefetch_rows_for_update_) return;
   for (size_t l = 0; l < lookups_.size(); ++l) {
-    if (lookups_[l].in_place) PrefetchRowsInPlace(static_cast<int>(l));
+    if (fuses_row_sgd(static_cast<int>(l))) PrefetchRowsInPlace(static_cast<int>(l));
   }
 }
 
 void Model::ApplyRowSgd(int l, float lr) {
   const Lookup& lk = spec_.lookups[l];
   LookupState& st = lookups_[l];
-  if (!st.in_place) return;
+  if (!st.in_place || !st.fused_sgd) return;
   const int64_t zw = static_cast<int64_t>(z_.size()) / batch_;
   if (spec_.tables[lk.table].bf16) {
     // Stochastic rounding: a new seed per call, from this model's seed.

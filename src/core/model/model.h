@@ -281,20 +281,25 @@ class Model {
   // After Backward: the gradient of each row of ids(l) (same layout).
   const float* row_grads(int l) const { return lookups_[l].row_grads.data(); }
 
-  // The fused embedding path (ParamStore::RowAddresses), per deep (not
-  // wide) lookup and per batch. After LoadBatch the caller writes the
-  // address of each id's row in the store to row_addresses(l)[0,
-  // ids(l).size()) and calls UseRowAddresses(l, true): Forward then pools
-  // the rows in place (no pulled copy), Backward writes no row_grads(l),
-  // and ApplyRowSgd(l, lr) applies the embedding-bag gradient straight to
-  // the rows with plain SGD. A bf16 table's addresses point at bf16 values
-  // (ParamStore::RowAddresses): Forward widens them, ApplyRowSgd rounds its
-  // updates stochastically. UseRowAddresses(l, false) (the state after
-  // Create) goes back to rows(l) and row_grads(l). Returns false for a wide
-  // lookup, which always uses rows(l).
+  // Rows in place (ParamStore::RowAddresses), per deep (not wide) lookup
+  // and per batch. After LoadBatch the caller writes the address of each
+  // id's row in the store to row_addresses(l)[0, ids(l).size()) and calls
+  // UseRowAddresses(l, true, fused_sgd): Forward then pools the rows in
+  // place (no pulled copy). With fused_sgd, Backward writes no
+  // row_grads(l) and ApplyRowSgd(l, lr) applies the embedding-bag gradient
+  // straight to the rows with plain SGD (the fused embedding path); without
+  // it, Backward writes row_grads(l) as for pulled rows, for the caller to
+  // push (an optimizer with slots). A bf16 table's addresses point at bf16
+  // values (ParamStore::RowAddresses): Forward widens them, ApplyRowSgd
+  // rounds its updates stochastically. UseRowAddresses(l, false) (the state
+  // after Create; fused_sgd is then ignored) goes back to rows(l) and
+  // row_grads(l). Returns false for a wide lookup, which always uses rows(l).
   float** row_addresses(int l) { return lookups_[l].addresses.data(); }
-  bool UseRowAddresses(int l, bool use);
+  bool UseRowAddresses(int l, bool use, bool fused_sgd);
   bool uses_row_addresses(int l) const { return lookups_[l].in_place; }
+  // Whether lookup l's rows are updated in place by ApplyRowSgd (read in
+  // place with fused_sgd), so that the caller pushes no row_grads(l).
+  bool fuses_row_sgd(int l) const { return lookups_[l].in_place && lookups_[l].fused_sgd; }
   // For a lookup using row addresses: asks for the first line of each of its
   // rows, with intent to write, all at once, so that their misses overlap
   // each other instead of landing one by one in the pooling or the fused
@@ -302,7 +307,8 @@ class Model {
   // rest of a longer row. A hint only: no effect on any value.
   void PrefetchRowsInPlace(int l) const;
   // Before a step's fused updates (ApplyRowSgd): PrefetchRowsInPlace of
-  // every lookup using row addresses, where prefetches_rows_for_update().
+  // every lookup whose rows they update (fuses_row_sgd), where
+  // prefetches_rows_for_update().
   void PrefetchRowsForUpdate() const;
   // Whether the top tower, run between the pooling and the fused update,
   // moves more bytes than a core's L2 holds (its parameters, read, and its
@@ -312,9 +318,9 @@ class Model {
   // 74 us a step). Where the tower is small (a text model's one layer) they
   // are still cached and the pass only costs time (text: 3.4 -> 3.9 us).
   bool prefetches_rows_for_update() const { return prefetch_rows_for_update_; }
-  // After Backward(valid, ...), for a lookup using row addresses: rows -=
+  // After Backward(valid, ...), for a lookup that fuses_row_sgd(l): rows -=
   // lr * the gradient of each of its ids (HogwildEmbeddingBagSgd), with
-  // Backward's reduction.
+  // Backward's reduction. Nothing for any other lookup.
   void ApplyRowSgd(int l, float lr);
   // Seconds the Forward calls since the last call spent pooling the deep
   // lookups' rows where any was read in place (the embedding phase hidden
@@ -448,6 +454,7 @@ class Model {
     std::vector<float> rows, row_grads;
     std::vector<float*> addresses;    // [ids.size()] the rows in the store (in_place)
     bool in_place = false;            // UseRowAddresses
+    bool fused_sgd = false;           // UseRowAddresses: ApplyRowSgd updates the rows in place
     int64_t z_offset = 0;             // where its pooled vector goes in a row of z_ (deep lookups)
   };
   Model() = default;
