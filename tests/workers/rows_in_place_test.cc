@@ -32,10 +32,12 @@ struct SparseCase {
   std::vector<TableSpec> tables;
 };
 
-SparseCase MakeCase(Pooling pooling) {
+// bf16_rows: table "ta" stores its parameters as bf16 (model.tables dtype).
+SparseCase MakeCase(Pooling pooling, bool bf16_rows = false) {
   SparseCase c;
   c.data = testdata::TwoFieldSparseData(/*count=*/300, /*id_range=*/400);
   c.model = testdata::TwoTableDotModel(pooling);
+  c.model.tables[0].bf16 = bf16_rows;
   auto spec = Model::Describe(c.model, DataShape::Of(c.data));
   EXPECT_TRUE(spec.ok()) << spec.status();
   c.variables = spec->variables;
@@ -175,12 +177,21 @@ TEST(RowsInPlaceTest, TrainsTheModelThatPulledRowsTrain) {
 // their gradients pushed: with one worker, the very model that pulled rows
 // train, bit for bit. A fused SGD step in place would differ (its step is
 // not the optimizer's), as would a push of rows that also moved in place.
+// A bf16 table's rows are widened by the pooling as by the pull, and pushed
+// with the same stochastic rounding.
 TEST(RowsInPlaceTest, RowsReadInPlaceUnderSlotsTrainTheModelThatPulledRowsTrain) {
-  for (OptimizerType sparse : {OptimizerType::kAdagrad, OptimizerType::kFtrl, OptimizerType::kAdam,
-                               OptimizerType::kMomentum}) {
+  struct Case {
+    OptimizerType sparse;
+    bool bf16_rows;
+  };
+  for (const Case& k : {Case{OptimizerType::kAdagrad, false}, Case{OptimizerType::kFtrl, false},
+                        Case{OptimizerType::kAdam, false}, Case{OptimizerType::kMomentum, false},
+                        Case{OptimizerType::kAdagrad, true}}) {
+    const OptimizerType sparse = k.sparse;
     for (int shards : {1, 3}) {
-      SCOPED_TRACE(std::string(OptimizerTypeName(sparse)) + ", " + std::to_string(shards) + " shards");
-      const SparseCase c = MakeCase(Pooling::kMean);
+      SCOPED_TRACE(std::string(OptimizerTypeName(sparse)) + (k.bf16_rows ? ", bf16 rows, " : ", ") +
+                   std::to_string(shards) + " shards");
+      const SparseCase c = MakeCase(Pooling::kMean, k.bf16_rows);
       Trained in_place = Train(c, /*in_place=*/true, shards, /*epochs=*/2, Hot{}, sparse);
       Trained pulled = Train(c, /*in_place=*/false, shards, /*epochs=*/2, Hot{}, sparse);
       ASSERT_NE(in_place.store, nullptr);
