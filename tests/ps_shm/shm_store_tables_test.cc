@@ -339,6 +339,8 @@ TEST(ShmStoreTables, RowAddressesAreReadOnlyUnderSlotsAndDeclinedWhereRowsAreNot
                              RowsInPlace::kRead},
                         Case{"adam rows", EmbeddingKind::kStatic, OptimizerType::kAdam, UpdateMode::kHogwild,
                              RowsInPlace::kRead},
+                        Case{"rmsprop rows", EmbeddingKind::kStatic, OptimizerType::kRmsprop, UpdateMode::kHogwild,
+                             RowsInPlace::kRead},
                         Case{"row_lock", EmbeddingKind::kStatic, OptimizerType::kSgd, UpdateMode::kRowLock,
                              RowsInPlace::kNo},
                         Case{"sync", EmbeddingKind::kStatic, OptimizerType::kSgd, UpdateMode::kSync,

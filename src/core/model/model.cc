@@ -1340,7 +1340,7 @@ LossResult Model::Backward(int64_t valid, const dnnl::stream& stream, GradientRe
     const Lookup& lk = spec_.lookups[l];
     if (lk.wide) continue;
     LookupState& st = lookups_[l];
-    if (st.in_place && st.fused_sgd) continue;  // ApplyRowSgd reads dz_
+    if (st.fused_sgd) continue;  // ApplyRowSgd reads dz_
     EmbeddingBagBackward(dz_.data() + st.z_offset, zw, lk.dim, BagState(l).offsets.data(),
                          BatchWeights(BagState(l)), batch_, valid, lk.pooling, st.row_grads.data(),
                          sparse_scale / dense_scale);
@@ -1386,7 +1386,7 @@ void Model::PrefetchRowsForUpdate() const {
 void Model::ApplyRowSgd(int l, float lr) {
   const Lookup& lk = spec_.lookups[l];
   LookupState& st = lookups_[l];
-  if (!st.in_place || !st.fused_sgd) return;
+  if (!st.fused_sgd) return;
   const int64_t zw = static_cast<int64_t>(z_.size()) / batch_;
   if (spec_.tables[lk.table].bf16) {
     // Stochastic rounding: a new seed per call, from this model's seed.

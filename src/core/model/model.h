@@ -299,7 +299,7 @@ class Model {
   bool uses_row_addresses(int l) const { return lookups_[l].in_place; }
   // Whether lookup l's rows are updated in place by ApplyRowSgd (read in
   // place with fused_sgd), so that the caller pushes no row_grads(l).
-  bool fuses_row_sgd(int l) const { return lookups_[l].in_place && lookups_[l].fused_sgd; }
+  bool fuses_row_sgd(int l) const { return lookups_[l].fused_sgd; }
   // For a lookup using row addresses: asks for the first line of each of its
   // rows, with intent to write, all at once, so that their misses overlap
   // each other instead of landing one by one in the pooling or the fused
@@ -454,7 +454,7 @@ class Model {
     std::vector<float> rows, row_grads;
     std::vector<float*> addresses;    // [ids.size()] the rows in the store (in_place)
     bool in_place = false;            // UseRowAddresses
-    bool fused_sgd = false;           // UseRowAddresses: ApplyRowSgd updates the rows in place
+    bool fused_sgd = false;           // UseRowAddresses: in_place, and ApplyRowSgd updates the rows
     int64_t z_offset = 0;             // where its pooled vector goes in a row of z_ (deep lookups)
   };
   Model() = default;
