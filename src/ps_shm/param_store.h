@@ -116,11 +116,6 @@ struct PullSlice {
 absl::Status PullConvertingToBf16(absl::Span<const PullSlice> slices, const StoreLayout& layout,
                                   const std::function<absl::Status(absl::Span<const PullSlice>)>& pull_f32);
 
-// What a caller may do with the rows whose addresses ParamStore::RowAddresses
-// wrote: nothing (kNo: it pulls and pushes), read them (kRead), or read them
-// and update them with plain SGD (kReadAndSgd).
-enum class RowsInPlace : uint8_t { kNo, kRead, kReadAndSgd };
-
 // One lookup of a step's row pulls (ParamStore::PullRowsBatch): the rows of
 // `ids` of embedding table `table` into out[ids.size() x dim].
 struct RowPull {

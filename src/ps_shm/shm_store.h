@@ -95,7 +95,8 @@ class ShmParamStore final : public ParamStore {
   absl::Status PushRows(int table, absl::Span<const uint64_t> ids, const float* grads, float lr,
                         RowScratch* scratch) override;
   // Static tables, with every shard hosted here, in update mode hogwild
-  // under a sparse optimizer of plain SGD: true and the rows' addresses.
+  // without row_lock: the rows' addresses, kReadAndSgd under a sparse
+  // optimizer of plain SGD, else kRead; kNo otherwise.
   absl::StatusOr<RowsInPlace> RowAddresses(int table, absl::Span<const uint64_t> ids, float** out) override;
 
   // The hosted block of global shards: [first_hosted_shard(),

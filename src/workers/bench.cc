@@ -453,7 +453,8 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
   // oversubscribed machine): there the ping-pong times the scheduler
   // switching threads (3 us a turn on one core of the 2-core VM), not a line.
   const std::vector<WorkerPlacement>& placed = job.placement().workers;
-  if (!(cfg.train.pin_threads && placed.size() >= 2 && ShareACore(placed[0], placed[1]))) {
+  const bool shared_core = cfg.train.pin_threads && placed.size() >= 2 && ShareACore(placed[0], placed[1]);
+  if (!shared_core) {
     SW_ASSIGN_OR_RETURN(r.line_handoff_ns, MeasureLineHandoff(job.pool(), cfg.bench.peak_seconds / 10));
   }
   r.kernel_target = ActiveHogwildKernelTarget();

@@ -111,7 +111,7 @@ absl::Status Worker::PullRows(PullMode mode) {
   if (lookups == 0) return absl::OkStatus();
   row_pulls_.clear();
   for (int l = 0; l < lookups; ++l) {
-    model_->UseRowAddresses(l, false, false);
+    model_->UseRowAddresses(l, RowsInPlace::kNo);
     row_pulls_.push_back(RowPull{model_->lookup(l).table, model_->ids(l), model_->rows(l)});
   }
   return store_->PullRowsBatch(row_pulls_, mode, &row_scratch_);
@@ -128,13 +128,13 @@ absl::Status Worker::PrepareRows(bool in_place_allowed) {
       SW_ASSIGN_OR_RETURN(mode, store_->RowAddresses(lk.table, model_->ids(l), model_->row_addresses(l)));
       if (mode == RowsInPlace::kNo) in_place_possible_[l] = 0;
     }
-    const bool in_place = mode != RowsInPlace::kNo;
-    const bool fused_sgd = mode == RowsInPlace::kReadAndSgd;
-    model_->UseRowAddresses(l, in_place, fused_sgd);
+    model_->UseRowAddresses(l, mode);
     // Hot rows are copies updated by the fused SGD and merged as deltas; rows
     // read in place and pushed are not redirected.
-    if (fused_sgd && !hot_.empty()) hot_.Redirect(lk.table, model_->ids(l), model_->row_addresses(l));
-    if (in_place) {
+    if (mode == RowsInPlace::kReadAndSgd && !hot_.empty()) {
+      hot_.Redirect(lk.table, model_->ids(l), model_->row_addresses(l));
+    }
+    if (mode != RowsInPlace::kNo) {
       model_->PrefetchRowsInPlace(l);  // their lines asked for now, before the forward
     } else {
       row_pulls_.push_back(RowPull{lk.table, model_->ids(l), model_->rows(l)});

@@ -329,22 +329,15 @@ TEST(ShmStoreTables, RowAddressesAreReadOnlyUnderSlotsAndDeclinedWhereRowsAreNot
     UpdateMode mode;
     RowsInPlace expected;
   };
-  for (const Case& c : {Case{"dynamic table", EmbeddingKind::kDynamic, OptimizerType::kSgd, UpdateMode::kHogwild,
-                             RowsInPlace::kNo},
-                        Case{"adagrad rows", EmbeddingKind::kStatic, OptimizerType::kAdagrad, UpdateMode::kHogwild,
-                             RowsInPlace::kRead},
-                        Case{"momentum rows", EmbeddingKind::kStatic, OptimizerType::kMomentum, UpdateMode::kHogwild,
-                             RowsInPlace::kRead},
-                        Case{"ftrl rows", EmbeddingKind::kStatic, OptimizerType::kFtrl, UpdateMode::kHogwild,
-                             RowsInPlace::kRead},
-                        Case{"adam rows", EmbeddingKind::kStatic, OptimizerType::kAdam, UpdateMode::kHogwild,
-                             RowsInPlace::kRead},
-                        Case{"rmsprop rows", EmbeddingKind::kStatic, OptimizerType::kRmsprop, UpdateMode::kHogwild,
-                             RowsInPlace::kRead},
-                        Case{"row_lock", EmbeddingKind::kStatic, OptimizerType::kSgd, UpdateMode::kRowLock,
-                             RowsInPlace::kNo},
-                        Case{"sync", EmbeddingKind::kStatic, OptimizerType::kSgd, UpdateMode::kSync,
-                             RowsInPlace::kNo}}) {
+  std::vector<Case> cases = {
+      {"dynamic table", EmbeddingKind::kDynamic, OptimizerType::kSgd, UpdateMode::kHogwild, RowsInPlace::kNo},
+      {"row_lock", EmbeddingKind::kStatic, OptimizerType::kSgd, UpdateMode::kRowLock, RowsInPlace::kNo},
+      {"sync", EmbeddingKind::kStatic, OptimizerType::kSgd, UpdateMode::kSync, RowsInPlace::kNo}};
+  for (OptimizerType slots : {OptimizerType::kAdagrad, OptimizerType::kMomentum, OptimizerType::kFtrl,
+                              OptimizerType::kAdam, OptimizerType::kRmsprop}) {
+    cases.push_back({OptimizerTypeName(slots), EmbeddingKind::kStatic, slots, UpdateMode::kHogwild, RowsInPlace::kRead});
+  }
+  for (const Case& c : cases) {
     for (int shards : {1, kShards}) {
       OpenStoreOptions o = Options(Optimizer(OptimizerType::kSgd, 0.1f), {Table(c.kind, 50)}, shards);
       o.sparse_optimizer = Optimizer(c.sparse, 0.1f);

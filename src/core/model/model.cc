@@ -1244,11 +1244,12 @@ void Model::PoolLookups() {
     LookupState& st = lookups_[l];
     const int64_t* offsets = BagState(l).offsets.data();
     const float* weights = BatchWeights(BagState(l));
-    if (st.in_place && spec_.tables[lk.table].bf16) {
+    const bool in_place = st.in_place != RowsInPlace::kNo;
+    if (in_place && spec_.tables[lk.table].bf16) {
       any_in_place = true;
       HogwildEmbeddingBagForwardBf16(reinterpret_cast<const uint16_t* const*>(st.addresses.data()), lk.dim,
                                      offsets, weights, batch_, lk.pooling, z_.data() + st.z_offset, zw);
-    } else if (st.in_place) {
+    } else if (in_place) {
       any_in_place = true;
       HogwildEmbeddingBagForward(st.addresses.data(), lk.dim, offsets, weights, batch_, lk.pooling,
                                  z_.data() + st.z_offset, zw);
@@ -1340,7 +1341,7 @@ LossResult Model::Backward(int64_t valid, const dnnl::stream& stream, GradientRe
     const Lookup& lk = spec_.lookups[l];
     if (lk.wide) continue;
     LookupState& st = lookups_[l];
-    if (st.fused_sgd) continue;  // ApplyRowSgd reads dz_
+    if (st.in_place == RowsInPlace::kReadAndSgd) continue;  // ApplyRowSgd reads dz_
     EmbeddingBagBackward(dz_.data() + st.z_offset, zw, lk.dim, BagState(l).offsets.data(),
                          BatchWeights(BagState(l)), batch_, valid, lk.pooling, st.row_grads.data(),
                          sparse_scale / dense_scale);
@@ -1364,10 +1365,9 @@ std::vector<std::vector<int>> Model::BackwardGroups() const {
   return groups;
 }
 
-bool Model::UseRowAddresses(int l, bool use, bool fused_sgd) {
-  if (use && spec_.lookups[l].wide) return false;
-  lookups_[l].in_place = use;
-  lookups_[l].fused_sgd = use && fused_sgd;
+bool Model::UseRowAddresses(int l, RowsInPlace mode) {
+  if (mode != RowsInPlace::kNo && spec_.lookups[l].wide) return false;
+  lookups_[l].in_place = mode;
   return true;
 }
 
@@ -1386,7 +1386,7 @@ void Model::PrefetchRowsForUpdate() const {
 void Model::ApplyRowSgd(int l, float lr) {
   const Lookup& lk = spec_.lookups[l];
   LookupState& st = lookups_[l];
-  if (!st.fused_sgd) return;
+  if (st.in_place != RowsInPlace::kReadAndSgd) return;
   const int64_t zw = static_cast<int64_t>(z_.size()) / batch_;
   if (spec_.tables[lk.table].bf16) {
     // Stochastic rounding: a new seed per call, from this model's seed.

@@ -284,22 +284,23 @@ class Model {
   // Rows in place (ParamStore::RowAddresses), per deep (not wide) lookup
   // and per batch. After LoadBatch the caller writes the address of each
   // id's row in the store to row_addresses(l)[0, ids(l).size()) and calls
-  // UseRowAddresses(l, true, fused_sgd): Forward then pools the rows in
-  // place (no pulled copy). With fused_sgd, Backward writes no
-  // row_grads(l) and ApplyRowSgd(l, lr) applies the embedding-bag gradient
-  // straight to the rows with plain SGD (the fused embedding path); without
-  // it, Backward writes row_grads(l) as for pulled rows, for the caller to
-  // push (an optimizer with slots). A bf16 table's addresses point at bf16
-  // values (ParamStore::RowAddresses): Forward widens them, ApplyRowSgd
-  // rounds its updates stochastically. UseRowAddresses(l, false) (the state
-  // after Create; fused_sgd is then ignored) goes back to rows(l) and
-  // row_grads(l). Returns false for a wide lookup, which always uses rows(l).
+  // UseRowAddresses(l, mode) with what the store allows: with kRead or
+  // kReadAndSgd, Forward pools the rows in place (no pulled copy). With
+  // kReadAndSgd, Backward writes no row_grads(l) and ApplyRowSgd(l, lr)
+  // applies the embedding-bag gradient straight to the rows with plain SGD
+  // (the fused embedding path); with kRead, Backward writes row_grads(l) as
+  // for pulled rows, for the caller to push (an optimizer with slots). A
+  // bf16 table's addresses point at bf16 values (ParamStore::RowAddresses):
+  // Forward widens them, ApplyRowSgd rounds its updates stochastically.
+  // UseRowAddresses(l, kNo) (the state after Create) goes back to rows(l)
+  // and row_grads(l). Returns false for a wide lookup, which always uses
+  // rows(l).
   float** row_addresses(int l) { return lookups_[l].addresses.data(); }
-  bool UseRowAddresses(int l, bool use, bool fused_sgd);
-  bool uses_row_addresses(int l) const { return lookups_[l].in_place; }
-  // Whether lookup l's rows are updated in place by ApplyRowSgd (read in
-  // place with fused_sgd), so that the caller pushes no row_grads(l).
-  bool fuses_row_sgd(int l) const { return lookups_[l].fused_sgd; }
+  bool UseRowAddresses(int l, RowsInPlace mode);
+  bool uses_row_addresses(int l) const { return lookups_[l].in_place != RowsInPlace::kNo; }
+  // Whether lookup l's rows are updated in place by ApplyRowSgd
+  // (kReadAndSgd), so that the caller pushes no row_grads(l).
+  bool fuses_row_sgd(int l) const { return lookups_[l].in_place == RowsInPlace::kReadAndSgd; }
   // For a lookup using row addresses: asks for the first line of each of its
   // rows, with intent to write, all at once, so that their misses overlap
   // each other instead of landing one by one in the pooling or the fused
@@ -453,8 +454,7 @@ class Model {
     // The rows part, the lookup's own.
     std::vector<float> rows, row_grads;
     std::vector<float*> addresses;    // [ids.size()] the rows in the store (in_place)
-    bool in_place = false;            // UseRowAddresses
-    bool fused_sgd = false;           // UseRowAddresses: in_place, and ApplyRowSgd updates the rows
+    RowsInPlace in_place = RowsInPlace::kNo;  // UseRowAddresses
     int64_t z_offset = 0;             // where its pooled vector goes in a row of z_ (deep lookups)
   };
   Model() = default;

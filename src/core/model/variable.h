@@ -24,6 +24,14 @@ struct VariableSpec {
   int64_t size() const { return rows * cols; }
 };
 
+// How a worker may use the rows of an embedding table at their addresses in
+// the store (ParamStore::RowAddresses, Model::UseRowAddresses): not at all
+// (kNo: it pulls them into a copy and pushes their gradients), read them in
+// place and push their gradients (kRead: an optimizer with slots), or read
+// them and update them in place with plain SGD fused with the embedding-bag
+// backward (kReadAndSgd).
+enum class RowsInPlace : uint8_t { kNo, kRead, kReadAndSgd };
+
 // Fills `out` (spec.size() floats) with the variable's initial value. The
 // values depend only on (seed, spec.name, spec's shape), never on which thread
 // or process calls this, so runs with the same seed start identically.
