@@ -9,10 +9,13 @@ order shows up as a difference between variants.
 
 Each run's step (`step_ms`, per worker) is split into microseconds per
 phase (`phases` fractions times the step), with the forward's in-place
-pooling (`in_place_pooling`, part of `forward`) shown apart, and, for models
+pooling (`in_place_pooling`, part of `forward`) shown apart; for models
 with tables, the embedding phases' rows/s, the same-run random-row bound and
-their ratio. It prints every run as it ends, then per variant the median and
-range of each figure; --out FILE writes the runs and the summary as JSON.
+their ratio; and what the run found of the host, which tells a run unlike
+the others: the line hand-off between workers 0 and 1 (`line_handoff_ns`)
+and the prefetch burst the workers used (`prefetch_burst_lines`). It prints
+every run as it ends, then per variant the median and range of each
+figure; --out FILE writes the runs and the summary as JSON.
 
 A variant is NAME=BINARY, or NAME=BINARY:ENV=VALUE,ENV=VALUE to add
 environment variables to its runs (a switch a throwaway build reads).
@@ -71,6 +74,13 @@ def figures(summary):
         f['phase_rows_ratio'] = summary['embedding_phase_rows_ratio']
     if summary.get('tokens_per_s_per_worker', 0) > 0:
         f['tokens_per_s_per_worker'] = summary['tokens_per_s_per_worker']
+    # What the run found of the host, which explains a run unlike the
+    # others: the cores' line hand-off (a VM's vCPUs placed near or far)
+    # and the prefetch burst the workers used.
+    if summary.get('line_handoff_ns'):
+        f['line_handoff_ns'] = summary['line_handoff_ns']
+    if summary.get('prefetch_burst'):
+        f['prefetch_burst_lines'] = summary['prefetch_burst']['lines']
     return f
 
 

@@ -620,6 +620,22 @@ int Bench(const std::string& path, const std::vector<std::string>& sets, bool as
                          {"ratio", r->push_ratio}};
     }
     j["line_handoff_ns"] = r->line_handoff_ns > 0 ? json(r->line_handoff_ns) : json(nullptr);
+    {
+      json sizes = json::array();
+      for (const BurstTiming& t : r->prefetch_burst.sizes) {
+        sizes.push_back({{"lines", t.lines},
+                         {"cold_ns", t.cold_ns},
+                         {"asked_ns", t.asked_ns},
+                         {"cached_ns", t.cached_ns},
+                         {"lost", t.LostShare()}});
+      }
+      j["prefetch_burst"] = {{"lines", r->prefetch_burst_lines},
+                             {"source", r->prefetch_burst_configured ? "data.prefetch_burst_lines"
+                                        : r->prefetch_burst.measured ? "measured"
+                                                                     : "default"},
+                             {"sizes", sizes},
+                             {"probe_s", r->prefetch_burst.seconds}};
+    }
     if (r->wire_bytes_per_step >= 0) {
       j["wire_bytes_per_step"] = r->wire_bytes_per_step;
       j["compression"] = GradientCompressionName(config->cluster.compression);

@@ -459,6 +459,9 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
   }
   r.kernel_target = ActiveHogwildKernelTarget();
   r.kernel_targets = HogwildKernelTargets();
+  r.prefetch_burst_lines = job.prefetch_burst_lines();
+  r.prefetch_burst_configured = cfg.data.prefetch_burst_lines > 0;
+  if (!r.prefetch_burst_configured) r.prefetch_burst = MachinePrefetchBurst();
   r.data_load_s = job.data_load_seconds();
   r.data_records = job.train().count;
   if (job.train().tokens > 0 && job.train().count > 0) {
@@ -551,6 +554,18 @@ std::string FormatBenchReport(const BenchReport& r) {
                           "line hand-off (same run): a cache line moves between workers 0 and 1's cores in %.0f ns "
                           "(what each line of shared parameters or rows another worker wrote since costs)\n",
                           r.line_handoff_ns);
+  }
+  if (r.prefetch_burst_configured) {
+    absl::StrAppendFormat(&s, "prefetch bursts: %d lines (data.prefetch_burst_lines)\n", r.prefetch_burst_lines);
+  } else if (r.prefetch_burst.measured) {
+    absl::StrAppendFormat(&s, "prefetch bursts: %d lines, measured (lines asked for in one burst, of a miss left:",
+                          r.prefetch_burst_lines);
+    for (const BurstTiming& t : r.prefetch_burst.sizes) {
+      absl::StrAppendFormat(&s, " %d: %.0f%%", t.lines, 100 * t.LostShare());
+    }
+    s += ")\n";
+  } else {
+    absl::StrAppendFormat(&s, "prefetch bursts: %d lines (not measured on this machine)\n", r.prefetch_burst_lines);
   }
   absl::StrAppendFormat(&s, "data: read and parsed %d records in %.2f s before training (%.0f records/s)\n",
                         r.data_records, r.data_load_s, r.data_load_s > 0 ? r.data_records / r.data_load_s : 0.0);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/data/prefetch_burst.h"
 #include "workers/job.h"
 #include "workers/worker_pool.h"
 
@@ -115,6 +116,14 @@ struct BenchReport {
   // 10 past its 3 rounds); 0 with one worker, and where the two are
   // pinned to a core in common (more threads than cores).
   double line_handoff_ns = 0;
+  // The most lines of the next batch a worker asked for at once
+  // (Job::prefetch_burst_lines), and where it came from: the probe
+  // (MachinePrefetchBurst, its timings in `prefetch_burst`), its default
+  // where nothing was measured, or data.prefetch_burst_lines (configured;
+  // the probe then does not run).
+  int prefetch_burst_lines = 0;
+  bool prefetch_burst_configured = false;
+  PrefetchBurstProbe prefetch_burst;
 
   // Embedding tables (models with sparse features; zero otherwise).
   // rows_per_s: ids gathered per second (= ids whose gradients were pushed),

@@ -10,11 +10,17 @@
 #include "absl/strings/str_cat.h"
 #include "core/model/model.h"
 #include "core/data/idx_reader.h"
+#include "core/data/prefetch_burst.h"
 #include "core/data/readers.h"
 #include "core/base/mutex.h"
 #include "core/base/status.h"
 
 namespace shardwild {
+
+int PrefetchBurstLinesFor(const Config& config) {
+  if (config.data.prefetch_burst_lines > 0) return config.data.prefetch_burst_lines;
+  return MachinePrefetchBurst().lines;
+}
 
 absl::StatusOr<std::unique_ptr<Topology>> MakeTopology(const TopologyOptions& options) {
   if (!options.synthetic.empty()) return Topology::FromSynthetic(options.synthetic);
@@ -345,6 +351,10 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
   }
   if (job->store_ && job->store_->num_replicas() > 1) update.replicas = job->store_.get();
   for (auto& w : job->workers_) w->set_update_options(update);
+  if (!job->workers_.empty()) {
+    job->prefetch_burst_lines_ = PrefetchBurstLinesFor(config);
+    for (auto& w : job->workers_) w->set_prefetch_burst_lines(job->prefetch_burst_lines_);
+  }
   // The training set packed once for every worker's loads (PackedRecords): a
   // record's ids in one block, not one list per field; IDX pixels as bytes.
   if (!job->workers_.empty() && !job->stream_) {

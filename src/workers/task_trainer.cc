@@ -159,6 +159,7 @@ absl::Status ServeTasks(const Config& config, const WorkerProcessArgs& args, Lin
   update.hot_rows_merge_every = config.ps.hot_rows_merge_every;
   if (config.sparse_optimizer) update.sparse_optimizer = &*config.sparse_optimizer;
   worker->set_update_options(update);
+  worker->set_prefetch_burst_lines(PrefetchBurstLinesFor(config));
   const LiveMetrics::Attachment live_worker = live.AttachWorkers({&worker->counters()});
   TaskRunner runner(config, *worker, train, test ? &*test : nullptr);
   if (stream) {

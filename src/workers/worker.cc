@@ -297,7 +297,8 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
   int64_t cursor = 0;
   // The next step's records are taken a step ahead, and their lines asked
   // for during this step: all at once after the forward where they are a
-  // burst's worth (Model::RecordsPerPrefetchBurst), else in up to 4 parts,
+  // burst's worth (Model::RecordsPerPrefetchBurst of this machine's burst,
+  // set_prefetch_burst_lines), else in up to 4 parts,
   // at the data phase's end, after the rows are prepared, after the forward
   // and after the backward. Each part's time counts as data.
   // (sparse_logreg.yaml, 64 records of 4 lines, 3 alternating pairs on 2
@@ -313,7 +314,7 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
   const bool ask_after_push =
       !pushes_.empty() && AskNextBatchAfterPush(DensePushBytes(*model_, optimizer.type), L2CacheBytes());
   int64_t next_valid = 0;  // how many of next_records_ are the next step's
-  const int64_t per_burst = model_->RecordsPerPrefetchBurst(packed_);
+  const int64_t per_burst = model_->RecordsPerPrefetchBurst(packed_, prefetch_burst_lines_);
   const int parts =
       ask_after_push ? 1 : static_cast<int>(std::clamp<int64_t>((batch + per_burst - 1) / per_burst, 1, 4));
   const int64_t part_records = (batch + parts - 1) / parts;

@@ -10,6 +10,7 @@
 // WorkerPool slot it belongs to. Its Counters may be read by any thread.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -22,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/data/dataset.h"
+#include "core/data/prefetch_burst.h"
 #include "core/metrics/metrics.h"
 #include "core/model/model.h"
 #include "core/config/options.h"
@@ -254,6 +256,12 @@ class Worker {
   // the data set's fields. Call as set_update_options.
   void set_packed_records(const PackedRecords* packed) { packed_ = packed; }
 
+  // The most lines of the next batch a training step asks for at once
+  // (data.prefetch_burst_lines, or what this machine's cores bring in:
+  // MachinePrefetchBurst in core/data/prefetch_burst.h); >= 1. A hint: the
+  // values trained are the same whatever it is. Call as set_update_options.
+  void set_prefetch_burst_lines(int lines) { prefetch_burst_lines_ = std::max(lines, 1); }
+
   // The records training steps load from from now on, instead of the data
   // given to Create (streamed training hands each window of records here);
   // same shape, not owned, must outlive the training calls; clears the
@@ -321,6 +329,7 @@ class Worker {
   uint64_t version_at_pull_ = 0;             // store->version() read just before the last training pull
   const std::atomic<bool>* stop_ = nullptr;  // set_stop
   const PackedRecords* packed_ = nullptr;  // set_packed_records
+  int prefetch_burst_lines_ = kDefaultPrefetchBurstLines;  // set_prefetch_burst_lines
   // update_.hot_rows: chosen on the first training call that reads rows in
   // place (hot_rows_chosen_), merged by TrainSteps.
   HotRows hot_;

@@ -115,6 +115,24 @@ TEST_F(PrecisionTrainTest, BenchReportsBf16ImplementationsAndPeak) {
   EXPECT_EQ(k["data"]["packed"]["dense_bytes"], true) << k.dump();
   EXPECT_EQ(k["data"]["packed"]["ids"], false) << k.dump();
   EXPECT_GT(k["data"]["packed"]["bytes"].get<int64_t>(), 0);
+  // The prefetch burst the workers used, measured here (one entry per size
+  // probed, the lines one of them) or the default where it could not be.
+  const json& burst = k["prefetch_burst"];
+  ASSERT_TRUE(burst.is_object()) << k.dump();
+  if (burst["source"] == "measured") {
+    ASSERT_EQ(burst["sizes"].size(), 8u) << burst.dump();
+    bool found = false;
+    for (const json& size : burst["sizes"]) {
+      found = found || size["lines"] == burst["lines"];
+      EXPECT_GE(size["lost"].get<double>(), 0.0) << burst.dump();
+      EXPECT_LE(size["lost"].get<double>(), 1.0) << burst.dump();
+    }
+    EXPECT_TRUE(found) << burst.dump();
+  } else {
+    EXPECT_EQ(burst["source"], "default") << burst.dump();
+    EXPECT_EQ(burst["lines"], 32) << burst.dump();
+    EXPECT_TRUE(burst["sizes"].empty()) << burst.dump();
+  }
   // Where the store lives, as train reports it; and what ps.memory_kind asks.
   EXPECT_TRUE(k["store"]["memory_kind"] == "private" || k["store"]["memory_kind"] == "shared") << k.dump();
   const Result s = RunCli({"bench", kConfig, "--set", "bench.steps=5", "--set", "bench.warmup_steps=1", "--set",

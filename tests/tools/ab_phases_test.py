@@ -19,13 +19,16 @@ class AbPhases(ToolScriptTest):
         super().setUp()
         self.fake = os.path.join(self.dir, 'shardwild')
         # step_ms = STEP (the variant's, default 1) + 0.001 * the calls before
-        # this one; data is a tenth of the step, push a fifth.
+        # this one; data is a tenth of the step, push a fifth; a hand-off of
+        # 100 * STEP ns and bursts of 16 * STEP lines.
         write_exe(self.fake, '#!/bin/sh\n'
                   f'echo "$@ STEP=${{STEP:-1}}" >> {self.calls}\n'
                   f'n=$(($(wc -l < {self.calls}) - 1))\n'
                   'echo "shardwild: bench"\n'
                   'echo "{\\"step_ms\\": ${STEP:-1}.00$n, \\"samples_per_s\\": 1000, '
-                  '\\"phases\\": {\\"data\\": 0.1, \\"push\\": 0.2}}"\n')
+                  '\\"phases\\": {\\"data\\": 0.1, \\"push\\": 0.2}, '
+                  '\\"line_handoff_ns\\": $((${STEP:-1} * 100)), '
+                  '\\"prefetch_burst\\": {\\"lines\\": $((${STEP:-1} * 16))}}"\n')
 
     def test_alternates_and_summarises_each_variant(self):
         out = os.path.join(self.dir, 'out.json')
@@ -49,6 +52,8 @@ class AbPhases(ToolScriptTest):
         self.assertAlmostEqual(sb['data_us']['median'], 200.2, places=6)
         self.assertAlmostEqual(sb['push_us']['max'], 401.0, places=6)
         self.assertEqual(sb['forward_us']['median'], 0.0)
+        self.assertEqual(sa['line_handoff_ns']['median'], 100)
+        self.assertEqual(sb['prefetch_burst_lines']['max'], 32)
         self.assertIn('median [min-max] over rounds', p.stdout)
 
     def test_a_failing_run_is_reported(self):

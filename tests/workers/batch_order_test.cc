@@ -1,7 +1,7 @@
 // A worker's steps train the records of its order, batch after batch: the
 // worker takes each step's records a step ahead (its data phase asks for
 // their lines during the step before, in parts where a batch is more lines
-// than a burst of prefetches), so a slip there would train a batch twice,
+// than a burst of prefetches, Worker::set_prefetch_burst_lines), so a slip there would train a batch twice,
 // skip one or train records outside the range. Every record here has a row
 // of its own (record r reads row r only), so the rows that moved are
 // exactly the records that were trained.
@@ -110,17 +110,22 @@ class BatchOrderTest : public ::testing::TestWithParam<bool> {
 };
 
 TEST_P(BatchOrderTest, ARangeTrainsEachOfItsRecordsAndNoOther) {
-  // Batches of 100 one-line records: asked for in 4 parts of 25. 737 records
-  // are 7 whole batches and one of 37.
+  // Batches of 100 or 16 one-line records, asked for in bursts of 1 line
+  // (4 parts, each asked again by the load), 8 (4 parts of 25, or 2 of 8),
+  // 32 (4 of 25, or the batch at once) and 1024 (the batch at once). 737
+  // records are 7 whole batches and one of 37 (or 46 of 16 and one of 1).
   for (int64_t batch : {int64_t{100}, int64_t{16}}) {
-    SCOPED_TRACE(absl::StrCat("batch ", batch));
-    Start(batch, absl::StrCat("sw-batch-order-", GetParam() ? "p" : "u", batch));
-    constexpr int64_t kCount = 737;
-    ASSERT_TRUE(worker_->Train(order_.data(), kCount, /*max_steps=*/-1, opt_, 0, 1, nullptr).ok());
-    EXPECT_EQ(worker_->counters().steps.load(), (kCount + batch - 1) / batch);
-    EXPECT_EQ(worker_->counters().samples.load(), kCount);
-    const std::set<int32_t> want(order_.begin(), order_.begin() + kCount);
-    EXPECT_EQ(Moved(), want);
+    for (int burst : {1, 8, 32, 1024}) {
+      SCOPED_TRACE(absl::StrCat("batch ", batch, " burst ", burst));
+      Start(batch, absl::StrCat("sw-batch-order-", GetParam() ? "p" : "u", batch, "-", burst));
+      worker_->set_prefetch_burst_lines(burst);
+      constexpr int64_t kCount = 737;
+      ASSERT_TRUE(worker_->Train(order_.data(), kCount, /*max_steps=*/-1, opt_, 0, 1, nullptr).ok());
+      EXPECT_EQ(worker_->counters().steps.load(), (kCount + batch - 1) / batch);
+      EXPECT_EQ(worker_->counters().samples.load(), kCount);
+      const std::set<int32_t> want(order_.begin(), order_.begin() + kCount);
+      EXPECT_EQ(Moved(), want);
+    }
   }
 }
 

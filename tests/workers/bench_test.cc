@@ -97,6 +97,13 @@ TEST(BenchTest, TinyRunReportsEveryFigure) {
   EXPECT_GT(r->line_handoff_ns, 0);
   EXPECT_TRUE(std::isfinite(r->line_handoff_ns));
 
+  // The workers asked for the next batch in this machine's bursts (the
+  // config leaves data.prefetch_burst_lines auto), and the report says so.
+  EXPECT_FALSE(r->prefetch_burst_configured);
+  EXPECT_EQ(r->prefetch_burst_lines, MachinePrefetchBurst().lines);
+  EXPECT_EQ(r->prefetch_burst_lines, job->prefetch_burst_lines());
+  EXPECT_EQ(r->prefetch_burst.measured, !r->prefetch_burst.sizes.empty());
+
   // The kernels ran on the best target this CPU offers, and the report says which.
   ASSERT_FALSE(r->kernel_targets.empty());
   EXPECT_EQ(r->kernel_target, r->kernel_targets.front());
@@ -247,6 +254,19 @@ TEST(BenchTest, LineHandoff) {
   }
 }
 
+// data.prefetch_burst_lines set: the workers ask in bursts of that many
+// lines, and the report says it was configured.
+TEST(BenchTest, AConfiguredPrefetchBurstIsTheWorkers) {
+  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not under /usr/share/datasets/fashion-mnist";
+  absl::StatusOr<TinyBench> bench = RunTinyBench({"data.prefetch_burst_lines=5"});
+  ASSERT_TRUE(bench.ok()) << bench.status();
+  EXPECT_EQ(bench->job->prefetch_burst_lines(), 5);
+  EXPECT_EQ(bench->report.prefetch_burst_lines, 5);
+  EXPECT_TRUE(bench->report.prefetch_burst_configured);
+  EXPECT_NE(FormatBenchReport(bench->report).find("prefetch bursts: 5 lines (data.prefetch_burst_lines)"),
+            std::string::npos);
+}
+
 // Two workers pinned to a core in common (2 OpenMP threads each on a
 // machine of fewer than 4 cores) would time the scheduler, not a line: the
 // hand-off is measured only where their cores differ.
@@ -279,6 +299,24 @@ TEST(BenchTest, PushAndHandoffLinesOnlyWhereMeasured) {
   EXPECT_NE(text.find("push: 30.0 us a step for 20000 dense parameters"), std::string::npos) << text;
   EXPECT_NE(text.find("(same run): 20.0 us, ratio 1.50\n"), std::string::npos) << text;
   EXPECT_NE(text.find("cores in 123 ns"), std::string::npos) << text;
+  // The prefetch burst: configured, measured (each size's lost share), or
+  // the default where nothing was measured.
+  r.prefetch_burst_lines = 24;
+  r.prefetch_burst_configured = true;
+  EXPECT_NE(FormatBenchReport(r).find("prefetch bursts: 24 lines (data.prefetch_burst_lines)\n"), std::string::npos);
+  r.prefetch_burst_configured = false;
+  r.prefetch_burst_lines = 32;
+  EXPECT_NE(FormatBenchReport(r).find("prefetch bursts: 32 lines (not measured on this machine)\n"),
+            std::string::npos);
+  r.prefetch_burst_lines = 8;
+  r.prefetch_burst.measured = true;
+  r.prefetch_burst.lines = 8;
+  r.prefetch_burst.sizes = {{.lines = 8, .cold_ns = 230, .asked_ns = 30, .cached_ns = 30},
+                            {.lines = 16, .cold_ns = 260, .asked_ns = 145, .cached_ns = 30}};
+  EXPECT_NE(FormatBenchReport(r).find("prefetch bursts: 8 lines, measured (lines asked for in one burst, of a miss "
+                                      "left: 8: 0% 16: 50%)\n"),
+            std::string::npos)
+      << FormatBenchReport(r);
 }
 
 // The dense push's bound runs every optimizer, with an f32 or a bf16 copy,

@@ -33,6 +33,7 @@
 #include "core/base/row_bound.h"
 #include "core/data/data_kernels.h"
 #include "core/data/dataset.h"
+#include "core/data/prefetch_burst.h"
 #include "core/model/hogwild_kernels.h"
 #include "core/model/layers.h"
 #include "core/model/model.h"
@@ -348,7 +349,8 @@ BENCHMARK(BM_PrefetchLines)->ArgName("what")->DenseRange(0, 3)->UseManualTime();
 // On a later host of that type (the same day), bursts up to 48 lines arrived
 // (34 ns against 325 cold), 64 partly (98 ns; 33 after spaced prefetches,
 // 472 cold) and 192 mostly not (655 ns; 89 spaced, 1090 cold): the worker
-// asks for a batch in parts of about 32 lines (Model::RecordsPerPrefetchBurst).
+// asks for a batch in parts of about a burst, which it measures
+// (core/data/prefetch_burst.h; Model::RecordsPerPrefetchBurst).
 void BM_PrefetchBurst(benchmark::State& state) {
 #if defined(__x86_64__)
   const int64_t what = state.range(0);
@@ -527,10 +529,13 @@ void BM_DataPhase(benchmark::State& state) {
   const int64_t batches = kRecords / kBatch - 1;
   int64_t b = 0;
   float spin = 1.0f;
-  // The batch is asked for in one request, as a worker asks for it: whole
-  // where it is a burst's worth (text), else LoadBatch asks again (libsvm).
+  // The batch is asked for in one request: told LoadBatch it came whole
+  // where it is this machine's burst's worth (MachinePrefetchBurst: text
+  // where bursts hold 32 lines), else LoadBatch asks again (libsvm; text
+  // where bursts hold fewer, which a worker asks for in two parts).
   const Model::Asked asked =
-      kBatch <= (*m)->RecordsPerPrefetchBurst(&*packed) ? Model::Asked::kInBursts : Model::Asked::kYes;
+      kBatch <= (*m)->RecordsPerPrefetchBurst(&*packed, MachinePrefetchBurst().lines) ? Model::Asked::kInBursts
+                                                                                       : Model::Asked::kYes;
   if (images) {
     // The push's footprint, touched line by line between the steps.
     std::vector<char> push(size_t{8} << 20, 1);

@@ -525,6 +525,7 @@ absl::Status ParseRoot(const YAML::Node& root, const Locator& loc, Config* c) {
   data.leaves["prefetch_batches"] = Int(&c->data.prefetch_batches);
   data.leaves["memory_budget_mb"] = Int64(&c->data.memory_budget_mb);
   data.leaves["cache_part_mb"] = Int64(&c->data.cache_part_mb);
+  data.leaves["prefetch_burst_lines"] = IntOrAuto(&c->data.prefetch_burst_lines);
 
   Section train;
   train.leaves["workers"] = IntOrAuto(&c->train.workers);

@@ -196,6 +196,9 @@ absl::Status DataOptions::Validate() const {
   if (memory_budget_mb < 1 || memory_budget_mb > (int64_t{1} << 30)) {
     return Bad("data.memory_budget_mb", absl::StrCat("must be >= 1, got ", memory_budget_mb));
   }
+  if (prefetch_burst_lines < 0 || prefetch_burst_lines > 1024) {
+    return Bad("data.prefetch_burst_lines", absl::StrCat("must be auto or 1..1024, got ", prefetch_burst_lines));
+  }
   if (cache_part_mb < 1 || cache_part_mb > (int64_t{1} << 20)) {
     return Bad("data.cache_part_mb", absl::StrCat("must be 1..1048576, got ", cache_part_mb));
   }

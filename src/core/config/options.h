@@ -250,6 +250,10 @@ struct DataOptions {
   // parallel, and a first run trains on a part as soon as it and the
   // parts before it are built); >= 1.
   int64_t cache_part_mb = 64;
+  // The most lines of the next batch a worker asks for at once
+  // (core/data/prefetch_burst.h): 0 = auto, what this machine's cores
+  // bring in, measured once per process; else 1..1024.
+  int prefetch_burst_lines = 0;
   TextOptions text;
   CsvOptions csv;
   absl::Status Validate() const;

@@ -912,8 +912,8 @@ void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, co
     PrefetchOverflowBlocks(records, n, *packed);
   }
   // Where the batch was asked for a step ahead in bursts that arrive (at
-  // most kPrefetchBurstLines lines each: the text config's 16 records of 2
-  // lines), its lines are in the caches already, and asking again only
+  // most RecordsPerPrefetchBurst records each: the text config's 16 records
+  // of 2 lines, in one or two bursts), its lines are in the caches already, and asking again only
   // costs the requests (alternating runs, 2-core VM: text data 0.29 -> 0.25
   // us a step). A larger batch was asked for in bursts that lose many of
   // their lines, which this brings in (DLRM data 15.5 us a step with it, 28
@@ -1138,12 +1138,12 @@ void Model::LoadOneIdSlots(const int32_t* records, int64_t n, const PackedRecord
   for (int k = 0; k < nb; ++k) lookups_[bags_[k]].count = static_cast<size_t>(counts[k]);
 }
 
-int64_t Model::RecordsPerPrefetchBurst(const PackedRecords* packed) const {
+int64_t Model::RecordsPerPrefetchBurst(const PackedRecords* packed, int64_t burst_lines) const {
   // A record's lines: its bytes, and its label's line where the label is
   // not in its block.
   const int64_t lines = (RecordBytes(packed) + 63) / 64;
   const bool label_in_block = packed != nullptr && packed->has_ids() && packed->inline_label;
-  return std::max<int64_t>(1, kPrefetchBurstLines / std::max<int64_t>(1, label_in_block ? lines : lines + 1));
+  return std::max<int64_t>(1, burst_lines / std::max<int64_t>(1, label_in_block ? lines : lines + 1));
 }
 
 int64_t Model::RecordBytes(const PackedRecords* packed) const {

@@ -362,15 +362,13 @@ class Model {
   // then PrefetchRecord for each (which reads those words; slots need none).
   void PrefetchBatch(const Dataset& data, const int32_t* records, int64_t n, const PackedRecords* packed) const;
   // How many records' lines PrefetchBatch asks for in a burst of about
-  // kPrefetchBurstLines lines (at least 1 record): prefetches that miss,
-  // issued back to back, are lost past about 48 on the 2-core EPYC KVM
-  // guest (BM_PrefetchBurst, 2026-11-28, loads after a burst against after
-  // spaced prefetches and cold: 32 lines 27/25/292 ns, 48 34/28/325, 64
-  // 98/33/472, 192 655/89/1090). A worker asks for a larger batch a
-  // part at a time, at several points of its step, and tells LoadBatch
-  // whether each part was at most this many records (Asked). O(1).
-  int64_t RecordsPerPrefetchBurst(const PackedRecords* packed) const;
-  static constexpr int64_t kPrefetchBurstLines = 32;
+  // `burst_lines` lines (at least 1 record): prefetches that miss, issued
+  // back to back, are lost past what the core's line fill buffers hold,
+  // which differs from one machine to the next (core/data/prefetch_burst.h
+  // measures it). A worker asks for a larger batch a part at a time, at
+  // several points of its step, and tells LoadBatch whether each part was
+  // at most this many records (Asked). O(1).
+  int64_t RecordsPerPrefetchBurst(const PackedRecords* packed, int64_t burst_lines) const;
   // `data` packed for this model (PackedRecords): the ids (and weights)
   // where there are lookups, the dense bytes where every value is
   // k / 255.0f. nullopt when neither part applies. Two passes over `data`,

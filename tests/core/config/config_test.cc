@@ -1168,6 +1168,26 @@ TEST(ConfigDataTest, ValidationErrorsNameTheKey) {
   EXPECT_EQ(LoadError(WithDataLines("  format: csv\n  csv: {label: y, delimiter: \"\\n\"}\n")),
             "d.yaml: data.csv.delimiter: must not be a quote or a line end");
   EXPECT_EQ(LoadError(WithDataLines("  format: csv\n  csv: {label: y, delimiter: \"\\t\"}\n")), "OK");
+  EXPECT_EQ(LoadError(WithDataLines("  prefetch_burst_lines: 2000\n")),
+            "d.yaml: data.prefetch_burst_lines: must be auto or 1..1024, got 2000");
+}
+
+// data.prefetch_burst_lines: auto (0, measured) by default, or a count.
+TEST(ConfigDataTest, PrefetchBurstLines) {
+  absl::StatusOr<Config> c = LoadConfigFromString(kMinimal, "d.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->data.prefetch_burst_lines, 0);
+  c = LoadConfigFromString(kMinimal, "d.yaml", Sets({"data.prefetch_burst_lines=16"}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->data.prefetch_burst_lines, 16);
+  c = LoadConfigFromString(WithDataLines("  prefetch_burst_lines: auto\n"), "d.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->data.prefetch_burst_lines, 0);
+  EXPECT_EQ(LoadError(WithDataLines("  prefetch_burst_lines: 0\n")),
+            "d.yaml:6:25: data.prefetch_burst_lines: expected a positive integer or 'auto', got '0'");
+  EXPECT_EQ(LoadError(kMinimal, {"data.prefetch_burst_lines=many"}),
+            "--set data.prefetch_burst_lines=many: data.prefetch_burst_lines: expected a positive integer or 'auto', "
+            "got 'many'");
 }
 
 }  // namespace

@@ -184,9 +184,11 @@ class ModelTest : public ::testing::Test {
                                                            : static_cast<int64_t>(packed->words.size() * 8) / d.count;
       EXPECT_EQ(packed->prefetch_bytes, asked_bytes) << layout;
       if ((d.dense_dim == 0 || packed->dense_in_block()) && packed->inline_label) {
-        EXPECT_EQ(packed_model->RecordsPerPrefetchBurst(&*packed),
-                  std::max<int64_t>(1, Model::kPrefetchBurstLines / ((asked_bytes + 63) / 64)))
-            << layout;
+        for (const int64_t burst : {1, 16, 32, 48}) {
+          EXPECT_EQ(packed_model->RecordsPerPrefetchBurst(&*packed, burst),
+                    std::max<int64_t>(1, burst / ((asked_bytes + 63) / 64)))
+              << layout << " burst " << burst;
+        }
       }
       if (packed->stride_words == 0) {
         EXPECT_EQ(packed->slot_load, PackedRecords::SlotLoad::kRecords) << layout;  // slots only
