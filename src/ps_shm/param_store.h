@@ -298,6 +298,9 @@ class ParamStore {
   //     occurrence rather than once with the sum.
   // Returns kNo, writing nothing, where neither holds (dynamic tables,
   // row_lock and sync modes, remote stores): the caller pulls and pushes.
+  // Which of the three it answers depends on the table alone, never on
+  // the ids: with none (out may be null) it says how a batch's rows would
+  // be used.
   // Errors as PullRows for a bad table or id. A bf16 table's
   // (layout().tables[table].bf16) addresses point at dim bf16 values
   // (uint16_t, cast to float*): read and update them with the bf16 kernels

@@ -10,7 +10,8 @@
 
 namespace shardwild {
 
-void HotRows::Choose(Model& model, const Dataset& data, const StoreLayout& layout, int64_t count) {
+void HotRows::Choose(Model& model, const Dataset& data, const StoreLayout& layout, int64_t count,
+                     absl::FunctionRef<bool(int table)> fused) {
   tables_.assign(layout.tables.size(), Table{});
   hot_tables_ = 0;
   if (count <= 0 || data.count <= 0) return;
@@ -19,7 +20,7 @@ void HotRows::Choose(Model& model, const Dataset& data, const StoreLayout& layou
   for (int l = 0; l < model.num_lookups(); ++l) {
     const Lookup& lk = model.lookup(l);
     const TableSpec& t = layout.tables[lk.table];
-    if (lk.wide || t.kind != EmbeddingKind::kStatic || t.bf16) continue;
+    if (lk.wide || t.kind != EmbeddingKind::kStatic || t.bf16 || !fused(lk.table)) continue;
     eligible[lk.table] = 1;
     lookups.push_back(l);
   }

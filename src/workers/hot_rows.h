@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/types/span.h"
 #include "core/base/huge_page_allocator.h"
 #include "core/data/dataset.h"
@@ -36,11 +37,15 @@ namespace shardwild {
 class HotRows {
  public:
   // Chooses the hot ids: for every lookup of `model` that is not wide, over
-  // a static f32 table of `layout`, the `count` ids of its table most
-  // frequent among the lookups' ids of (at most kSampleRecords, evenly
-  // spaced) records of `data`, loaded through `model` (which this leaves
-  // holding the last sampled batch). count 0 = none.
-  void Choose(Model& model, const Dataset& data, const StoreLayout& layout, int64_t count);
+  // a static f32 table of `layout` that `fused(table)` says is read and
+  // updated in place by the fused SGD (the store's RowAddresses answers
+  // kReadAndSgd: no copy is used for any other table, so none is counted
+  // or made), the `count` ids of its table most frequent among the
+  // lookups' ids of (at most kSampleRecords, evenly spaced) records of
+  // `data`, loaded through `model` (which this leaves holding the last
+  // sampled batch when it samples). count 0 = none.
+  void Choose(Model& model, const Dataset& data, const StoreLayout& layout, int64_t count,
+              absl::FunctionRef<bool(int table)> fused);
   // Records of `data` Choose counts ids over, at most.
   static constexpr int64_t kSampleRecords = 32768;
 

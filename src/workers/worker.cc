@@ -289,7 +289,12 @@ absl::Status Worker::TrainSteps(const int32_t* order, int64_t count, int64_t max
   // reads rows in place; every copy used is merged into the store when this
   // call returns, however it ends, so the store holds all its updates.
   if (rows_in_place && lookups > 0 && update_.hot_rows > 0 && !hot_rows_chosen_) {
-    hot_.Choose(*model_, *train_, store_->layout(), update_.hot_rows);
+    // Only tables whose rows the fused SGD updates in place use the copies
+    // (PrepareRows); with no ids, RowAddresses only answers how.
+    hot_.Choose(*model_, *train_, store_->layout(), update_.hot_rows, [this](int table) {
+      const absl::StatusOr<RowsInPlace> mode = store_->RowAddresses(table, {}, nullptr);
+      return mode.ok() && *mode == RowsInPlace::kReadAndSgd;
+    });
     hot_rows_chosen_ = true;
   }
   absl::Cleanup merge_hot_rows = [this] { hot_.Merge(); };

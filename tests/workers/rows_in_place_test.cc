@@ -205,6 +205,7 @@ TEST(RowsInPlaceTest, RowsReadInPlaceUnderSlotsTrainTheModelThatPulledRowsTrain)
       // worker reads the store's rows all the same.
       Trained hot = Train(c, /*in_place=*/true, shards, /*epochs=*/2, Hot{.rows = 64, .merge_every = 3}, sparse);
       ASSERT_NE(hot.store, nullptr);
+      EXPECT_TRUE(hot.hot_ids.empty()) << "no copies chosen for rows the fused SGD does not update";
       EXPECT_EQ(hot.rows_merged, 0);
       ExpectSameModel(*hot.store, *pulled.store, *untrained.store, /*tolerance=*/0.0f);
     }
@@ -270,7 +271,11 @@ TEST(HotRowsTest, MergesTheCopysChangeIntoTheRowAsItIsThen) {
   }
   ASSERT_GE(ta, 0);
   HotRows hot;
-  hot.Choose(**model, c.data, layout, /*count=*/2);
+  // Tables the store would not update in place with the fused SGD get none.
+  hot.Choose(**model, c.data, layout, /*count=*/2, [](int) { return false; });
+  EXPECT_TRUE(hot.empty());
+  EXPECT_TRUE(hot.ids(ta).empty());
+  hot.Choose(**model, c.data, layout, /*count=*/2, [ta](int table) { return table == ta; });
   ASSERT_EQ(hot.ids(ta), (std::vector<uint64_t>{7, 0}));
   const int64_t dim = layout.tables[ta].dim;
   std::vector<float> table(10 * dim);
