@@ -17,6 +17,7 @@
 #include "core/model/partitioner.h"
 #include "core/base/status.h"
 #include "core/base/cpu_features.h"
+#include "core/base/median.h"
 #include "core/base/mutex.h"
 #include "oneapi/dnnl/dnnl.h"
 #include "oneapi/dnnl/dnnl.hpp"
@@ -129,13 +130,6 @@ constexpr int64_t kMinPushBoundParams = 16384;
 constexpr int64_t kMaxPushBoundParams = int64_t{1} << 22;
 // Rows each thread of the bound draws before timing and cycles through.
 constexpr int64_t kBoundRowsPerThread = int64_t{1} << 20;
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Whether two workers may run on a core in common.
 bool ShareACore(const WorkerPlacement& a, const WorkerPlacement& b) {
@@ -459,7 +453,7 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
   }
   r.kernel_target = ActiveHogwildKernelTarget();
   r.kernel_targets = HogwildKernelTargets();
-  r.prefetch_burst_lines = job.prefetch_burst_lines();
+  r.prefetch_burst_lines = job.worker(0).prefetch_burst_lines();
   r.prefetch_burst_configured = cfg.data.prefetch_burst_lines > 0;
   if (!r.prefetch_burst_configured) r.prefetch_burst = MachinePrefetchBurst();
   r.data_load_s = job.data_load_seconds();

@@ -117,7 +117,7 @@ struct BenchReport {
   // pinned to a core in common (more threads than cores).
   double line_handoff_ns = 0;
   // The most lines of the next batch a worker asked for at once
-  // (Job::prefetch_burst_lines), and where it came from: the probe
+  // (Worker::prefetch_burst_lines), and where it came from: the probe
   // (MachinePrefetchBurst, its timings in `prefetch_burst`), its default
   // where nothing was measured, or data.prefetch_burst_lines (configured;
   // the probe then does not run).

@@ -352,8 +352,8 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
   if (job->store_ && job->store_->num_replicas() > 1) update.replicas = job->store_.get();
   for (auto& w : job->workers_) w->set_update_options(update);
   if (!job->workers_.empty()) {
-    job->prefetch_burst_lines_ = PrefetchBurstLinesFor(config);
-    for (auto& w : job->workers_) w->set_prefetch_burst_lines(job->prefetch_burst_lines_);
+    const int burst_lines = PrefetchBurstLinesFor(config);
+    for (auto& w : job->workers_) w->set_prefetch_burst_lines(burst_lines);
   }
   // The training set packed once for every worker's loads (PackedRecords): a
   // record's ids in one block, not one list per field; IDX pixels as bytes.

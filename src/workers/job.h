@@ -128,8 +128,6 @@ class Job {
   // The training records as the workers load them (Model::PackRecords);
   // null when streamed or when nothing packs.
   const PackedRecords* packed_train() const { return packed_train_ ? &*packed_train_ : nullptr; }
-  // The workers' prefetch burst (PrefetchBurstLinesFor); 0 without workers.
-  int prefetch_burst_lines() const { return prefetch_burst_lines_; }
   // The cache's build stats (final once the stream no longer grows).
   const ColumnCacheStats& stream_stats() const { return stream_stats_; }
   // Streamed, with in-process workers, when the first lines gave the data's
@@ -162,7 +160,6 @@ class Job {
   ColumnCacheStats stream_stats_;
   bool stream_growing_ = false;
   std::chrono::steady_clock::time_point ready_at_;
-  int prefetch_burst_lines_ = 0;
   std::optional<PackedRecords> packed_train_;  // train_'s ids for the workers' model (Model::PackRecords)
   std::optional<Dataset> test_;
   double data_load_seconds_ = 0;

@@ -261,6 +261,7 @@ class Worker {
   // MachinePrefetchBurst in core/data/prefetch_burst.h); >= 1. A hint: the
   // values trained are the same whatever it is. Call as set_update_options.
   void set_prefetch_burst_lines(int lines) { prefetch_burst_lines_ = std::max(lines, 1); }
+  int prefetch_burst_lines() const { return prefetch_burst_lines_; }
 
   // The records training steps load from from now on, instead of the data
   // given to Create (streamed training hands each window of records here);

@@ -101,7 +101,8 @@ TEST(BenchTest, TinyRunReportsEveryFigure) {
   // config leaves data.prefetch_burst_lines auto), and the report says so.
   EXPECT_FALSE(r->prefetch_burst_configured);
   EXPECT_EQ(r->prefetch_burst_lines, MachinePrefetchBurst().lines);
-  EXPECT_EQ(r->prefetch_burst_lines, job->prefetch_burst_lines());
+  EXPECT_EQ(job->worker(0).prefetch_burst_lines(), r->prefetch_burst_lines);
+  EXPECT_EQ(job->worker(1).prefetch_burst_lines(), r->prefetch_burst_lines);
   EXPECT_EQ(r->prefetch_burst.measured, !r->prefetch_burst.sizes.empty());
 
   // The kernels ran on the best target this CPU offers, and the report says which.
@@ -260,7 +261,7 @@ TEST(BenchTest, AConfiguredPrefetchBurstIsTheWorkers) {
   if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST is not under /usr/share/datasets/fashion-mnist";
   absl::StatusOr<TinyBench> bench = RunTinyBench({"data.prefetch_burst_lines=5"});
   ASSERT_TRUE(bench.ok()) << bench.status();
-  EXPECT_EQ(bench->job->prefetch_burst_lines(), 5);
+  for (int i = 0; i < bench->job->num_workers(); ++i) EXPECT_EQ(bench->job->worker(i).prefetch_burst_lines(), 5);
   EXPECT_EQ(bench->report.prefetch_burst_lines, 5);
   EXPECT_TRUE(bench->report.prefetch_burst_configured);
   EXPECT_NE(FormatBenchReport(bench->report).find("prefetch bursts: 5 lines (data.prefetch_burst_lines)"),

@@ -4,9 +4,11 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/base/huge_page_allocator.h"
+#include "core/base/median.h"
 #include "core/base/prefetch.h"
 #include "core/base/random.h"
 #include "core/base/step_clock.h"
@@ -38,15 +40,8 @@ namespace {
 #if defined(__x86_64__)
 
 constexpr std::array<int, 8> kBurstSizes = {4, 8, 12, 16, 24, 32, 48, 64};
-constexpr int kMaxBurst = 64;
 constexpr size_t kProbeBytes = size_t{8} << 20;  // 131,072 lines
 constexpr int64_t kWaitNs = 10000;               // between the burst and its loads, as a step's compute
-
-double Median(std::vector<double>* v) {
-  auto mid = v->begin() + static_cast<std::ptrdiff_t>(v->size() / 2);
-  std::nth_element(v->begin(), mid, v->end());
-  return *mid;
-}
 
 // The clock read once every earlier instruction has completed (lfence: the
 // loads before it have their data), and before any later one starts.
@@ -83,7 +78,7 @@ PrefetchBurstProbe ProbePrefetchBurst(int rounds) {
   const char* base = buffer.data();
   constexpr uint32_t kLines = kProbeBytes / kCacheLineBytes;
   std::array<std::array<std::vector<double>, 3>, kBurstSizes.size()> samples;
-  std::array<uint32_t, kMaxBurst> line{};
+  std::array<uint32_t, kBurstSizes.back()> line{};
   uint64_t rng = 0x5eedb0a57ULL;
   uint64_t sink = 0;
   for (int r = 0; r < rounds; ++r) {
@@ -118,9 +113,9 @@ PrefetchBurstProbe ProbePrefetchBurst(int rounds) {
   for (size_t k = 0; k < kBurstSizes.size(); ++k) {
     BurstTiming t;
     t.lines = kBurstSizes[k];
-    t.cold_ns = Median(&samples[k][0]);
-    t.asked_ns = Median(&samples[k][1]);
-    t.cached_ns = Median(&samples[k][2]);
+    t.cold_ns = Median(std::move(samples[k][0]));
+    t.asked_ns = Median(std::move(samples[k][1]));
+    t.cached_ns = Median(std::move(samples[k][2]));
     probe.sizes.push_back(t);
   }
   // A clock too coarse to see a miss (or lines that the flush did not

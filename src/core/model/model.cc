@@ -915,9 +915,9 @@ void Model::LoadBatch(const Dataset& data, const int32_t* records, int64_t n, co
   // most RecordsPerPrefetchBurst records each: the text config's 16
   // records of 2 lines, in one or two bursts), its lines are in the caches
   // already, and asking again only costs the requests (alternating runs,
-  // 2-core VM: text data 0.29 -> 0.25 us a step). A larger batch was asked for in bursts that lose many of
-  // their lines, which this brings in (DLRM data 15.5 us a step with it, 28
-  // without; Wide & Deep 24.5 against 45).
+  // 2-core VM: text data 0.29 -> 0.25 us a step). A larger batch was asked
+  // for in bursts that lose many of their lines, which this brings in (DLRM
+  // data 15.5 us a step with it, 28 without; Wide & Deep 24.5 against 45).
   if (asked != Asked::kInBursts) PrefetchBatch(data, records, std::min(ahead, n), packed);
   // Slot by slot where PackRecords chose it. (A switch with FinishLoad in
   // each case, in place of these tests, took the text config's data phase
