@@ -37,131 +37,200 @@ void BytesToUnitFloatsImpl(const uint8_t* src, float* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = UnitFloat(src[i]);
 }
 
-// One record's words, one at a time (the words are in uint64 storage: read
-// as bytes).
-inline void DecodeWords(const uint32_t* src, int64_t m, int id_bits, double unit, uint64_t* id_to, float* weight_to) {
-  for (int64_t i = 0; i < m; ++i) {
-    uint32_t word;
-    std::memcpy(&word, reinterpret_cast<const char*>(src) + i * sizeof(uint32_t), sizeof(word));
-    id_to[i] = word & ((uint32_t{1} << id_bits) - 1);
-    weight_to[i] = CodedWeight(word >> id_bits, unit);
+// What a slot kernel writes from a record's words: ids only (WidenIdSlots),
+// or ids and weights (DecodeCodedSlots and DecodeCodedEntries), the
+// weights through doubles (CodedWeight's own expression) or through floats
+// (the correction below), which give the same floats.
+enum class Entries { kIds, kIdsAndWeights, kIdsAndFloatWeights };
+
+// CodedWeight(k, unit) in floats, where k < 2^24 (an exact float) and the
+// unit is 10^-d, d <= 6 (so 10^d, `ten_to_d`, is an exact float too):
+// q = k * y, with y the float nearest 10^-d, is within an ulp of k / 10^d;
+// its remainder k - q * 10^d is exact in one fused multiply-add, and q plus
+// the remainder times y, in a second, is the float nearest k / 10^d
+// (Markstein's correction). CodedWeight gives that float too, for every
+// such k and d: the tests check all 2^24 codes of every unit, on every
+// target, bit for bit. Only where multiply-adds are fused (HWY_NATIVE_FMA):
+// a multiply and an add rounded apart would lose the remainder's exactness.
+// One conversion of 16 words to floats on AVX-512, where the doubles took
+// two conversions each way.
+inline constexpr int kFloatCodeMinIdBits = 32 - 24;  // every k of a word below 2^24
+
+// Whether the float path decodes `unit`'s codes: 10^-d for d up to
+// kFloatCodeMaxDecimals (the units the tests check exhaustively; the
+// correction holds to 10^-10, where 10^d is still an exact float), and
+// its constants.
+inline bool FloatCodeUnit(double unit, float* y, float* ten_to_d) {
+  double p = 1.0;
+  for (int d = 0; d <= kFloatCodeMaxDecimals; ++d, p *= 10.0) {
+    if (unit == 1.0 / p) {
+      *y = static_cast<float>(unit);
+      *ten_to_d = static_cast<float>(p);
+      return true;
+    }
   }
+  return false;
 }
 
-// f(i) for the vectors of `lanes` words that cover [0, m) (m >= lanes): i =
-// 0, lanes, 2 * lanes, ..., and m - lanes last where m is not a whole number
-// of vectors, overlapping the one before (it computes the same values
-// again). The loop of DecodeRecord and WidenIds.
-template <class F>
-HWY_INLINE void EachVector(int64_t m, int64_t lanes, const F& f) {
-  int64_t i = 0;
-  for (; i + lanes <= m; i += lanes) f(i);
-  if (i < m) f(m - lanes);
-}
-
-// A record's m words decoded: a vector of words at a time (EachVector),
-// each half widened to ids and, through doubles, to weights (AVX-512: 16
-// words, the 30 of a 128-byte slot in two, the second overlapping the
-// first); words one at a time where m is less than a vector. Reads and
-// writes nothing past m. Inlined into the loops below, which hoist its
-// constants.
-HWY_INLINE void DecodeRecord(const uint32_t* src, int64_t m, int id_bits, double unit, uint64_t* id_to,
-                             float* weight_to) {
-#if HWY_TARGET == HWY_SCALAR
-  DecodeWords(src, m, id_bits, unit, id_to, weight_to);
-#else
-  const hn::ScalableTag<uint32_t> du;
-  const hn::Half<decltype(du)> dh;
-  const hn::Rebind<int32_t, decltype(dh)> dhi;
-  const hn::Rebind<uint64_t, decltype(dh)> d64;
-  const hn::Rebind<double, decltype(dh)> df64;
-  const hn::Rebind<float, decltype(dh)> df32;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(du));
-  const int64_t half = static_cast<int64_t>(hn::Lanes(dh));
-  if (m < lanes) {
-    DecodeWords(src, m, id_bits, unit, id_to, weight_to);
-    return;
-  }
-  const auto mask = hn::Set(du, (uint32_t{1} << id_bits) - 1);
-  const auto vunit = hn::Set(df64, unit);
-  auto decode = [&](int64_t i) HWY_ATTR {
-    const auto words = hn::LoadU(du, src + i);
-    const auto id = hn::And(words, mask);
-    hn::StoreU(hn::PromoteTo(d64, hn::LowerHalf(dh, id)), d64, id_to + i);
-    hn::StoreU(hn::PromoteTo(d64, hn::UpperHalf(dh, id)), d64, id_to + i + half);
-    const auto k = hn::ShiftRightSame(words, id_bits);
-    const auto lower = hn::BitCast(dhi, hn::LowerHalf(dh, k)), upper = hn::BitCast(dhi, hn::UpperHalf(dh, k));
-    hn::StoreU(hn::DemoteTo(df32, hn::Mul(hn::PromoteTo(df64, lower), vunit)), df32, weight_to + i);
-    hn::StoreU(hn::DemoteTo(df32, hn::Mul(hn::PromoteTo(df64, upper), vunit)), df32, weight_to + i + half);
-  };
-  EachVector(m, lanes, decode);
+// A record's entries copied from its words into ids (and weights) at the
+// destinations, `m` words: the lanes' constants made once (the slot kernels
+// make one for the whole batch, whose loop then keeps them in registers).
+template <Entries kEntries>
+class RecordCopy {
+ public:
+  HWY_INLINE RecordCopy(int id_bits, double unit, float y, float ten_to_d)
+      : id_bits_(id_bits), id_mask_((uint32_t{1} << (id_bits & 31)) - 1), unit_(unit)
+#if HWY_TARGET != HWY_SCALAR
+        ,
+        mask_(hn::Set(du_, id_mask_)),
+        vunit_(hn::Set(df64_, unit)),
+        y_(hn::Set(df_, y)),
+        ten_to_d_(hn::Set(df_, ten_to_d))
 #endif
+  {
+    static_cast<void>(y);
+    static_cast<void>(ten_to_d);
+  }
+
+  // m words from `src` into id_to[0, m) (and weight_to[0, m)): whole
+  // vectors, the last one overlapping the one before where m is not a
+  // whole number of them (a 128-byte slot's 30 words: two AVX-512 vectors,
+  // four AVX2 ones); one word at a time where m is less than a vector.
+  // Reads and writes nothing past m.
+  HWY_INLINE void operator()(const uint32_t* src, int64_t m, uint64_t* id_to, float* weight_to) const {
+#if HWY_TARGET == HWY_SCALAR
+    Words(src, m, id_to, weight_to);
+#else
+    const int64_t lanes = static_cast<int64_t>(hn::Lanes(du_));
+    if (m < lanes) {
+      Words(src, m, id_to, weight_to);
+      return;
+    }
+    int64_t i = 0;
+    for (; i + lanes <= m; i += lanes) Vector(src, i, id_to, weight_to);
+    if (i < m) Vector(src, m - lanes, id_to, weight_to);
+#endif
+  }
+
+ private:
+  // One word at a time (the words are in uint64 storage: read as bytes).
+  HWY_INLINE void Words(const uint32_t* src, int64_t m, uint64_t* id_to, float* weight_to) const {
+    for (int64_t i = 0; i < m; ++i) {
+      uint32_t word;
+      std::memcpy(&word, reinterpret_cast<const char*>(src) + i * sizeof(uint32_t), sizeof(word));
+      if constexpr (kEntries == Entries::kIds) {
+        id_to[i] = word;
+      } else {
+        id_to[i] = word & id_mask_;
+        weight_to[i] = CodedWeight(word >> id_bits_, unit_);
+      }
+    }
+  }
+
+  const int id_bits_;
+  const uint32_t id_mask_;
+  const double unit_;
+#if HWY_TARGET != HWY_SCALAR
+  // The vector of words at i, each half widened to ids, the weights
+  // converted as kEntries says.
+  HWY_INLINE void Vector(const uint32_t* src, int64_t i, uint64_t* id_to, float* weight_to) const {
+    const int64_t half = static_cast<int64_t>(hn::Lanes(dh_));
+    const auto words = hn::LoadU(du_, src + i);
+    const auto id = kEntries == Entries::kIds ? words : hn::And(words, mask_);
+    hn::StoreU(hn::PromoteTo(d64_, hn::LowerHalf(dh_, id)), d64_, id_to + i);
+    hn::StoreU(hn::PromoteTo(d64_, hn::UpperHalf(dh_, id)), d64_, id_to + i + half);
+    if constexpr (kEntries == Entries::kIdsAndFloatWeights) {
+      const auto k = hn::ConvertTo(df_, hn::BitCast(di_, hn::ShiftRightSame(words, id_bits_)));
+      const auto q = hn::Mul(k, y_);
+      const auto remainder = hn::NegMulAdd(q, ten_to_d_, k);
+      hn::StoreU(hn::MulAdd(remainder, y_, q), df_, weight_to + i);
+    } else if constexpr (kEntries == Entries::kIdsAndWeights) {
+      const auto k = hn::ShiftRightSame(words, id_bits_);
+      const auto lower = hn::BitCast(dhi_, hn::LowerHalf(dh_, k)), upper = hn::BitCast(dhi_, hn::UpperHalf(dh_, k));
+      hn::StoreU(hn::DemoteTo(df32h_, hn::Mul(hn::PromoteTo(df64_, lower), vunit_)), df32h_, weight_to + i);
+      hn::StoreU(hn::DemoteTo(df32h_, hn::Mul(hn::PromoteTo(df64_, upper), vunit_)), df32h_, weight_to + i + half);
+    }
+  }
+
+  hn::ScalableTag<uint32_t> du_;
+  hn::RebindToSigned<decltype(du_)> di_;
+  hn::RebindToFloat<decltype(du_)> df_;
+  hn::Half<decltype(du_)> dh_;
+  hn::Rebind<int32_t, decltype(dh_)> dhi_;
+  hn::Rebind<uint64_t, decltype(dh_)> d64_;
+  hn::Rebind<double, decltype(dh_)> df64_;
+  hn::Rebind<float, decltype(dh_)> df32h_;
+  const hn::Vec<decltype(du_)> mask_;
+  const hn::Vec<decltype(df64_)> vunit_;
+  const hn::Vec<decltype(df_)> y_, ten_to_d_;
+#endif
+};
+
+// Which weight path decodes codes of `id_bits` and `unit` here, and its
+// constants: floats where this target fuses multiply-adds and every code
+// is below 2^24 (ids of 8 bits or more) in a unit the float path takes,
+// else doubles.
+inline bool UseFloatWeights(int id_bits, double unit, float* y, float* ten_to_d) {
+  *y = 0.0f;
+  *ten_to_d = 0.0f;
+  return HWY_NATIVE_FMA && id_bits >= kFloatCodeMinIdBits && FloatCodeUnit(unit, y, ten_to_d);
 }
 
 void DecodeCodedEntriesImpl(const uint32_t* from, int64_t count, int id_bits, double unit, uint64_t* ids,
                             float* weights) {
-  DecodeRecord(from, count, id_bits, unit, ids, weights);
-}
-
-// m 32-bit ids from `src` widened into id_to[0, m): whole vectors, the
-// last one overlapping the one before where m is not a whole number of them
-// (a 128-byte slot's 30 ids: two AVX-512 vectors, four AVX2 ones); one at a
-// time where m is less than a vector. Reads and writes nothing past m.
-HWY_INLINE void WidenIds(const uint32_t* src, int64_t m, uint64_t* id_to) {
-  // One at a time (the words are in uint64 storage: read as bytes).
-  auto one_by_one = [&] {
-    for (int64_t i = 0; i < m; ++i) {
-      uint32_t id;
-      std::memcpy(&id, reinterpret_cast<const char*>(src) + i * sizeof(uint32_t), sizeof(id));
-      id_to[i] = id;
-    }
-  };
-#if HWY_TARGET == HWY_SCALAR
-  one_by_one();
-#else
-  const hn::ScalableTag<uint32_t> du;
-  const hn::Half<decltype(du)> dh;
-  const hn::Rebind<uint64_t, decltype(dh)> d64;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(du));
-  const int64_t half = static_cast<int64_t>(hn::Lanes(dh));
-  if (m < lanes) {
-    one_by_one();
-    return;
+  float y, ten_to_d;
+  if (UseFloatWeights(id_bits, unit, &y, &ten_to_d)) {
+    RecordCopy<Entries::kIdsAndFloatWeights>(id_bits, unit, y, ten_to_d)(from, count, ids, weights);
+  } else {
+    RecordCopy<Entries::kIdsAndWeights>(id_bits, unit, y, ten_to_d)(from, count, ids, weights);
   }
-  auto widen = [&](int64_t i) HWY_ATTR {
-    const auto v = hn::LoadU(du, src + i);
-    hn::StoreU(hn::PromoteTo(d64, hn::LowerHalf(dh, v)), d64, id_to + i);
-    hn::StoreU(hn::PromoteTo(d64, hn::UpperHalf(dh, v)), d64, id_to + i + half);
-  };
-  EachVector(m, lanes, widen);
-#endif
 }
 
 // DecodeCodedSlots and WidenIdSlots: one loop over the slots, the entries
-// decoded (kCoded) or widened.
-template <bool kCoded>
-HWY_INLINE int64_t SlotsImpl(const SlotBatch& a, int64_t begin, int64_t* count) {
+// decoded or widened as kEntries says.
+template <Entries kEntries>
+HWY_INLINE int64_t SlotsImpl(const SlotBatch& a, int64_t begin, int64_t* count, float y, float ten_to_d) {
+  // The batch's fields and the copy's constants in locals, once: read
+  // through `a` inside the loop, whose stores the compiler cannot tell
+  // apart from `a`'s fields, each was loaded again for every record and
+  // the constants made again (about 30 instructions a record in `perf
+  // annotate`). With the float weights (RecordCopy), on the 2-core Xeon
+  // VM: sparse_logreg's batch in L1 (BM_DataPhase what:2 shape:1) 0.70-0.78
+  // -> 0.59-0.66 us, its slots alone (BM_DecodeCodedSlots, AVX3) 0.50 ->
+  // 0.40 us against 0.30-0.38 us to copy the same bytes; the kernel is then
+  // its stores, 30 ids and weights a record whatever its count.
+  const uint64_t* const words = a.words;
+  const int64_t stride = a.stride_words, n = a.n, entries = a.entries, room = a.room;
+  const uint64_t overflow_word = a.overflow_word;
+  const int32_t* const records = a.records;
+  uint64_t* const ids = a.ids;
+  float* const weights = a.weights;
+  int32_t* const labels = a.labels;
+  int32_t* const label_sets = a.label_sets;
+  int64_t* const label_offsets = a.label_offsets;
+  int64_t* const offsets = a.offsets;
+  const RecordCopy<kEntries> copy(a.id_bits, a.unit, y, ten_to_d);
   int64_t at = *count;
   int64_t s = begin;
-  for (; s < a.n; ++s) {
-    const uint64_t* block = a.words + static_cast<int64_t>(a.records[s]) * a.stride_words;
+  for (; s < n; ++s) {
+    const uint64_t* block = words + static_cast<int64_t>(records[s]) * stride;
     uint32_t c;
     int32_t label;
     std::memcpy(&c, block, sizeof(c));
-    int64_t words = a.entries;  // a slot's words (those past its count unread)
-    if (block[0] == a.overflow_word) {
+    int64_t m = entries;  // a slot's words (those past its count unread)
+    if (block[0] == overflow_word) {
       // The record's block is after the slots (rarely: a predicted branch),
       // decoded to its count where that leaves every later slot its entries.
-      block = a.words + block[1];
+      block = words + block[1];
       std::memcpy(&c, block, sizeof(c));
-      words = c;
-      if (at + words + (a.n - s - 1) * a.entries > a.room) break;
+      m = c;
+      if (at + m + (n - s - 1) * entries > room) break;
     }
     std::memcpy(&label, reinterpret_cast<const char*>(block) + sizeof(c), sizeof(label));
-    a.labels[s] = label;
-    if (a.label_sets != nullptr) {
-      a.label_sets[s] = label;
-      a.label_offsets[s + 1] = s + 1;
+    labels[s] = label;
+    if (label_sets != nullptr) {
+      label_sets[s] = label;
+      label_offsets[s + 1] = s + 1;
     }
     // A slot's words are all decoded or widened, whatever its count: those
     // past it are overwritten by the next record's or left unread, and no
@@ -171,24 +240,29 @@ HWY_INLINE int64_t SlotsImpl(const SlotBatch& a, int64_t begin, int64_t* count) 
     // against 1.25 decoded whole (AVX2, four vectors a slot against three
     // on average: 1.78 against 1.63; 8 alternating rounds each on the
     // 2-core EPYC VM, medians, lower in 8 and 7 of the 8 pairs).
-    if constexpr (kCoded) {
-      DecodeRecord(reinterpret_cast<const uint32_t*>(block + 1), words, a.id_bits, a.unit, a.ids + at, a.weights + at);
-    } else {
-      WidenIds(reinterpret_cast<const uint32_t*>(block + 1), words, a.ids + at);
-    }
+    copy(reinterpret_cast<const uint32_t*>(block + 1), m, ids + at, kEntries == Entries::kIds ? nullptr : weights + at);
     at += c;
-    a.offsets[s + 1] = at;
+    offsets[s + 1] = at;
   }
   *count = at;
   return s;
 }
 
 int64_t DecodeCodedSlotsImpl(const SlotBatch& a, int64_t begin, int64_t* count) {
-  return SlotsImpl<true>(a, begin, count);
+  float y, ten_to_d;
+  if (UseFloatWeights(a.id_bits, a.unit, &y, &ten_to_d)) {
+    return SlotsImpl<Entries::kIdsAndFloatWeights>(a, begin, count, y, ten_to_d);
+  }
+  return SlotsImpl<Entries::kIdsAndWeights>(a, begin, count, y, ten_to_d);
+}
+
+bool DecodesWeightsInFloatsImpl(int id_bits, double unit) {
+  float y, ten_to_d;
+  return UseFloatWeights(id_bits, unit, &y, &ten_to_d);
 }
 
 int64_t WidenIdSlotsImpl(const SlotBatch& a, int64_t begin, int64_t* count) {
-  return SlotsImpl<false>(a, begin, count);
+  return SlotsImpl<Entries::kIds>(a, begin, count, 0.0f, 0.0f);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -202,6 +276,11 @@ HWY_EXPORT(BytesToUnitFloatsImpl);
 HWY_EXPORT(DecodeCodedEntriesImpl);
 HWY_EXPORT(DecodeCodedSlotsImpl);
 HWY_EXPORT(WidenIdSlotsImpl);
+HWY_EXPORT(DecodesWeightsInFloatsImpl);
+
+bool DecodesWeightsInFloats(int id_bits, double unit) {
+  return HWY_DYNAMIC_DISPATCH(DecodesWeightsInFloatsImpl)(id_bits, unit);
+}
 
 void BytesToUnitFloats(const uint8_t* src, float* dst, int64_t n) {
   if (n > 0) HWY_DYNAMIC_DISPATCH(BytesToUnitFloatsImpl)(src, dst, n);

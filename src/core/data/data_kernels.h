@@ -37,6 +37,17 @@ inline float CodedWeight(uint32_t k, double unit) {
   return static_cast<float>(static_cast<double>(static_cast<int32_t>(k)) * unit);
 }
 
+// Whether the coded-entry kernels below, on the target they dispatch to
+// now, convert the weights of words with `id_bits` of id in units of
+// `unit` through floats (two fused multiply-adds correcting k * 10^-d:
+// where the target fuses them, every k is below 2^24, id_bits >= 8, and
+// unit is 10^-d for d <= kFloatCodeMaxDecimals) rather than through
+// doubles. Either way each weight is CodedWeight's, bit for bit (the
+// tests check every k below 2^24 of every such unit); this says which
+// path the tests are checking.
+inline constexpr int kFloatCodeMaxDecimals = 6;
+bool DecodesWeightsInFloats(int id_bits, double unit);
+
 // One packed record's entries whose weights are coded in their ids' words
 // (word = id | k << id_bits, 1 <= id_bits <= 31): its `count` words, from
 // `from`, into ids[i] = word & (2^id_bits - 1) (widened) and weights[i] =

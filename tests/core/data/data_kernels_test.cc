@@ -66,7 +66,7 @@ TEST(DataKernelsTest, DecodeCodedEntriesIsTheScalarDecodeOnEveryTarget) {
     ScopedHogwildKernelTarget scoped(target);
     ASSERT_TRUE(scoped.ok());
     for (int id_bits : {1, 12, 20, 31}) {
-      for (double unit : {1.0, 0.1, 0.001, 0.000001}) {
+      for (double unit : {1.0, 0.1, 0.001, 0.000001, 0.0000001}) {
         // Records of 0..40 words from scattered places, each two entries
         // after the last one's end in the destination.
         std::vector<const uint32_t*> from;
@@ -300,6 +300,52 @@ TEST(DataKernelsTest, SlotKernelsCopyEveryCountOfASlot) {
         EXPECT_TRUE(UntouchedFrom(ids, weights, at - records[n - 1] + entries));
       }
     }
+  }
+}
+
+// Every code below 2^24 of every unit 10^0 .. 10^-kFloatCodeMaxDecimals
+// (ids of 8 bits: the words' top 24 bits are the code) decodes on every
+// target to CodedWeight's float, bit for bit: on the targets that fuse
+// multiply-adds (which must exist on any x86 CPU with AVX2) through the
+// float path and its correction, elsewhere through doubles. A float path
+// rounded once too few (k * y alone) would differ for millions of codes.
+TEST(DataKernelsTest, EveryCodeBelowTwoTo24DecodesToCodedWeightOnEveryTarget) {
+  constexpr int kIdBits = 8;
+  constexpr uint32_t kCodes = uint32_t{1} << 24;
+  constexpr uint32_t kChunk = uint32_t{1} << 20;
+  std::vector<uint32_t> words(kChunk);
+  std::vector<uint64_t> ids(kChunk);
+  std::vector<float> weights(kChunk);
+  int float_targets = 0;
+  for (const std::string& target : HogwildKernelTargets()) {
+    SCOPED_TRACE(target);
+    ScopedHogwildKernelTarget scoped(target);
+    ASSERT_TRUE(scoped.ok());
+    double unit_inverse = 1.0;
+    bool in_floats = false;
+    for (int d = 0; d <= kFloatCodeMaxDecimals; ++d, unit_inverse *= 10.0) {
+      const double unit = 1.0 / unit_inverse;
+      in_floats = DecodesWeightsInFloats(kIdBits, unit);
+      for (uint32_t first = 0; first < kCodes; first += kChunk) {
+        for (uint32_t i = 0; i < kChunk; ++i) words[i] = (first + i) << kIdBits | (i & 0xFF);
+        DecodeCodedEntries(words.data(), kChunk, kIdBits, unit, ids.data(), weights.data());
+        for (uint32_t i = 0; i < kChunk; ++i) {
+          const float want = CodedWeight(first + i, unit);
+          if (std::bit_cast<uint32_t>(weights[i]) != std::bit_cast<uint32_t>(want) || ids[i] != (i & 0xFF)) {
+            FAIL() << "10^-" << d << " code " << first + i << (in_floats ? " (floats)" : " (doubles)") << ": weight "
+                   << weights[i] << " id " << ids[i] << ", not " << want << " and " << (i & 0xFF);
+          }
+        }
+      }
+    }
+    if (in_floats) ++float_targets;
+    // Codes that may reach 2^24 (ids of 7 bits) or units past the checked
+    // ones go through doubles.
+    EXPECT_FALSE(DecodesWeightsInFloats(7, 0.001));
+    EXPECT_FALSE(DecodesWeightsInFloats(kIdBits, 1e-7));
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    EXPECT_GT(float_targets, 0) << "no target took the float path";
   }
 }
 
