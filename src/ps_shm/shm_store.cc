@@ -239,6 +239,7 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Create(const OpenS
   st->update_mode_ = options.store.update;
   st->layout_ = StoreLayout::Make(std::move(variables), options.num_shards, options.store.partitioner);
   st->layout_.tables = options.tables;
+  st->shard_divisor_ = FixedDivisor(static_cast<uint32_t>(options.num_shards));
   const int num_slots = NumSlots(options.optimizer.type);
   const int nvars = static_cast<int>(st->layout_.variables.size());
   const int ntables = static_cast<int>(options.tables.size());
@@ -595,6 +596,7 @@ absl::StatusOr<std::unique_ptr<ShmParamStore>> ShmParamStore::Attach(
         st->layout_.variables.push_back(VariableSpec{e.name, e.rows, e.cols});
       }
       st->layout_.num_shards = num_shards;
+      st->shard_divisor_ = FixedDivisor(num_shards);
       st->layout_.parts.assign(first_entries.size(), std::vector<RowRange>(num_shards));
       st->layout_.shard_nodes.assign(num_shards, -1);
       if (partial) {
@@ -1121,6 +1123,7 @@ absl::Status ShmParamStore::GroupIds(int table, absl::Span<const uint64_t> ids, 
   const TableSpec& spec = layout_.tables[table];
   const uint32_t nshards = static_cast<uint32_t>(layout_.num_shards);
   const bool is_static = spec.kind == EmbeddingKind::kStatic;
+  const FixedDivisor& divisor = shard_divisor_;  // static ids: checked below capacity first, < 2^52
   const size_t n = ids.size();
   // Counting sort, stable, so each shard sees its ids in batch order (the
   // order repeated ids' gradients are summed in). offsets[s + 1] counts, then
@@ -1136,7 +1139,8 @@ absl::Status ShmParamStore::GroupIds(int table, absl::Span<const uint64_t> ids, 
       return absl::InvalidArgumentError(
           absl::StrCat("embedding table '", spec.name, "': id 2^64-1 is reserved in dynamic tables"));
     }
-    const uint32_t shard = is_static ? static_cast<uint32_t>(id % nshards) : ShardOfDynamicId(id, nshards);
+    const uint32_t shard =
+        is_static ? static_cast<uint32_t>(divisor.Remainder(id, divisor.Quotient(id))) : ShardOfDynamicId(id, nshards);
     if (!hosts(static_cast<int>(shard))) return NotHosted(table, id, static_cast<int>(shard), "rows");
     ++scratch->offsets[shard + 2];
   }
@@ -1145,9 +1149,11 @@ absl::Status ShmParamStore::GroupIds(int table, absl::Span<const uint64_t> ids, 
   scratch->positions.resize(n);
   for (size_t i = 0; i < n; ++i) {
     const uint64_t id = ids[i];
-    const uint32_t shard = is_static ? static_cast<uint32_t>(id % nshards) : ShardOfDynamicId(id, nshards);
+    const uint64_t local = is_static ? divisor.Quotient(id) : id;
+    const uint32_t shard =
+        is_static ? static_cast<uint32_t>(divisor.Remainder(id, local)) : ShardOfDynamicId(id, nshards);
     const uint32_t at = scratch->offsets[shard + 1]++;
-    scratch->ids[at] = is_static ? id / nshards : id;
+    scratch->ids[at] = local;
     scratch->positions[at] = static_cast<uint32_t>(i);
   }
   return absl::OkStatus();
@@ -1255,8 +1261,12 @@ absl::StatusOr<RowsInPlace> ShmParamStore::RowAddresses(int table, absl::Span<co
   if (nshards == 1) {
     for (size_t i = 0; i < ids.size(); ++i) out[i] = shards[0].StaticRowParams(ids[i]);
   } else {
-    const uint64_t n = static_cast<uint64_t>(nshards);
-    for (size_t i = 0; i < ids.size(); ++i) out[i] = shards[ids[i] % n].StaticRowParams(ids[i] / n);
+    // (Every id checked below capacity above, so below 2^52.)
+    const FixedDivisor& divisor = shard_divisor_;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const uint64_t local = divisor.Quotient(ids[i]);
+      out[i] = shards[divisor.Remainder(ids[i], local)].StaticRowParams(local);
+    }
   }
   return sparse_optimizer_.type == OptimizerType::kSgd ? RowsInPlace::kReadAndSgd : RowsInPlace::kRead;
 }

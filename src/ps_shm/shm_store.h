@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/base/fixed_divisor.h"
 #include "ps_shm/huge_pages.h"
 #include "ps_shm/param_store.h"
 #include "ps_shm/shm_segment.h"
@@ -269,6 +270,9 @@ class ShmParamStore final : public ParamStore {
   UpdateMode update_mode_ = UpdateMode::kHogwild;
   int num_slots_ = 0;
   StoreLayout layout_;
+  // A static table's id / layout_.num_shards and id % num_shards, the local
+  // row and the shard of each id of a batch (GroupIds, RowAddresses).
+  FixedDivisor shard_divisor_;
   int first_hosted_ = 0;
   int num_hosted_ = 0;
   std::vector<RowRange> hosted_rows_;  // [variable]
