@@ -50,11 +50,20 @@ inline int FreePortRun(int extra) {
   return -1;
 }
 
-// A socket listening on 127.0.0.1:`port` for as long as it lives.
+// A socket listening on 127.0.0.1:`port` for as long as it lives. Bound
+// with SO_REUSEADDR, as CanListen and the metrics server bind: without it a
+// port that CanListen called free failed here while an earlier test's
+// connections to it were still in TIME_WAIT (a `make test` run failed
+// WorkerProcessPortInUseFailsTheStart at busy.ok()); a live listener still
+// makes the bind fail either way.
 class BusyPort {
  public:
   explicit BusyPort(int port) {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd_ >= 0) {
+      int yes = 1;
+      setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    }
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
