@@ -1124,14 +1124,25 @@ absl::Status ShmParamStore::GroupIds(int table, absl::Span<const uint64_t> ids, 
   const uint32_t nshards = static_cast<uint32_t>(layout_.num_shards);
   const bool is_static = spec.kind == EmbeddingKind::kStatic;
   const FixedDivisor& divisor = shard_divisor_;  // static ids: checked below capacity first, < 2^52
+  const uint64_t capacity = static_cast<uint64_t>(spec.capacity);
   const size_t n = ids.size();
   // Counting sort, stable, so each shard sees its ids in batch order (the
   // order repeated ids' gradients are summed in). offsets[s + 1] counts, then
   // holds the start of shard s, then (after placing) its end.
   scratch->offsets.assign(nshards + 2, 0);
+  scratch->ids.resize(n);
+  scratch->positions.resize(n);
+  // The loops read the store's fields and the scratch's buffers from
+  // locals: through `this` and `scratch` they were loaded again after every
+  // store to the counts, which the compiler cannot tell apart from them.
+  uint32_t* const counts = scratch->offsets.data();
+  uint64_t* const grouped = scratch->ids.data();
+  uint32_t* const positions = scratch->positions.data();
+  const uint32_t first = static_cast<uint32_t>(first_hosted_);
+  const uint32_t hosted = static_cast<uint32_t>(num_hosted_);
   for (size_t i = 0; i < n; ++i) {
     const uint64_t id = ids[i];
-    if (is_static && id >= static_cast<uint64_t>(spec.capacity)) {
+    if (is_static && id >= capacity) {
       return absl::InvalidArgumentError(absl::StrCat("embedding table '", spec.name, "': id ", id,
                                                      " is out of range for a static table of ", spec.capacity, " rows"));
     }
@@ -1141,20 +1152,37 @@ absl::Status ShmParamStore::GroupIds(int table, absl::Span<const uint64_t> ids, 
     }
     const uint32_t shard =
         is_static ? static_cast<uint32_t>(divisor.Remainder(id, divisor.Quotient(id))) : ShardOfDynamicId(id, nshards);
-    if (!hosts(static_cast<int>(shard))) return NotHosted(table, id, static_cast<int>(shard), "rows");
-    ++scratch->offsets[shard + 2];
+    // hosts(shard), as one unsigned comparison.
+    if (shard - first >= hosted) return NotHosted(table, id, static_cast<int>(shard), "rows");
+    ++counts[shard + 2];
   }
-  for (uint32_t s = 2; s < nshards + 2; ++s) scratch->offsets[s] += scratch->offsets[s - 1];
-  scratch->ids.resize(n);
-  scratch->positions.resize(n);
+  for (uint32_t s = 2; s < nshards + 2; ++s) counts[s] += counts[s - 1];
+  if (is_static && nshards == 2) {
+    // Two shards (two NUMA nodes): the two write cursors in registers. In
+    // memory, each id's cursor is the one the id before it stored, half the
+    // time (a store-to-load chain of a few cycles an id).
+    uint32_t at[2] = {counts[1], counts[2]};
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t id = ids[i];
+      const uint32_t shard = static_cast<uint32_t>(id & 1);
+      const uint32_t to = shard == 0 ? at[0] : at[1];
+      at[0] += 1 - shard;
+      at[1] += shard;
+      grouped[to] = id >> 1;
+      positions[to] = static_cast<uint32_t>(i);
+    }
+    counts[1] = at[0];
+    counts[2] = at[1];
+    return absl::OkStatus();
+  }
   for (size_t i = 0; i < n; ++i) {
     const uint64_t id = ids[i];
     const uint64_t local = is_static ? divisor.Quotient(id) : id;
     const uint32_t shard =
         is_static ? static_cast<uint32_t>(divisor.Remainder(id, local)) : ShardOfDynamicId(id, nshards);
-    const uint32_t at = scratch->offsets[shard + 1]++;
-    scratch->ids[at] = local;
-    scratch->positions[at] = static_cast<uint32_t>(i);
+    const uint32_t at = counts[shard + 1]++;
+    grouped[at] = local;
+    positions[at] = static_cast<uint32_t>(i);
   }
   return absl::OkStatus();
 }

@@ -282,7 +282,7 @@ TEST(ShmStoreTables, EveryUpdateModeAcceptsTables) {
 // rows' addresses across every shard; a write through an address is what
 // PullRows reads; an SGD step in place is PushRows' step.
 TEST(ShmStoreTables, RowAddressesAreTheStaticRowsUnderHogwildSgd) {
-  for (int shards : {1, kShards}) {
+  for (int shards : {1, 2, kShards}) {
     std::unique_ptr<ShmParamStore> store =
         MakeStore(Options(Optimizer(OptimizerType::kSgd, 0.1f), {Table(EmbeddingKind::kStatic, 50)}, shards));
     ASSERT_NE(store, nullptr);

@@ -153,7 +153,7 @@ void ExpectSameModel(ShmParamStore& a, ShmParamStore& b, ShmParamStore& untraine
 
 TEST(RowsInPlaceTest, TrainsTheModelThatPulledRowsTrain) {
   for (Pooling pooling : {Pooling::kSum, Pooling::kMean}) {
-    for (int shards : {1, 3}) {
+    for (int shards : {1, 2, 3}) {
       SCOPED_TRACE(std::string(pooling == Pooling::kSum ? "sum" : "mean") + ", " + std::to_string(shards) +
                    " shards");
       const SparseCase c = MakeCase(pooling);
@@ -188,7 +188,7 @@ TEST(RowsInPlaceTest, RowsReadInPlaceUnderSlotsTrainTheModelThatPulledRowsTrain)
                         Case{OptimizerType::kAdam, false}, Case{OptimizerType::kMomentum, false},
                         Case{OptimizerType::kAdagrad, true}}) {
     const OptimizerType sparse = k.sparse;
-    for (int shards : {1, 3}) {
+    for (int shards : {1, 2, 3}) {
       SCOPED_TRACE(std::string(OptimizerTypeName(sparse)) + (k.bf16_rows ? ", bf16 rows, " : ", ") +
                    std::to_string(shards) + " shards");
       const SparseCase c = MakeCase(Pooling::kMean, k.bf16_rows);
