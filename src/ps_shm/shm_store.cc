@@ -1160,7 +1160,13 @@ absl::Status ShmParamStore::GroupIds(int table, absl::Span<const uint64_t> ids, 
   if (is_static && nshards == 2) {
     // Two shards (two NUMA nodes): the two write cursors in registers. In
     // memory, each id's cursor is the one the id before it stored, half the
-    // time (a store-to-load chain of a few cycles an id).
+    // time (a store-to-load chain of a few cycles an id). 6 alternating
+    // rounds of sparse_logreg with 2 shards against the loop below: push
+    // rows 15.57 -> 14.31 us a step (6 of 6), the step lower in 5 of 6.
+    // The shard and local row are FixedDivisor's for 2 written as bits:
+    // through divisor_ (its test of the shift an id) push rows read 13.69
+    // -> 13.99 us (3 of 3 rounds). The 2-shard RowAddresses test checks the
+    // two agree (addresses against the rows PullRows groups here).
     uint32_t at[2] = {counts[1], counts[2]};
     for (size_t i = 0; i < n; ++i) {
       const uint64_t id = ids[i];
