@@ -307,6 +307,12 @@ bool RegisterAll() {
       }
     }
   }
+  // configs/sparse_logreg.yaml's push: one weight a row, FTRL, Zipf ids
+  // (about half of them repeat in a batch, so the deduplication is most of
+  // the push), beside its bound (a row and FTRL's two slots).
+  push->Args({static_cast<int64_t>(EmbeddingKind::kStatic), kDefaultRows, 1, kZipfIds,
+              static_cast<int64_t>(OptimizerType::kFtrl), 0});
+  rmw->Args({kDefaultRows, 1, kZipfIds, 2, 1});
   auto* triad = benchmark::RegisterBenchmark("BM_StreamTriad", bench::BM_StreamTriad)->ArgName("n")->Arg(int64_t{1} << 24);
   for (auto* b : {pull, push, rmw, triad}) b->Threads(1)->Threads(2)->UseRealTime();
   return true;

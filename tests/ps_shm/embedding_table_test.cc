@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -626,6 +627,66 @@ TEST(EmbeddingTableTest, PushSumsEveryRepeatedIdsGradientsAtEveryRowLength) {
             ASSERT_NEAR(got[j], expect[id][j], 1e-5) << "dim " << dim << " grad rows " << with_grad_rows
                                                      << " batch " << n << " id " << id << " elem " << j;
           }
+        }
+      }
+    }
+  }
+}
+
+// The push's map places ids by the top bits of a multiply: ids with no low
+// bits, ids a power of two apart, and ids that all start at one entry
+// (multiples of the multiplier's inverse) are still summed id by id, in a
+// dynamic table (any 64-bit id), at a short row (every sum kept) and a long
+// one (only the repeats').
+TEST(EmbeddingTableTest, PushSumsRepeatedIdsWhateverTheirBits) {
+  // 2^64 / phi, FindEntry's multiplier, and its inverse mod 2^64 (Newton).
+  const uint64_t g = 0x9E3779B97F4A7C15ULL;
+  uint64_t inverse = g;
+  for (int i = 0; i < 6; ++i) inverse *= 2 - g * inverse;
+  ASSERT_EQ(g * inverse, 1u);
+  const std::vector<std::pair<const char*, std::function<uint64_t(uint64_t)>>> patterns = {
+      {"k << 40", [](uint64_t k) { return k << 40; }},
+      {"k << 58 | 5", [](uint64_t k) { return k << 58 | 5; }},
+      {"k * 4096", [](uint64_t k) { return k * 4096; }},
+      {"k * inverse", [inverse](uint64_t k) { return k * inverse; }},
+  };
+  for (int64_t dim : {1, 40}) {
+    for (const auto& [name, id_of] : patterns) {
+      const int64_t distinct = 60;
+      const EmbeddingTableOptions o = DynamicOptions(dim, 2 * distinct);
+      Region region(EmbeddingTable::BytesFor(o));
+      auto t = EmbeddingTable::Create(region.data(), region.size(), o);
+      ASSERT_TRUE(t.ok());
+      const OptimizerOptions opt = Optimizer(OptimizerType::kSgd);
+      std::mt19937_64 rng(static_cast<uint64_t>(dim));
+      EmbeddingTable::Scratch scratch;
+      std::map<uint64_t, std::vector<float>> expect;
+      for (int step = 0; step < 3; ++step) {
+        std::vector<uint64_t> ids(500);
+        for (uint64_t& id : ids) id = id_of(1 + rng() % distinct);
+        std::vector<float> grads(ids.size() * dim);
+        for (float& x : grads) x = std::uniform_real_distribution<float>(-1, 1)(rng);
+        for (size_t i = 0; i < ids.size(); ++i) {
+          // A dynamic row starts at its initial value on its first push.
+          auto [it, fresh] = expect.try_emplace(ids[i]);
+          if (fresh) it->second = Initial(o, ids[i]);
+        }
+        std::map<uint64_t, std::vector<float>> sums;
+        for (size_t i = 0; i < ids.size(); ++i) {
+          std::vector<float>& sum = sums[ids[i]];
+          sum.resize(dim, 0.0f);
+          for (int64_t j = 0; j < dim; ++j) sum[j] += grads[i * dim + j];
+        }
+        ASSERT_TRUE(t->Push(ids, grads.data(), opt, 0.5f, &scratch).ok()) << name;
+        for (const auto& [id, sum] : sums) {
+          for (int64_t j = 0; j < dim; ++j) expect[id][j] -= 0.5f * sum[j];
+        }
+      }
+      ASSERT_EQ(static_cast<int64_t>(expect.size()), distinct) << name;
+      for (const auto& [id, want] : expect) {
+        const std::vector<float> got = PullOne(*t, id);
+        for (int64_t j = 0; j < dim; ++j) {
+          ASSERT_NEAR(got[j], want[j], 1e-4) << name << " dim " << dim << " id " << id << " elem " << j;
         }
       }
     }
