@@ -19,6 +19,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -311,9 +312,16 @@ TEST(ShmStoreTables, RowAddressesAreTheStaticRowsUnderHogwildSgd) {
     std::vector<float> row49(kDim);
     ASSERT_TRUE(store->PullRows(0, {ids.data() + 3, 1}, row49.data(), PullMode::kReadOnly, &scratch).ok());
     EXPECT_EQ(row49[0], 123.0f);
-    // An out-of-range id is an error, as for PullRows.
-    const std::vector<uint64_t> bad = {3, 50};
-    EXPECT_EQ(store->RowAddresses(0, bad, addresses.data()).status().code(), absl::StatusCode::kInvalidArgument);
+    // An out-of-range id is an error, as for PullRows, naming the first
+    // (past the capacity by one, by 2^63, with the top bit alone, all ones).
+    const uint64_t top = uint64_t{1} << 63;
+    for (const auto& [bad, first] : std::vector<std::pair<std::vector<uint64_t>, uint64_t>>{
+             {{3, 50}, 50}, {{3, 49 + top, 60}, 49 + top}, {{top}, top}, {{7, ~uint64_t{0}, 50}, ~uint64_t{0}}}) {
+      const absl::StatusOr<RowsInPlace> r = store->RowAddresses(0, bad, addresses.data());
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << shards << " shards, first bad " << first;
+      EXPECT_NE(std::string(r.status().message()).find(absl::StrCat("id ", first, " is out of range")), std::string::npos)
+          << r.status();
+    }
     EXPECT_EQ(store->RowAddresses(1, ids, addresses.data()).status().code(), absl::StatusCode::kInvalidArgument);
   }
 }
