@@ -837,10 +837,8 @@ absl::Status EmbeddingTable::CheckIds(absl::Span<const uint64_t> ids) const {
   // ids at each pull and each push.
   uint64_t bad = 0;
   if (kind_ == EmbeddingKind::kStatic) {
-    // id >= capacity (<= 2^40) exactly where capacity - 1 - id wraps below
-    // zero or id has its top bit: the top bit of one or the other.
-    const uint64_t last = static_cast<uint64_t>(capacity_) - 1;
-    for (uint64_t id : ids) bad |= (last - id) | id;
+    const uint64_t last = static_cast<uint64_t>(capacity_) - 1;  // capacity <= 2^40
+    for (uint64_t id : ids) bad |= PastLastBits(id, last);
     if ((bad >> 63) == 0) return absl::OkStatus();
     for (uint64_t id : ids) {
       if (id >= static_cast<uint64_t>(capacity_)) {

@@ -431,6 +431,10 @@ class EmbeddingTable {
   float* StaticRowParams(uint64_t id) const {
     return reinterpret_cast<float*>(RowBlock(static_cast<int64_t>(id)));
   }
+  // A batch's range check without a branch an id: OR this over its ids,
+  // and the top bit is set exactly where some id is past `last` (< 2^63):
+  // last - id wraps below zero, or id has its top bit.
+  static constexpr uint64_t PastLastBits(uint64_t id, uint64_t last) { return (last - id) | id; }
   CapacityPolicy on_full() const { return on_full_; }
   int64_t dim() const { return dim_; }
   int64_t capacity() const { return capacity_; }

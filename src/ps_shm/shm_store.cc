@@ -1295,10 +1295,9 @@ absl::StatusOr<RowsInPlace> ShmParamStore::RowAddresses(int table, absl::Span<co
     }
     return absl::OkStatus();
   };
-  // id >= capacity (<= 2^40) exactly where capacity - 1 - id wraps below
-  // zero or id has its top bit: the top bit of one or the other. Tested
-  // without a branch (as EmbeddingTable::CheckIds), and only a batch that
-  // fails is searched for its first bad id.
+  // The ids are checked without a branch (EmbeddingTable::PastLastBits),
+  // and only a batch that fails is searched for its first bad id. The
+  // capacity is at most 2^52 (2^40 rows a shard).
   const uint64_t last = static_cast<uint64_t>(spec.capacity) - 1;
   const std::vector<EmbeddingTable>& shards = tables_[table];
   if (nshards == 1) {
@@ -1311,13 +1310,13 @@ absl::StatusOr<RowsInPlace> ShmParamStore::RowAddresses(int table, absl::Span<co
     uint64_t bad = 0;
     for (size_t i = 0; i < ids.size(); ++i) {
       const uint64_t id = ids[i];
-      bad |= (last - id) | id;
+      bad |= EmbeddingTable::PastLastBits(id, last);
       out[i] = reinterpret_cast<float*>(base + id * stride);
     }
     if ((bad >> 63) != 0) return out_of_range();
   } else {
     uint64_t bad = 0;
-    for (uint64_t id : ids) bad |= (last - id) | id;
+    for (uint64_t id : ids) bad |= EmbeddingTable::PastLastBits(id, last);
     if ((bad >> 63) != 0) return out_of_range();
     // (Every id checked below capacity above, so below 2^52.)
     const FixedDivisor& divisor = shard_divisor_;
