@@ -95,6 +95,13 @@ uint64_t LoadRelaxed(uint64_t* p) { return std::atomic_ref<uint64_t>(*p).load(st
 // Bytes of the row sequence words of a part holding `rows` rows (shard_format.h).
 uint64_t SeqBytes(int64_t rows) { return AlignUp(static_cast<uint64_t>(rows) * sizeof(uint32_t), 64); }
 
+// The error for a static table's id at or past its capacity: one wording
+// for pulls, pushes, row reads and RowAddresses.
+absl::Status StaticIdOutOfRange(const TableSpec& spec, uint64_t id) {
+  return absl::InvalidArgumentError(absl::StrCat("embedding table '", spec.name, "': id ", id,
+                                                 " is out of range for a static table of ", spec.capacity, " rows"));
+}
+
 }  // namespace
 
 absl::Status PullConvertingToBf16(absl::Span<const PullSlice> slices, const StoreLayout& layout,
@@ -1143,8 +1150,7 @@ absl::Status ShmParamStore::GroupIds(int table, absl::Span<const uint64_t> ids, 
   for (size_t i = 0; i < n; ++i) {
     const uint64_t id = ids[i];
     if (is_static && id >= capacity) {
-      return absl::InvalidArgumentError(absl::StrCat("embedding table '", spec.name, "': id ", id,
-                                                     " is out of range for a static table of ", spec.capacity, " rows"));
+      return StaticIdOutOfRange(spec, id);
     }
     if (!is_static && id == EmbeddingTable::kReservedId) {
       return absl::InvalidArgumentError(
@@ -1212,8 +1218,7 @@ absl::Status ShmParamStore::PullRows(int table, absl::Span<const uint64_t> ids, 
     // Validate every id first (nothing is copied on error), then read one by one.
     for (uint64_t id : ids) {
       if (spec.kind == EmbeddingKind::kStatic && id >= static_cast<uint64_t>(spec.capacity)) {
-        return absl::InvalidArgumentError(absl::StrCat("embedding table '", spec.name, "': id ", id,
-                                                       " is out of range for a static table of ", spec.capacity, " rows"));
+        return StaticIdOutOfRange(spec, id);
       }
       if (spec.kind == EmbeddingKind::kDynamic && id == EmbeddingTable::kReservedId) {
         return absl::InvalidArgumentError(
@@ -1287,11 +1292,7 @@ absl::StatusOr<RowsInPlace> ShmParamStore::RowAddresses(int table, absl::Span<co
   }
   auto out_of_range = [&]() -> absl::Status {
     for (uint64_t id : ids) {
-      if (id >= static_cast<uint64_t>(spec.capacity)) {
-        return absl::InvalidArgumentError(absl::StrCat("embedding table '", spec.name, "': id ", id,
-                                                       " is out of range for a static table of ", spec.capacity,
-                                                       " rows"));
-      }
+      if (id >= static_cast<uint64_t>(spec.capacity)) return StaticIdOutOfRange(spec, id);
     }
     return absl::OkStatus();
   };
@@ -1342,8 +1343,7 @@ absl::StatusOr<ShmParamStore::RowHome> ShmParamStore::HomeOf(int table, uint64_t
   const uint32_t nshards = static_cast<uint32_t>(layout_.num_shards);
   if (spec.kind == EmbeddingKind::kStatic) {
     if (id >= static_cast<uint64_t>(spec.capacity)) {
-      return absl::InvalidArgumentError(absl::StrCat("embedding table '", spec.name, "': id ", id,
-                                                     " is out of range for a static table of ", spec.capacity, " rows"));
+      return StaticIdOutOfRange(spec, id);
     }
     const int shard = static_cast<int>(id % nshards);
     if (!hosts(shard)) return NotHosted(table, id, shard, what);

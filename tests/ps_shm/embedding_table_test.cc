@@ -634,8 +634,8 @@ TEST(EmbeddingTableTest, PushSumsEveryRepeatedIdsGradientsAtEveryRowLength) {
 }
 
 // The push's map places ids by the top bits of a multiply: ids with no low
-// bits, ids a power of two apart, and ids that all start at one entry
-// (multiples of the multiplier's inverse) are still summed id by id, in a
+// bits, ids a power of two apart, and ids that all start at one entry (the
+// first or the last, so that the probes wrap) are still summed id by id, in a
 // dynamic table (any 64-bit id), at a short row (every sum kept) and a long
 // one (only the repeats').
 TEST(EmbeddingTableTest, PushSumsRepeatedIdsWhateverTheirBits) {
@@ -649,6 +649,9 @@ TEST(EmbeddingTableTest, PushSumsRepeatedIdsWhateverTheirBits) {
       {"k << 58 | 5", [](uint64_t k) { return k << 58 | 5; }},
       {"k * 4096", [](uint64_t k) { return k * 4096; }},
       {"k * inverse", [inverse](uint64_t k) { return k * inverse; }},
+      // id * multiplier = 2^64 - k: all start at the map's last entry and
+      // probe on past its end, from entry 0.
+      {"-k * inverse", [inverse](uint64_t k) { return (0 - k) * inverse; }},
   };
   for (int64_t dim : {1, 40}) {
     for (const auto& [name, id_of] : patterns) {
