@@ -358,7 +358,9 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
   // The training set packed once for every worker's loads (PackedRecords): a
   // record's ids in one block, not one list per field; IDX pixels as bytes.
   if (!job->workers_.empty() && !job->stream_) {
+    const auto pack_start = std::chrono::steady_clock::now();
     job->packed_train_ = job->workers_[0]->model().PackRecords(job->train_);
+    job->pack_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - pack_start).count();
     if (job->packed_train_) {
       for (auto& w : job->workers_) w->set_packed_records(&*job->packed_train_);
     }

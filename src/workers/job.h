@@ -146,6 +146,9 @@ class Job {
   // Seconds spent creating and initialising the local store in Create (0
   // with JobOptions::store).
   double store_setup_seconds() const { return store_setup_seconds_; }
+  // Seconds spent packing the training set for the workers' loads
+  // (Model::PackRecords) in Create; 0 where it is not packed.
+  double pack_seconds() const { return pack_seconds_; }
   // The step barrier of ps.update sync; nullptr in the other modes.
   SyncAggregator* sync() { return sync_.get(); }
 
@@ -164,6 +167,7 @@ class Job {
   std::optional<Dataset> test_;
   double data_load_seconds_ = 0;
   double store_setup_seconds_ = 0;
+  double pack_seconds_ = 0;
   dnnl::engine engine_;
   std::unique_ptr<ReplicatedStore> store_;  // null with JobOptions::store
   ParamStore* external_store_ = nullptr;    // JobOptions::store (not owned)

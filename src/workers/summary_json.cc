@@ -102,7 +102,11 @@ json PackedDataJson(Job& job) {
   if (p == nullptr || job.num_workers() == 0) return nullptr;
   const Model& model = job.worker(0).model();
   const uint64_t bytes = (p->words.size() + p->start.size()) * sizeof(uint64_t) + p->dense_bytes.size();
-  json j = {{"bytes", bytes}, {"records", p->records}, {"ids", p->has_ids()}, {"dense_bytes", p->has_dense_bytes()}};
+  json j = {{"bytes", bytes},
+            {"records", p->records},
+            {"ids", p->has_ids()},
+            {"dense_bytes", p->has_dense_bytes()},
+            {"seconds", job.pack_seconds()}};
   if (p->has_ids()) {
     j["layout"] = p->stride_words > 0 ? "slots" : "one_after_another";
     j["slot_bytes"] = p->stride_words * static_cast<int64_t>(sizeof(uint64_t));

@@ -252,6 +252,7 @@ TEST_F(SparseCliTest, StreamedTrainingIsExactReproducibleAndReusesItsCache) {
   // Records read whole are packed for the loads; streamed ones are not.
   EXPECT_EQ(jw["data"]["packed"]["ids"], true) << jw["data"].dump();
   EXPECT_EQ(jw["data"]["packed"]["records"], 4000);
+  EXPECT_GT(jw["data"]["packed"]["seconds"].get<double>(), 0.0) << jw["data"].dump();  // the time PackRecords took
   EXPECT_EQ(jw["data"]["packed"]["weights"].size(), 0u);  // DLRM's lookups are not weighted
   // Its 26 fields of one id or none and 13 dense values: the one-id layout,
   // 164 bytes a record in 192-byte slots, the dense values in them.

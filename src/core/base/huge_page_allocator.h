@@ -17,8 +17,11 @@
 #include <sys/mman.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <new>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace shardwild {
@@ -28,6 +31,21 @@ inline constexpr size_t kHugePageMinBytes = size_t{256} << 10;
 
 // Whether HugePageAllocator gives `bytes` whole, aligned 2 MiB pages.
 constexpr bool OnHugePages(size_t bytes) { return bytes >= kHugePageMinBytes; }
+
+// Marks the whole 2 MiB pages inside [p, p + bytes) MADV_HUGEPAGE, for a
+// block from another allocator (a std::vector's) that is about to be
+// written for the first time: where the kernel grants huge pages, that
+// first touch faults a 2 MiB page at a time instead of 4 KiB ones (on the
+// 2-core Zen 5 VM, where a first write to a page is slow, 256 MiB by one
+// thread: 0.70 s small, 0.38-0.42 s huge). A request only, as for
+// HugePageAllocator; the block's values and ownership are unchanged, and
+// its ends outside whole 2 MiB pages are left as they are.
+inline void AdviseHugePagesInside(void* p, size_t bytes) {
+  const auto begin = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t first = (begin + kHugePageBytes - 1) & ~uintptr_t{kHugePageBytes - 1};
+  const uintptr_t last = (begin + bytes) & ~uintptr_t{kHugePageBytes - 1};
+  if (p != nullptr && last > first) (void)madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+}
 
 template <typename T>
 struct HugePageAllocator {
@@ -67,5 +85,34 @@ struct HugePageAllocator {
 
 template <typename T>
 using HugePageVector = std::vector<T, HugePageAllocator<T>>;
+
+// HugePageAllocator whose vectors' resize(n) and vector(n) leave the new
+// elements default-initialised (indeterminate, for arithmetic T) rather than
+// zeroed: for an array whose every element is then written, in parts, each
+// by the thread that first touches it (PackedRecords' words, written by
+// Model::PackRecords on all cores). A value given (assign(n, v), resize(n,
+// v)) is still copied in.
+template <typename T>
+struct UninitHugePageAllocator : HugePageAllocator<T> {
+  using value_type = T;
+  template <typename U>
+  struct rebind {
+    using other = UninitHugePageAllocator<U>;
+  };
+  UninitHugePageAllocator() = default;
+  template <typename U>
+  explicit UninitHugePageAllocator(const UninitHugePageAllocator<U>&) noexcept {}
+  template <typename U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+
+template <typename T>
+using UninitHugePageVector = std::vector<T, UninitHugePageAllocator<T>>;
 
 }  // namespace shardwild

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cassert>
 #include <chrono>
@@ -16,6 +17,7 @@
 #include "core/model/hogwild_kernels.h"
 #include "core/model/sparse_layers.h"
 #include "core/base/cpu_features.h"
+#include "core/base/parallel_for.h"
 #include "core/base/prefetch.h"
 #include "core/base/random.h"
 #include "core/base/step_clock.h"
@@ -695,86 +697,113 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
     // PackedLayout.BlocksOfOneSizeGetTheFirstSlotThatHoldsThem).
     assert(!one_id || stride >= static_cast<int64_t>(one_id_words));
     p.stride_words = stride;
-    uint64_t at = 0;  // where the next block one after another (or past the slots) goes
-    if (stride == 0) {
-      p.start.resize(static_cast<size_t>(data.count) + 1);
-      p.words.assign(total_words + kIdSlack, 0);
-    } else {
-      at = static_cast<uint64_t>(data.count) * static_cast<uint64_t>(stride);
-      // kIdSlack words of padding after the last block (LoadPackedIds).
-      p.words.assign(at + WordsPastSlots(histogram, total_words, stride) + kIdSlack, 0);
-    }
-    for (int64_t r = 0; r < data.count; ++r) {
-      const uint64_t w = block_words(r);
-      uint64_t to = at;
-      if (stride == 0) {
-        p.start[r] = at;
-        at += w;
-      } else if (w <= static_cast<uint64_t>(stride)) {
-        to = static_cast<uint64_t>(r) * static_cast<uint64_t>(stride);
-      } else {
-        uint64_t* slot = p.words.data() + r * stride;  // (Slot(r) is read-only)
-        slot[0] = PackedRecords::kOverflowSlot;
-        slot[1] = at;
-        at += w;
-        ++p.overflow_blocks;
+    // The blocks are written on every hardware thread, a range of records
+    // each, every range's words (its slots, and its blocks one after
+    // another or past the slots) zeroed and written by the thread that
+    // first touches them (UninitHugePageVector): on the 2-core Zen 5 VM,
+    // where a first write to a page is slow, DLRM's 77 MB had been zeroed
+    // and written by one thread, 0.3 s before the first step. Each range
+    // first sums the words it puts one after another, so it knows where
+    // its own begin.
+    const uint64_t slot_words = static_cast<uint64_t>(data.count) * static_cast<uint64_t>(stride);
+    const uint64_t words_used =
+        stride == 0 ? total_words : slot_words + WordsPastSlots(histogram, total_words, stride);
+    if (stride == 0) p.start.resize(static_cast<size_t>(data.count) + 1);
+    // kIdSlack words of padding after the last block (LoadPackedIds).
+    p.words.resize(words_used + kIdSlack);
+    const int64_t ranges = (data.count + kPackRange - 1) / kPackRange;
+    std::vector<uint64_t> range_at(static_cast<size_t>(ranges) + 1, 0);  // where each range's blocks go
+    ParallelFor(0, ranges, [&](int64_t g) {
+      uint64_t after = 0;
+      for (int64_t r = g * kPackRange, e = std::min(r + kPackRange, data.count); r < e; ++r) {
+        const uint64_t w = block_words(r);
+        if (stride == 0 || w > static_cast<uint64_t>(stride)) after += w;
       }
-      char* head = reinterpret_cast<char*>(p.words.data() + to);
-      char* ids = head + p.head_words * sizeof(uint64_t);
-      if (one_id) {
-        // [mask, label][an id a bag][dense values] (PackedRecords).
-        uint32_t mask = 0;
+      range_at[static_cast<size_t>(g) + 1] = after;
+    });
+    range_at[0] = slot_words;
+    for (int64_t g = 0; g < ranges; ++g) range_at[static_cast<size_t>(g) + 1] += range_at[static_cast<size_t>(g)];
+    assert(range_at.back() == words_used);
+    std::vector<int64_t> range_overflow(static_cast<size_t>(ranges), 0);
+    ParallelFor(0, ranges, [&](int64_t g) {
+      const int64_t r0 = g * kPackRange, r1 = std::min(r0 + kPackRange, data.count);
+      uint64_t at = range_at[static_cast<size_t>(g)];  // where the range's next block one after another goes
+      std::fill(p.words.data() + at, p.words.data() + range_at[static_cast<size_t>(g) + 1], uint64_t{0});
+      if (stride > 0) std::fill(p.words.data() + r0 * stride, p.words.data() + r1 * stride, uint64_t{0});
+      for (int64_t r = r0; r < r1; ++r) {
+        const uint64_t w = block_words(r);
+        uint64_t to = at;
+        if (stride == 0) {
+          p.start[r] = at;
+          at += w;
+        } else if (w <= static_cast<uint64_t>(stride)) {
+          to = static_cast<uint64_t>(r) * static_cast<uint64_t>(stride);
+        } else {
+          uint64_t* slot = p.words.data() + r * stride;  // (Slot(r) is read-only)
+          slot[0] = PackedRecords::kOverflowSlot;
+          slot[1] = at;
+          at += w;
+          ++range_overflow[static_cast<size_t>(g)];
+        }
+        char* head = reinterpret_cast<char*>(p.words.data() + to);
+        char* ids = head + p.head_words * sizeof(uint64_t);
+        if (one_id) {
+          // [mask, label][an id a bag][dense values] (PackedRecords).
+          uint32_t mask = 0;
+          for (size_t k = 0; k < nb; ++k) {
+            const size_t l = bags[k];
+            const SparseField& f = data.fields[spec_.lookups[l].data_field];
+            if (f.size(r) == 0) continue;
+            mask |= uint32_t{1} << k;
+            const uint32_t id = static_cast<uint32_t>(StoreId(f.ids[f.offsets[r]], static_rows_[l]));
+            std::memcpy(ids + k * sizeof(uint32_t), &id, sizeof(id));
+          }
+          std::memcpy(head, &mask, sizeof(mask));
+          std::memcpy(head + sizeof(mask), &data.labels[r], sizeof(int32_t));
+          if (dense_dim_ > 0) {
+            std::memcpy(ids + nb * sizeof(uint32_t), data.dense.data() + r * dense_dim_, dense_dim_ * sizeof(float));
+          }
+          continue;
+        }
         for (size_t k = 0; k < nb; ++k) {
           const size_t l = bags[k];
           const SparseField& f = data.fields[spec_.lookups[l].data_field];
-          if (f.size(r) == 0) continue;
-          mask |= uint32_t{1} << k;
-          const uint32_t id = static_cast<uint32_t>(StoreId(f.ids[f.offsets[r]], static_rows_[l]));
-          std::memcpy(ids + k * sizeof(uint32_t), &id, sizeof(id));
-        }
-        std::memcpy(head, &mask, sizeof(mask));
-        std::memcpy(head + sizeof(mask), &data.labels[r], sizeof(int32_t));
-        if (dense_dim_ > 0) {
-          std::memcpy(ids + nb * sizeof(uint32_t), data.dense.data() + r * dense_dim_, dense_dim_ * sizeof(float));
-        }
-        continue;
-      }
-      for (size_t k = 0; k < nb; ++k) {
-        const size_t l = bags[k];
-        const SparseField& f = data.fields[spec_.lookups[l].data_field];
-        const int64_t b = f.offsets[r], e = f.offsets[r + 1];
-        const uint32_t c = static_cast<uint32_t>(e - b);
-        std::memcpy(head + k * sizeof(uint32_t), &c, sizeof(c));
-        const PackedRecords::WeightCode& code = p.weight_codes[k];
-        for (int64_t i = b; i < e; ++i) {
-          const uint64_t id = StoreId(f.ids[i], static_rows_[l]);
-          if (code.coded()) {
-            const uint32_t word = code.Word(static_cast<uint32_t>(id), f.weights[i]);
-            std::memcpy(ids, &word, sizeof(word));
-          } else if (p.narrow_ids) {
-            const uint32_t narrow = static_cast<uint32_t>(id);
-            std::memcpy(ids, &narrow, sizeof(narrow));
-          } else {
-            std::memcpy(ids, &id, sizeof(id));
+          const int64_t b = f.offsets[r], e = f.offsets[r + 1];
+          const uint32_t c = static_cast<uint32_t>(e - b);
+          std::memcpy(head + k * sizeof(uint32_t), &c, sizeof(c));
+          const PackedRecords::WeightCode& code = p.weight_codes[k];
+          for (int64_t i = b; i < e; ++i) {
+            const uint64_t id = StoreId(f.ids[i], static_rows_[l]);
+            if (code.coded()) {
+              const uint32_t word = code.Word(static_cast<uint32_t>(id), f.weights[i]);
+              std::memcpy(ids, &word, sizeof(word));
+            } else if (p.narrow_ids) {
+              const uint32_t narrow = static_cast<uint32_t>(id);
+              std::memcpy(ids, &narrow, sizeof(narrow));
+            } else {
+              std::memcpy(ids, &id, sizeof(id));
+            }
+            ids += id_bytes;
           }
-          ids += id_bytes;
+          if (p.weighted[k] && !code.coded() && c > 0) {
+            std::memcpy(ids, f.weights.data() + b, c * sizeof(float));
+            ids += c * sizeof(float);
+          }
         }
-        if (p.weighted[k] && !code.coded() && c > 0) {
-          std::memcpy(ids, f.weights.data() + b, c * sizeof(float));
-          ids += c * sizeof(float);
+        if (p.inline_label) {
+          uint32_t label = 0;
+          if (regression) {
+            std::memcpy(&label, &data.targets[r], sizeof(label));
+          } else {
+            std::memcpy(&label, &data.labels[r], sizeof(label));
+          }
+          std::memcpy(head + nb * sizeof(uint32_t), &label, sizeof(label));
         }
       }
-      if (p.inline_label) {
-        uint32_t label = 0;
-        if (regression) {
-          std::memcpy(&label, &data.targets[r], sizeof(label));
-        } else {
-          std::memcpy(&label, &data.labels[r], sizeof(label));
-        }
-        std::memcpy(head + nb * sizeof(uint32_t), &label, sizeof(label));
-      }
-    }
-    if (stride == 0) p.start[data.count] = at;
+    });
+    std::fill(p.words.data() + words_used, p.words.data() + p.words.size(), uint64_t{0});
+    for (const int64_t n : range_overflow) p.overflow_blocks += n;
+    if (stride == 0) p.start[data.count] = words_used;
     // What a record's prefetch asks for (PrefetchRecord): its slot, whose
     // lines are all a prefetch a step ahead can know of (a block after the
     // slots is found only when the slot is read), else its block. Counting
@@ -801,16 +830,26 @@ std::optional<PackedRecords> Model::PackRecords(const Dataset& data, int64_t str
   // by value, so the loads give back the same floats), and not where the
   // blocks hold the dense values.
   if (nd > 0 && data.dense.size() == nd && !p.dense_in_block()) {
-    HugePageVector<uint8_t> bytes(nd);
-    bool exact = true;
-    for (size_t i = 0; i < nd && exact; ++i) {
-      const float v = data.dense[i];
-      const float k = std::nearbyint(v * 255.0f);
-      exact = k >= 0.0f && k <= 255.0f && static_cast<float>(static_cast<uint8_t>(k)) / 255.0f == v &&
-              !std::signbit(v);
-      bytes[i] = exact ? static_cast<uint8_t>(k) : 0;
-    }
-    if (exact) p.dense_bytes = std::move(bytes);
+    // In parts on every hardware thread, as the blocks above; the first
+    // value that is not exact stops them all.
+    UninitHugePageVector<uint8_t> bytes(nd);
+    std::atomic<bool> exact{true};
+    constexpr size_t kPart = kPackDenseBytes;
+    ParallelFor(0, static_cast<int64_t>((nd + kPart - 1) / kPart), [&](int64_t g) {
+      if (!exact.load(std::memory_order_relaxed)) return;
+      const size_t b = static_cast<size_t>(g) * kPart, e = std::min(b + kPart, nd);
+      for (size_t i = b; i < e; ++i) {
+        const float v = data.dense[i];
+        const float k = std::nearbyint(v * 255.0f);
+        if (!(k >= 0.0f && k <= 255.0f && static_cast<float>(static_cast<uint8_t>(k)) / 255.0f == v &&
+              !std::signbit(v))) {
+          exact.store(false, std::memory_order_relaxed);
+          return;
+        }
+        bytes[i] = static_cast<uint8_t>(k);
+      }
+    });
+    if (exact.load(std::memory_order_relaxed)) p.dense_bytes = std::move(bytes);
   }
   if (!p.has_ids() && !p.has_dense_bytes()) return std::nullopt;
   return p;

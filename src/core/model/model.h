@@ -121,8 +121,8 @@ struct PackedRecords {
   // After the last block, Model::kIdSlack words of padding. `words` is
   // empty when the ids are not packed.
   static constexpr uint64_t kOverflowSlot = ~uint64_t{0};
-  HugePageVector<uint64_t> start;  // [records + 1] when stride_words == 0, else empty
-  HugePageVector<uint64_t> words;
+  UninitHugePageVector<uint64_t> start;  // [records + 1] when stride_words == 0, else empty
+  UninitHugePageVector<uint64_t> words;
   int64_t stride_words = 0;
   // Blocks after the slots (stride_words > 0): LoadBatch looks for them only
   // where there are some.
@@ -202,7 +202,7 @@ struct PackedRecords {
   int64_t records = 0;
   // [records x dense_dim] bytes k with dense value k / 255.0f; empty when
   // the dense values are not all of that form.
-  HugePageVector<uint8_t> dense_bytes;
+  UninitHugePageVector<uint8_t> dense_bytes;
 
   bool has_ids() const { return !words.empty(); }
   bool has_dense_bytes() const { return !dense_bytes.empty(); }
@@ -375,8 +375,12 @@ class Model {
   // which must have the shape the model was made for. `stride_bytes`: the
   // blocks' layout, kAutoStride (ChooseStrideWords), 0 (one after the other, with start words) or slots
   // of that many bytes (whole words, from 16 to 8 * kMaxStrideWords: the
-  // tests' and benchmarks' way to pick one).
+  // tests' and benchmarks' way to pick one). The blocks are written on
+  // every hardware thread, kPackRange records at a time; the dense bytes
+  // kPackDenseBytes at a time.
   static constexpr int64_t kAutoStride = -1;
+  static constexpr int64_t kPackRange = 4096;
+  static constexpr size_t kPackDenseBytes = size_t{1} << 16;
   std::optional<PackedRecords> PackRecords(const Dataset& data, int64_t stride_bytes = kAutoStride) const;
   // The slot stride (in words) whose loads touch the fewest cache lines for
   // blocks of these sizes (words_histogram[w]: how many blocks are w words,

@@ -1067,6 +1067,72 @@ TEST_F(ModelTest, DenseBytesLoadAsTheSameFloats) {
   }
 }
 
+// PackRecords writes its blocks kPackRange records at a time, on every
+// hardware thread, each range placing its blocks one after another (or
+// past the slots) after the ranges before it: more records than two
+// ranges, in every layout (blocks past 64- and 128-byte slots included,
+// and the one-id layout), load as from the fields, the records on either
+// side of each range's edge and the last one included.
+TEST_F(ModelTest, PackedRecordsOfSeveralRangesLoadAsTheFieldsDo) {
+  constexpr int64_t kRange = Model::kPackRange;
+  const int64_t count = 2 * kRange + 1000;
+  std::vector<std::vector<int32_t>> batches = SpreadBatches(count, 6, 1237);
+  for (const int64_t edge : {kRange, 2 * kRange}) {
+    batches.push_back({static_cast<int32_t>(edge - 1), static_cast<int32_t>(edge), static_cast<int32_t>(edge + 1),
+                       static_cast<int32_t>(edge - 2), 0, static_cast<int32_t>(count - 1)});
+  }
+  const Dataset d = SmallData(count, 2, 3, false, 23, /*max_b=*/13);
+  const ModelOptions opts = SmallOptions(Interaction::kConcat, HeadType::kSoftmax, 3, false, true);
+  EXPECT_TRUE(ExpectPackedLoadsAsFields(opts, d, /*batch=*/6, /*outputs=*/3, batches).has_value());
+  for (int64_t stride : {64, 128}) {
+    EXPECT_GT(overflowing_[stride], count / 10) << stride;  // past the slots, from every range
+    EXPECT_LT(overflowing_[stride], count) << stride;
+  }
+  ModelOptions one_id = SmallOptions(Interaction::kConcat, HeadType::kBinary, 1, /*wide=*/true, /*bottom=*/true);
+  one_id.tables[1].dynamic = false;
+  const std::optional<PackedRecords> packed =
+      ExpectPackedLoadsAsFields(one_id, OneIdData(count, 2, 2, 29, /*missing=*/4), 6, 1, batches);
+  ASSERT_TRUE(packed.has_value());
+  EXPECT_EQ(packed->slot_load, PackedRecords::SlotLoad::kOneIdBags);
+}
+
+// The dense bytes are checked and written kPackDenseBytes values at a
+// time, on every hardware thread: values over several parts pack and load
+// as the very same floats, and one value off the grid in any part (the
+// last one included) leaves them all as floats.
+TEST_F(ModelTest, DenseBytesOfSeveralPartsAreCheckedInEveryPart) {
+  Dataset d;
+  d.dense_dim = 37;
+  d.count = static_cast<int64_t>(2 * Model::kPackDenseBytes) / d.dense_dim + 5;
+  d.num_classes = 2;
+  for (int64_t i = 0; i < d.count * d.dense_dim; ++i) d.dense.push_back(static_cast<float>((i * 37) % 256) / 255.0f);
+  for (int64_t r = 0; r < d.count; ++r) d.labels.push_back(static_cast<int32_t>(r % 2));
+  ModelOptions m;
+  m.head = HeadType::kSoftmax;
+  m.layers = {{"dense", 2, Activation::kNone}};
+  const std::unique_ptr<Model> packed_model = Make(m, d, 4), plain_model = Make(m, d, 4);
+  ASSERT_TRUE(packed_model && plain_model);
+  const std::optional<PackedRecords> packed = packed_model->PackRecords(d);
+  ASSERT_TRUE(packed.has_value());
+  ASSERT_TRUE(packed->has_dense_bytes());
+  const int32_t last = static_cast<int32_t>(d.count - 1);
+  const int32_t records[] = {last, 0, static_cast<int32_t>(Model::kPackDenseBytes / 37), last - 1};
+  packed_model->LoadBatch(d, records, 4, &*packed);
+  plain_model->LoadBatch(d, records, 4);
+  for (Model* x : {packed_model.get(), plain_model.get()}) {
+    for (int k = 0; k < x->num_variables(); ++k) std::fill(x->params(k), x->params(k) + x->variable(k).size(), 0.25f);
+    x->Forward(false, stream_);
+  }
+  for (int i = 0; i < 4 * 2; ++i) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(packed_model->logits()[i]), std::bit_cast<uint32_t>(plain_model->logits()[i]));
+  }
+  for (size_t at : {size_t{3}, Model::kPackDenseBytes + 1, d.dense.size() - 1}) {
+    Dataset off = d;
+    off.dense[at] = 0.3f;
+    EXPECT_FALSE(packed_model->PackRecords(off).has_value()) << at;
+  }
+}
+
 // (interaction, head, wide, bottom)
 using GradParam = std::tuple<Interaction, HeadType, bool, bool>;
 
