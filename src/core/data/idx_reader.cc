@@ -21,6 +21,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "core/base/huge_page_allocator.h"
+#include "core/base/parallel_for.h"
 #include "core/base/status.h"
 
 namespace shardwild {
@@ -259,14 +261,21 @@ absl::StatusOr<Dataset> LoadIdxImageDataset(const std::string& prefix,
   dataset.dense_dim = features;
 
   const size_t num_values = static_cast<size_t>(dataset.count * features);
+  // Four times the image bytes (Fashion-MNIST's training set: 188 MB), on
+  // huge pages where the kernel grants them, so that the resize's first
+  // touch faults 2 MiB at a time, then converted on every hardware thread.
+  dataset.dense.reserve(num_values);
+  AdviseHugePagesInside(dataset.dense.data(), num_values * sizeof(float));
   dataset.dense.resize(num_values);
   const uint8_t* src = images.data.data();
   float* dst = dataset.dense.data();
   // Division (not multiplication by 1/255) keeps 255 -> exactly 1.0f; the loop
   // is simple enough for the compiler to vectorise.
-  for (size_t i = 0; i < num_values; ++i) {
-    dst[i] = static_cast<float>(src[i]) / 255.0f;
-  }
+  constexpr size_t kPart = size_t{1} << 20;  // values
+  ParallelFor(0, static_cast<int64_t>((num_values + kPart - 1) / kPart), [&](int64_t g) {
+    const size_t begin = static_cast<size_t>(g) * kPart, end = std::min(begin + kPart, num_values);
+    for (size_t i = begin; i < end; ++i) dst[i] = static_cast<float>(src[i]) / 255.0f;
+  });
 
   // The class count comes from every label in the file, so that keeping a
   // prefix of the records does not change the shape of the model.

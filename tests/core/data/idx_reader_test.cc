@@ -292,6 +292,26 @@ TEST_F(LoadIdxImageDatasetTest, ScalesPixelsToUnitInterval) {
   EXPECT_EQ(ds->num_classes, 4);
 }
 
+// The pixels are scaled on every hardware thread, 2^20 values a part:
+// more values than one part, and a prefix of the records that ends inside
+// the second part, each give every pixel exactly as p / 255.0f.
+TEST_F(LoadIdxImageDatasetTest, ScalesEveryPartOfALargeSet) {
+  constexpr uint32_t kImages = 1100, kSide = 32;  // 1,126,400 values
+  std::vector<uint8_t> pixels(size_t{kImages} * kSide * kSide);
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<uint8_t>((i * 131 + i / 977) % 256);
+  const std::vector<uint8_t> labels(kImages, 2);
+  const std::string prefix = WriteDataset("large", kImages, kSide, kSide, pixels, labels);
+  for (const int64_t max_records : {int64_t{0}, int64_t{1050}}) {
+    absl::StatusOr<Dataset> ds = LoadIdxImageDataset(prefix, 0, max_records);
+    ASSERT_TRUE(ds.ok()) << ds.status();
+    const size_t values = static_cast<size_t>(max_records > 0 ? max_records : kImages) * kSide * kSide;
+    ASSERT_EQ(ds->dense.size(), values);
+    size_t wrong = 0;
+    for (size_t i = 0; i < values; ++i) wrong += ds->dense[i] != static_cast<float>(pixels[i]) / 255.0f;
+    EXPECT_EQ(wrong, 0u) << max_records;
+  }
+}
+
 TEST_F(LoadIdxImageDatasetTest, MaxRecordsKeepsTheFirstRecords) {
   const std::vector<uint8_t> pixels = Ramp(5 * 3 * 2);
   const std::string prefix =
