@@ -1029,41 +1029,53 @@ TEST_F(ModelTest, AWeightedFieldWithoutWeightsWeighsEachIdOne) {
 }
 
 // Dense values that are all k / 255.0f (IDX pixels) pack as bytes and load
-// as the very same floats; other values are not packed.
+// as the very same floats; other values are not packed. The bytes are
+// checked and written kPackDenseBytes values at a time, on every hardware
+// thread: a set of 9 records, and one of several parts, whose records on
+// either side of the first part's edge and whose last are loaded; one value
+// off the grid (or negative zero) in any part, the last value included,
+// leaves them all as floats.
 TEST_F(ModelTest, DenseBytesLoadAsTheSameFloats) {
-  Dataset d;
-  d.count = 9;
-  d.dense_dim = 37;  // not a multiple of any vector width
-  d.num_classes = 2;
-  for (int64_t i = 0; i < d.count * d.dense_dim; ++i) d.dense.push_back(static_cast<float>((i * 37) % 256) / 255.0f);
-  for (int64_t r = 0; r < d.count; ++r) d.labels.push_back(static_cast<int32_t>(r % 2));
-  ModelOptions m;
-  m.head = HeadType::kSoftmax;
-  m.layers = {{"dense", 2, Activation::kNone}};
-  auto packed_model = Model::Create(m, DataShape::Of(d), /*batch=*/4, engine_, 1);
-  auto plain_model = Model::Create(m, DataShape::Of(d), /*batch=*/4, engine_, 1);
-  ASSERT_TRUE(packed_model.ok()) << packed_model.status();
-  ASSERT_TRUE(plain_model.ok()) << plain_model.status();
-  const std::optional<PackedRecords> packed = (*packed_model)->PackRecords(d);
-  ASSERT_TRUE(packed.has_value());
-  EXPECT_TRUE(packed->has_dense_bytes());
-  EXPECT_FALSE(packed->has_ids());
-  const int32_t records[] = {8, 0, 3, 3};
-  (*packed_model)->LoadBatch(d, records, 4, &*packed);
-  (*plain_model)->LoadBatch(d, records, 4);
-  for (int v = 0; v < 2; ++v) {
-    Model& x = v == 0 ? **packed_model : **plain_model;
-    for (int k = 0; k < x.num_variables(); ++k) std::fill(x.params(k), x.params(k) + x.variable(k).size(), 0.25f);
-    x.Forward(false, stream_);
-  }
-  for (int i = 0; i < 4 * 2; ++i) {
-    EXPECT_EQ(std::bit_cast<uint32_t>((*packed_model)->logits()[i]), std::bit_cast<uint32_t>((*plain_model)->logits()[i]));
-  }
-  // One value off the grid (or negative zero) and the floats stay as they are.
-  for (float bad : {0.3f, -0.0f, 2.0f}) {
-    Dataset off = d;
-    off.dense[40] = bad;
-    EXPECT_FALSE((*packed_model)->PackRecords(off).has_value()) << bad;
+  constexpr int64_t kDim = 37;  // not a multiple of any vector width
+  constexpr int32_t kPartRecord = static_cast<int32_t>(Model::kPackDenseBytes / kDim);  // spans the first edge
+  for (const int64_t count : {int64_t{9}, static_cast<int64_t>(2 * Model::kPackDenseBytes) / kDim + 5}) {
+    Dataset d;
+    d.count = count;
+    d.dense_dim = kDim;
+    d.num_classes = 2;
+    for (int64_t i = 0; i < d.count * d.dense_dim; ++i) d.dense.push_back(static_cast<float>((i * 37) % 256) / 255.0f);
+    for (int64_t r = 0; r < d.count; ++r) d.labels.push_back(static_cast<int32_t>(r % 2));
+    ModelOptions m;
+    m.head = HeadType::kSoftmax;
+    m.layers = {{"dense", 2, Activation::kNone}};
+    const std::unique_ptr<Model> packed_model = Make(m, d, 4), plain_model = Make(m, d, 4);
+    ASSERT_TRUE(packed_model && plain_model);
+    const std::optional<PackedRecords> packed = packed_model->PackRecords(d);
+    ASSERT_TRUE(packed.has_value()) << count;
+    EXPECT_TRUE(packed->has_dense_bytes()) << count;
+    EXPECT_FALSE(packed->has_ids()) << count;
+    const int32_t last = static_cast<int32_t>(count - 1);
+    const std::vector<int32_t> records =
+        count > kPartRecord ? std::vector<int32_t>{last, 0, kPartRecord, kPartRecord + 1} : std::vector<int32_t>{8, 0, 3, 3};
+    packed_model->LoadBatch(d, records.data(), 4, &*packed);
+    plain_model->LoadBatch(d, records.data(), 4);
+    for (Model* x : {packed_model.get(), plain_model.get()}) {
+      for (int k = 0; k < x->num_variables(); ++k) std::fill(x->params(k), x->params(k) + x->variable(k).size(), 0.25f);
+      x->Forward(false, stream_);
+    }
+    for (int i = 0; i < 4 * 2; ++i) {
+      EXPECT_EQ(std::bit_cast<uint32_t>(packed_model->logits()[i]), std::bit_cast<uint32_t>(plain_model->logits()[i]))
+          << count;
+    }
+    std::vector<size_t> off_at = {40, d.dense.size() - 1};
+    if (count > kPartRecord) off_at.push_back(Model::kPackDenseBytes + 1);
+    for (const size_t at : off_at) {
+      for (float bad : {0.3f, -0.0f, 2.0f}) {
+        Dataset off = d;
+        off.dense[at] = bad;
+        EXPECT_FALSE(packed_model->PackRecords(off).has_value()) << count << " " << at << " " << bad;
+      }
+    }
   }
 }
 
@@ -1094,43 +1106,6 @@ TEST_F(ModelTest, PackedRecordsOfSeveralRangesLoadAsTheFieldsDo) {
       ExpectPackedLoadsAsFields(one_id, OneIdData(count, 2, 2, 29, /*missing=*/4), 6, 1, batches);
   ASSERT_TRUE(packed.has_value());
   EXPECT_EQ(packed->slot_load, PackedRecords::SlotLoad::kOneIdBags);
-}
-
-// The dense bytes are checked and written kPackDenseBytes values at a
-// time, on every hardware thread: values over several parts pack and load
-// as the very same floats, and one value off the grid in any part (the
-// last one included) leaves them all as floats.
-TEST_F(ModelTest, DenseBytesOfSeveralPartsAreCheckedInEveryPart) {
-  Dataset d;
-  d.dense_dim = 37;
-  d.count = static_cast<int64_t>(2 * Model::kPackDenseBytes) / d.dense_dim + 5;
-  d.num_classes = 2;
-  for (int64_t i = 0; i < d.count * d.dense_dim; ++i) d.dense.push_back(static_cast<float>((i * 37) % 256) / 255.0f);
-  for (int64_t r = 0; r < d.count; ++r) d.labels.push_back(static_cast<int32_t>(r % 2));
-  ModelOptions m;
-  m.head = HeadType::kSoftmax;
-  m.layers = {{"dense", 2, Activation::kNone}};
-  const std::unique_ptr<Model> packed_model = Make(m, d, 4), plain_model = Make(m, d, 4);
-  ASSERT_TRUE(packed_model && plain_model);
-  const std::optional<PackedRecords> packed = packed_model->PackRecords(d);
-  ASSERT_TRUE(packed.has_value());
-  ASSERT_TRUE(packed->has_dense_bytes());
-  const int32_t last = static_cast<int32_t>(d.count - 1);
-  const int32_t records[] = {last, 0, static_cast<int32_t>(Model::kPackDenseBytes / 37), last - 1};
-  packed_model->LoadBatch(d, records, 4, &*packed);
-  plain_model->LoadBatch(d, records, 4);
-  for (Model* x : {packed_model.get(), plain_model.get()}) {
-    for (int k = 0; k < x->num_variables(); ++k) std::fill(x->params(k), x->params(k) + x->variable(k).size(), 0.25f);
-    x->Forward(false, stream_);
-  }
-  for (int i = 0; i < 4 * 2; ++i) {
-    EXPECT_EQ(std::bit_cast<uint32_t>(packed_model->logits()[i]), std::bit_cast<uint32_t>(plain_model->logits()[i]));
-  }
-  for (size_t at : {size_t{3}, Model::kPackDenseBytes + 1, d.dense.size() - 1}) {
-    Dataset off = d;
-    off.dense[at] = 0.3f;
-    EXPECT_FALSE(packed_model->PackRecords(off).has_value()) << at;
-  }
 }
 
 // (interaction, head, wide, bottom)
