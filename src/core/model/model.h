@@ -371,8 +371,9 @@ class Model {
   int64_t RecordsPerPrefetchBurst(const PackedRecords* packed, int64_t burst_lines) const;
   // `data` packed for this model (PackedRecords): the ids (and weights)
   // where there are lookups, the dense bytes where every value is
-  // k / 255.0f. nullopt when neither part applies. Two passes over `data`,
-  // which must have the shape the model was made for. `stride_bytes`: the
+  // k / 255.0f. nullopt when neither part applies. Three passes over
+  // `data` (the blocks' sizes; each range's words; the blocks), which must
+  // have the shape the model was made for. `stride_bytes`: the
   // blocks' layout, kAutoStride (ChooseStrideWords), 0 (one after the other, with start words) or slots
   // of that many bytes (whole words, from 16 to 8 * kMaxStrideWords: the
   // tests' and benchmarks' way to pick one). The blocks are written on
