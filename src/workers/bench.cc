@@ -457,6 +457,7 @@ absl::StatusOr<BenchReport> RunBench(Job& job, const std::function<uint64_t()>& 
   r.prefetch_burst_configured = cfg.data.prefetch_burst_lines > 0;
   if (!r.prefetch_burst_configured) r.prefetch_burst = MachinePrefetchBurst();
   r.data_load_s = job.data_load_seconds();
+  r.data_pack_s = job.pack_seconds();
   r.data_records = job.train().count;
   if (job.train().tokens > 0 && job.train().count > 0) {
     r.tokens_per_s_per_worker =
@@ -561,8 +562,10 @@ std::string FormatBenchReport(const BenchReport& r) {
   } else {
     absl::StrAppendFormat(&s, "prefetch bursts: %d lines (not measured on this machine)\n", r.prefetch_burst_lines);
   }
-  absl::StrAppendFormat(&s, "data: read and parsed %d records in %.2f s before training (%.0f records/s)\n",
+  absl::StrAppendFormat(&s, "data: read and parsed %d records in %.2f s before training (%.0f records/s)",
                         r.data_records, r.data_load_s, r.data_load_s > 0 ? r.data_records / r.data_load_s : 0.0);
+  if (r.data_pack_s > 0) absl::StrAppendFormat(&s, ", packed for the workers' loads in %.2f s", r.data_pack_s);
+  s += "\n";
   if (r.rows_per_s > 0) {
     const std::string bound_how =
         r.bound_slices > 1

@@ -167,6 +167,9 @@ struct BenchReport {
   // Reading and parsing the training data when the job was built (before
   // the timed steps), for the phase comparison.
   double data_load_s = 0;
+  // Seconds spent packing the training set for the workers' loads
+  // (Job::pack_seconds); 0 where it is not packed.
+  double data_pack_s = 0;
   int64_t data_records = 0;
   // A store reached over the network (a cluster's worker task): bytes of
   // the pull and push messages per timed step of one worker (sent and

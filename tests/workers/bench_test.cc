@@ -320,6 +320,20 @@ TEST(BenchTest, PushAndHandoffLinesOnlyWhereMeasured) {
       << FormatBenchReport(r);
 }
 
+// The data line says how long the data took to read before training, and
+// to pack where it was packed.
+TEST(BenchTest, DataLineNamesThePackingWhereThereWasOne) {
+  BenchReport r;
+  r.data_records = 1000;
+  r.data_load_s = 0.5;
+  EXPECT_NE(FormatBenchReport(r).find("data: read and parsed 1000 records in 0.50 s before training (2000 records/s)\n"),
+            std::string::npos)
+      << FormatBenchReport(r);
+  r.data_pack_s = 0.25;
+  EXPECT_NE(FormatBenchReport(r).find("(2000 records/s), packed for the workers' loads in 0.25 s\n"), std::string::npos)
+      << FormatBenchReport(r);
+}
+
 // The dense push's bound runs every optimizer, with an f32 or a bf16 copy,
 // on every pool thread; a push of nothing is an error.
 TEST(BenchTest, DensePushBound) {
