@@ -32,19 +32,25 @@ inline constexpr size_t kHugePageMinBytes = size_t{256} << 10;
 // Whether HugePageAllocator gives `bytes` whole, aligned 2 MiB pages.
 constexpr bool OnHugePages(size_t bytes) { return bytes >= kHugePageMinBytes; }
 
-// Marks the whole 2 MiB pages inside [p, p + bytes) MADV_HUGEPAGE, for a
-// block from another allocator (a std::vector's) that is about to be
-// written for the first time: where the kernel grants huge pages, that
-// first touch faults a 2 MiB page at a time instead of 4 KiB ones (on the
-// 2-core Zen 5 VM, where a first write to a page is slow, 256 MiB by one
-// thread: 0.70 s small, 0.38-0.42 s huge). A request only, as for
-// HugePageAllocator; the block's values and ownership are unchanged, and
-// its ends outside whole 2 MiB pages are left as they are.
-inline void AdviseHugePagesInside(void* p, size_t bytes) {
-  const auto begin = reinterpret_cast<uintptr_t>(p);
+// *v replaced by n value-initialised elements in a block whose whole 2 MiB
+// pages are marked MADV_HUGEPAGE before the resize first writes them, for a
+// std::vector (whose allocator cannot be HugePageAllocator) about to be
+// written whole: where the kernel grants huge pages, that first touch
+// faults 2 MiB at a time instead of 4 KiB (on the 2-core Zen 5 VM, where a
+// first write to a page is slow, 256 MiB by one thread: 0.70 s small,
+// 0.38-0.42 s huge). A request only, as for HugePageAllocator; the block's
+// ends outside whole 2 MiB pages stay small.
+template <typename T>
+void ResetOnHugePages(std::vector<T>* v, size_t n) {
+  v->clear();
+  v->reserve(n);
+  const auto begin = reinterpret_cast<uintptr_t>(v->data());
   const uintptr_t first = (begin + kHugePageBytes - 1) & ~uintptr_t{kHugePageBytes - 1};
-  const uintptr_t last = (begin + bytes) & ~uintptr_t{kHugePageBytes - 1};
-  if (p != nullptr && last > first) (void)madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+  const uintptr_t last = (begin + n * sizeof(T)) & ~uintptr_t{kHugePageBytes - 1};
+  if (v->data() != nullptr && last > first) {
+    (void)madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+  }
+  v->resize(n);
 }
 
 template <typename T>

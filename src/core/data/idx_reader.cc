@@ -264,9 +264,7 @@ absl::StatusOr<Dataset> LoadIdxImageDataset(const std::string& prefix,
   // Four times the image bytes (Fashion-MNIST's training set: 188 MB), on
   // huge pages where the kernel grants them, so that the resize's first
   // touch faults 2 MiB at a time, then converted on every hardware thread.
-  dataset.dense.reserve(num_values);
-  AdviseHugePagesInside(dataset.dense.data(), num_values * sizeof(float));
-  dataset.dense.resize(num_values);
+  ResetOnHugePages(&dataset.dense, num_values);
   const uint8_t* src = images.data.data();
   float* dst = dataset.dense.data();
   // Division (not multiplication by 1/255) keeps 255 -> exactly 1.0f; the loop

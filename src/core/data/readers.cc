@@ -955,15 +955,11 @@ class Writer {
   std::string out;
 };
 
-// `n` values of T from `from` (any alignment) into *v, replacing it. The
-// block is reserved first and advised onto huge pages (AdviseHugePagesInside), so
-// the resize's first touch of a large array faults 2 MiB at a time.
+// `n` values of T from `from` (any alignment) into *v, replacing it, on
+// huge pages where they are granted (ResetOnHugePages).
 template <typename T>
 void CopyArray(const char* from, uint64_t n, std::vector<T>* v) {
-  v->clear();
-  v->reserve(n);
-  AdviseHugePagesInside(v->data(), n * sizeof(T));
-  v->resize(n);
+  ResetOnHugePages(v, n);
   if (n > 0) std::memcpy(v->data(), from, n * sizeof(T));  // data() may be null when empty
 }
 
@@ -975,11 +971,11 @@ struct ArrayCopy {
 
 class Reader {
  public:
-  // With `deferred`, the arrays of at least kDeferBytes are not copied by
-  // Vec but listed there, each copy writing only its own vector: the
-  // caller runs them (on several threads) once the whole payload has been
-  // read, and no vector Vec was given may move before then.
-  explicit Reader(std::string_view in, std::vector<ArrayCopy>* deferred = nullptr) : in_(in), deferred_(deferred) {}
+  // The arrays of at least kDeferBytes are not copied by Vec but listed in
+  // *deferred, each copy writing only its own vector: the caller runs them
+  // (on several threads) once the whole payload has been read, and no
+  // vector Vec was given may move before then.
+  Reader(std::string_view in, std::vector<ArrayCopy>* deferred) : in_(in), deferred_(deferred) {}
   static constexpr uint64_t kDeferBytes = uint64_t{64} << 10;
   template <typename T>
   bool Pod(T* v) {
@@ -994,7 +990,7 @@ class Reader {
     if (!Pod(&n) || n > in_.size() / sizeof(T)) return false;
     const char* from = in_.data();
     in_.remove_prefix(n * sizeof(T));
-    if (deferred_ != nullptr && n * sizeof(T) >= kDeferBytes) {
+    if (n * sizeof(T) >= kDeferBytes) {
       deferred_->push_back({n * sizeof(T), [from, n, v] { CopyArray(from, n, v); }});
     } else {
       CopyArray(from, n, v);
