@@ -51,6 +51,7 @@
 #include "absl/strings/str_join.h"
 #include "core/base/cpu_features.h"
 #include "core/model/hogwild_kernels.h"
+#include "core/base/seconds_since.h"
 #include "core/base/status.h"
 #include "core/config/config.h"
 #include "core/data/column_cache.h"
@@ -211,8 +212,7 @@ int TrainAllreduce(const Config& config, const ClusterSpec& spec, bool as_json, 
           ConnectClusterStore(config, spec, *spec.task, log, /*async_pushes=*/0);
       // The ps tasks may still be starting.
       while (!c.ok() && c.status().code() == absl::StatusCode::kUnavailable &&
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count() <
-                 config.train.task_timeout_s) {
+             SecondsSince(since) < config.train.task_timeout_s) {
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
         c = ConnectClusterStore(config, spec, *spec.task, log, 0);
       }
@@ -847,7 +847,7 @@ int DataCacheCommand(const std::string& config_path, const std::vector<std::stri
   for (int64_t at = 0; at < c.records(); at += 65536) {
     if (absl::Status s = c.Read(at, std::min<int64_t>(65536, c.records() - at), &window); !s.ok()) return Fail(s);
   }
-  const double read_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double read_s = SecondsSince(t0);
   const double mb = 1 << 20;
   const double build_thread_s = st.build_s * std::max(st.build_threads, 1);
   std::printf("%lld records in %d parts, %.1f MiB of columns; ", static_cast<long long>(c.records()), st.parts,

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/base/mutex.h"
+#include "core/base/seconds_since.h"
 #include "core/base/status.h"
 #include "net/grpc_util.h"
 #include "net/rendezvous.grpc.pb.h"
@@ -161,7 +162,7 @@ class RendezvousService final : public net::Rendezvous::Service {
     int asked = 0;
     for (int64_t id : members_) asked += reform_asked_.count(id) ? 1 : 0;
     const bool all = asked == static_cast<int>(members_.size());
-    const double waited = std::chrono::duration<double>(Clock::now() - reform_started_).count();
+    const double waited = SecondsSince(reform_started_);
     if (!all && waited < grace_s_) return;
     std::vector<int64_t> next;
     for (int64_t id : members_) {

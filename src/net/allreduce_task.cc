@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/seconds_since.h"
 #include "core/base/status.h"
 #include "net/allreduce.h"
 #include "net/cluster_setup.h"
@@ -439,7 +440,7 @@ absl::StatusOr<double> LoopbackTcpBytesPerS(int64_t bytes) {
     if (n <= 0) break;
     got += n;
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = SecondsSince(start);
   send_thread.join();
   close(writer);
   close(reader);
@@ -461,7 +462,7 @@ absl::StatusOr<AllreduceBench> RunAllreduceBench(const Config& config, const Clu
     if (i % 16 == 0) std::fill(data.begin(), data.end(), 1.0f);
     SW_RETURN_IF_ERROR(collective->AllreduceSum(data.data(), data.size()));
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = SecondsSince(start);
   AllreduceBench b;
   b.rank = collective->rank();
   b.world = collective->size();

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/base/mutex.h"
+#include "core/base/seconds_since.h"
 #include "core/base/status.h"
 #include "net/chief.h"
 #include "net/cluster_functions.h"
@@ -23,7 +24,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // Watches the ps tasks from its own thread: which one has been unreachable
 // for how long, and which one came back as a new process (another store

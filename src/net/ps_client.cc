@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/base/seconds_since.h"
 #include "core/base/status.h"
 #include "net/grpc_util.h"
 #include "net/half.h"
@@ -118,7 +119,7 @@ class PsClient::Impl {
       BackOff(*channel_, backoff);
       backoff = NextBackoff(last.error_code(), backoff, options_);
     }
-    const double spent = std::chrono::duration<double>(Clock::now() - start).count();
+    const double spent = SecondsSince(start);
     return absl::UnavailableError(absl::StrFormat("%s (%s) is unavailable: %d attempt%s in %.1f s, last: %s: %s",
                                                   options_.task_name, options_.address, attempts,
                                                   attempts == 1 ? "" : "s", spent, CodeName(last.error_code()),

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/base/seconds_since.h"
 #include "core/base/status.h"
 #include "net/chief.grpc.pb.h"
 #include "net/cluster_functions.h"
@@ -20,7 +21,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // One worker thread's part: sessions with the chief until `exit`.
 absl::Status ServeSlot(const Config& config, const PsClientOptions& chief, grpc::Channel& channel,

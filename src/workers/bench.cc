@@ -15,6 +15,7 @@
 #include "core/model/hogwild_kernels.h"
 #include "core/model/optimizer.h"
 #include "core/model/partitioner.h"
+#include "core/base/seconds_since.h"
 #include "core/base/status.h"
 #include "core/base/cpu_features.h"
 #include "core/base/median.h"
@@ -60,7 +61,7 @@ absl::StatusOr<MatmulPeak> BestMatmulRate(WorkerPool& pool, int omp_threads_per_
       do {
         once();
         ++calls;
-        elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+        elapsed = SecondsSince(start);
       } while (elapsed < per_size);
       rates[i] = 2.0 * size * size * size * calls / elapsed;
       return absl::OkStatus();

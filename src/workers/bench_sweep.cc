@@ -26,6 +26,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/base/seconds_since.h"
 #include "core/base/status.h"
 
 extern char** environ;
@@ -357,7 +358,7 @@ absl::StatusOr<json> RunSweep(const SweepOptions& options, const BenchRunner& ru
       if (done == total) results["finished"] = Now();
       SW_RETURN_IF_ERROR(save());
       if (progress) {
-        const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+        const double elapsed = SecondsSince(start);
         SweepProgress pr;
         pr.done = done;
         pr.total = total;

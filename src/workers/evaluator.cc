@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/seconds_since.h"
 #include "core/base/status.h"
 #include "workers/trainer.h"
 
@@ -87,7 +88,7 @@ absl::StatusOr<WatchSummary> WatchCheckpoints(
       }
     }
     if (options.idle_timeout_s > 0 &&
-        std::chrono::duration<double>(Clock::now() - last_new).count() >= options.idle_timeout_s) {
+        SecondsSince(last_new) >= options.idle_timeout_s) {
       summary.idle_timed_out = true;
       return summary;
     }

@@ -13,6 +13,7 @@
 #include "core/data/prefetch_burst.h"
 #include "core/data/readers.h"
 #include "core/base/mutex.h"
+#include "core/base/seconds_since.h"
 #include "core/base/status.h"
 
 namespace shardwild {
@@ -252,7 +253,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
     }
     job->test_ = *std::move(test);
   }
-  job->data_load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  job->data_load_seconds_ = SecondsSince(load_start);
 
   if (!options.workers) return job;  // a chief: data only
 
@@ -289,8 +290,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
     const auto setup_start = std::chrono::steady_clock::now();
     SW_ASSIGN_OR_RETURN(job->store_, WithErrorKind(ReplicatedStore::Create(so, std::move(vars), std::move(replication)),
                                                   ErrorKind::kStore));
-    job->store_setup_seconds_ =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
+    job->store_setup_seconds_ = SecondsSince(setup_start);
     if (tables != nullptr) job->tables_view_ = std::make_unique<ReplicaView>(&job->store(), tables, TableSpecsOf(spec));
     // Stale segments of the job are found (and acted on) by the first replica.
     if (const auto& removed = job->store().removed_stale_segments(); !removed.empty()) {
@@ -307,7 +307,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
   if (job->stream_growing_ && config.train.worker_processes) {
     SW_RETURN_IF_ERROR(job->FinishStream());
     // The data's time runs until the cache is ready.
-    job->data_load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+    job->data_load_seconds_ = SecondsSince(load_start);
   }
 
   // Workers: each thread pins itself and fixes its OpenMP thread count (an
@@ -360,7 +360,7 @@ absl::StatusOr<std::unique_ptr<Job>> Job::Create(const Config& config, const Job
   if (!job->workers_.empty() && !job->stream_) {
     const auto pack_start = std::chrono::steady_clock::now();
     job->packed_train_ = job->workers_[0]->model().PackRecords(job->train_);
-    job->pack_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - pack_start).count();
+    job->pack_seconds_ = SecondsSince(pack_start);
     if (job->packed_train_) {
       for (auto& w : job->workers_) w->set_packed_records(&*job->packed_train_);
     }

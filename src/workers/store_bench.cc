@@ -14,6 +14,7 @@
 #include "core/data/id_stream.h"
 #include "core/base/prefetch.h"
 #include "core/base/row_bound.h"
+#include "core/base/seconds_since.h"
 #include "core/base/status.h"
 #include "ps_shm/huge_pages.h"
 #include "ps_shm/shm_segment.h"
@@ -55,7 +56,7 @@ absl::Status TimedLoop(double seconds, int64_t num_batches, Step step, int64_t* 
   do {
     SW_RETURN_IF_ERROR(step(b % num_batches));
     ++b;
-    e = std::chrono::duration<double>(Clock::now() - start).count();
+    e = SecondsSince(start);
   } while (e < seconds);
   *batches = b;
   *elapsed = e;

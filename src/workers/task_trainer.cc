@@ -33,6 +33,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/match.h"
+#include "core/base/seconds_since.h"
 #include "core/base/status.h"
 #include "ps_shm/shm_store.h"
 #include "workers/checkpoint.h"
@@ -51,7 +52,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
-double SecondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 
 // One end of the socket between the main process and a worker process.

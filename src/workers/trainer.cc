@@ -13,6 +13,7 @@
 #include "workers/run_callbacks.h"
 #include "workers/task_trainer.h"
 #include "core/model/partitioner.h"
+#include "core/base/seconds_since.h"
 #include "core/base/status.h"
 
 namespace shardwild {
@@ -495,10 +496,10 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
     auto last_tick = Clock::now();
     auto tick = [&] {
       if (Interrupted(options) || callbacks->stopped()) stop_steps.store(true, std::memory_order_relaxed);
-      if (std::chrono::duration<double>(Clock::now() - last_tick).count() < cfg.train.log_every_s - 1e-3) return;
+      if (SecondsSince(last_tick) < cfg.train.log_every_s - 1e-3) return;
       last_tick = Clock::now();
       const Totals now = ReadCounters(job);
-      const double elapsed = std::chrono::duration<double>(Clock::now() - epoch_start).count();
+      const double elapsed = SecondsSince(epoch_start);
       ProgressState s;
       s.epoch = epoch;
       s.epochs = cfg.train.epochs;
@@ -610,7 +611,7 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
     // With several replicas, end the epoch on one model (evaluation and the
     // next epoch's first pulls see the mean). No worker runs now.
     SW_RETURN_IF_ERROR(job.replicas().Average());
-    const double seconds = std::chrono::duration<double>(Clock::now() - epoch_start).count();
+    const double seconds = SecondsSince(epoch_start);
     train_seconds += seconds;
     const Totals after = ReadCounters(job);
 
@@ -671,7 +672,7 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
     }
   }
   summary.model_version = job.replicas().version();
-  summary.wall_s = std::chrono::duration<double>(Clock::now() - run_start).count();
+  summary.wall_s = SecondsSince(run_start);
   return summary;
 }
 

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/base/mutex.h"
 #include "core/base/parallel_for.h"
+#include "core/base/seconds_since.h"
 #include "core/base/status.h"
 #include "core/io/atomic_file.h"
 #include "core/io/compressed.h"
@@ -611,7 +612,7 @@ void ColumnCache::Build::Publish(ColumnCache& cache) {
     }
     ++next;
     if (next == slots.size()) {
-      stats.build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      stats.build_s = SecondsSince(t0);
     }
   }
 }
