@@ -15,6 +15,7 @@
 #include "core/model/hogwild_kernels.h"
 #include "core/model/optimizer.h"
 #include "core/model/partitioner.h"
+#include "core/base/huge_page_allocator.h"
 #include "core/base/seconds_since.h"
 #include "core/base/status.h"
 #include "core/base/cpu_features.h"
@@ -264,11 +265,13 @@ absl::StatusOr<double> MeasureDensePushBound(WorkerPool& pool, const OptimizerOp
   std::vector<double> per_thread(static_cast<size_t>(pool.size()), 0);
   SW_RETURN_IF_ERROR(pool.RunAll([&](int t) -> absl::Status {
     // Allocated and first written on the pool thread, as a worker's arrays
-    // and its shards' parts are on its node.
+    // and its shards' parts are on its node; on huge pages where the kernel
+    // grants them, as the worker's copy and gradients (Model's dense arena)
+    // and the shards are.
     const size_t n = static_cast<size_t>(timed);
-    std::vector<float> p(n, 0.01f), g(n, 1e-3f), copy(bf16_copy ? 0 : n);
-    std::vector<uint16_t> copy16(bf16_copy ? n : 0);
-    std::vector<std::vector<float>> s(static_cast<size_t>(slots));
+    HugePageVector<float> p(n, 0.01f), g(n, 1e-3f), copy(bf16_copy ? 0 : n);
+    HugePageVector<uint16_t> copy16(bf16_copy ? n : 0);
+    std::vector<HugePageVector<float>> s(static_cast<size_t>(slots));
     std::vector<float*> slot_ptrs(static_cast<size_t>(slots), nullptr);
     for (int k = 0; k < slots; ++k) {
       s[k].assign(n, SlotInitialValue(optimizer, k));

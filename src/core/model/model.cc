@@ -58,6 +58,26 @@ DataShape DataShape::Of(const Dataset& data) {
   return s;
 }
 
+// Slices of the given sizes, each starting on a cache line, of one zeroed
+// block of *arena (which they then point into, so it must not change),
+// allocated by HugePageAllocator; a slice of size 0 is empty, with no data.
+template <typename T>
+std::vector<absl::Span<T>> SlicesOnHugePages(const std::vector<size_t>& sizes, HugePageVector<T>* arena) {
+  constexpr size_t kLine = 64 / sizeof(T);
+  auto rounded = [](size_t n) { return (n + kLine - 1) / kLine * kLine; };
+  size_t total = 0;
+  for (size_t n : sizes) total += rounded(n);
+  arena->assign(total, T{0});
+  std::vector<absl::Span<T>> slices;
+  slices.reserve(sizes.size());
+  T* at = arena->data();
+  for (size_t n : sizes) {
+    slices.emplace_back(n > 0 ? at : nullptr, n);
+    at += rounded(n);
+  }
+  return slices;
+}
+
 // A stack of dense layers with optional dropout after each. Every buffer is
 // allocated in Build and stays at its address.
 class Model::Tower {
@@ -66,8 +86,8 @@ class Model::Tower {
   // The layers' parameters and gradients are params[first_var + 2i] (kernel)
   // and [.. + 1] (bias).
   absl::Status Build(const dnnl::engine& engine, int64_t batch, int64_t in, const std::vector<LayerOptions>& layers,
-                     const float* x, float* dx, std::vector<std::vector<float>>& params,
-                     std::vector<std::vector<float>>& grads, std::vector<std::vector<uint16_t>>& params16,
+                     const float* x, float* dx, std::vector<absl::Span<float>>& params,
+                     std::vector<absl::Span<float>>& grads, std::vector<absl::Span<uint16_t>>& params16,
                      int first_var, Precision precision) {
     batch_ = batch;
     first_var_ = first_var;
@@ -321,13 +341,21 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelOptions& given, 
   m->labels_.assign(batch, 0);
   m->targets_.assign(batch, 0.0f);
   m->label_offsets_.assign(batch + 1, 0);
-  for (const VariableSpec& s : m->spec_.variables) {
+  {
     // bf16: the layers' weights come from the pull already rounded, with no
-    // f32 copy (the biases stay f32).
-    const bool bf16 = options.precision == Precision::kBf16 && absl::EndsWith(s.name, "/kernel");
-    m->params_.emplace_back(bf16 ? 0 : s.size(), 0.0f);
-    m->params16_.emplace_back(bf16 ? s.size() : 0, uint16_t{0});
-    m->grads_.emplace_back(s.size(), 0.0f);
+    // f32 copy (the biases stay f32). Every params slice, then every gradient.
+    std::vector<size_t> f32_sizes, bf16_sizes;
+    for (const VariableSpec& s : m->spec_.variables) {
+      const bool bf16 = options.precision == Precision::kBf16 && absl::EndsWith(s.name, "/kernel");
+      f32_sizes.push_back(bf16 ? 0 : static_cast<size_t>(s.size()));
+      bf16_sizes.push_back(bf16 ? static_cast<size_t>(s.size()) : 0);
+    }
+    for (const VariableSpec& s : m->spec_.variables) f32_sizes.push_back(static_cast<size_t>(s.size()));
+    std::vector<absl::Span<float>> f32 = SlicesOnHugePages(f32_sizes, &m->dense_arena_);
+    const auto vars = static_cast<std::ptrdiff_t>(m->spec_.variables.size());
+    m->params_.assign(f32.begin(), f32.begin() + vars);
+    m->grads_.assign(f32.begin() + vars, f32.end());
+    m->params16_ = SlicesOnHugePages(bf16_sizes, &m->dense16_arena_);
   }
   const int64_t deep = static_cast<int64_t>(options.sparse.size());
   m->db_ = options.bottom.empty() ? shape.dense_dim : options.bottom.back().units;

@@ -21,7 +21,9 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/base/huge_page_allocator.h"
 #include "core/base/cpu_features.h"
 #include "core/data/dataset.h"
 #include "core/config/options.h"
@@ -1290,6 +1292,67 @@ TEST_F(ModelTest, RowsArePrefetchedForTheUpdateOnlyBehindALargeTopTower) {
   auto large = Model::Create(opts, DataShape::Of(d), 4, engine_, 1);
   ASSERT_TRUE(large.ok()) << large.status();
   EXPECT_TRUE((*large)->prefetches_rows_for_update());
+}
+
+// The dense parameters (the worker's copy) and their gradients are slices
+// of one block, each on a cache line of its own and none overlapping another,
+// all zero; a block of 256 KiB or more starts on a 2 MiB page
+// (HugePageAllocator), so the layers and the push read them through a few
+// TLB entries. Under bf16 the kernels' copies are bf16 slices instead.
+TEST_F(ModelTest, DenseParametersAndGradientsAreSlicesOfOneBlockOnHugePages) {
+  const Dataset d = SmallData(8, 5, 2, false, 5);
+  ModelOptions opts = SmallOptions(Interaction::kConcat, HeadType::kBinary, 1, false, true);
+  // The second kernel alone is 256 KiB of params and as much of gradients.
+  opts.layers = {{"dense", 256, Activation::kRelu}, {"dense", 256, Activation::kRelu}, {"dense", 1, Activation::kNone}};
+  for (const Precision precision : {Precision::kF32, Precision::kBf16}) {
+    SCOPED_TRACE(precision == Precision::kF32 ? "f32" : "bf16");
+    opts.precision = precision;
+    absl::StatusOr<std::unique_ptr<Model>> made = Model::Create(opts, DataShape::Of(d), 4, engine_, 1);
+    if (!made.ok() && precision == Precision::kBf16) continue;  // no bf16 matmul on this CPU
+    ASSERT_TRUE(made.ok()) << made.status();
+    Model& m = **made;
+    struct Slice {
+      uintptr_t begin, end;
+      std::string what;
+    };
+    std::vector<Slice> f32, bf16;
+    for (int v = 0; v < m.num_variables(); ++v) {
+      const auto n = static_cast<size_t>(m.variable(v).size());
+      const bool kernel = absl::EndsWith(m.variable(v).name, "/kernel");
+      if (precision == Precision::kBf16 && kernel) {
+        EXPECT_EQ(m.params(v), nullptr) << v;
+        const uint16_t* p = m.params_bf16(v);
+        ASSERT_NE(p, nullptr) << v;
+        EXPECT_TRUE(std::all_of(p, p + n, [](uint16_t x) { return x == 0; })) << v;
+        bf16.push_back({reinterpret_cast<uintptr_t>(p), reinterpret_cast<uintptr_t>(p + n), absl::StrCat("bf16 ", v)});
+      } else {
+        EXPECT_EQ(m.params_bf16(v), nullptr) << v;
+        const float* p = m.params(v);
+        ASSERT_NE(p, nullptr) << v;
+        EXPECT_TRUE(std::all_of(p, p + n, [](float x) { return x == 0.0f; })) << v;
+        f32.push_back({reinterpret_cast<uintptr_t>(p), reinterpret_cast<uintptr_t>(p + n), absl::StrCat("params ", v)});
+      }
+    }
+    for (int v = 0; v < m.num_variables(); ++v) {
+      const float* g = m.grads(v);
+      const auto n = static_cast<size_t>(m.variable(v).size());
+      ASSERT_NE(g, nullptr) << v;
+      EXPECT_TRUE(std::all_of(g, g + n, [](float x) { return x == 0.0f; })) << v;
+      f32.push_back({reinterpret_cast<uintptr_t>(g), reinterpret_cast<uintptr_t>(g + n), absl::StrCat("grads ", v)});
+    }
+    for (std::vector<Slice>* slices : {&f32, &bf16}) {
+      if (slices->empty()) continue;
+      // In order in one block: each starts on a line at or after the last one's end.
+      for (size_t i = 0; i < slices->size(); ++i) {
+        const Slice& s = (*slices)[i];
+        EXPECT_EQ(s.begin % 64, 0u) << s.what;
+        if (i > 0) EXPECT_GE(s.begin, (*slices)[i - 1].end) << s.what;
+      }
+      const uintptr_t bytes = slices->back().end - slices->front().begin;
+      if (OnHugePages(bytes)) EXPECT_EQ(slices->front().begin % kHugePageBytes, 0u) << bytes << " bytes";
+    }
+    EXPECT_TRUE(OnHugePages(f32.back().end - f32.front().begin));
+  }
 }
 
 }  // namespace
