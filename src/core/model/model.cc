@@ -16,12 +16,17 @@
 #include "core/data/data_kernels.h"
 #include "core/model/hogwild_kernels.h"
 #include "core/model/sparse_layers.h"
+#include "core/base/sanitizers.h"
 #include "core/base/cpu_features.h"
 #include "core/base/parallel_for.h"
 #include "core/base/prefetch.h"
 #include "core/base/random.h"
 #include "core/base/step_clock.h"
 #include "core/base/status.h"
+
+#ifdef SHARDWILD_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
 
 namespace shardwild {
 namespace {
@@ -61,10 +66,18 @@ DataShape DataShape::Of(const Dataset& data) {
 // Slices of the given sizes, each starting on a cache line, of one zeroed
 // block of *arena (which they then point into, so it must not change),
 // allocated by HugePageAllocator; a slice of size 0 is empty, with no data.
+// Under AddressSanitizer each slice is followed by a poisoned line, so that
+// a layer that writes past its slice is still caught, as it was when each
+// had a vector of its own.
 template <typename T>
 std::vector<absl::Span<T>> SlicesOnHugePages(const std::vector<size_t>& sizes, HugePageVector<T>* arena) {
   constexpr size_t kLine = 64 / sizeof(T);
-  auto rounded = [](size_t n) { return (n + kLine - 1) / kLine * kLine; };
+#ifdef SHARDWILD_ASAN
+  constexpr size_t kGuard = kLine;
+#else
+  constexpr size_t kGuard = 0;
+#endif
+  auto rounded = [](size_t n) { return n == 0 ? 0 : (n + kLine - 1) / kLine * kLine + kGuard; };
   size_t total = 0;
   for (size_t n : sizes) total += rounded(n);
   arena->assign(total, T{0});
@@ -73,6 +86,9 @@ std::vector<absl::Span<T>> SlicesOnHugePages(const std::vector<size_t>& sizes, H
   T* at = arena->data();
   for (size_t n : sizes) {
     slices.emplace_back(n > 0 ? at : nullptr, n);
+#ifdef SHARDWILD_ASAN
+    ASAN_POISON_MEMORY_REGION(at + n, (rounded(n) - n) * sizeof(T));
+#endif
     at += rounded(n);
   }
   return slices;

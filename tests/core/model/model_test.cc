@@ -24,6 +24,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/base/huge_page_allocator.h"
+#include "core/base/sanitizers.h"
 #include "core/base/cpu_features.h"
 #include "core/data/dataset.h"
 #include "core/config/options.h"
@@ -1346,12 +1347,26 @@ TEST_F(ModelTest, DenseParametersAndGradientsAreSlicesOfOneBlockOnHugePages) {
       for (size_t i = 0; i < slices->size(); ++i) {
         const Slice& s = (*slices)[i];
         EXPECT_EQ(s.begin % 64, 0u) << s.what;
-        if (i > 0) EXPECT_GE(s.begin, (*slices)[i - 1].end) << s.what;
+        if (i > 0) {
+          EXPECT_GE(s.begin, (*slices)[i - 1].end) << s.what;
+        }
       }
       const uintptr_t bytes = slices->back().end - slices->front().begin;
-      if (OnHugePages(bytes)) EXPECT_EQ(slices->front().begin % kHugePageBytes, 0u) << bytes << " bytes";
+      if (OnHugePages(bytes)) {
+        EXPECT_EQ(slices->front().begin % kHugePageBytes, 0u) << bytes << " bytes";
+      }
     }
     EXPECT_TRUE(OnHugePages(f32.back().end - f32.front().begin));
+#ifdef SHARDWILD_ASAN
+    // A line after each slice is poisoned: a write past a slice is still
+    // caught, also where the slice ends on a line (the 256 x 256 kernel).
+    for (int v = 0; v < m.num_variables(); ++v) {
+      if (m.variable(v).size() != 256 * 256) continue;
+      float* const grads = const_cast<float*>(m.grads(v));
+      const int64_t end = m.variable(v).size();
+      EXPECT_DEATH({ static_cast<volatile float*>(grads)[end] = 1.0f; }, "use-after-poison");
+    }
+#endif
   }
 }
 
