@@ -24,7 +24,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-
 // Watches the ps tasks from its own thread: which one has been unreachable
 // for how long, and which one came back as a new process (another store
 // name).

@@ -21,7 +21,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-
 // One worker thread's part: sessions with the chief until `exit`.
 absl::Status ServeSlot(const Config& config, const PsClientOptions& chief, grpc::Channel& channel,
                        net::Chief::Stub& stub, Job& job, ClusterParamStore& store, int task, int thread,

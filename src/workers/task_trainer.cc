@@ -52,8 +52,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 
-
-
 // One end of the socket between the main process and a worker process.
 class LineChannel final : public SlotChannel {
  public:

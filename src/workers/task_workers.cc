@@ -23,7 +23,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-
 std::string Real(double v) { return absl::StrFormat("%.17g", v); }
 
 }  // namespace

@@ -68,6 +68,7 @@ HWY_AFTER_NAMESPACE();
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/huge_page_allocator.h"
 #include "core/model/hogwild_kernels.h"
 #include "core/model/optimizer.h"
 
@@ -119,10 +120,12 @@ void BM_ApplyUpdate(benchmark::State& state, std::string target, OptimizerType t
 // what sharing costs. Run with --benchmark_filter=MlpPush.
 constexpr int64_t kMlpParams = 235146;
 
+// On huge pages where the kernel grants them, as the store's shards and the
+// worker's copy and gradient (Model's dense arena) are in the trainer.
 struct SharedAdamState {
-  std::vector<float> p = std::vector<float>(kMlpParams, 0.1f);
-  std::vector<float> m = std::vector<float>(kMlpParams, 0.0f);
-  std::vector<float> v = std::vector<float>(kMlpParams, 0.0f);
+  HugePageVector<float> p = HugePageVector<float>(kMlpParams, 0.1f);
+  HugePageVector<float> m = HugePageVector<float>(kMlpParams, 0.0f);
+  HugePageVector<float> v = HugePageVector<float>(kMlpParams, 0.0f);
 };
 
 // bound: the same arrays moved as the push moves them, on the best target,
@@ -134,7 +137,7 @@ void MlpPush(benchmark::State& state, bool shared, bool bound) {
   SharedAdamState& st = shared ? shared_state : private_state;
   OptimizerOptions opt;
   opt.type = OptimizerType::kAdam;
-  std::vector<float> g(kMlpParams, bound ? 0.0f : 0.01f), copy(kMlpParams);
+  HugePageVector<float> g(kMlpParams, bound ? 0.0f : 0.01f), copy(kMlpParams);
   float* sp[2] = {st.m.data(), st.v.data()};
   int64_t step = 0;
   for (auto _ : state) {
