@@ -25,7 +25,6 @@
 
 #include "gtest/gtest.h"
 #include "cli_child.h"
-#include "core/base/sanitizers.h"
 
 extern char** environ;
 
@@ -135,16 +134,12 @@ void KillInTheMiddleOfATask(pid_t pid) {
 TEST(WorkerProcessTest, SigkilledWorkerIsReplacedAndRecordsAreExact) {
   SKIP_WITHOUT_DATA();
   const std::string job_name = "wptest" + std::to_string(getpid()) + "a";
-  // Long enough (about 2 s) that both workers are ready, evaluation data
-  // loaded, well before it ends, even on a loaded machine. A sanitized
-  // worker can take longer to load its data than the other takes to train 4
-  // epochs (ThreadSanitizer, beside the rest of the suite: 6.4 s), so
-  // there it trains for longer.
-#ifdef SHARDWILD_SANITIZED
+  // Long enough that both workers are ready, evaluation data loaded, well
+  // before it ends, even on a loaded machine: 4 epochs (1.3 s beside the
+  // rest of `make test`) once ended before the second worker was ready, and
+  // under ThreadSanitizer one worker took 6.4 s to load its data. 12 epochs
+  // take 3-4 s here, and 12-15 s under ThreadSanitizer.
   constexpr int kEpochs = 12;
-#else
-  constexpr int kEpochs = 4;
-#endif
   Child child(TrainArgs(job_name, {"--set", "train.epochs=" + std::to_string(kEpochs)}));
   ASSERT_TRUE(child.started());
   ASSERT_TRUE(WaitForTraining(child, 2, std::chrono::seconds(60))) << "stdout:\n" << child.out() << "\nstderr:\n"
