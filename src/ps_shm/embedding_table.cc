@@ -1,6 +1,7 @@
 #include "ps_shm/embedding_table.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <bit>
 #include <chrono>
@@ -1467,20 +1468,11 @@ void EmbeddingTable::CopyRowState(int64_t row, float* params, absl::Span<float* 
                                   uint64_t* update_count) const {
   const char* block = RowBlock(row);
   auto copy = [&] {
-    if (params != nullptr && bf16_) {
-      // Widened: a bf16 table's checkpoint holds f32 like any other.
-      const uint16_t* p = reinterpret_cast<const uint16_t*>(block);
-      for (int64_t j = 0; j < dim_; ++j) {
-        params[j] = std::bit_cast<float>(static_cast<uint32_t>(Atomic(p[j]).load(std::memory_order_relaxed)) << 16);
-      }
-    } else if (params != nullptr) {
-      const float* p = reinterpret_cast<const float*>(block);
-      for (int64_t j = 0; j < dim_; ++j) params[j] = Atomic(p[j]).load(std::memory_order_relaxed);
-    }
+    // Hogwild copies (a bf16 table's parameters widened: its checkpoint
+    // holds f32 like any other).
+    if (params != nullptr) CopyParams(block, params);
     for (size_t k = 0; k < slots.size(); ++k) {
-      if (slots[k] == nullptr) continue;
-      const float* slot = Slot(block, static_cast<int>(k));
-      for (int64_t j = 0; j < dim_; ++j) slots[k][j] = Atomic(slot[j]).load(std::memory_order_relaxed);
+      if (slots[k] != nullptr) HogwildCopyFrom(Slot(block, static_cast<int>(k)), slots[k], dim_);
     }
     if (update_count != nullptr) *update_count = LoadCount(row);
   };
@@ -1542,6 +1534,60 @@ absl::StatusOr<bool> EmbeddingTable::ReadRowAt(int64_t row, uint64_t* id, float*
   return true;
 }
 
+absl::StatusOr<int64_t> EmbeddingTable::ReadRowsAt(int64_t begin, int64_t end, uint64_t* ids, float* params,
+                                                   absl::Span<float* const> slots, uint64_t* update_counts) {
+  if (static_cast<int>(slots.size()) > num_slots_) {
+    return absl::InvalidArgumentError(absl::StrCat("embedding table '", options_.name, "': asked for ", slots.size(),
+                                                   " slots, rows have ", num_slots_));
+  }
+  if (begin < 0 || begin > end || end > size()) {
+    return absl::InvalidArgumentError(absl::StrCat("embedding table '", options_.name, "': rows [", begin, ", ", end,
+                                                   ") are not in [0, ", size(), ")"));
+  }
+  const size_t dim = static_cast<size_t>(dim_);
+  if (kind_ == EmbeddingKind::kStatic && !row_lock_) {
+    // Every row is in use, under its own index.
+    const int64_t n = end - begin;
+    if (ids != nullptr) {
+      for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<uint64_t>(begin + i);
+    }
+    if (params != nullptr) {
+      if (!bf16_ && row_stride_ == dim * sizeof(float)) {
+        HogwildCopyFrom(reinterpret_cast<const float*>(RowBlock(begin)), params, n * dim_);
+      } else {
+        for (int64_t i = 0; i < n; ++i) CopyParams(RowBlock(begin + i), params + static_cast<size_t>(i) * dim);
+      }
+    }
+    for (size_t k = 0; k < slots.size(); ++k) {
+      if (slots[k] == nullptr) continue;
+      for (int64_t i = 0; i < n; ++i) {
+        HogwildCopyFrom(Slot(RowBlock(begin + i), static_cast<int>(k)), slots[k] + static_cast<size_t>(i) * dim, dim_);
+      }
+    }
+    if (update_counts != nullptr) {
+      for (int64_t i = 0; i < n; ++i) update_counts[i] = LoadCount(begin + i);
+    }
+    return n;
+  }
+  // Row by row: a dynamic table's rows may be free or being evicted, and a
+  // row_lock table's are read under their seqlocks.
+  int64_t in_use = 0;
+  std::array<float*, kMaxSlots> row_slots{};
+  for (int64_t row = begin; row < end; ++row) {
+    const size_t at = static_cast<size_t>(in_use) * dim;
+    for (size_t k = 0; k < slots.size(); ++k) row_slots[k] = slots[k] != nullptr ? slots[k] + at : nullptr;
+    uint64_t id = 0, count = 0;
+    SW_ASSIGN_OR_RETURN(const bool used, ReadRowAt(row, &id, params != nullptr ? params + at : nullptr,
+                                                   absl::MakeSpan(row_slots.data(), slots.size()),
+                                                   update_counts != nullptr ? &count : nullptr));
+    if (!used) continue;
+    if (ids != nullptr) ids[in_use] = id;
+    if (update_counts != nullptr) update_counts[in_use] = count;
+    ++in_use;
+  }
+  return in_use;
+}
+
 absl::Status EmbeddingTable::WriteRowState(uint64_t id, const float* params, absl::Span<const float* const> slots,
                                            uint64_t update_count) {
   if (static_cast<int>(slots.size()) > num_slots_) {
@@ -1566,13 +1612,10 @@ absl::Status EmbeddingTable::WriteRowState(uint64_t id, const float* params, abs
       for (int64_t i = 0; i < n; ++i) Atomic(p[j + i]).store(chunk[i], std::memory_order_relaxed);
     }
   } else {
-    float* p = reinterpret_cast<float*>(block);
-    for (int64_t j = 0; j < dim_; ++j) Atomic(p[j]).store(params[j], std::memory_order_relaxed);
+    HogwildCopyTo(params, reinterpret_cast<float*>(block), dim_);
   }
   for (size_t k = 0; k < slots.size(); ++k) {
-    if (slots[k] == nullptr) continue;
-    float* slot = Slot(block, static_cast<int>(k));
-    for (int64_t j = 0; j < dim_; ++j) Atomic(slot[j]).store(slots[k][j], std::memory_order_relaxed);
+    if (slots[k] != nullptr) HogwildCopyTo(slots[k], Slot(block, static_cast<int>(k)), dim_);
   }
   if (packed_) {
     const uint32_t c = static_cast<uint32_t>(std::min<uint64_t>(update_count, kMaxPackedCount));

@@ -403,6 +403,17 @@ class EmbeddingTable {
   // InvalidArgument for a row outside [0, size()) or too many slots.
   absl::StatusOr<bool> ReadRowAt(int64_t row, uint64_t* id, float* params, absl::Span<float* const> slots,
                                  uint64_t* update_count);
+  // Checkpoint export of rows [begin, end) (0 <= begin <= end <= size()) at
+  // once: the i-th of them in use (as ReadRowAt) goes to ids[i], params[i *
+  // dim, + dim), slots[k][i * dim, + dim) and update_counts[i]. Any of them
+  // may be nullptr (not copied), as may slots[k]; slots.size() <=
+  // num_slots(). Returns how many rows were in use: end - begin for a static
+  // table. A static table's rows are copied block by block, its parameters in
+  // one Hogwild copy where the rows hold nothing else (a DLRM table: one call
+  // for 4,096 rows instead of 4,096 calls through ReadRowAt).
+  // InvalidArgument for a range outside [0, size()) or too many slots.
+  absl::StatusOr<int64_t> ReadRowsAt(int64_t begin, int64_t end, uint64_t* ids, float* params,
+                                     absl::Span<float* const> slots, uint64_t* update_counts);
   // Checkpoint import: sets the row of `id` (inserted first in a dynamic
   // table) to `params` (dim floats), slot k to slots[k] (k < slots.size();
   // a nullptr or missing slot keeps its value) and its update count. In a

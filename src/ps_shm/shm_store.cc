@@ -928,26 +928,65 @@ absl::Status ShmParamStore::VisitTableRows(int table, const TableRowVisitor& vis
   if (table < 0 || table >= static_cast<int>(tables_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("visit table rows: no embedding table ", table));
   }
+  const int nslots = NumSlots(sparse_optimizer_.type);
+  const size_t dim = static_cast<size_t>(layout_.tables[table].dim);
+  const TableRowParts all{.ids = true, .update_counts = true, .params = true, .slots = (uint32_t{1} << nslots) - 1};
+  std::array<const float*, kMaxEmbeddingSlots> row_slots{};
+  return VisitTableRowBlocks(table, all, [&](const TableRowBlock& b) -> absl::Status {
+    for (int64_t i = 0; i < b.rows; ++i) {
+      const size_t at = static_cast<size_t>(i) * dim;
+      for (int k = 0; k < nslots; ++k) row_slots[k] = b.slots[k] + at;
+      SW_RETURN_IF_ERROR(visit(b.ids[i], b.params + at, absl::MakeConstSpan(row_slots.data(), nslots), b.update_counts[i]));
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status ShmParamStore::VisitTableRowBlocks(int table, const TableRowParts& parts,
+                                                const TableRowBlockVisitor& visit) {
+  if (table < 0 || table >= static_cast<int>(tables_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("visit table rows: no embedding table ", table));
+  }
   const TableSpec& spec = layout_.tables[table];
   const int nslots = NumSlots(sparse_optimizer_.type);
+  if ((parts.slots >> nslots) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("visit table rows: slots ", parts.slots, " asked for, the ",
+                                                   OptimizerTypeName(sparse_optimizer_.type), " optimizer has ",
+                                                   nslots));
+  }
   const uint64_t nshards = static_cast<uint64_t>(layout_.num_shards);
-  std::vector<float> buf(static_cast<size_t>(spec.dim) * (1 + nslots));
-  std::vector<float*> slots(nslots);
-  std::vector<const float*> const_slots(nslots);
+  const size_t rows = static_cast<size_t>(kTableRowBlockRows), dim = static_cast<size_t>(spec.dim);
+  std::vector<uint64_t> ids(parts.ids ? rows : 0), counts(parts.update_counts ? rows : 0);
+  std::vector<float> params(parts.params ? rows * dim : 0);
+  std::array<std::vector<float>, kMaxEmbeddingSlots> slot_bufs;
+  std::array<float*, kMaxEmbeddingSlots> slots_out{};
+  TableRowBlock block;
+  block.ids = parts.ids ? ids.data() : nullptr;
+  block.update_counts = parts.update_counts ? counts.data() : nullptr;
+  block.params = parts.params ? params.data() : nullptr;
   for (int k = 0; k < nslots; ++k) {
-    slots[k] = buf.data() + (k + 1) * spec.dim;
-    const_slots[k] = slots[k];
+    if (((parts.slots >> k) & 1) == 0) continue;
+    slot_bufs[k].resize(rows * dim);
+    slots_out[k] = slot_bufs[k].data();
+    block.slots[k] = slots_out[k];
   }
   for (uint64_t s = first_hosted_; s < static_cast<uint64_t>(first_hosted_ + num_hosted_); ++s) {
     EmbeddingTable& part = tables_[table][s - first_hosted_];
     const int64_t n = part.size();
-    for (int64_t row = 0; row < n; ++row) {
-      uint64_t id = 0, count = 0;
-      SW_ASSIGN_OR_RETURN(bool in_use, part.ReadRowAt(row, &id, buf.data(), slots, &count));
-      if (!in_use) continue;
+    for (int64_t b = 0; b < n; b += kTableRowBlockRows) {
+      const int64_t e = std::min(n, b + kTableRowBlockRows);
+      SW_ASSIGN_OR_RETURN(const int64_t used,
+                          part.ReadRowsAt(b, e, parts.ids ? ids.data() : nullptr,
+                                          parts.params ? params.data() : nullptr,
+                                          absl::MakeSpan(slots_out.data(), static_cast<size_t>(nslots)),
+                                          parts.update_counts ? counts.data() : nullptr));
+      if (used == 0) continue;
       // Static rows are striped: local row r of shard s is global id r * S + s.
-      if (spec.kind == EmbeddingKind::kStatic) id = id * nshards + s;
-      SW_RETURN_IF_ERROR(visit(id, buf.data(), const_slots, count));
+      if (parts.ids && spec.kind == EmbeddingKind::kStatic && nshards > 1) {
+        for (int64_t i = 0; i < used; ++i) ids[i] = ids[i] * nshards + s;
+      }
+      block.rows = used;
+      SW_RETURN_IF_ERROR(visit(block));
     }
   }
   return absl::OkStatus();

@@ -2,6 +2,7 @@
 // on this machine (shm_segment.h, shard_format.h).
 #pragma once
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -151,6 +152,30 @@ class ShmParamStore final : public ParamStore {
   using TableRowVisitor = std::function<absl::Status(uint64_t id, const float* params,
                                                      absl::Span<const float* const> slots, uint64_t update_count)>;
   absl::Status VisitTableRows(int table, const TableRowVisitor& visit);
+  // The same rows in blocks of up to kTableRowBlockRows, each part in an
+  // array of its own: what `parts` asks for (global ids, update counts, the
+  // params, slot k where bit k of `slots` is set), valid during the call;
+  // the rest nullptr. A checkpoint writes each part of a table as one
+  // tensor, so it reads the rows once per part, as blocks
+  // (EmbeddingTable::ReadRowsAt) rather than a call per row. InvalidArgument
+  // for a bad table or a slot the sparse optimizer does not have; stops at
+  // visit's first error and returns it.
+  static constexpr int64_t kTableRowBlockRows = 4096;
+  struct TableRowParts {
+    bool ids = false;
+    bool update_counts = false;
+    bool params = false;
+    uint32_t slots = 0;  // bit k: slot k
+  };
+  struct TableRowBlock {
+    int64_t rows = 0;
+    const uint64_t* ids = nullptr;            // [rows]
+    const uint64_t* update_counts = nullptr;  // [rows]
+    const float* params = nullptr;            // [rows * dim]
+    std::array<const float*, kMaxEmbeddingSlots> slots{};  // [rows * dim] each
+  };
+  using TableRowBlockVisitor = std::function<absl::Status(const TableRowBlock& block)>;
+  absl::Status VisitTableRowBlocks(int table, const TableRowParts& parts, const TableRowBlockVisitor& visit);
   // Sets row `id` of table `table` (EmbeddingTable::WriteRowState on the
   // shard that holds it under this store's shard count).
   absl::Status WriteTableRow(int table, uint64_t id, const float* params, absl::Span<const float* const> slots,

@@ -150,6 +150,8 @@ json TrainSummaryJson(const TrainSummary& s, Job& job) {
             {"worker_failures", s.worker_failures},
             {"resumed_from_step", s.resumed_from_step ? json(*s.resumed_from_step) : json(nullptr)},
             {"checkpoints_written", s.checkpoints_written},
+            {"checkpoint_write_s", s.checkpoint_write_s},
+            {"checkpoint_restore_s", s.checkpoint_restore_s ? json(*s.checkpoint_restore_s) : json(nullptr)},
             {"last_checkpoint", s.last_checkpoint.empty() ? json(nullptr) : json(s.last_checkpoint)},
             {"skipped_checkpoints", s.skipped_checkpoints},
             {"stopped_early_at_epoch",

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -203,6 +204,8 @@ absl::Status WriteTrainingCheckpoint(Job& job, CheckpointState state, const RunC
   state.extra["data"] = DataPreprocessingJson(job.config());
   CheckpointWriteOptions wo;
   wo.keep = job.config().checkpoint.keep;
+  const auto start = std::chrono::steady_clock::now();
+  absl::Cleanup timed = [&] { summary->checkpoint_write_s += SecondsSince(start); };
   if (options.external != nullptr) {
     SW_ASSIGN_OR_RETURN(summary->last_checkpoint, options.external->write_checkpoint(state, wo));
   } else {
@@ -325,8 +328,10 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
         "train: a job whose tables live outside its store checkpoints them through TrainRunOptions::tables");
   }
   {
+    const auto resume_start = std::chrono::steady_clock::now();
     SW_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> found,
                         ResumeJob(job, options.fresh, progress, &summary.skipped_checkpoints));
+    if (found) summary.checkpoint_restore_s = SecondsSince(resume_start);
     if (found) {
       const nlohmann::json& cur = found->state.data_cursor;
       const nlohmann::json& extra = found->state.extra;

@@ -58,6 +58,11 @@ struct TrainSummary {
   // the test metrics, if any, are the final model's, evaluated now.
   bool already_complete = false;
   int64_t checkpoints_written = 0;
+  // Seconds spent writing this run's checkpoints (the workers wait
+  // meanwhile), and finding, verifying and restoring the one it resumed
+  // from (nullopt if it started fresh).
+  double checkpoint_write_s = 0;
+  std::optional<double> checkpoint_restore_s;
   std::string last_checkpoint;
   std::vector<std::string> skipped_checkpoints;
   // early_stopping: the epoch in which training stopped early, if it did.

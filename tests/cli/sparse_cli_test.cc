@@ -117,12 +117,21 @@ TEST_F(SparseCliTest, Bf16TablesTrainHalveTheirBytesAndCheckpointAsF32) {
   }
   for (const json& table : fj["store"]["memory"]["tables"]) EXPECT_EQ(table["dtype"], "f32") << table.dump();
   EXPECT_EQ(t_params * 2, f_params) << tj["store"].dump();
+  // What checkpoints cost: none written or restored without checkpoint.dir;
+  // the bf16 run wrote its final one and restored none.
+  EXPECT_EQ(fj["checkpoint_write_s"], 0.0) << fj.dump();
+  EXPECT_TRUE(fj["checkpoint_restore_s"].is_null()) << fj.dump();
+  EXPECT_GT(tj["checkpoint_write_s"].get<double>(), 0.0) << tj.dump();
+  EXPECT_TRUE(tj["checkpoint_restore_s"].is_null()) << tj.dump();
 
   // Resume as f32 tables for a third epoch.
   const Result r = RunCli(Cmd({"train", kDlrm, "--json"}, {"--set", "checkpoint.dir=" + ckpt, "--set", "train.epochs=3"}));
   ASSERT_EQ(r.code(), 0) << r.err;
   const json rj = LastLineJson(r.out);
   EXPECT_EQ(rj["resumed_from_step"], tj["steps"]) << rj.dump();
+  ASSERT_TRUE(rj["checkpoint_restore_s"].is_number()) << rj.dump();
+  EXPECT_GT(rj["checkpoint_restore_s"].get<double>(), 0.0);
+  EXPECT_GT(rj["checkpoint_write_s"].get<double>(), 0.0);
   EXPECT_GT(rj["test_auc"].get<double>(), 0.55);
   // The f32 checkpoint of that run, evaluated with bf16 tables: the rows
   // rounded to bf16 give nearly the same AUC.

@@ -392,6 +392,114 @@ TEST(EmbeddingTableTest, UpdateCountsSurviveEveryMetadataLayout) {
   }
 }
 
+TEST(EmbeddingTableTest, ReadRowsAtGivesWhatReadRowAtGivesRowByRow) {
+  // The checkpoint's block export against the row-by-row one, for every row
+  // layout: static rows that hold only their parameters (one copy for the
+  // block), with slots and counts, bf16, under row_lock, and dynamic tables
+  // (kError, and LRU after evictions).
+  struct Case {
+    const char* name;
+    EmbeddingTableOptions options;
+    int push_ids;  // ids pushed before reading (a dynamic table: inserted)
+  };
+  std::vector<Case> cases;
+  cases.push_back({"static f32, params only", StaticOptions(4, 300, 0), 150});
+  cases.push_back({"static adam", StaticOptions(3, 300, 2), 150});
+  EmbeddingTableOptions bf16 = StaticOptions(6, 300, 1);
+  bf16.bf16 = true;
+  cases.push_back({"static bf16 adagrad", bf16, 150});
+  EmbeddingTableOptions locked = StaticOptions(4, 300, 2);
+  locked.row_lock = true;
+  cases.push_back({"static row_lock adam", locked, 150});
+  cases.push_back({"dynamic kError", DynamicOptions(4, 300), 120});
+  cases.push_back({"dynamic lru", DynamicOptions(4, 64, CapacityPolicy::kEvictLru), 120});
+  for (Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const OptimizerType type = c.options.num_slots == 0   ? OptimizerType::kSgd
+                               : c.options.num_slots == 1 ? OptimizerType::kAdagrad
+                                                          : OptimizerType::kAdam;
+    c.options.SetOptimizer(Optimizer(type));
+    const EmbeddingTableOptions& o = c.options;
+    Region region(EmbeddingTable::BytesFor(o));
+    auto t = EmbeddingTable::Create(region.data(), region.size(), o);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EmbeddingTable::Scratch scratch;
+    std::vector<uint64_t> ids;
+    for (int i = 0; i < c.push_ids; ++i) ids.push_back(static_cast<uint64_t>(i) * 37 % 300);
+    std::vector<float> grad(ids.size() * o.dim);
+    for (size_t i = 0; i < grad.size(); ++i) grad[i] = std::sin(0.37f * static_cast<float>(i));
+    const absl::Status pushed = t->Push(ids, grad.data(), Optimizer(type), 0.05f, &scratch);
+    ASSERT_TRUE(pushed.ok()) << pushed;
+    const int64_t size = t->size();
+    const size_t dim = static_cast<size_t>(o.dim);
+    // The reference: ReadRowAt row by row, the rows in use packed.
+    std::vector<uint64_t> want_ids, want_counts;
+    std::vector<float> want_params;
+    std::vector<std::vector<float>> want_slots(o.num_slots);
+    std::vector<int64_t> in_use_before(size + 1, 0);  // rows in use before row r
+    for (int64_t r = 0; r < size; ++r) {
+      std::vector<float> p(dim);
+      std::vector<std::vector<float>> sl(o.num_slots, std::vector<float>(dim));
+      std::vector<float*> slp;
+      for (auto& v : sl) slp.push_back(v.data());
+      uint64_t id = 0, count = 0;
+      absl::StatusOr<bool> used = t->ReadRowAt(r, &id, p.data(), slp, &count);
+      ASSERT_TRUE(used.ok()) << used.status();
+      in_use_before[r + 1] = in_use_before[r] + (*used ? 1 : 0);
+      if (!*used) continue;
+      want_ids.push_back(id);
+      want_counts.push_back(count);
+      want_params.insert(want_params.end(), p.begin(), p.end());
+      for (int k = 0; k < o.num_slots; ++k) want_slots[k].insert(want_slots[k].end(), sl[k].begin(), sl[k].end());
+    }
+    if (o.kind == EmbeddingKind::kStatic) {
+      ASSERT_EQ(static_cast<int64_t>(want_ids.size()), size);
+    } else {
+      ASSERT_GT(want_ids.size(), 0u);
+    }
+    // Every range of a few shapes: empty, one row, a row short of the end, all.
+    for (const auto& [b, e] : std::vector<std::pair<int64_t, int64_t>>{
+             {0, 0}, {5, 5}, {0, 1}, {7, 8}, {1, size - 1}, {size / 3, size}, {0, size}}) {
+      SCOPED_TRACE(absl::StrCat("rows [", b, ", ", e, ")"));
+      const size_t n = static_cast<size_t>(e - b);
+      std::vector<uint64_t> got_ids(n, ~uint64_t{0}), got_counts(n, ~uint64_t{0});
+      std::vector<float> got_params(n * dim, -1.0f);
+      std::vector<std::vector<float>> got_slots(o.num_slots, std::vector<float>(n * dim, -1.0f));
+      std::vector<float*> gsl;
+      for (auto& v : got_slots) gsl.push_back(v.data());
+      absl::StatusOr<int64_t> got = t->ReadRowsAt(b, e, got_ids.data(), got_params.data(), gsl, got_counts.data());
+      ASSERT_TRUE(got.ok()) << got.status();
+      const int64_t first = in_use_before[b], count = in_use_before[e] - first;
+      ASSERT_EQ(*got, count);
+      for (int64_t i = 0; i < count; ++i) {
+        EXPECT_EQ(got_ids[i], want_ids[first + i]) << i;
+        EXPECT_EQ(got_counts[i], want_counts[first + i]) << i;
+        for (size_t j = 0; j < dim; ++j) {
+          EXPECT_EQ(got_params[i * dim + j], want_params[(first + i) * dim + j]) << i << "," << j;
+          for (int k = 0; k < o.num_slots; ++k) {
+            EXPECT_EQ(got_slots[k][i * dim + j], want_slots[k][(first + i) * dim + j]) << "slot " << k;
+          }
+        }
+      }
+      // Past the rows in use nothing is written.
+      for (size_t i = static_cast<size_t>(count); i < n; ++i) EXPECT_EQ(got_ids[i], ~uint64_t{0});
+      // Each part on its own (the others nullptr) gives the same values.
+      std::vector<float> only_params(n * dim, -1.0f);
+      absl::StatusOr<int64_t> again = t->ReadRowsAt(b, e, nullptr, only_params.data(), {}, nullptr);
+      ASSERT_TRUE(again.ok()) << again.status();
+      EXPECT_EQ(*again, count);
+      EXPECT_TRUE(std::equal(only_params.begin(), only_params.begin() + count * dim, got_params.begin()));
+    }
+    // A range outside the rows, backwards, or too many slots: InvalidArgument.
+    EXPECT_EQ(t->ReadRowsAt(0, size + 1, nullptr, nullptr, {}, nullptr).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(t->ReadRowsAt(-1, 2, nullptr, nullptr, {}, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(t->ReadRowsAt(3, 2, nullptr, nullptr, {}, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+    std::vector<float*> too_many(o.num_slots + 1, nullptr);
+    EXPECT_TRUE(MessageContains(t->ReadRowsAt(0, 1, nullptr, nullptr, too_many, nullptr).status(), {"slots"}));
+  }
+}
+
 TEST(EmbeddingTableTest, CreateRejectsShortOrMisalignedRegions) {
   const EmbeddingTableOptions o = StaticOptions(8, 10, 0);
   Region region(EmbeddingTable::BytesFor(o) + 4096);
