@@ -42,7 +42,9 @@ inline bool CanListen(int port) {
 inline int FreePortRun(int extra) {
   for (int attempt = 0; attempt < 100; ++attempt) {
     const std::vector<int> p = testing_ports::FreePorts(1);
-    if (p.empty() || p[0] + extra > 65535) continue;
+    // The run stays below the range for outgoing connections (FreePorts).
+    const int ephemeral_lo = testing_ports::EphemeralRange().first;
+    if (p.empty() || p[0] + extra > 65535 || (p[0] < ephemeral_lo && p[0] + extra >= ephemeral_lo)) continue;
     bool all = true;
     for (int k = 1; k <= extra && all; ++k) all = CanListen(p[0] + k);
     if (all) return p[0];

@@ -4,6 +4,7 @@
 #include "net/cluster_functions.h"
 
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -145,6 +146,27 @@ class ClusterFunctionsTest : public ::testing::Test {
   std::atomic<int> runs_{0};
   std::atomic<int> sleep_ms_{20};
 };
+
+// The ports the cluster tests listen on: distinct, free, never given twice,
+// and below the range the kernel draws connections' local ports from, so
+// that no client's connect can take one before its server binds it.
+TEST(FreePortsTest, DistinctFreeAndBelowTheRangeOfOutgoingConnections) {
+  const std::vector<int> a = testing_ports::FreePorts(5), b = testing_ports::FreePorts(5);
+  ASSERT_EQ(a.size(), 5u);
+  ASSERT_EQ(b.size(), 5u);
+  std::set<int> all(a.begin(), a.end());
+  all.insert(b.begin(), b.end());
+  EXPECT_EQ(all.size(), 10u) << "a port given twice";
+  const auto [lo, hi] = testing_ports::EphemeralRange();
+  for (int port : all) {
+    if (lo - std::max(1024, lo - 12000) >= 1000) EXPECT_LT(port, lo) << "in [" << lo << ", " << hi << "]";
+    int got = 0;
+    const int fd = testing_ports::BindLoopback(port, &got);
+    EXPECT_GE(fd, 0) << "port " << port << " is not free";
+    if (fd >= 0) close(fd);
+    EXPECT_EQ(got, port);
+  }
+}
 
 TEST_F(ClusterFunctionsTest, ScheduledFunctionsRunOnEveryWorkerTask) {
   std::unique_ptr<Task> a = StartTask(0), b = StartTask(1);
