@@ -955,7 +955,8 @@ absl::Status ShmParamStore::VisitTableRowBlocks(int table, const TableRowParts& 
                                                    nslots));
   }
   const uint64_t nshards = static_cast<uint64_t>(layout_.num_shards);
-  const size_t rows = static_cast<size_t>(kTableRowBlockRows), dim = static_cast<size_t>(spec.dim);
+  const int64_t block_rows = TableRowBlockRows(spec.dim);
+  const size_t rows = static_cast<size_t>(block_rows), dim = static_cast<size_t>(spec.dim);
   std::vector<uint64_t> ids(parts.ids ? rows : 0), counts(parts.update_counts ? rows : 0);
   std::vector<float> params(parts.params ? rows * dim : 0);
   std::array<std::vector<float>, kMaxEmbeddingSlots> slot_bufs;
@@ -973,8 +974,8 @@ absl::Status ShmParamStore::VisitTableRowBlocks(int table, const TableRowParts& 
   for (uint64_t s = first_hosted_; s < static_cast<uint64_t>(first_hosted_ + num_hosted_); ++s) {
     EmbeddingTable& part = tables_[table][s - first_hosted_];
     const int64_t n = part.size();
-    for (int64_t b = 0; b < n; b += kTableRowBlockRows) {
-      const int64_t e = std::min(n, b + kTableRowBlockRows);
+    for (int64_t b = 0; b < n; b += block_rows) {
+      const int64_t e = std::min(n, b + block_rows);
       SW_ASSIGN_OR_RETURN(const int64_t used,
                           part.ReadRowsAt(b, e, parts.ids ? ids.data() : nullptr,
                                           parts.params ? params.data() : nullptr,

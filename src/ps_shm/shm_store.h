@@ -2,6 +2,7 @@
 // on this machine (shm_segment.h, shard_format.h).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <functional>
 #include <memory>
@@ -152,7 +153,7 @@ class ShmParamStore final : public ParamStore {
   using TableRowVisitor = std::function<absl::Status(uint64_t id, const float* params,
                                                      absl::Span<const float* const> slots, uint64_t update_count)>;
   absl::Status VisitTableRows(int table, const TableRowVisitor& visit);
-  // The same rows in blocks of up to kTableRowBlockRows, each part in an
+  // The same rows in blocks of TableRowBlockRows(dim), each part in an
   // array of its own: what `parts` asks for (global ids, update counts, the
   // params, slot k where bit k of `slots` is set), valid during the call;
   // the rest nullptr. A checkpoint writes each part of a table as one
@@ -160,7 +161,14 @@ class ShmParamStore final : public ParamStore {
   // (EmbeddingTable::ReadRowsAt) rather than a call per row. InvalidArgument
   // for a bad table or a slot the sparse optimizer does not have; stops at
   // visit's first error and returns it.
+  // A block holds 256 KiB of a part (an L2's share, whatever the table's
+  // width: a buffer per part and thread), from 16 to 4,096 rows: 4,096 of
+  // DLRM's 16 floats, 64 of 1,024.
   static constexpr int64_t kTableRowBlockRows = 4096;
+  static constexpr int64_t kTableRowBlockBytes = int64_t{256} << 10;
+  static int64_t TableRowBlockRows(int64_t dim) {
+    return std::clamp<int64_t>(kTableRowBlockBytes / (std::max<int64_t>(dim, 1) * 4), 16, kTableRowBlockRows);
+  }
   struct TableRowParts {
     bool ids = false;
     bool update_counts = false;

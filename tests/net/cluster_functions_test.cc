@@ -159,7 +159,9 @@ TEST(FreePortsTest, DistinctFreeAndBelowTheRangeOfOutgoingConnections) {
   EXPECT_EQ(all.size(), 10u) << "a port given twice";
   const auto [lo, hi] = testing_ports::EphemeralRange();
   for (int port : all) {
-    if (lo - std::max(1024, lo - 12000) >= 1000) EXPECT_LT(port, lo) << "in [" << lo << ", " << hi << "]";
+    if (lo - std::max(1024, lo - 12000) >= 1000) {
+      EXPECT_LT(port, lo) << "in [" << lo << ", " << hi << "]";
+    }
     int got = 0;
     const int fd = testing_ports::BindLoopback(port, &got);
     EXPECT_GE(fd, 0) << "port " << port << " is not free";

@@ -184,9 +184,13 @@ TEST(CheckpointTest, RoundTripIntoAnyShardCount) {
 
 TEST(CheckpointTest, TablesOfManyBlocksRoundTripAndKeepTheirRowOrder) {
   // Tables are written a block of rows at a time (VisitTableRowBlocks): a
-  // shard of more rows than a block, a last block cut short, and a dynamic
-  // table's rows, restored into another shard count.
+  // shard of more rows than a block, a last block cut short, a dynamic
+  // table's rows, and a wide table's shorter blocks (256 KiB of 100 floats a
+  // row: 655 rows), restored into another shard count.
   constexpr int64_t kStaticRows = 2 * ShmParamStore::kTableRowBlockRows + 3;
+  ASSERT_EQ(ShmParamStore::TableRowBlockRows(3), ShmParamStore::kTableRowBlockRows);
+  ASSERT_EQ(ShmParamStore::TableRowBlockRows(100), 655);
+  ASSERT_EQ(ShmParamStore::TableRowBlockRows(1 << 20), 16);
   auto make = [](int shards, uint64_t seed) {
     OpenStoreOptions o;
     o.store.job_name = "swtest-ckpt-blocks";
@@ -198,9 +202,17 @@ TEST(CheckpointTest, TablesOfManyBlocksRoundTripAndKeepTheirRowOrder) {
     o.sparse_optimizer = sparse;
     o.num_shards = shards;
     o.seed = seed;
-    TableSpec st{.name = "static", .kind = EmbeddingKind::kStatic, .dim = 3, .capacity = kStaticRows};
-    TableSpec dy{.name = "dynamic", .kind = EmbeddingKind::kDynamic, .dim = 2, .capacity = 3 * kStaticRows};
-    o.tables = {st, dy};
+    auto table = [](const char* name, EmbeddingKind kind, int64_t dim, int64_t capacity) {
+      TableSpec t;
+      t.name = name;
+      t.kind = kind;
+      t.dim = dim;
+      t.capacity = capacity;
+      return t;
+    };
+    o.tables = {table("static", EmbeddingKind::kStatic, 3, kStaticRows),
+                table("dynamic", EmbeddingKind::kDynamic, 2, 3 * kStaticRows),
+                table("wide", EmbeddingKind::kStatic, 100, 2000)};
     absl::StatusOr<std::unique_ptr<ShmParamStore>> s = ShmParamStore::Create(o, Variables());
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? *std::move(s) : nullptr;
@@ -208,7 +220,7 @@ TEST(CheckpointTest, TablesOfManyBlocksRoundTripAndKeepTheirRowOrder) {
   // Every row's params and slot, by table and id.
   auto rows_of = [](ShmParamStore& store) {
     std::map<std::pair<int, uint64_t>, std::vector<float>> rows;
-    for (int t = 0; t < 2; ++t) {
+    for (int t = 0; t < 3; ++t) {
       const int64_t dim = store.layout().tables[t].dim;
       EXPECT_TRUE(store
                       .VisitTableRows(t,
@@ -235,12 +247,17 @@ TEST(CheckpointTest, TablesOfManyBlocksRoundTripAndKeepTheirRowOrder) {
   for (size_t i = 0; i < g.size(); ++i) g[i] = std::sin(0.11f * static_cast<float>(i));
   ASSERT_TRUE(store->PushRows(0, sids, g.data(), 0.1f, &scratch).ok());
   ASSERT_TRUE(store->PushRows(1, dids, g.data(), 0.1f, &scratch).ok());
+  std::vector<uint64_t> wids;
+  for (uint64_t i = 0; i < 2000; i += 7) wids.push_back(i);
+  std::vector<float> wg(wids.size() * 100);
+  for (size_t i = 0; i < wg.size(); ++i) wg[i] = std::cos(0.07f * static_cast<float>(i));
+  ASSERT_TRUE(store->PushRows(2, wids, wg.data(), 0.1f, &scratch).ok());
   const auto expected = rows_of(*store);
-  ASSERT_EQ(expected.size(), static_cast<size_t>(kStaticRows) + dids.size());
+  ASSERT_EQ(expected.size(), static_cast<size_t>(kStaticRows) + dids.size() + 2000);
   ASSERT_TRUE(WriteCheckpoint(dir.path(), *store, State(1), Fast()).ok());
   absl::StatusOr<std::optional<CheckpointInfo>> found = FindLatestCheckpoint(dir.path());
   ASSERT_TRUE(found.ok() && found->has_value()) << found.status();
-  EXPECT_EQ((**found).manifest.at("table_rows"), (nlohmann::json{kStaticRows, 2 * kStaticRows}));
+  EXPECT_EQ((**found).manifest.at("table_rows"), (nlohmann::json{kStaticRows, 2 * kStaticRows, 2000}));
   // The static table's file lists its rows shard by shard, each shard's in
   // order: local row r of shard s is id r * 2 + s.
   {
