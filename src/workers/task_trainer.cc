@@ -490,10 +490,7 @@ absl::StatusOr<TrainSummary> RunTaskTraining(Job& job, ProgressReporter& progres
   nlohmann::json restored_extra;
   std::unique_ptr<Dispatcher> dispatcher;
   {
-    const auto resume_start = std::chrono::steady_clock::now();
-    SW_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> found,
-                        ResumeJob(job, options.fresh, progress, &summary.skipped_checkpoints, ext));
-    if (found) summary.checkpoint_restore_s = SecondsSince(resume_start);
+    SW_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> found, ResumeJob(job, options.fresh, progress, &summary, ext));
     if (found && growing) {
       // A resumed job continues from a cursor over the whole data: its
       // cache is built first.

@@ -174,15 +174,16 @@ absl::Status RestoreJob(Job& job, const CheckpointInfo& checkpoint) {
 }
 
 absl::StatusOr<std::optional<CheckpointInfo>> ResumeJob(Job& job, bool fresh, ProgressReporter& progress,
-                                                        std::vector<std::string>* skipped,
+                                                        TrainSummary* summary,
                                                         const ExternalTraining* external) {
   const Config& cfg = job.config();
   if (cfg.checkpoint.dir.empty() || fresh) return std::optional<CheckpointInfo>();
+  const auto start = std::chrono::steady_clock::now();
   std::vector<std::string> skipped_here;
   SW_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> found,
                       WithErrorKind(FindLatestCheckpoint(cfg.checkpoint.dir, &skipped_here), ErrorKind::kCheckpoint));
   for (const std::string& s : skipped_here) progress.Line(absl::StrCat("warning: skipped checkpoint ", s));
-  if (skipped != nullptr) skipped->insert(skipped->end(), skipped_here.begin(), skipped_here.end());
+  summary->skipped_checkpoints.insert(summary->skipped_checkpoints.end(), skipped_here.begin(), skipped_here.end());
   if (!found) return found;
   if (external != nullptr) {
     SW_RETURN_IF_ERROR(WithErrorKind(CheckCheckpointData(cfg, *found), ErrorKind::kCheckpoint));
@@ -190,6 +191,7 @@ absl::StatusOr<std::optional<CheckpointInfo>> ResumeJob(Job& job, bool fresh, Pr
   } else {
     SW_RETURN_IF_ERROR(RestoreJob(job, *found));
   }
+  summary->checkpoint_restore_s = SecondsSince(start);
   const std::string config_hash = TrainingConfigHash(cfg);
   if (found->state.config_hash != config_hash) {
     progress.Line(absl::StrCat("warning: ", found->path, " was written under another config (hash ",
@@ -328,10 +330,7 @@ absl::StatusOr<TrainSummary> RunTraining(Job& job, ProgressReporter& progress, c
         "train: a job whose tables live outside its store checkpoints them through TrainRunOptions::tables");
   }
   {
-    const auto resume_start = std::chrono::steady_clock::now();
-    SW_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> found,
-                        ResumeJob(job, options.fresh, progress, &summary.skipped_checkpoints));
-    if (found) summary.checkpoint_restore_s = SecondsSince(resume_start);
+    SW_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> found, ResumeJob(job, options.fresh, progress, &summary));
     if (found) {
       const nlohmann::json& cur = found->state.data_cursor;
       const nlohmann::json& extra = found->state.extra;

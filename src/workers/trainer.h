@@ -269,13 +269,14 @@ absl::Status WriteTrainingCheckpoint(Job& job, CheckpointState state, const RunC
 
 // The resume step of a training run: unless `fresh`, finds the newest good
 // checkpoint in config.checkpoint.dir (each skipped one is appended to
-// `skipped` and reported on `progress` as a warning), restores it into
-// `job` (with `external`, checks its data record and calls its
-// restore_params instead) and warns if it was written under another config
+// summary->skipped_checkpoints and reported on `progress` as a warning),
+// restores it into `job` (with `external`, checks its data record and calls
+// its restore_params instead), sets summary->checkpoint_restore_s to the
+// seconds all that took, and warns if it was written under another config
 // hash. Returns it, or nullopt when there is nothing to resume (also
 // without checkpoint.dir).
 absl::StatusOr<std::optional<CheckpointInfo>> ResumeJob(Job& job, bool fresh, ProgressReporter& progress,
-                                                        std::vector<std::string>* skipped,
+                                                        TrainSummary* summary,
                                                         const ExternalTraining* external = nullptr);
 
 }  // namespace shardwild
