@@ -11,6 +11,8 @@
 #include <gloo/transport/tcp/device.h>
 #include <grpcpp/grpcpp.h>
 
+#include <signal.h>
+
 #include <chrono>
 #include <cstring>
 #include <algorithm>
@@ -276,6 +278,23 @@ class GrpcStore final : public gloo::rendezvous::Store {
   std::unique_ptr<net::Rendezvous::Stub> stub_;
 };
 
+// Gloo's TCP pairs send with writev(), which raises SIGPIPE on a socket
+// whose peer has reset it: a member killed mid-collective (its unread bytes
+// make its kernel answer with a reset) can kill a survivor that writes to
+// it before Gloo's loop has seen the pair close, with no word on stderr.
+// With the signal ignored the write fails with EPIPE, the collective fails,
+// and the survivors re-form. A program that chose its own disposition for
+// SIGPIPE keeps it.
+void IgnoreSigpipeUnlessHandled() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) != 0) return;
+  if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL) return;
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  sigaction(SIGPIPE, &ignore, nullptr);
+}
+
 }  // namespace
 
 class Collective::Impl {
@@ -448,6 +467,7 @@ absl::StatusOr<std::unique_ptr<Collective>> Collective::Connect(const Collective
         absl::StrCat("allreduce: rank ", options.rank, " is outside the world of ", options.size, " ranks"));
   }
   if (!(options.timeout_s > 0)) return absl::InvalidArgumentError("cluster.collective_timeout_s: must be > 0");
+  IgnoreSigpipeUnlessHandled();
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   if (options.rank == 0) {

@@ -62,7 +62,10 @@ class Collective final : public GradientReducer {
  public:
   // Rank 0 starts the rendezvous; every rank then connects Gloo's mesh.
   // Unavailable when the rendezvous cannot be bound or reached, or a peer
-  // does not show up within the timeout (naming which).
+  // does not show up within the timeout (naming which). Gloo writes to its
+  // peers with writev(), so Connect ignores SIGPIPE for the process (unless
+  // the program set its own disposition): a peer that dies mid-collective
+  // fails the collective instead of killing this process.
   static absl::StatusOr<std::unique_ptr<Collective>> Connect(const CollectiveOptions& options);
   ~Collective() override;
 

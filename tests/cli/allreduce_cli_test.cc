@@ -505,6 +505,7 @@ TEST(AllreduceCli, AKilledRankIsLeftBehindAndANewcomerJoins) {
   RemoveSegmentsOf("shardwild", job.rank(2).pid());  // the default ps.job_name
   // The survivors re-form as generation 1 (2 ranks); then a newcomer comes.
   ASSERT_TRUE(WaitForOutput(job.rank(0), "group generation 1: rank 0 of 2, 1 member(s) lost", std::chrono::seconds(60)))
+      << "rank 0 " << job.rank(0).state() << ":\n"
       << job.rank(0).out() << job.rank(0).err();
   std::vector<std::string> args = {"train", kConfig, "--json", "--set", "train.strategy=allreduce", "--set",
                                    "cluster.base_port=" + std::to_string(job.base_port())};

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -152,6 +153,17 @@ class Child {
     int st = 0;
     if (waitpid(pid_, &st, WNOHANG) == pid_) status_ = st;
     return status_.has_value();
+  }
+
+  // For failure messages: "running", "exited with N" or "killed by signal
+  // N (name)" (a rank that ends with no word on stderr was killed).
+  std::string state() {
+    if (!Poll()) return "running";
+    if (WIFEXITED(*status_)) return "exited with " + std::to_string(WEXITSTATUS(*status_));
+    if (WIFSIGNALED(*status_)) {
+      return "killed by signal " + std::to_string(WTERMSIG(*status_)) + " (" + strsignal(WTERMSIG(*status_)) + ")";
+    }
+    return "wait status " + std::to_string(*status_);
   }
 
   std::string out() const { return ReadFile(out_path_); }

@@ -4,6 +4,11 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <chrono>
 #include <functional>
@@ -143,6 +148,36 @@ TEST(Collective, ALostRankFailsThePeersCollective) {
   const absl::Status s = (*c)->AllreduceSum(data.data(), data.size());
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(s.message(), HasSubstr("allreduce: allreduce over 2 ranks failed on rank 0"));
+}
+
+void ProgramsOwnSigpipeHandler(int) {}
+
+// Gloo sends with writev(): once a process has connected, a write to a
+// socket whose peer is gone is EPIPE, not a SIGPIPE that kills it (a rank
+// killed mid-collective must fail its peers' collective, not end them). A
+// handler the program installed itself is kept.
+TEST(Collective, AfterConnectAWriteToADeadPeerIsAnErrorNotASignal) {
+  struct sigaction saved {};
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &saved), 0);
+  ASSERT_NE(signal(SIGPIPE, SIG_DFL), SIG_ERR);
+  OnRanks(1, [](int, Collective& c) { EXPECT_EQ(c.size(), 1); });
+  struct sigaction now {};
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, SIG_IGN);
+  int fds[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  close(fds[1]);
+  const char byte = 1;
+  errno = 0;
+  EXPECT_EQ(write(fds[0], &byte, 1), -1);  // with SIGPIPE's default, the test process ends here
+  EXPECT_EQ(errno, EPIPE);
+  close(fds[0]);
+
+  ASSERT_NE(signal(SIGPIPE, ProgramsOwnSigpipeHandler), SIG_ERR);
+  OnRanks(1, [](int, Collective&) {});
+  ASSERT_EQ(sigaction(SIGPIPE, nullptr, &now), 0);
+  EXPECT_EQ(now.sa_handler, &ProgramsOwnSigpipeHandler);
+  ASSERT_EQ(sigaction(SIGPIPE, &saved, nullptr), 0);
 }
 
 // Sums 1 over the group, re-forming once if the first try fails (a member
