@@ -59,7 +59,8 @@ class StepClock {
     State s;
 #if defined(__x86_64__)
     unsigned a = 0, b = 0, c = 0, d = 0;
-    if (__get_cpuid_max(0x80000000u, nullptr) < 0x80000007u) return s;
+    // (unsigned: clang's __get_cpuid_max returns int, GCC's unsigned int.)
+    if (static_cast<unsigned>(__get_cpuid_max(0x80000000u, nullptr)) < 0x80000007u) return s;
     __cpuid(0x80000007u, a, b, c, d);
     if ((d & (1u << 8)) == 0) return s;  // not invariant
     std::ifstream in("/sys/devices/system/clocksource/clocksource0/current_clocksource");
