@@ -1602,18 +1602,7 @@ absl::Status EmbeddingTable::WriteRowState(uint64_t id, const float* params, abs
   char* block = RowBlock(row);
   uint32_t* seq = row_lock_ ? SeqWord(row) : nullptr;
   const uint32_t odd = row_lock_ ? LockRow(seq) : 0;
-  if (bf16_) {
-    // Rounded to nearest (a checkpoint's f32 values into a bf16 table).
-    uint16_t* p = reinterpret_cast<uint16_t*>(block);
-    uint16_t chunk[64];
-    for (int64_t j = 0; j < dim_; j += 64) {
-      const int64_t n = std::min<int64_t>(64, dim_ - j);
-      HogwildCopyFromAsBf16(params + j, chunk, n);
-      for (int64_t i = 0; i < n; ++i) Atomic(p[j + i]).store(chunk[i], std::memory_order_relaxed);
-    }
-  } else {
-    HogwildCopyTo(params, reinterpret_cast<float*>(block), dim_);
-  }
+  StoreParams(params, block);
   for (size_t k = 0; k < slots.size(); ++k) {
     if (slots[k] != nullptr) HogwildCopyTo(slots[k], Slot(block, static_cast<int>(k)), dim_);
   }
@@ -1628,6 +1617,72 @@ absl::Status EmbeddingTable::WriteRowState(uint64_t id, const float* params, abs
     if (row_lock_) UnlockRow(seq, odd);
   }
   Release(row);
+  return absl::OkStatus();
+}
+
+void EmbeddingTable::StoreParams(const float* src, char* block) {
+  if (bf16_) {
+    // Rounded to nearest (a checkpoint's f32 values into a bf16 table).
+    uint16_t* p = reinterpret_cast<uint16_t*>(block);
+    uint16_t chunk[64];
+    for (int64_t j = 0; j < dim_; j += 64) {
+      const int64_t n = std::min<int64_t>(64, dim_ - j);
+      HogwildCopyFromAsBf16(src + j, chunk, n);
+      for (int64_t i = 0; i < n; ++i) Atomic(p[j + i]).store(chunk[i], std::memory_order_relaxed);
+    }
+  } else {
+    HogwildCopyTo(src, reinterpret_cast<float*>(block), dim_);
+  }
+}
+
+absl::Status EmbeddingTable::WriteRowStates(uint64_t first_id, int64_t n, const float* params,
+                                            absl::Span<const float* const> slots, const uint64_t* update_counts) {
+  if (static_cast<int>(slots.size()) > num_slots_) {
+    return absl::InvalidArgumentError(absl::StrCat("embedding table '", options_.name, "': given ", slots.size(),
+                                                   " slots, rows have ", num_slots_));
+  }
+  if (n < 0) return absl::InvalidArgumentError("embedding WriteRowStates: negative row count");
+  if (n == 0) return absl::OkStatus();
+  if (params == nullptr) return absl::InvalidArgumentError("embedding WriteRowStates: params is null");
+  const size_t dim = static_cast<size_t>(dim_);
+  if (kind_ == EmbeddingKind::kStatic) {
+    // Rows first_id .. first_id + n - 1: the ids checked once, up front.
+    const auto capacity = static_cast<uint64_t>(capacity_);
+    if (first_id >= capacity || static_cast<uint64_t>(n) > capacity - first_id) {
+      const uint64_t bad = first_id >= capacity ? first_id : capacity;  // the first id out of range
+      return CheckIds({&bad, 1});
+    }
+  }
+  if (kind_ == EmbeddingKind::kStatic && !row_lock_) {
+    const auto begin = static_cast<int64_t>(first_id);
+    if (!bf16_ && row_stride_ == dim * sizeof(float)) {
+      HogwildCopyTo(params, reinterpret_cast<float*>(RowBlock(begin)), n * dim_);
+    } else {
+      for (int64_t i = 0; i < n; ++i) StoreParams(params + static_cast<size_t>(i) * dim, RowBlock(begin + i));
+    }
+    for (size_t k = 0; k < slots.size(); ++k) {
+      if (slots[k] == nullptr) continue;
+      for (int64_t i = 0; i < n; ++i) {
+        HogwildCopyTo(slots[k] + static_cast<size_t>(i) * dim, Slot(RowBlock(begin + i), static_cast<int>(k)), dim_);
+      }
+    }
+    if (count_at_ >= 0) {
+      for (int64_t i = 0; i < n; ++i) {
+        const uint64_t count = update_counts != nullptr ? update_counts[i] : 0;
+        const uint32_t c = static_cast<uint32_t>(std::min<uint64_t>(count, std::numeric_limits<uint32_t>::max()));
+        Atomic(*CountWord(begin + i)).store(c, std::memory_order_relaxed);
+      }
+    }
+    return absl::OkStatus();
+  }
+  std::array<const float*, kMaxSlots> row_slots{};
+  for (int64_t i = 0; i < n; ++i) {
+    const size_t at = static_cast<size_t>(i) * dim;
+    for (size_t k = 0; k < slots.size(); ++k) row_slots[k] = slots[k] != nullptr ? slots[k] + at : nullptr;
+    SW_RETURN_IF_ERROR(WriteRowState(first_id + static_cast<uint64_t>(i), params + at,
+                                     absl::MakeConstSpan(row_slots.data(), slots.size()),
+                                     update_counts != nullptr ? update_counts[i] : 0));
+  }
   return absl::OkStatus();
 }
 

@@ -421,6 +421,17 @@ class EmbeddingTable {
   // kError table).
   absl::Status WriteRowState(uint64_t id, const float* params, absl::Span<const float* const> slots,
                              uint64_t update_count);
+  // Checkpoint import of ids [first_id, first_id + n) at once: as
+  // WriteRowState for each, id first_id + i from params[i * dim, + dim),
+  // slots[k][i * dim, + dim) and update_counts[i] (update_counts may be
+  // nullptr: 0 each). A static table's rows (id = row) are written as a
+  // block, its parameters in one Hogwild copy where the rows hold nothing
+  // else (the mirror of ReadRowsAt); a dynamic or row_lock table's one by
+  // one. Errors as WriteRowState: a static table's range past its capacity
+  // writes nothing; a dynamic table's first id that fails is reported, the
+  // rows before it written.
+  absl::Status WriteRowStates(uint64_t first_id, int64_t n, const float* params,
+                              absl::Span<const float* const> slots, const uint64_t* update_counts);
 
   // Rows that hold an id (static: capacity). In a kError table it counts rows
   // being initialised too.
@@ -536,6 +547,9 @@ class EmbeddingTable {
   }
   // The row block's parameters as f32 into dst[dim] (a Hogwild copy; widened for bf16).
   void CopyParams(const char* block, float* dst) const;
+  // A row's parameters from `src` (dim floats; a bf16 table's rounded to
+  // nearest), through the Hogwild kernels.
+  void StoreParams(const float* src, char* block);
   // Copies a row's params, slots and update count (seqlock read in row_lock).
   void CopyRowState(int64_t row, float* params, absl::Span<float* const> slots, uint64_t* update_count) const;
   void PrefetchAhead(absl::Span<const uint64_t> ids, size_t i, int lines) const;

@@ -999,6 +999,42 @@ absl::Status ShmParamStore::WriteTableRow(int table, uint64_t id, const float* p
   return home.table->WriteRowState(home.local_id, params, slots, update_count);
 }
 
+absl::Status ShmParamStore::WriteTableRows(int table, absl::Span<const uint64_t> ids, const float* params,
+                                           absl::Span<const float* const> slots, const uint64_t* update_counts) {
+  if (table < 0 || table >= static_cast<int>(tables_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("write table rows: no embedding table ", table));
+  }
+  if (slots.size() > static_cast<size_t>(kMaxEmbeddingSlots)) {
+    return absl::InvalidArgumentError(absl::StrCat("write table rows: ", slots.size(), " slots, at most ",
+                                                   kMaxEmbeddingSlots));
+  }
+  const TableSpec& spec = layout_.tables[table];
+  const size_t dim = static_cast<size_t>(spec.dim);
+  // A static id s + k * S lives at row k of shard s: a run of ids S apart
+  // is a run of rows of one shard.
+  const bool runs = spec.kind == EmbeddingKind::kStatic;
+  const auto step = static_cast<uint64_t>(layout_.num_shards);
+  std::array<const float*, kMaxEmbeddingSlots> run_slots{};
+  for (size_t i = 0; i < ids.size();) {
+    SW_ASSIGN_OR_RETURN(const RowHome home, HomeOf(table, ids[i], "write table rows"));
+    size_t n = 1;
+    if (runs) {
+      // Each id of the run is below the capacity (HomeOf checked the
+      // first), so adding the step does not wrap.
+      const auto capacity = static_cast<uint64_t>(spec.capacity);
+      while (i + n < ids.size() && ids[i + n] == ids[i + n - 1] + step && ids[i + n] < capacity) ++n;
+    }
+    for (size_t k = 0; k < slots.size(); ++k) run_slots[k] = slots[k] != nullptr ? slots[k] + i * dim : nullptr;
+    const absl::Status s =
+        home.table->WriteRowStates(home.local_id, static_cast<int64_t>(n), params + i * dim,
+                                   absl::MakeConstSpan(run_slots.data(), slots.size()),
+                                   update_counts != nullptr ? update_counts + i : nullptr);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("id ", ids[i], ": ", s.message()));
+    i += n;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ShmParamStore::Push(absl::Span<const DenseGrad> grads, float lr) { return PushImpl(grads, lr, false); }
 
 absl::Status ShmParamStore::PushHosted(absl::Span<const DenseGrad> grads, float lr) {

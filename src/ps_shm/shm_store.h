@@ -188,6 +188,15 @@ class ShmParamStore final : public ParamStore {
   // shard that holds it under this store's shard count).
   absl::Status WriteTableRow(int table, uint64_t id, const float* params, absl::Span<const float* const> slots,
                              uint64_t update_count);
+  // WriteTableRow for each of `ids` in turn: id ids[i] from params[i * dim,
+  // + dim), slots[k][i * dim, + dim) and update_counts[i] (nullptr: 0
+  // each). The ids of a static table whose rows follow one another in one
+  // shard (ids s, s + S, s + 2S, ... of S shards, as a checkpoint lists
+  // them) are written as one block (EmbeddingTable::WriteRowStates).
+  // Errors as WriteTableRow, naming the first id that fails; the ids before
+  // it are written.
+  absl::Status WriteTableRows(int table, absl::Span<const uint64_t> ids, const float* params,
+                              absl::Span<const float* const> slots, const uint64_t* update_counts);
 
   // Shard `shard`'s part of embedding table `table` (tests, statistics);
   // `shard` is a global index and must be hosted.

@@ -695,7 +695,7 @@ absl::Status RestoreCheckpoint(const CheckpointInfo& checkpoint, ShmParamStore& 
       }
       store.SetUpdateCount(static_cast<int>(v), vars[v].at("update_count").get<uint64_t>());
     }
-    // Tables: row by row, each to the shard that holds its id now; the
+    // Tables: each row to the shard that holds its id now; the
     // tables side by side on every hardware thread (each writes only its
     // own table's rows).
     SW_RETURN_IF_ERROR(ParallelForStatus(0, static_cast<int64_t>(tables.size()), [&](int64_t t) -> absl::Status {
@@ -718,11 +718,11 @@ absl::Status RestoreCheckpoint(const CheckpointInfo& checkpoint, ShmParamStore& 
         if (slot_data[k].size() != n * dim) return mismatch(absl::StrCat("slot ", k, " of table ", t, " has the wrong size"));
       }
       std::vector<const float*> slots(sparse_slots);
-      for (size_t i = 0; i < n; ++i) {
-        for (int k = 0; k < sparse_slots; ++k) slots[k] = slot_data[k].data() + i * dim;
-        absl::Status s = store.WriteTableRow(static_cast<int>(t), ids[i], params.data() + i * dim, slots, counts[i]);
-        if (!s.ok()) return absl::Status(s.code(), absl::StrCat(path, ": restoring row ", ids[i], ": ", s.message()));
-      }
+      for (int k = 0; k < sparse_slots; ++k) slots[k] = slot_data[k].data();
+      // The file lists a static table shard by shard in row order, so its
+      // rows go back in blocks.
+      const absl::Status s = store.WriteTableRows(static_cast<int>(t), ids, params.data(), slots, counts.data());
+      if (!s.ok()) return absl::Status(s.code(), absl::StrCat(path, ": restoring table ", t, ": ", s.message()));
       return absl::OkStatus();
     }));
   } catch (const json::exception& e) {

@@ -500,6 +500,114 @@ TEST(EmbeddingTableTest, ReadRowsAtGivesWhatReadRowAtGivesRowByRow) {
   }
 }
 
+TEST(EmbeddingTableTest, WriteRowStatesGivesWhatWriteRowStateGivesRowByRow) {
+  // The restore's block import against the row-by-row one, for every row
+  // layout (as ReadRowsAt's test): two tables alike, one written a range at
+  // once, the other id by id, then every row of both read back.
+  struct Case {
+    const char* name;
+    EmbeddingTableOptions options;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"static f32, params only", StaticOptions(4, 300, 0)});
+  cases.push_back({"static adam", StaticOptions(3, 300, 2)});
+  EmbeddingTableOptions bf16 = StaticOptions(6, 300, 1);
+  bf16.bf16 = true;
+  cases.push_back({"static bf16 adagrad", bf16});
+  EmbeddingTableOptions locked = StaticOptions(4, 300, 2);
+  locked.row_lock = true;
+  cases.push_back({"static row_lock adam", locked});
+  cases.push_back({"dynamic kError", DynamicOptions(4, 300)});
+  cases.push_back({"dynamic lru", DynamicOptions(4, 64, CapacityPolicy::kEvictLru)});
+  for (Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const OptimizerType type = c.options.num_slots == 0   ? OptimizerType::kSgd
+                               : c.options.num_slots == 1 ? OptimizerType::kAdagrad
+                                                          : OptimizerType::kAdam;
+    c.options.SetOptimizer(Optimizer(type));
+    const EmbeddingTableOptions& o = c.options;
+    const bool is_static = o.kind == EmbeddingKind::kStatic;
+    const size_t dim = static_cast<size_t>(o.dim);
+    // Ranges: empty, one row, the last row, most of the table, all of it (a
+    // dynamic table: ids [10, 60), within an LRU table's 64 rows).
+    const int64_t cap = o.capacity;
+    const std::vector<std::pair<uint64_t, int64_t>> ranges =
+        is_static ? std::vector<std::pair<uint64_t, int64_t>>{{5, 0}, {7, 1}, {static_cast<uint64_t>(cap - 1), 1},
+                                                               {3, cap - 4}, {0, cap}}
+                  : std::vector<std::pair<uint64_t, int64_t>>{{5, 0}, {7, 1}, {10, 50}};
+    for (const auto& [first, n] : ranges) {
+      SCOPED_TRACE(absl::StrCat("ids [", first, ", ", first + static_cast<uint64_t>(n), ")"));
+      Region ra(EmbeddingTable::BytesFor(o)), rb(EmbeddingTable::BytesFor(o));
+      auto a = EmbeddingTable::Create(ra.data(), ra.size(), o);
+      auto b = EmbeddingTable::Create(rb.data(), rb.size(), o);
+      ASSERT_TRUE(a.ok() && b.ok());
+      const size_t count = static_cast<size_t>(n);
+      std::vector<float> params(count * dim);
+      for (size_t i = 0; i < params.size(); ++i) params[i] = std::sin(0.731f * static_cast<float>(i) + 0.1f);
+      std::vector<std::vector<float>> slot_data(o.num_slots, std::vector<float>(count * dim));
+      for (int k = 0; k < o.num_slots; ++k) {
+        for (size_t i = 0; i < count * dim; ++i) slot_data[k][i] = 0.5f + std::cos(0.3f * static_cast<float>(i + k));
+      }
+      std::vector<uint64_t> counts(count);
+      for (size_t i = 0; i < count; ++i) counts[i] = 3 + i * 7;
+      std::vector<const float*> slots;
+      for (auto& v : slot_data) slots.push_back(v.data());
+      const absl::Status wrote = a->WriteRowStates(first, n, params.data(), slots, counts.data());
+      ASSERT_TRUE(wrote.ok()) << wrote;
+      for (size_t i = 0; i < count; ++i) {
+        std::vector<const float*> row_slots;
+        for (auto& v : slot_data) row_slots.push_back(v.data() + i * dim);
+        const absl::Status one = b->WriteRowState(first + i, params.data() + i * dim, row_slots, counts[i]);
+        ASSERT_TRUE(one.ok()) << one;
+      }
+      ASSERT_EQ(a->size(), b->size());
+      // Every row of both tables, the written ones and the rest.
+      std::vector<uint64_t> read_ids;
+      if (is_static) {
+        for (int64_t id = 0; id < cap; ++id) read_ids.push_back(static_cast<uint64_t>(id));
+      } else {
+        for (size_t i = 0; i < count; ++i) read_ids.push_back(first + i);
+      }
+      for (uint64_t id : read_ids) {
+        std::vector<float> pa(dim), pb(dim);
+        std::vector<std::vector<float>> sa(o.num_slots, std::vector<float>(dim)), sb = sa;
+        std::vector<float*> spa, spb;
+        for (int k = 0; k < o.num_slots; ++k) {
+          spa.push_back(sa[k].data());
+          spb.push_back(sb[k].data());
+        }
+        uint64_t ca = 0, cb = 0;
+        ASSERT_TRUE(a->ReadRowState(id, pa.data(), spa, &ca).ok()) << id;
+        ASSERT_TRUE(b->ReadRowState(id, pb.data(), spb, &cb).ok()) << id;
+        EXPECT_EQ(ca, cb) << "id " << id;
+        for (size_t j = 0; j < dim; ++j) {
+          EXPECT_EQ(std::bit_cast<uint32_t>(pa[j]), std::bit_cast<uint32_t>(pb[j])) << "id " << id << ", " << j;
+          for (int k = 0; k < o.num_slots; ++k) EXPECT_EQ(sa[k][j], sb[k][j]) << "id " << id << ", slot " << k;
+        }
+      }
+    }
+    // Errors: too many slots, no params, and (static) a range past the
+    // capacity, which writes nothing.
+    Region r(EmbeddingTable::BytesFor(o));
+    auto t = EmbeddingTable::Create(r.data(), r.size(), o);
+    ASSERT_TRUE(t.ok());
+    std::vector<float> three(3 * dim, 1.25f);
+    std::vector<const float*> too_many(o.num_slots + 1, three.data());
+    EXPECT_EQ(t->WriteRowStates(0, 3, three.data(), too_many, nullptr).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(t->WriteRowStates(0, 3, nullptr, {}, nullptr).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(t->WriteRowStates(0, 0, nullptr, {}, nullptr).ok());
+    if (is_static) {
+      std::vector<float> before(dim), after(dim);
+      ASSERT_TRUE(t->ReadRowState(static_cast<uint64_t>(cap - 2), before.data(), {}, nullptr).ok());
+      const absl::Status past = t->WriteRowStates(static_cast<uint64_t>(cap - 2), 3, three.data(), {}, nullptr);
+      EXPECT_EQ(past.code(), absl::StatusCode::kInvalidArgument) << past;
+      EXPECT_NE(past.message().find(absl::StrCat(cap)), std::string_view::npos) << past;
+      ASSERT_TRUE(t->ReadRowState(static_cast<uint64_t>(cap - 2), after.data(), {}, nullptr).ok());
+      EXPECT_EQ(before, after);
+    }
+  }
+}
+
 TEST(EmbeddingTableTest, CreateRejectsShortOrMisalignedRegions) {
   const EmbeddingTableOptions o = StaticOptions(8, 10, 0);
   Region region(EmbeddingTable::BytesFor(o) + 4096);

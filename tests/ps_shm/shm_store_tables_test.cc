@@ -14,6 +14,7 @@
 #include <cstring>
 #include <map>
 #include <new>
+#include <numeric>
 #include <memory>
 #include <random>
 #include <string>
@@ -239,6 +240,99 @@ TEST(ShmStoreTables, RepeatedIdsAreSummed) {
       EXPECT_FLOAT_EQ(after[kDim + j], before[kDim + j] - 0.5f) << EmbeddingKindName(kind);       // id 8
     }
   }
+}
+
+// WriteTableRows (the restore's) against WriteTableRow id by id, for ids in
+// a checkpoint's order (shard by shard, each in row order: runs of ids S
+// apart), shuffled, and with gaps; static and dynamic tables; then an id
+// out of range, named, with the ids before it written.
+TEST(ShmStoreTables, WriteTableRowsGivesWhatWriteTableRowGivesIdById) {
+  const OptimizerOptions adam = Optimizer(OptimizerType::kAdam, 0.01f);
+  // SGD's static rows hold only their parameters: a run is one copy.
+  for (const auto& [kind, opt] : {std::pair{EmbeddingKind::kStatic, Optimizer(OptimizerType::kSgd, 0.1f)},
+                                  std::pair{EmbeddingKind::kStatic, adam}, std::pair{EmbeddingKind::kDynamic, adam}}) {
+    const int slots = NumSlots(opt.type);
+    const int64_t capacity = 200;
+    std::vector<std::pair<std::string, std::vector<uint64_t>>> orders;
+    std::vector<uint64_t> by_shard;
+    for (int s = 0; s < kShards; ++s) {
+      for (uint64_t id = static_cast<uint64_t>(s); id < static_cast<uint64_t>(capacity); id += kShards) {
+        by_shard.push_back(id);
+      }
+    }
+    orders.push_back({"shard by shard", by_shard});
+    std::vector<uint64_t> shuffled = by_shard;
+    std::shuffle(shuffled.begin(), shuffled.end(), std::mt19937(7));
+    orders.push_back({"shuffled", shuffled});
+    std::vector<uint64_t> gaps;
+    for (uint64_t id : by_shard) {
+      if (id % 7 != 3) gaps.push_back(id);
+    }
+    orders.push_back({"with gaps", gaps});
+    std::vector<uint64_t> ascending(static_cast<size_t>(capacity));  // consecutive ids: each in another shard
+    std::iota(ascending.begin(), ascending.end(), uint64_t{0});
+    orders.push_back({"ascending", ascending});
+    for (const auto& [name, ids] : orders) {
+      SCOPED_TRACE(absl::StrCat(kind == EmbeddingKind::kStatic ? "static, " : "dynamic, ", slots, " slots, ", name));
+      std::unique_ptr<ShmParamStore> a = MakeStore(Options(opt, {Table(kind, capacity)}));
+      std::unique_ptr<ShmParamStore> b = MakeStore(Options(opt, {Table(kind, capacity)}));
+      ASSERT_TRUE(a && b);
+      const size_t n = ids.size();
+      std::vector<float> params(n * kDim);
+      for (size_t i = 0; i < params.size(); ++i) params[i] = std::sin(0.17f * static_cast<float>(i));
+      std::vector<std::vector<float>> slot_data(slots, std::vector<float>(n * kDim));
+      for (int k = 0; k < slots; ++k) {
+        for (size_t i = 0; i < n * kDim; ++i) slot_data[k][i] = 1.0f + std::cos(0.29f * static_cast<float>(i) + k);
+      }
+      std::vector<uint64_t> counts(n);
+      for (size_t i = 0; i < n; ++i) counts[i] = 1 + ids[i] * 3;
+      std::vector<const float*> sp;
+      for (auto& v : slot_data) sp.push_back(v.data());
+      const absl::Status wrote = a->WriteTableRows(0, ids, params.data(), sp, counts.data());
+      ASSERT_TRUE(wrote.ok()) << wrote;
+      for (size_t i = 0; i < n; ++i) {
+        std::vector<const float*> row;
+        for (auto& v : slot_data) row.push_back(v.data() + i * kDim);
+        ASSERT_TRUE(b->WriteTableRow(0, ids[i], params.data() + i * kDim, row, counts[i]).ok());
+      }
+      for (uint64_t id = 0; id < static_cast<uint64_t>(capacity); ++id) {
+        std::vector<float> pa(kDim), pb(kDim);
+        std::vector<std::vector<float>> sa(slots, std::vector<float>(kDim)), sb = sa;
+        std::vector<float*> spa, spb;
+        for (int k = 0; k < slots; ++k) {
+          spa.push_back(sa[k].data());
+          spb.push_back(sb[k].data());
+        }
+        uint64_t ca = 0, cb = 0;
+        const absl::Status ra = a->ReadTableRow(0, id, pa.data(), spa, &ca);
+        const absl::Status rb = b->ReadTableRow(0, id, pb.data(), spb, &cb);
+        ASSERT_EQ(ra.code(), rb.code()) << "id " << id << ": " << ra << " / " << rb;
+        if (!ra.ok()) continue;  // a dynamic table's id never written
+        EXPECT_EQ(ca, cb) << "id " << id;
+        EXPECT_EQ(pa, pb) << "id " << id;
+        EXPECT_EQ(sa, sb) << "id " << id;
+      }
+    }
+  }
+  // A static id out of range in the middle of a run: named; the ids before
+  // it are written, the ones after it are not.
+  const int slots = NumSlots(adam.type);
+  std::unique_ptr<ShmParamStore> store = MakeStore(Options(adam, {Table(EmbeddingKind::kStatic, 30)}));
+  ASSERT_TRUE(store);
+  const std::vector<uint64_t> ids = {0, 3, 6, 33, 9};
+  std::vector<float> params(ids.size() * kDim, 2.5f);
+  std::vector<std::vector<float>> slot_data(slots, std::vector<float>(ids.size() * kDim, 0.75f));
+  std::vector<const float*> sp;
+  for (auto& v : slot_data) sp.push_back(v.data());
+  const absl::Status bad = store->WriteTableRows(0, ids, params.data(), sp, nullptr);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_NE(bad.message().find("id 33"), std::string_view::npos) << bad;
+  for (uint64_t id : {uint64_t{0}, uint64_t{3}, uint64_t{6}, uint64_t{9}}) {
+    std::vector<float> p(kDim);
+    ASSERT_TRUE(store->ReadTableRow(0, id, p.data(), {}, nullptr).ok());
+    EXPECT_EQ(p[0] == 2.5f, id != 9) << "id " << id;
+  }
+  EXPECT_EQ(store->WriteTableRows(1, ids, params.data(), sp, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ShmStoreTables, OutOfRangeStaticIdIsInvalidArgument) {
