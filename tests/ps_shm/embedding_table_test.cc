@@ -392,40 +392,48 @@ TEST(EmbeddingTableTest, UpdateCountsSurviveEveryMetadataLayout) {
   }
 }
 
-TEST(EmbeddingTableTest, ReadRowsAtGivesWhatReadRowAtGivesRowByRow) {
-  // The checkpoint's block export against the row-by-row one, for every row
-  // layout: static rows that hold only their parameters (one copy for the
-  // block), with slots and counts, bf16, under row_lock, and dynamic tables
-  // (kError, and LRU after evictions).
-  struct Case {
-    const char* name;
-    EmbeddingTableOptions options;
-    int push_ids;  // ids pushed before reading (a dynamic table: inserted)
-  };
-  std::vector<Case> cases;
-  cases.push_back({"static f32, params only", StaticOptions(4, 300, 0), 150});
-  cases.push_back({"static adam", StaticOptions(3, 300, 2), 150});
+// Every row layout the checkpoint's block export and import handle: static
+// rows that hold only their parameters (one copy for a block), with slots
+// and counts, bf16, under row_lock, and dynamic tables (kError, LRU), each
+// with the optimizer its slots are for (none: SGD, 1: Adagrad, 2: Adam).
+OptimizerType TypeOf(const EmbeddingTableOptions& o) {
+  return o.num_slots == 0 ? OptimizerType::kSgd : o.num_slots == 1 ? OptimizerType::kAdagrad : OptimizerType::kAdam;
+}
+struct RowLayoutCase {
+  const char* name;
+  EmbeddingTableOptions options;
+};
+std::vector<RowLayoutCase> RowLayoutCases() {
+  std::vector<RowLayoutCase> cases;
+  cases.push_back({"static f32, params only", StaticOptions(4, 300, 0)});
+  cases.push_back({"static adam", StaticOptions(3, 300, 2)});
   EmbeddingTableOptions bf16 = StaticOptions(6, 300, 1);
   bf16.bf16 = true;
-  cases.push_back({"static bf16 adagrad", bf16, 150});
+  cases.push_back({"static bf16 adagrad", bf16});
   EmbeddingTableOptions locked = StaticOptions(4, 300, 2);
   locked.row_lock = true;
-  cases.push_back({"static row_lock adam", locked, 150});
-  cases.push_back({"dynamic kError", DynamicOptions(4, 300), 120});
-  cases.push_back({"dynamic lru", DynamicOptions(4, 64, CapacityPolicy::kEvictLru), 120});
-  for (Case& c : cases) {
+  cases.push_back({"static row_lock adam", locked});
+  cases.push_back({"dynamic kError", DynamicOptions(4, 300)});
+  cases.push_back({"dynamic lru", DynamicOptions(4, 64, CapacityPolicy::kEvictLru)});
+  for (RowLayoutCase& c : cases) c.options.SetOptimizer(Optimizer(TypeOf(c.options)));
+  return cases;
+}
+
+TEST(EmbeddingTableTest, ReadRowsAtGivesWhatReadRowAtGivesRowByRow) {
+  // The checkpoint's block export against the row-by-row one, for every row
+  // layout (the LRU table read after evictions).
+  for (const RowLayoutCase& c : RowLayoutCases()) {
     SCOPED_TRACE(c.name);
-    const OptimizerType type = c.options.num_slots == 0   ? OptimizerType::kSgd
-                               : c.options.num_slots == 1 ? OptimizerType::kAdagrad
-                                                          : OptimizerType::kAdam;
-    c.options.SetOptimizer(Optimizer(type));
     const EmbeddingTableOptions& o = c.options;
+    const OptimizerType type = TypeOf(o);
+    // Ids pushed before reading (a dynamic table: inserted).
+    const int push_ids = o.kind == EmbeddingKind::kStatic ? 150 : 120;
     Region region(EmbeddingTable::BytesFor(o));
     auto t = EmbeddingTable::Create(region.data(), region.size(), o);
     ASSERT_TRUE(t.ok()) << t.status();
     EmbeddingTable::Scratch scratch;
     std::vector<uint64_t> ids;
-    for (int i = 0; i < c.push_ids; ++i) ids.push_back(static_cast<uint64_t>(i) * 37 % 300);
+    for (int i = 0; i < push_ids; ++i) ids.push_back(static_cast<uint64_t>(i) * 37 % 300);
     std::vector<float> grad(ids.size() * o.dim);
     for (size_t i = 0; i < grad.size(); ++i) grad[i] = std::sin(0.37f * static_cast<float>(i));
     const absl::Status pushed = t->Push(ids, grad.data(), Optimizer(type), 0.05f, &scratch);
@@ -502,29 +510,10 @@ TEST(EmbeddingTableTest, ReadRowsAtGivesWhatReadRowAtGivesRowByRow) {
 
 TEST(EmbeddingTableTest, WriteRowStatesGivesWhatWriteRowStateGivesRowByRow) {
   // The restore's block import against the row-by-row one, for every row
-  // layout (as ReadRowsAt's test): two tables alike, one written a range at
-  // once, the other id by id, then every row of both read back.
-  struct Case {
-    const char* name;
-    EmbeddingTableOptions options;
-  };
-  std::vector<Case> cases;
-  cases.push_back({"static f32, params only", StaticOptions(4, 300, 0)});
-  cases.push_back({"static adam", StaticOptions(3, 300, 2)});
-  EmbeddingTableOptions bf16 = StaticOptions(6, 300, 1);
-  bf16.bf16 = true;
-  cases.push_back({"static bf16 adagrad", bf16});
-  EmbeddingTableOptions locked = StaticOptions(4, 300, 2);
-  locked.row_lock = true;
-  cases.push_back({"static row_lock adam", locked});
-  cases.push_back({"dynamic kError", DynamicOptions(4, 300)});
-  cases.push_back({"dynamic lru", DynamicOptions(4, 64, CapacityPolicy::kEvictLru)});
-  for (Case& c : cases) {
+  // layout: two tables alike, one written a range at once, the other id by
+  // id, then every row of both read back.
+  for (const RowLayoutCase& c : RowLayoutCases()) {
     SCOPED_TRACE(c.name);
-    const OptimizerType type = c.options.num_slots == 0   ? OptimizerType::kSgd
-                               : c.options.num_slots == 1 ? OptimizerType::kAdagrad
-                                                          : OptimizerType::kAdam;
-    c.options.SetOptimizer(Optimizer(type));
     const EmbeddingTableOptions& o = c.options;
     const bool is_static = o.kind == EmbeddingKind::kStatic;
     const size_t dim = static_cast<size_t>(o.dim);
