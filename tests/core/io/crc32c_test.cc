@@ -91,6 +91,33 @@ TEST(Crc32cTest, PortableAndHardwareAgreeOnLargeBuffers) {
   EXPECT_EQ(Crc32cExtendPortableForTest(0, buf.data(), 5000), ReferenceCrc32c(buf.data(), 5000));
 }
 
+// The hardware path takes 3 x 8,192 and then 3 x 256 bytes at a time as
+// three chains joined after each block: every length around those edges,
+// from unaligned starts and from a state other than 0.
+TEST(Crc32cTest, HardwareChainsJoinAtEveryBlockEdge) {
+  if (!Crc32cHardwareAvailableForTest()) GTEST_SKIP() << "CPU has no SSE4.2";
+  const std::vector<uint8_t> buf = RandomBytes(3 * (3 * 8192) + 3 * 256 + 64, 6);
+  std::vector<size_t> lengths;
+  for (size_t edge : {size_t{3 * 256}, size_t{3 * 8192}, size_t{3 * 8192 + 3 * 256}, size_t{2 * 3 * 8192},
+                      size_t{3 * 3 * 8192 + 3 * 256}}) {
+    for (size_t d : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{255}, size_t{256}}) {
+      lengths.push_back(edge + d);
+      if (d <= edge) lengths.push_back(edge - d);
+    }
+  }
+  for (size_t start : {0, 1, 5}) {
+    for (size_t len : lengths) {
+      if (start + len > buf.size()) continue;
+      for (uint32_t from : {0u, 0xDEADBEEFu}) {
+        ASSERT_EQ(Crc32cExtendHardwareForTest(from, buf.data() + start, len),
+                  Crc32cExtendPortableForTest(from, buf.data() + start, len))
+            << "start " << start << " len " << len << " from " << from;
+      }
+    }
+  }
+  EXPECT_EQ(Crc32cExtendHardwareForTest(0, buf.data(), 3 * 8192 + 5), ReferenceCrc32c(buf.data(), 3 * 8192 + 5));
+}
+
 TEST(Crc32cTest, ExtendInPiecesEqualsWhole) {
   const std::vector<uint8_t> buf = RandomBytes(1000, 3);
   const uint32_t whole = ReferenceCrc32c(buf.data(), buf.size());
