@@ -784,6 +784,12 @@ uint64_t EmbeddingTable::LoadCount(int64_t row) const {
   return packed_ ? w >> 8 : w;
 }
 
+void EmbeddingTable::StoreCount(int64_t row, uint64_t count) {
+  if (count_at_ < 0 || packed_) return;
+  const uint32_t c = static_cast<uint32_t>(std::min<uint64_t>(count, std::numeric_limits<uint32_t>::max()));
+  Atomic(*CountWord(row)).store(c, std::memory_order_relaxed);
+}
+
 void EmbeddingTable::Touch(RowMeta* meta, uint64_t tick) const {
   const uint16_t now = static_cast<uint16_t>(tick >> tick_shift_);
   uint32_t w = Atomic(meta->word0).load(std::memory_order_relaxed);
@@ -1610,10 +1616,7 @@ absl::Status EmbeddingTable::WriteRowState(uint64_t id, const float* params, abs
     const uint32_t c = static_cast<uint32_t>(std::min<uint64_t>(update_count, kMaxPackedCount));
     Atomic(*seq).store((c << 8) | ((odd + 1) & kPackedSeqMask), std::memory_order_release);
   } else {
-    if (count_at_ >= 0) {
-      const uint32_t c = static_cast<uint32_t>(std::min<uint64_t>(update_count, std::numeric_limits<uint32_t>::max()));
-      Atomic(*CountWord(row)).store(c, std::memory_order_relaxed);
-    }
+    StoreCount(row, update_count);
     if (row_lock_) UnlockRow(seq, odd);
   }
   Release(row);
@@ -1667,11 +1670,7 @@ absl::Status EmbeddingTable::WriteRowStates(uint64_t first_id, int64_t n, const 
       }
     }
     if (count_at_ >= 0) {
-      for (int64_t i = 0; i < n; ++i) {
-        const uint64_t count = update_counts != nullptr ? update_counts[i] : 0;
-        const uint32_t c = static_cast<uint32_t>(std::min<uint64_t>(count, std::numeric_limits<uint32_t>::max()));
-        Atomic(*CountWord(begin + i)).store(c, std::memory_order_relaxed);
-      }
+      for (int64_t i = 0; i < n; ++i) StoreCount(begin + i, update_counts != nullptr ? update_counts[i] : 0);
     }
     return absl::OkStatus();
   }

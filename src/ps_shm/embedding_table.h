@@ -505,6 +505,10 @@ class EmbeddingTable {
   uint32_t* CountWord(int64_t row) const { return reinterpret_cast<uint32_t*>(MetaWords(row) + count_at_); }
   // The row's update count (0 in a table that keeps none).
   uint64_t LoadCount(int64_t row) const;
+  // Sets a row's update count where its own word holds it (count_at_ >= 0,
+  // not packed into a row_lock seqlock word), clamped to 32 bits; else
+  // nothing.
+  void StoreCount(int64_t row, uint64_t count);
   // Cache lines a span of `bytes` from the start of a row block may touch.
   int LinesFor(size_t bytes) const {
     if (row_stride_ <= 64) return 1;  // a power-of-two stride: a block never straddles a line

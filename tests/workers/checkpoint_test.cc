@@ -37,6 +37,15 @@ std::vector<VariableSpec> Variables() {
   return {VariableSpec{"w", 7, 3, InitKind::kGlorotUniform, 7, 3}, VariableSpec{"b", 3, 1, InitKind::kZeros}};
 }
 
+TableSpec Table(const char* name, EmbeddingKind kind, int64_t dim, int64_t capacity) {
+  TableSpec t;
+  t.name = name;
+  t.kind = kind;
+  t.dim = dim;
+  t.capacity = capacity;
+  return t;
+}
+
 std::unique_ptr<ShmParamStore> MakeStore(int shards, UpdateMode mode = UpdateMode::kHogwild, uint64_t seed = 5) {
   OpenStoreOptions o;
   o.store.job_name = "swtest-ckpt";
@@ -50,17 +59,7 @@ std::unique_ptr<ShmParamStore> MakeStore(int shards, UpdateMode mode = UpdateMod
   o.sparse_optimizer = sparse;
   o.num_shards = shards;
   o.seed = seed;
-  TableSpec st;
-  st.name = "static";
-  st.kind = EmbeddingKind::kStatic;
-  st.dim = kDim;
-  st.capacity = 20;
-  TableSpec dy;
-  dy.name = "dynamic";
-  dy.kind = EmbeddingKind::kDynamic;
-  dy.dim = kDim;
-  dy.capacity = 100;
-  o.tables = {st, dy};
+  o.tables = {Table("static", EmbeddingKind::kStatic, kDim, 20), Table("dynamic", EmbeddingKind::kDynamic, kDim, 100)};
   absl::StatusOr<std::unique_ptr<ShmParamStore>> s = ShmParamStore::Create(o, Variables());
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? *std::move(s) : nullptr;
@@ -202,17 +201,9 @@ TEST(CheckpointTest, TablesOfManyBlocksRoundTripAndKeepTheirRowOrder) {
     o.sparse_optimizer = sparse;
     o.num_shards = shards;
     o.seed = seed;
-    auto table = [](const char* name, EmbeddingKind kind, int64_t dim, int64_t capacity) {
-      TableSpec t;
-      t.name = name;
-      t.kind = kind;
-      t.dim = dim;
-      t.capacity = capacity;
-      return t;
-    };
-    o.tables = {table("static", EmbeddingKind::kStatic, 3, kStaticRows),
-                table("dynamic", EmbeddingKind::kDynamic, 2, 3 * kStaticRows),
-                table("wide", EmbeddingKind::kStatic, 100, 2000)};
+    o.tables = {Table("static", EmbeddingKind::kStatic, 3, kStaticRows),
+                Table("dynamic", EmbeddingKind::kDynamic, 2, 3 * kStaticRows),
+                Table("wide", EmbeddingKind::kStatic, 100, 2000)};
     absl::StatusOr<std::unique_ptr<ShmParamStore>> s = ShmParamStore::Create(o, Variables());
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? *std::move(s) : nullptr;
@@ -440,15 +431,7 @@ TEST(CheckpointTest, MismatchedJobIsRefusedNamingTheDifference) {
   OptimizerOptions sparse;
   sparse.type = OptimizerType::kAdagrad;
   o.sparse_optimizer = sparse;
-  TableSpec st;
-  st.name = "static";
-  st.dim = kDim;
-  st.capacity = 20;
-  TableSpec dy = st;
-  dy.name = "dynamic";
-  dy.kind = EmbeddingKind::kDynamic;
-  dy.capacity = 100;
-  o.tables = {st, dy};
+  o.tables = {Table("static", EmbeddingKind::kStatic, kDim, 20), Table("dynamic", EmbeddingKind::kDynamic, kDim, 100)};
   auto other = ShmParamStore::Create(o, {VariableSpec{"w", 7, 4}, VariableSpec{"b", 3, 1}});
   ASSERT_TRUE(other.ok());
   absl::Status s = RestoreCheckpoint(**found, **other);
