@@ -7,7 +7,8 @@
 //
 //   build/bench/ps_shm/init_benchmark --benchmark_counters_tabular=true
 //
-// Args: dim, bytes, what (0 the kernel, 1 the fill). Counters: floats/s,
+// Args: dim, bytes, what (0 the kernel a call a row, 2 the rows at once as a
+// static table's creation draws them, 1 the fill). Counters: floats/s,
 // bytes/s. Compare the kernel's bytes/s with the fill's at the same bytes.
 //
 // BM_CreateStore is the whole of creating a store of one static table (rows
@@ -67,6 +68,12 @@ void BM_InitRows(benchmark::State& state, const std::string& target) {
   std::fill_n(out, rows * dim, 0.0f);  // every page faulted in before timing
   uint64_t key = 0x0123456789abcdefULL;
   for (auto _ : state) {
+    if (what == 2) {
+      UniformRowsValues(key, 0, rows, dim, dim, -0.05f, 0.1f, out);
+      benchmark::ClobberMemory();
+      ++key;
+      continue;
+    }
     for (int64_t r = 0; r < rows; ++r) {
       if (what == 0) {
         UniformRowValues(key + static_cast<uint64_t>(r), 0, dim, -0.05f, 0.1f, out + r * dim);
@@ -80,7 +87,7 @@ void BM_InitRows(benchmark::State& state, const std::string& target) {
   state.counters["floats/s"] = benchmark::Counter(static_cast<double>(rows * dim), benchmark::Counter::kIsIterationInvariantRate);
   state.counters["bytes/s"] = benchmark::Counter(static_cast<double>(rows * dim * 4), benchmark::Counter::kIsIterationInvariantRate,
                                                  benchmark::Counter::kIs1024);
-  state.SetLabel(what == 0 ? "UniformRowValues" : "bound: fill");
+  state.SetLabel(what == 0 ? "UniformRowValues, a call a row" : what == 2 ? "UniformRowsValues, the rows at once" : "bound: fill");
 }
 
 constexpr int64_t kRowBytes = 16 * sizeof(float);
@@ -200,7 +207,7 @@ BENCHMARK(BM_FreshMemory)
 
 bool RegisterAll() {
   for (const std::string& target : HogwildKernelTargets()) {
-    for (int64_t what : {0, 1}) {
+    for (int64_t what : {0, 2, 1}) {
       // The fill does not depend on the target: once, under the best one.
       if (what == 1 && target != HogwildKernelTargets().front()) continue;
       benchmark::RegisterBenchmark(("BM_InitRows/" + target).c_str(), BM_InitRows, target)

@@ -349,7 +349,12 @@ inline double StdNormal(uint64_t row_key, int64_t j, uint64_t n) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
 }
 
-uint64_t RowKey(uint64_t seed, uint32_t table_id, uint64_t id) { return Mix(Mix(Mix(seed) ^ table_id) ^ id); }
+// A row's key: the table's base key (seed and table) mixed with its id.
+uint64_t RowKeyBase(uint64_t seed, uint32_t table_id) { return Mix(Mix(seed) ^ table_id); }
+uint64_t RowKey(uint64_t seed, uint32_t table_id, uint64_t id) { return Mix(RowKeyBase(seed, table_id) ^ id); }
+
+// The uniform initialiser's width b - a, computed in double and rounded once.
+float UniformWidth(const RowInitializer& init) { return static_cast<float>(static_cast<double>(init.b) - init.a); }
 
 // Elements [j0, j0 + n) of the row keyed `row_key`.
 void FillInitial(const RowInitializer& init, uint64_t row_key, int64_t j0, int64_t n, float* out) {
@@ -360,7 +365,7 @@ void FillInitial(const RowInitializer& init, uint64_t row_key, int64_t j0, int64
     case RowInitializer::Kind::kUniform: {
       // a + w * U(j) in floats (RowUniformValue), vectorised; w is b - a
       // computed in double and rounded once.
-      UniformRowValues(row_key, j0, n, init.a, static_cast<float>(static_cast<double>(init.b) - init.a), out);
+      UniformRowValues(row_key, j0, n, init.a, UniformWidth(init), out);
       return;
     }
     case RowInitializer::Kind::kNormal:
@@ -578,6 +583,19 @@ void EmbeddingTable::InitRows(int64_t begin, int64_t end) const {
     const size_t n = static_cast<size_t>(end - begin) * side_stride_ / sizeof(uint32_t);
     auto* words = reinterpret_cast<uint32_t*>(side);
     for (size_t i = 0; i < n; ++i) Atomic(words[i]).store(0, std::memory_order_relaxed);
+  }
+  if (!bf16_ && options_.init.kind == RowInitializer::Kind::kUniform && row_stride_ % sizeof(float) == 0) {
+    // Every row's values in one dispatched call (what InitRowValues draws a
+    // row at a time), then the slots' initial values.
+    UniformRowsValues(RowKeyBase(options_.seed, options_.table_id), static_cast<uint64_t>(begin), end - begin, dim_,
+                      static_cast<int64_t>(row_stride_ / sizeof(float)), options_.init.a, UniformWidth(options_.init),
+                      reinterpret_cast<float*>(RowBlock(begin)));
+    if (num_slots_ > 0) {
+      for (int64_t r = begin; r < end; ++r) {
+        for (int k = 0; k < num_slots_; ++k) HogwildFill(options_.slot_init[k], Slot(RowBlock(r), k), dim_);
+      }
+    }
+    return;
   }
   for (int64_t r = begin; r < end; ++r) InitRowValues(r, static_cast<uint64_t>(r), /*published=*/false);
 }

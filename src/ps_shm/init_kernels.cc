@@ -25,7 +25,8 @@ HWY_INLINE V Mix32Lanes(D d, V x) {
   return hn::Xor(x, hn::ShiftRight<16>(x));
 }
 
-void UniformRowValuesImpl(uint64_t row_key, int64_t j0, int64_t n, float a, float w, float* out) {
+// UniformRowValues' body, inlined into both kernels below.
+HWY_INLINE void DrawRowValues(uint64_t row_key, int64_t j0, int64_t n, float a, float w, float* HWY_RESTRICT out) {
   const hn::ScalableTag<uint32_t> du;
   const hn::RebindToSigned<decltype(du)> di;
   const hn::RebindToFloat<decltype(du)> df;
@@ -50,6 +51,17 @@ void UniformRowValuesImpl(uint64_t row_key, int64_t j0, int64_t n, float a, floa
   for (; i < n; ++i) out[i] = RowUniformValue(row_key, j0 + i, a, w);
 }
 
+void UniformRowValuesImpl(uint64_t row_key, int64_t j0, int64_t n, float a, float w, float* out) {
+  DrawRowValues(row_key, j0, n, a, w, out);
+}
+
+void UniformRowsValuesImpl(uint64_t base_key, uint64_t first_id, int64_t rows, int64_t dim, int64_t stride, float a,
+                           float w, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    DrawRowValues(SplitMix64Mix(base_key ^ (first_id + static_cast<uint64_t>(r))), 0, dim, a, w, out + r * stride);
+  }
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace shardwild
 HWY_AFTER_NAMESPACE();
@@ -58,9 +70,15 @@ HWY_AFTER_NAMESPACE();
 namespace shardwild {
 
 HWY_EXPORT(UniformRowValuesImpl);
+HWY_EXPORT(UniformRowsValuesImpl);
 
 void UniformRowValues(uint64_t row_key, int64_t j0, int64_t n, float a, float w, float* out) {
   if (n > 0) HWY_DYNAMIC_DISPATCH(UniformRowValuesImpl)(row_key, j0, n, a, w, out);
+}
+
+void UniformRowsValues(uint64_t base_key, uint64_t first_id, int64_t rows, int64_t dim, int64_t stride, float a,
+                       float w, float* out) {
+  if (rows > 0 && dim > 0) HWY_DYNAMIC_DISPATCH(UniformRowsValuesImpl)(base_key, first_id, rows, dim, stride, a, w, out);
 }
 
 }  // namespace shardwild

@@ -69,4 +69,14 @@ inline float RowUniformValue(uint64_t row_key, int64_t j, float a, float w) {
 // against 3.05G/s for a plain fill of the same bytes.)
 void UniformRowValues(uint64_t row_key, int64_t j0, int64_t n, float a, float w, float* out);
 
+// UniformRowValues of elements [0, dim) of `rows` rows in one dispatched
+// call, bit for bit what a call a row gives: row r is keyed
+// SplitMix64Mix(base_key ^ (first_id + r)) (RowKey's last step, the
+// table's base key and the id) and written from out + r * stride floats
+// (stride >= dim; the floats between rows are left as they are). A static
+// table's creation draws its rows this way: a call, a dispatch and a key
+// setup a row took more than the draws of a row of 16 (init_benchmark).
+void UniformRowsValues(uint64_t base_key, uint64_t first_id, int64_t rows, int64_t dim, int64_t stride, float a,
+                       float w, float* out);
+
 }  // namespace shardwild

@@ -285,6 +285,55 @@ TEST(EmbeddingTableTest, InitRowsInParallelPiecesGivesCreatesBytes) {
   }
 }
 
+TEST(EmbeddingTableTest, StaticRowsDrawnInBlocksAreEachRowsInitialValue) {
+  // A static f32 table's uniform rows are drawn a block at a time
+  // (UniformRowsValues): every row holds InitialRowValue's draw of its id
+  // (the definition, a row at a time) and its slots their initial values,
+  // whatever the row's stride, slots and side words; other initialisers
+  // and bf16 rows are drawn a row at a time, as before.
+  struct Case {
+    const char* name;
+    EmbeddingTableOptions options;
+  };
+  std::vector<Case> cases;
+  for (int64_t dim : {1, 5, 16, 17, 64}) {
+    cases.push_back({"sgd", StaticOptions(dim, 1000, 0)});
+    cases.push_back({"adam", StaticOptions(dim, 1000, 2)});
+  }
+  EmbeddingTableOptions locked = StaticOptions(16, 1000, 1);
+  locked.row_lock = true;
+  cases.push_back({"row_lock adagrad", locked});
+  EmbeddingTableOptions wide = StaticOptions(7, 1000, 1);
+  wide.init.a = -2.5f;
+  wide.init.b = 0.75f;
+  cases.push_back({"U(-2.5, 0.75)", wide});
+  EmbeddingTableOptions normal = StaticOptions(9, 1000, 0);
+  normal.init.kind = RowInitializer::Kind::kNormal;
+  cases.push_back({"normal", normal});
+  for (Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat(c.name, ", dim ", c.options.dim));
+    EmbeddingTableOptions& o = c.options;
+    for (int k = 0; k < o.num_slots; ++k) o.slot_init[k] = 0.5f + static_cast<float>(k);
+    Region region(EmbeddingTable::BytesFor(o));
+    auto t = EmbeddingTable::Create(region.data(), region.size(), o);
+    ASSERT_TRUE(t.ok()) << t.status();
+    const size_t dim = static_cast<size_t>(o.dim);
+    for (int64_t r = 0; r < o.capacity; ++r) {
+      std::vector<float> p(dim);
+      std::vector<std::vector<float>> sl(o.num_slots, std::vector<float>(dim));
+      std::vector<float*> slp;
+      for (auto& v : sl) slp.push_back(v.data());
+      uint64_t id = 0, count = 0;
+      absl::StatusOr<bool> used = t->ReadRowAt(r, &id, p.data(), slp, &count);
+      ASSERT_TRUE(used.ok() && *used) << r;
+      ASSERT_EQ(id, static_cast<uint64_t>(r));
+      ASSERT_EQ(p, Initial(o, id)) << "row " << r;
+      for (int k = 0; k < o.num_slots; ++k) ASSERT_EQ(sl[k], std::vector<float>(dim, o.slot_init[k])) << "row " << r;
+      ASSERT_EQ(count, 0u);
+    }
+  }
+}
+
 TEST(EmbeddingTableTest, InitRowsBytesAreWhereInitRowsWrites) {
   // Every byte InitRows(b, e) changes lies in InitRowsBytes(b, e), and those
   // ranges hold rows b..e-1 exactly: the store reserves them just before the

@@ -64,6 +64,51 @@ TEST(InitKernelsTest, UniformRowValuesAreTheScalarExpressionOnEveryTarget) {
   }
 }
 
+// The rows at once give what a call a row gives, on every target: each row
+// keyed from the base key and its id, its dim values at its stride, and
+// nothing written between rows or past the last.
+TEST(InitKernelsTest, UniformRowsValuesAreUniformRowValuesRowByRow) {
+  const uint64_t bases[] = {0, 0x0123456789abcdefULL, ~uint64_t{0}};
+  const uint64_t firsts[] = {0, 5, (uint64_t{1} << 40) + 3, ~uint64_t{0} - 2};  // the last wraps the ids
+  const float a = -0.05f, w = 0.1f;
+  for (const std::string& target : HogwildKernelTargets()) {
+    SCOPED_TRACE(target);
+    ScopedHogwildKernelTarget scoped(target);
+    ASSERT_TRUE(scoped.ok());
+    for (uint64_t base : bases) {
+      for (uint64_t first : firsts) {
+        for (int64_t dim : {1, 3, 8, 15, 16, 17, 33, 64, 100}) {
+          for (int64_t extra : {0, 1, 16}) {  // floats between rows: slots, padding
+            const int64_t stride = dim + extra, rows = 7;
+            std::vector<float> got(static_cast<size_t>(rows * stride + 1), -7.0f);
+            UniformRowsValues(base, first, rows, dim, stride, a, w, got.data());
+            for (int64_t r = 0; r < rows; ++r) {
+              std::vector<float> want(static_cast<size_t>(dim));
+              UniformRowValues(SplitMix64Mix(base ^ (first + static_cast<uint64_t>(r))), 0, dim, a, w, want.data());
+              for (int64_t j = 0; j < stride; ++j) {
+                const float g = got[static_cast<size_t>(r * stride + j)];
+                if (j < dim) {
+                  ASSERT_EQ(Bits(g), Bits(want[static_cast<size_t>(j)]))
+                      << "base " << base << " first " << first << " dim " << dim << " row " << r << " j " << j;
+                } else {
+                  ASSERT_EQ(g, -7.0f) << "wrote between rows: dim " << dim << " stride " << stride << " row " << r;
+                }
+              }
+            }
+            EXPECT_EQ(got.back(), -7.0f) << "wrote past the last row: dim " << dim;
+          }
+        }
+      }
+    }
+    // No rows or no elements: nothing written.
+    float untouched[2] = {-7.0f, -7.0f};
+    UniformRowsValues(1, 0, 0, 2, 2, a, w, untouched);
+    UniformRowsValues(1, 0, 1, 0, 2, a, w, untouched);
+    EXPECT_EQ(untouched[0], -7.0f);
+    EXPECT_EQ(untouched[1], -7.0f);
+  }
+}
+
 TEST(InitKernelsTest, UniformRowValuesKeepTheirPinnedBits) {
   // Computed with Python's integers and floats from the definition: a change
   // here changes every table's initial rows and every checkpoint's meaning.
