@@ -285,6 +285,26 @@ TEST(EmbeddingTableTest, InitRowsInParallelPiecesGivesCreatesBytes) {
   }
 }
 
+// Row r as ReadRowAt gives it: whether it is in use, and then its id,
+// parameters, slots and update count.
+struct RowAt {
+  bool used = false;
+  uint64_t id = 0, count = 0;
+  std::vector<float> params;
+  std::vector<std::vector<float>> slots;
+};
+absl::StatusOr<RowAt> ReadRow(EmbeddingTable& t, int64_t r) {
+  RowAt row;
+  row.params.resize(static_cast<size_t>(t.dim()));
+  row.slots.assign(static_cast<size_t>(t.num_slots()), std::vector<float>(static_cast<size_t>(t.dim())));
+  std::vector<float*> slots;
+  for (auto& v : row.slots) slots.push_back(v.data());
+  absl::StatusOr<bool> used = t.ReadRowAt(r, &row.id, row.params.data(), slots, &row.count);
+  if (!used.ok()) return used.status();
+  row.used = *used;
+  return row;
+}
+
 TEST(EmbeddingTableTest, StaticRowsDrawnInBlocksAreEachRowsInitialValue) {
   // A static f32 table's uniform rows are drawn a block at a time
   // (UniformRowsValues): every row holds InitialRowValue's draw of its id
@@ -319,17 +339,12 @@ TEST(EmbeddingTableTest, StaticRowsDrawnInBlocksAreEachRowsInitialValue) {
     ASSERT_TRUE(t.ok()) << t.status();
     const size_t dim = static_cast<size_t>(o.dim);
     for (int64_t r = 0; r < o.capacity; ++r) {
-      std::vector<float> p(dim);
-      std::vector<std::vector<float>> sl(o.num_slots, std::vector<float>(dim));
-      std::vector<float*> slp;
-      for (auto& v : sl) slp.push_back(v.data());
-      uint64_t id = 0, count = 0;
-      absl::StatusOr<bool> used = t->ReadRowAt(r, &id, p.data(), slp, &count);
-      ASSERT_TRUE(used.ok() && *used) << r;
-      ASSERT_EQ(id, static_cast<uint64_t>(r));
-      ASSERT_EQ(p, Initial(o, id)) << "row " << r;
-      for (int k = 0; k < o.num_slots; ++k) ASSERT_EQ(sl[k], std::vector<float>(dim, o.slot_init[k])) << "row " << r;
-      ASSERT_EQ(count, 0u);
+      absl::StatusOr<RowAt> row = ReadRow(*t, r);
+      ASSERT_TRUE(row.ok() && row->used) << r;
+      ASSERT_EQ(row->id, static_cast<uint64_t>(r));
+      ASSERT_EQ(row->params, Initial(o, row->id)) << "row " << r;
+      for (int k = 0; k < o.num_slots; ++k) ASSERT_EQ(row->slots[k], std::vector<float>(dim, o.slot_init[k])) << "row " << r;
+      ASSERT_EQ(row->count, 0u);
     }
   }
 }
@@ -495,19 +510,16 @@ TEST(EmbeddingTableTest, ReadRowsAtGivesWhatReadRowAtGivesRowByRow) {
     std::vector<std::vector<float>> want_slots(o.num_slots);
     std::vector<int64_t> in_use_before(size + 1, 0);  // rows in use before row r
     for (int64_t r = 0; r < size; ++r) {
-      std::vector<float> p(dim);
-      std::vector<std::vector<float>> sl(o.num_slots, std::vector<float>(dim));
-      std::vector<float*> slp;
-      for (auto& v : sl) slp.push_back(v.data());
-      uint64_t id = 0, count = 0;
-      absl::StatusOr<bool> used = t->ReadRowAt(r, &id, p.data(), slp, &count);
-      ASSERT_TRUE(used.ok()) << used.status();
-      in_use_before[r + 1] = in_use_before[r] + (*used ? 1 : 0);
-      if (!*used) continue;
-      want_ids.push_back(id);
-      want_counts.push_back(count);
-      want_params.insert(want_params.end(), p.begin(), p.end());
-      for (int k = 0; k < o.num_slots; ++k) want_slots[k].insert(want_slots[k].end(), sl[k].begin(), sl[k].end());
+      absl::StatusOr<RowAt> row = ReadRow(*t, r);
+      ASSERT_TRUE(row.ok()) << row.status();
+      in_use_before[r + 1] = in_use_before[r] + (row->used ? 1 : 0);
+      if (!row->used) continue;
+      want_ids.push_back(row->id);
+      want_counts.push_back(row->count);
+      want_params.insert(want_params.end(), row->params.begin(), row->params.end());
+      for (int k = 0; k < o.num_slots; ++k) {
+        want_slots[k].insert(want_slots[k].end(), row->slots[k].begin(), row->slots[k].end());
+      }
     }
     if (o.kind == EmbeddingKind::kStatic) {
       ASSERT_EQ(static_cast<int64_t>(want_ids.size()), size);
