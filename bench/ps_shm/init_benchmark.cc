@@ -16,9 +16,9 @@
 // one-process job does (private memory, huge pages where granted, every
 // hardware thread reserving and drawing): ShmParamStore::Create, timed,
 // next to BM_FreshMemory, its bound in the same run: as many bytes of
-// never-touched memory mapped, advised onto huge pages and reserved with
-// MADV_POPULATE_WRITE 4 MiB at a time on as many threads, with nothing
-// drawn. Both free their memory between iterations and, with `settle_ms`
+// never-touched private memory reserved as the store reserves its own
+// (ShmSegment::CreatePrivate and Reserve, MADV_POPULATE_WRITE 4 MiB at a
+// time on as many threads), with nothing drawn. Both free their memory between iterations and, with `settle_ms`
 // above 0, wait that long (untimed) first: on a virtual machine whose guest
 // reports its free pages to the host (virtio-balloon free page reporting,
 // which reports what was freed 2 s or more ago), the host takes those pages
@@ -30,23 +30,21 @@
 // Args: rows, settle_ms (and huge: 1 advised onto huge pages, 0 not, for
 // the bound). Counters: bytes/s (of the table's rows, or the bytes reserved).
 #include <benchmark/benchmark.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <memory>
 #include <thread>
-#include <vector>
 
 #include "bounds.h"
+#include "core/base/parallel_for.h"
+#include "core/base/status.h"
 #include "core/model/hogwild_kernels.h"
 #include "ps_shm/init_kernels.h"
+#include "ps_shm/shm_segment.h"
 #include "ps_shm/shm_store.h"
-
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
 
 namespace shardwild {
 namespace {
@@ -136,45 +134,31 @@ void BM_CreateStore(benchmark::State& state) {
 void BM_FreshMemory(benchmark::State& state) {
   const int64_t rows = state.range(0), settle_ms = state.range(1), huge = state.range(2);
   const auto bytes = static_cast<size_t>(rows * kRowBytes);
-  constexpr size_t kPiece = size_t{4} << 20;
-  const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  // Maps the bytes and reserves them; null if mmap failed.
-  auto reserve = [&]() -> void* {
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) return nullptr;
-    if (huge != 0) madvise(p, bytes, MADV_HUGEPAGE);
-    // Each thread a contiguous share of whole pieces, as the store's shards
-    // are reserved.
-    const size_t pieces = (bytes + kPiece - 1) / kPiece;
-    std::vector<std::thread> pool;
-    for (int i = 0; i < threads; ++i) {
-      pool.emplace_back([=] {
-        for (size_t k = pieces * i / threads; k < pieces * (i + 1) / threads; ++k) {
-          char* at = static_cast<char*>(p) + k * kPiece;
-          const size_t len = std::min(kPiece, bytes - k * kPiece);
-          // Touched by hand where the kernel has no MADV_POPULATE_WRITE.
-          if (madvise(at, len, MADV_POPULATE_WRITE) != 0) {
-            for (size_t b = 0; b < len; b += 4096) at[b] = 0;
-          }
-        }
-      });
-    }
-    for (std::thread& th : pool) th.join();
-    return p;
+  constexpr size_t kPiece = size_t{4} << 20;  // as the store reserves its shards
+  const auto pieces = static_cast<int64_t>((bytes + kPiece - 1) / kPiece);
+  // The store's own memory and reservation (ShmSegment::CreatePrivate, then
+  // Reserve a piece at a time on every hardware thread), with nothing drawn.
+  auto reserve = [&]() -> absl::StatusOr<std::unique_ptr<ShmSegment>> {
+    absl::StatusOr<std::unique_ptr<ShmSegment>> seg = ShmSegment::CreatePrivate("fresh_memory", bytes, huge != 0);
+    if (!seg.ok()) return seg.status();
+    const ShmSegment& s = **seg;
+    SW_RETURN_IF_ERROR(ParallelForStatus(0, pieces, [&](int64_t k) {
+      const size_t at = static_cast<size_t>(k) * kPiece;
+      return s.Reserve(at, std::min(kPiece, bytes - at));
+    }));
+    return seg;
   };
-  if (settle_ms <= 0) {  // as BM_CreateStore: the first iteration's memory the guest's too
-    if (void* p = reserve()) munmap(p, bytes);
-  }
+  if (settle_ms <= 0) (void)reserve();  // as BM_CreateStore: the first iteration's memory the guest's too
   for (auto _ : state) {
     Settle(state, settle_ms);
-    void* p = reserve();
-    if (p == nullptr) {
-      state.SkipWithError("mmap failed");
+    absl::StatusOr<std::unique_ptr<ShmSegment>> seg = reserve();
+    if (!seg.ok()) {
+      state.SkipWithError(std::string(seg.status().message()).c_str());
       return;
     }
     benchmark::ClobberMemory();
     state.PauseTiming();
-    munmap(p, bytes);
+    seg->reset();
     state.ResumeTiming();
   }
   state.counters["bytes/s"] = benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate,

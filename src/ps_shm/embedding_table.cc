@@ -584,20 +584,18 @@ void EmbeddingTable::InitRows(int64_t begin, int64_t end) const {
     auto* words = reinterpret_cast<uint32_t*>(side);
     for (size_t i = 0; i < n; ++i) Atomic(words[i]).store(0, std::memory_order_relaxed);
   }
-  if (!bf16_ && options_.init.kind == RowInitializer::Kind::kUniform && row_stride_ % sizeof(float) == 0) {
-    // Every row's values in one dispatched call (what InitRowValues draws a
-    // row at a time), then the slots' initial values.
-    UniformRowsValues(RowKeyBase(options_.seed, options_.table_id), static_cast<uint64_t>(begin), end - begin, dim_,
-                      static_cast<int64_t>(row_stride_ / sizeof(float)), options_.init.a, UniformWidth(options_.init),
-                      reinterpret_cast<float*>(RowBlock(begin)));
-    if (num_slots_ > 0) {
-      for (int64_t r = begin; r < end; ++r) {
-        for (int k = 0; k < num_slots_; ++k) HogwildFill(options_.slot_init[k], Slot(RowBlock(r), k), dim_);
-      }
-    }
+  if (bf16_ || options_.init.kind != RowInitializer::Kind::kUniform) {
+    for (int64_t r = begin; r < end; ++r) InitRowValues(r, static_cast<uint64_t>(r), /*published=*/false);
     return;
   }
-  for (int64_t r = begin; r < end; ++r) InitRowValues(r, static_cast<uint64_t>(r), /*published=*/false);
+  // Every row's values in one dispatched call (what InitRowValues draws a row
+  // at a time; an f32 row's stride is whole floats), then its slots'.
+  UniformRowsValues(RowKeyBase(options_.seed, options_.table_id), static_cast<uint64_t>(begin), end - begin, dim_,
+                    static_cast<int64_t>(row_stride_ / sizeof(float)), options_.init.a, UniformWidth(options_.init),
+                    reinterpret_cast<float*>(RowBlock(begin)));
+  if (num_slots_ > 0) {
+    for (int64_t r = begin; r < end; ++r) InitSlots(RowBlock(r));
+  }
 }
 
 std::array<EmbeddingTable::ByteRange, 2> EmbeddingTable::InitRowsBytes(const EmbeddingTableOptions& options,
@@ -775,6 +773,10 @@ void EmbeddingTable::InitRowValues(int64_t row, uint64_t id, bool published) con
       }
     }
   }
+  InitSlots(block);
+}
+
+void EmbeddingTable::InitSlots(char* block) const {
   for (int k = 0; k < num_slots_; ++k) HogwildFill(options_.slot_init[k], Slot(block, k), dim_);
 }
 

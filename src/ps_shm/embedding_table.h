@@ -537,6 +537,8 @@ class EmbeddingTable {
   // recycled), so its f32 values are written through the Hogwild kernels;
   // otherwise (InitRows, before Publish) they are drawn straight into it.
   void InitRowValues(int64_t row, uint64_t id, bool published) const;
+  // The slots of the row block at `block` to their initial values.
+  void InitSlots(char* block) const;
   // Dynamic: InitRowValues plus the RowMeta (key, zero count and seqlock);
   // an LRU row's state word is left to the caller.
   void InitRow(int64_t row, uint64_t id);
